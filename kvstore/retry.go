@@ -1,0 +1,62 @@
+package kvstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// ErrConflict marks a transaction that lost a compare-and-swap race. Retry
+// retries only errors that wrap it.
+var ErrConflict = errors.New("kvstore: conflict")
+
+// RetryPolicy bounds Retry. The zero value uses DefaultRetry.
+type RetryPolicy struct {
+	Attempts   int
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     float64 // randomization factor, spreads racing nodes apart
+}
+
+// DefaultRetry suits CAS conflicts between agents: a handful of attempts
+// over well under a second.
+var DefaultRetry = RetryPolicy{Attempts: 8, Initial: 2 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
+
+// Retry runs op until it succeeds, returns an error that does not wrap
+// ErrConflict, the attempts run out, or ctx ends. It is the one retry loop
+// of the project: callers say what a conflict is by wrapping ErrConflict.
+func Retry(ctx context.Context, p RetryPolicy, op func(ctx context.Context) error) error {
+	if p.Attempts == 0 {
+		p = DefaultRetry
+	}
+	eb := backoff.NewExponentialBackOff()
+	eb.InitialInterval = p.Initial
+	eb.MaxInterval = p.Max
+	eb.Multiplier = p.Multiplier
+	eb.RandomizationFactor = p.Jitter
+	eb.MaxElapsedTime = 0
+	b := backoff.WithContext(backoff.WithMaxRetries(eb, uint64(p.Attempts-1)), ctx)
+	var last error
+	err := backoff.Retry(func() error {
+		last = op(ctx)
+		if last == nil || !errors.Is(last, ErrConflict) {
+			return backoff.Permanent(last) // nil stays nil
+
+		}
+		return last
+	}, b)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil && errors.Is(last, ErrConflict) {
+		return fmt.Errorf("%w (gave up: %w)", last, ctx.Err())
+	}
+	if errors.Is(err, ErrConflict) {
+		return fmt.Errorf("%d attempts: %w", p.Attempts, err)
+	}
+	return err
+}
