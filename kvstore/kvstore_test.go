@@ -2,8 +2,6 @@ package kvstore_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -122,34 +120,6 @@ func TestSessionCloseKeepsLease(t *testing.T) {
 	ttl, err := cli.TimeToLive(ctx, s.Lease())
 	require.NoError(t, err)
 	require.Greater(t, ttl.TTL, int64(0), "Close must leave the lease to expire on its own")
-}
-
-func TestRetry(t *testing.T) {
-	ctx := context.Background()
-	var n int
-	err := kvstore.Retry(ctx, kvstore.RetryPolicy{}, func(context.Context) error {
-		n++
-		if n < 3 {
-			return fmt.Errorf("claim: %w", kvstore.ErrConflict)
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	require.Equal(t, 3, n)
-
-	n = 0
-	boom := errors.New("boom")
-	err = kvstore.Retry(ctx, kvstore.RetryPolicy{}, func(context.Context) error { n++; return boom })
-	require.ErrorIs(t, err, boom)
-	require.Equal(t, 1, n, "only conflicts are retried")
-
-	n = 0
-	err = kvstore.Retry(ctx, kvstore.RetryPolicy{Attempts: 4, Initial: time.Millisecond, Max: time.Millisecond, Multiplier: 1}, func(context.Context) error {
-		n++
-		return kvstore.ErrConflict
-	})
-	require.ErrorIs(t, err, kvstore.ErrConflict)
-	require.Equal(t, 4, n, "attempts are bounded")
 }
 
 // mirror keeps a map of a prefix from watch events, as the agent does.

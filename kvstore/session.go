@@ -90,3 +90,7 @@ func (s *Session) Revoke(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ID is the lease ID as a plain integer, for consumers that do not import
+// etcd (the allocator's Lease interface).
+func (s *Session) ID() int64 { return int64(s.id) }

@@ -8,7 +8,13 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/internal/retry"
 )
+
+// ErrConflict marks a transaction that lost a compare-and-swap race; it is
+// retry.ErrConflict, so retry.Do retries it.
+var ErrConflict = retry.ErrConflict
 
 // ErrNotFound is returned by GetJSON for an absent key.
 var ErrNotFound = errors.New("kvstore: key not found")

@@ -1,4 +1,6 @@
-package kvstore
+// Package retry is kvipam's one retry loop for compare-and-swap conflicts.
+// It has no etcd import so that the pure allocator can use it too.
+package retry
 
 import (
 	"context"
@@ -11,10 +13,10 @@ import (
 
 // ErrConflict marks a transaction that lost a compare-and-swap race. Retry
 // retries only errors that wrap it.
-var ErrConflict = errors.New("kvstore: conflict")
+var ErrConflict = errors.New("conflict")
 
-// RetryPolicy bounds Retry. The zero value uses DefaultRetry.
-type RetryPolicy struct {
+// Policy bounds Do. The zero value uses Default.
+type Policy struct {
 	Attempts   int
 	Initial    time.Duration
 	Max        time.Duration
@@ -22,16 +24,16 @@ type RetryPolicy struct {
 	Jitter     float64 // randomization factor, spreads racing nodes apart
 }
 
-// DefaultRetry suits CAS conflicts between agents: a handful of attempts
+// Default suits CAS conflicts between agents: a handful of attempts
 // over well under a second.
-var DefaultRetry = RetryPolicy{Attempts: 8, Initial: 2 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
+var Default = Policy{Attempts: 8, Initial: 2 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
 
-// Retry runs op until it succeeds, returns an error that does not wrap
+// Do runs op until it succeeds, returns an error that does not wrap
 // ErrConflict, the attempts run out, or ctx ends. It is the one retry loop
 // of the project: callers say what a conflict is by wrapping ErrConflict.
-func Retry(ctx context.Context, p RetryPolicy, op func(ctx context.Context) error) error {
+func Do(ctx context.Context, p Policy, op func(ctx context.Context) error) error {
 	if p.Attempts == 0 {
-		p = DefaultRetry
+		p = Default
 	}
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval = p.Initial

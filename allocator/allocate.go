@@ -1,0 +1,578 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+// Request asks for one address per family for an owner.
+type Request struct {
+	Pool  string
+	Owner Owner
+	// Families defaults to the families of IPs, or else every family of
+	// the pool.
+	Families []Family
+	// IPs are requested static addresses, at most one per family.
+	IPs []netip.Addr
+	// Reserve writes a reservation (on a short lease) instead of a
+	// permanent allocation; Confirm makes it permanent.
+	Reserve bool
+}
+
+// Result is what an owner holds in a pool after a request.
+type Result struct {
+	Pool        string
+	Allocations []Allocation
+	// Expires is when the reservation lapses unless confirmed; zero for
+	// permanent allocations.
+	Expires time.Time
+}
+
+// Outcome is one request's answer in a batch.
+type Outcome struct {
+	Result Result
+	Err    error
+}
+
+// plan is a request whose addresses are chosen (and marked in the block
+// bitmaps) but not yet written.
+type plan struct {
+	ps     *poolState
+	req    Request
+	reused []*Allocation
+	writes []IPWrite
+}
+
+// Allocate serves one request. A retried request for the same owner gets
+// the same addresses back.
+func (a *NodeAllocator) Allocate(ctx context.Context, req Request) (Result, error) {
+	out := a.AllocateBatch(ctx, []Request{req})
+	return out[0].Result, out[0].Err
+}
+
+// AllocateBatch serves many requests with one store transaction. If that
+// transaction fails (a race, a fence, a taken address), each request is
+// retried on its own so that one bad request cannot fail the others.
+// Requests for the same owner in one batch are served in order.
+func (a *NodeAllocator) AllocateBatch(ctx context.Context, reqs []Request) []Outcome {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Outcome, len(reqs))
+	if err := a.ready(); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	plans := make([]*plan, len(reqs))
+	var writes []IPWrite
+	var later []int // a second request of an owner waits for the first
+	planned := map[string]bool{}
+	for i, r := range reqs {
+		k := r.Pool + "\x00" + r.Owner.Key()
+		if planned[k] {
+			later = append(later, i)
+			continue
+		}
+		planned[k] = true
+		p, err := a.plan(ctx, r)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		plans[i] = p
+		writes = append(writes, p.writes...)
+	}
+	defer func() {
+		for _, i := range later {
+			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i])
+		}
+	}()
+	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	if err == nil {
+		for i, p := range plans {
+			if p != nil {
+				out[i].Result = a.commit(p, res)
+			}
+		}
+		return out
+	}
+	for _, p := range slices.Backward(plans) {
+		if p != nil {
+			a.undo(p)
+		}
+	}
+	a.learn(ctx, err)
+	for i, p := range plans {
+		if p != nil {
+			out[i].Result, out[i].Err = a.allocateOne(ctx, p.req)
+		}
+	}
+	return out
+}
+
+// allocateOne plans and writes one request, retrying lost races.
+func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, error) {
+	var out Result
+	err := retry.Do(ctx, a.cfg.WriteRetry, func(ctx context.Context) error {
+		if err := a.ready(); err != nil {
+			return err
+		}
+		p, err := a.plan(ctx, req)
+		if err != nil {
+			return err
+		}
+		res, err := a.cfg.Store.WriteIPs(ctx, p.writes)
+		if err != nil {
+			a.undo(p)
+			a.learn(ctx, err)
+			return err
+		}
+		out = a.commit(p, res)
+		return nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("allocate in pool %s for %s: %w", req.Pool, req.Owner.Key(), err)
+	}
+	return out, nil
+}
+
+func (a *NodeAllocator) plan(ctx context.Context, r Request) (*plan, error) {
+	if err := r.Owner.Validate(); err != nil {
+		return nil, err
+	}
+	ps, err := a.poolState(r.Pool)
+	if err != nil {
+		return nil, err
+	}
+	fams, static, err := requestFamilies(ps.pool, r)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{ps: ps, req: r}
+	for _, f := range fams {
+		want, isStatic := static[f]
+		if al := a.live(ps, r.Owner, f); al != nil {
+			if isStatic && want != al.Addr {
+				a.undo(p)
+				return nil, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want)
+			}
+			p.reused = append(p.reused, al)
+			continue
+		}
+		var addr netip.Addr
+		var block netip.Prefix
+		if isStatic {
+			block, err = a.pickStatic(ctx, ps, want)
+			addr = want
+		} else {
+			block, addr, err = a.pickFree(ctx, ps, f)
+		}
+		if err != nil {
+			a.undo(p)
+			return nil, err
+		}
+		ob := ps.own[block]
+		ob.ba.Mark(addr)
+		state := StateAllocated
+		if r.Reserve {
+			state = StateReserved
+		}
+		p.writes = append(p.writes, IPWrite{
+			Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Reserve: r.Reserve,
+			Record: Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC()},
+		})
+	}
+	return p, nil
+}
+
+// requestFamilies resolves which families a request wants and its static
+// addresses by family, rejecting anything the pool cannot serve.
+func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error) {
+	static := map[Family]netip.Addr{}
+	for _, ip := range r.IPs {
+		ip = ip.Unmap()
+		f := FamilyOf(ip)
+		if _, dup := static[f]; dup {
+			return nil, nil, fmt.Errorf("%w: two %s addresses requested", ErrBadRequest, f)
+		}
+		if !p.Contains(ip) {
+			return nil, nil, fmt.Errorf("%w: requested ip %s is not in pool %s", ErrBadRequest, ip, p.Name)
+		}
+		static[f] = ip
+	}
+	fams := slices.Clone(r.Families)
+	if len(fams) == 0 {
+		for f := range static {
+			fams = append(fams, f)
+		}
+		if len(fams) == 0 {
+			fams = p.Families()
+		}
+	}
+	slices.Sort(fams)
+	if len(slices.Compact(fams)) != len(fams) {
+		return nil, nil, fmt.Errorf("%w: a family is requested twice", ErrBadRequest)
+	}
+	for _, f := range fams {
+		if p.BlockSize(f) == 0 {
+			return nil, nil, fmt.Errorf("%w: pool %s has no %s range", ErrBadRequest, p.Name, f)
+		}
+	}
+	for f, ip := range static {
+		if !slices.Contains(fams, f) {
+			return nil, nil, fmt.Errorf("%w: requested ip %s but family %s not requested", ErrBadRequest, ip, f)
+		}
+	}
+	return fams, static, nil
+}
+
+// live returns the owner's allocation of family f, dropping a reservation
+// that has lapsed. A dropped one may still be in the store for a moment;
+// the write that reuses its address then fails and reloads the block.
+func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
+	al := ps.byOwner[o.Key()][f]
+	if al == nil {
+		return nil
+	}
+	if exp, ok := ps.expires[al.Addr]; ok && al.State == StateReserved && a.cfg.Now().After(exp) {
+		a.drop(ps, al)
+		return nil
+	}
+	return al
+}
+
+// drop removes al from the cache and frees its address in the bitmap.
+func (a *NodeAllocator) drop(ps *poolState, al *Allocation) {
+	ps.forget(al)
+	if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+		ob.ba.Unmark(al.Addr)
+	}
+}
+
+func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (netip.Prefix, netip.Addr, error) {
+	if b, addr, ok := ps.nextFree(f); ok {
+		return b, addr, nil
+	}
+	// Lapsed reservations free room before a new block is claimed.
+	now := a.cfg.Now()
+	for addr, exp := range ps.expires {
+		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f && now.After(exp) {
+			a.drop(ps, al)
+		}
+	}
+	if b, addr, ok := ps.nextFree(f); ok {
+		return b, addr, nil
+	}
+	b, err := a.claimBlock(ctx, ps, f)
+	if err != nil {
+		return netip.Prefix{}, netip.Addr{}, err
+	}
+	addr, ok := ps.own[b].ba.Next()
+	if !ok {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("claimed block %s has no free address", b)
+	}
+	return b, addr, nil
+}
+
+func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
+	for _, b := range ps.sortedOwn(f) {
+		if ob := ps.own[b]; ob.ba.Free() > 0 {
+			if addr, ok := ob.ba.Next(); ok {
+				return b, addr, true
+			}
+		}
+	}
+	return netip.Prefix{}, netip.Addr{}, false
+}
+
+func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {
+	b, ob := ps.ownBlockOf(addr)
+	if ob == nil {
+		if other, ok := ps.others[b]; ok && other.node != "" {
+			return b, fmt.Errorf("requested ip %s is in block %s of node %s: %w", addr, b, other.node, ErrNotOwned)
+		}
+		if err := a.claimSpecific(ctx, ps, b); err != nil {
+			return b, fmt.Errorf("requested ip %s: %w", addr, err)
+		}
+		ob = ps.own[b]
+	}
+	if slices.Contains(ps.pool.Excluded(b), addr) {
+		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
+	}
+	if ob.ba.IsUsed(addr) {
+		holder := "another owner"
+		if al := ps.byAddr[addr]; al != nil {
+			holder = al.Owner.Key()
+		}
+		return b, fmt.Errorf("requested ip %s is held by %s: %w", addr, holder, ErrIPInUse)
+	}
+	return b, nil
+}
+
+// commit records a written plan and builds its result.
+func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
+	out := Result{Pool: p.ps.pool.Name}
+	for _, al := range p.reused {
+		out.Allocations = append(out.Allocations, *al)
+		if exp, ok := p.ps.expires[al.Addr]; ok && al.State == StateReserved {
+			out.Expires = exp
+		}
+	}
+	for _, w := range p.writes {
+		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev}
+		p.ps.remember(al, res.Expires)
+		out.Allocations = append(out.Allocations, *al)
+		if w.Reserve {
+			out.Expires = res.Expires
+		}
+	}
+	slices.SortFunc(out.Allocations, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+func (a *NodeAllocator) undo(p *plan) {
+	for _, w := range p.writes {
+		if ob := p.ps.own[w.Block]; ob != nil {
+			ob.ba.Unmark(w.Addr)
+		}
+	}
+	p.writes = nil
+}
+
+// learn corrects the cache from a failed write: blocks whose claim moved
+// are no longer ours; addresses found taken are reloaded from the store.
+func (a *NodeAllocator) learn(ctx context.Context, err error) {
+	var we *WriteError
+	if !errors.As(err, &we) {
+		return
+	}
+	for _, ps := range a.pools {
+		for _, b := range we.Fenced {
+			if _, ok := ps.own[b]; ok {
+				a.log.Warn("lost claim on block (fenced write)", "pool", ps.pool.Name, "block", b)
+				a.loseBlock(ps, b)
+			}
+		}
+		for _, addr := range we.Taken {
+			if b, ob := ps.ownBlockOf(addr); ob != nil {
+				if err := a.reloadBlock(ctx, ps, b); err != nil {
+					a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+				}
+			}
+		}
+	}
+}
+
+// loseBlock forgets an own block whose claim this node no longer holds.
+// Its allocations stay in the store; Restore finds them again if the block
+// is still this node's home.
+func (a *NodeAllocator) loseBlock(ps *poolState, b netip.Prefix) {
+	for addr, al := range ps.byAddr {
+		if b.Contains(addr) {
+			ps.forget(al)
+		}
+	}
+	delete(ps.own, b)
+	ps.others[b] = otherBlock{node: "?"}
+}
+
+// Confirm makes the owner's reservations permanent, in every pool, with
+// one fenced transaction. Confirming what is already permanent is a no-op.
+func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.ready(); err != nil {
+		return nil, err
+	}
+	var writes []IPWrite
+	var done []Allocation
+	for _, ps := range a.pools {
+		for _, al := range ps.byOwner[o.Key()] {
+			if al.State != StateReserved {
+				done = append(done, *al)
+				continue
+			}
+			if a.live(ps, o, FamilyOf(al.Addr)) == nil {
+				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
+			}
+			ob := ps.own[al.Block]
+			rec := al.Record
+			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
+			if o.Namespace != "" || o.Pod != "" {
+				rec.Namespace, rec.Pod = o.Namespace, o.Pod
+			}
+			writes = append(writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: ob.claimRev, Addr: al.Addr, Record: rec, PrevRev: al.Rev})
+		}
+	}
+	if len(writes) == 0 && len(done) == 0 {
+		return nil, fmt.Errorf("confirm %s: %w", o.Key(), ErrNotFound)
+	}
+	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	if err != nil {
+		a.learn(ctx, err)
+		var we *WriteError
+		if errors.As(err, &we) {
+			return nil, fmt.Errorf("confirm %s: %w: %w", o.Key(), ErrReservationGone, err)
+		}
+		return nil, fmt.Errorf("confirm %s: %w", o.Key(), err)
+	}
+	for _, w := range writes {
+		ps := a.pools[w.Pool]
+		al := ps.byAddr[w.Addr]
+		al.Record, al.Rev = w.Record, res.Rev
+		delete(ps.expires, w.Addr)
+		done = append(done, *al)
+	}
+	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return done, nil
+}
+
+// Release frees every address the owner holds, in every pool. Each delete
+// is guarded by the revision the node last saw, so a stale release cannot
+// free an address that was handed to someone else since. Releasing an
+// owner that holds nothing succeeds.
+func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.restored {
+		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
+	}
+	var out []Allocation
+	var errs []error
+	for _, ps := range a.pools {
+		for _, al := range ps.byOwner[o.Key()] {
+			if err := a.release(ctx, ps, al); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, *al)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// ReleaseIP frees one address of this node if it is held. It reports what
+// it released, nil if nothing was held there.
+func (a *NodeAllocator) ReleaseIP(ctx context.Context, pool string, addr netip.Addr) (*Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.restored {
+		return nil, fmt.Errorf("release %s: %w", addr, ErrLeaseLost)
+	}
+	ps, err := a.poolState(pool)
+	if err != nil {
+		return nil, err
+	}
+	al := ps.byAddr[addr]
+	if al == nil {
+		return nil, nil
+	}
+	cp := *al
+	return &cp, a.release(ctx, ps, al)
+}
+
+func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
+	err := a.cfg.Store.DeleteIP(ctx, ps.pool.Name, al.Block, al.Addr, al.Rev)
+	if errors.Is(err, ErrConflict) {
+		// Rewritten since we cached it: reload and report rather than
+		// delete what we have not seen.
+		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+			_ = a.reloadBlock(ctx, ps, al.Block)
+		}
+		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	}
+	a.drop(ps, al)
+	a.maybeUnclaim(ctx, ps, al.Block)
+	return nil
+}
+
+// maybeUnclaim gives an empty block back to the pool when the node has
+// another of the same family, so a node that shrinks does not hoard
+// blocks, yet always keeps one block per family ready for the next pod.
+func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
+	ob := ps.own[b]
+	if ob == nil || ob.ba.Used() > 0 || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
+		return
+	}
+	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {
+		a.log.Debug("keep empty block", "pool", ps.pool.Name, "block", b, "reason", err)
+		return
+	}
+	delete(ps.own, b)
+	a.log.Info("released empty block", "pool", ps.pool.Name, "block", b)
+}
+
+// Lookup returns what the owner holds, in every pool.
+func (a *NodeAllocator) Lookup(o Owner) []Allocation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Allocation
+	for _, ps := range a.pools {
+		for _, al := range ps.byOwner[o.Key()] {
+			out = append(out, *al)
+		}
+	}
+	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// Allocations returns every allocation this node holds, sorted by address.
+func (a *NodeAllocator) Allocations() []Allocation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Allocation
+	for _, ps := range a.pools {
+		for _, al := range ps.byAddr {
+			out = append(out, *al)
+		}
+	}
+	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// Usage is the node's share of one pool family.
+type Usage struct {
+	Pool     string
+	Family   Family
+	Blocks   []netip.Prefix
+	Capacity int // allocatable addresses in own blocks
+	Used     int
+	Reserved int
+}
+
+// Usage reports per pool and family what this node owns and uses.
+func (a *NodeAllocator) Usage() []Usage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Usage
+	for _, name := range a.cfg.Pools {
+		ps := a.pools[name]
+		if ps == nil {
+			continue
+		}
+		for _, f := range ps.pool.Families() {
+			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f)}
+			for _, b := range u.Blocks {
+				u.Capacity += ps.own[b].ba.Capacity()
+				u.Used += ps.own[b].ba.Used()
+			}
+			for addr, al := range ps.byAddr {
+				if FamilyOf(addr) == f && al.State == StateReserved {
+					u.Reserved++
+				}
+			}
+			out = append(out, u)
+		}
+	}
+	return out
+}

@@ -1,0 +1,162 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"math/rand/v2"
+	"net/netip"
+
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+// enumerateLimit is the largest family (in blocks) whose every block is
+// ranked when choosing one; larger ones (an IPv6 /64 of /120 blocks has
+// 2^56) are probed at random, where collisions are vanishingly rare.
+const enumerateLimit = 1 << 16
+
+// claimBlock claims one more block of family f for this node. It refreshes
+// the view of other nodes' claims first, then tries candidates until one
+// claim transaction succeeds; every lost race marks that block taken.
+func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family) (netip.Prefix, error) {
+	if err := a.refreshOthers(ctx, ps); err != nil {
+		return netip.Prefix{}, err
+	}
+	var got netip.Prefix
+	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
+		cand, ok := a.chooseBlock(ps, f)
+		if !ok {
+			return ps.exhausted(f)
+		}
+		rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, cand, a.claimRecord(), a.lease.ID())
+		var ce *ClaimError
+		if errors.As(err, &ce) {
+			ps.noteOther(cand, ce.ClaimedBy, ce.NonEmpty)
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		ba, err := NewBlockAlloc(ps.pool, cand)
+		if err != nil {
+			return err
+		}
+		ps.own[cand] = &ownBlock{ba: ba, claimRev: rev}
+		delete(ps.others, cand)
+		got = cand
+		a.log.Info("claimed block", "pool", ps.pool.Name, "block", cand, "rev", rev)
+		return nil
+	})
+	return got, err
+}
+
+// claimSpecific claims the block holding a requested static address.
+func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Prefix) error {
+	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, a.claimRecord(), a.lease.ID())
+	var ce *ClaimError
+	if errors.As(err, &ce) {
+		ps.noteOther(b, ce.ClaimedBy, ce.NonEmpty)
+		return errors.Join(ErrNotOwned, err)
+	}
+	if err != nil {
+		return err
+	}
+	ba, err := NewBlockAlloc(ps.pool, b)
+	if err != nil {
+		return err
+	}
+	ps.own[b] = &ownBlock{ba: ba, claimRev: rev}
+	return nil
+}
+
+func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error {
+	infos, err := a.cfg.Store.ListBlocks(ctx, ps.pool.Name)
+	if err != nil {
+		return err
+	}
+	prev := ps.others
+	ps.others = map[netip.Prefix]otherBlock{}
+	for _, info := range infos {
+		if _, mine := ps.own[info.Block]; mine {
+			continue
+		}
+		switch {
+		case info.Claim != nil:
+			ps.others[info.Block] = otherBlock{node: info.Claim.Node}
+		case info.Home != nil && prev[info.Block].orphaned:
+			// A home without a claim is an orphaned block or an expired
+			// claim over an empty, free block; only a claim transaction can
+			// tell, so keep what the last one said.
+			ps.others[info.Block] = prev[info.Block]
+		}
+	}
+	return nil
+}
+
+// chooseBlock picks the next block to try. Nodes rank blocks by a hash of
+// (node, block) (rendezvous hashing): each node has its own preference
+// order, so many nodes starting at once mostly try different blocks, and a
+// node keeps preferring the same blocks across restarts.
+func (a *NodeAllocator) chooseBlock(ps *poolState, f Family) (netip.Prefix, bool) {
+	bits := ps.pool.BlockSize(f)
+	cidrs := ps.pool.CIDRsOf(f)
+	taken := func(b netip.Prefix) bool {
+		_, mine := ps.own[b]
+		_, other := ps.others[b]
+		return mine || other
+	}
+	if ps.pool.BlockCount(f) <= enumerateLimit {
+		var best netip.Prefix
+		var bestScore uint64
+		found := false
+		for _, c := range cidrs {
+			n := BlockCount(c, bits)
+			for i := uint64(0); i < n; i++ {
+				b, err := BlockAt(c, bits, i)
+				if err != nil || taken(b) {
+					continue
+				}
+				if s := a.score(b); !found || s < bestScore {
+					best, bestScore, found = b, s, true
+				}
+			}
+		}
+		return best, found
+	}
+	for range 256 {
+		c := cidrs[rand.IntN(len(cidrs))]
+		b, err := BlockAt(c, bits, rand.Uint64N(BlockCount(c, bits)))
+		if err == nil && !taken(b) {
+			return b, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+func (a *NodeAllocator) score(b netip.Prefix) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(a.cfg.Node))
+	h.Write([]byte{0})
+	h.Write([]byte(BlockName(b)))
+	return h.Sum64()
+}
+
+func (ps *poolState) exhausted(f Family) error {
+	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f)}
+	for b := range ps.own {
+		if FamilyOf(b.Addr()) == f {
+			e.Claimed++
+		}
+	}
+	for b, o := range ps.others {
+		if FamilyOf(b.Addr()) != f {
+			continue
+		}
+		if o.orphaned {
+			e.Orphaned++
+		} else {
+			e.Claimed++
+		}
+	}
+	return e
+}

@@ -1,0 +1,84 @@
+package etcdstore
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/kvipam/kvipam/allocator"
+)
+
+// Prefix is the root of every kvipam key. The version in it changes only
+// with an incompatible schema; docs/etcd-schema.md describes each key.
+const Prefix = "/kvipam/v1/"
+
+// Key builders. Each kind of record has its own subtree so that one range
+// read lists it, and allocations sit under their block so that one range
+// compare asks "is this block empty".
+func PoolKey(pool string) string { return Prefix + "pools/" + pool }
+
+// PoolsPrefix lists every pool.
+func PoolsPrefix() string { return Prefix + "pools/" }
+
+// NodeKey is the node record, on the node's lease.
+func NodeKey(node string) string { return Prefix + "nodes/" + node }
+
+// ClaimsPrefix lists a pool's claims.
+func ClaimsPrefix(pool string) string { return Prefix + "claims/" + pool + "/" }
+
+// ClaimKey is a node's claim on a block, on the node's lease.
+func ClaimKey(pool string, b netip.Prefix) string {
+	return ClaimsPrefix(pool) + allocator.BlockName(b)
+}
+
+// HomesPrefix lists a pool's block homes.
+func HomesPrefix(pool string) string { return Prefix + "homes/" + pool + "/" }
+
+// HomeKey records which node a block belongs to; no lease.
+func HomeKey(pool string, b netip.Prefix) string {
+	return HomesPrefix(pool) + allocator.BlockName(b)
+}
+
+// IPsPrefix lists every allocation of a pool.
+func IPsPrefix(pool string) string { return Prefix + "ips/" + pool + "/" }
+
+// BlockIPsPrefix lists the allocations of one block. The trailing slash
+// keeps 10.0.0.0-26 from matching 10.0.0.0-260-like siblings.
+func BlockIPsPrefix(pool string, b netip.Prefix) string {
+	return IPsPrefix(pool) + allocator.BlockName(b) + "/"
+}
+
+// IPKey is one allocation.
+func IPKey(pool string, b netip.Prefix, a netip.Addr) string {
+	return BlockIPsPrefix(pool, b) + a.String()
+}
+
+// lastSegment returns the part of key after prefix, refusing nested paths.
+func lastSegment(key, prefix string) (string, error) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || rest == "" || strings.Contains(rest, "/") {
+		return "", fmt.Errorf("unexpected key %q under %q", key, prefix)
+	}
+	return rest, nil
+}
+
+// ParseIPKey splits an allocation key of pool into block and address.
+func ParseIPKey(pool, key string) (netip.Prefix, netip.Addr, error) {
+	rest, ok := strings.CutPrefix(key, IPsPrefix(pool))
+	if !ok {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("key %q is not an allocation of pool %s", key, pool)
+	}
+	bname, aname, ok := strings.Cut(rest, "/")
+	if !ok {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("allocation key %q has no address", key)
+	}
+	b, err := allocator.ParseBlockName(bname)
+	if err != nil {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("allocation key %q: %w", key, err)
+	}
+	a, err := netip.ParseAddr(aname)
+	if err != nil || !b.Contains(a) {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("allocation key %q: address %q not in block %s", key, aname, b)
+	}
+	return b, a, nil
+}

@@ -1,0 +1,220 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+// State is where an allocation is in its life.
+type State string
+
+// An allocation starts as a reservation (on its own short lease, so an ADD
+// that never finishes cannot leak it) and becomes permanent when the
+// endpoint is created.
+const (
+	StateReserved  State = "reserved"
+	StateAllocated State = "allocated"
+)
+
+// Owner identifies who holds an IP. ContainerID and IfName are the key, as
+// in the CNI spec's attachment; Namespace and Pod are informational.
+type Owner struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Namespace   string `json:"namespace,omitempty"`
+	Pod         string `json:"pod,omitempty"`
+}
+
+// Key is the identity of an attachment: container ID and interface name.
+func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
+
+// Validate rejects an owner that cannot identify an attachment.
+func (o Owner) Validate() error {
+	if o.ContainerID == "" {
+		return fmt.Errorf("%w: containerID is empty", ErrBadRequest)
+	}
+	if o.IfName == "" {
+		return fmt.Errorf("%w: ifName is empty", ErrBadRequest)
+	}
+	return nil
+}
+
+// Record is the value stored for one allocated IP.
+type Record struct {
+	Owner
+	Node  string    `json:"node"`
+	State State     `json:"state"`
+	Since time.Time `json:"since"`
+}
+
+// Allocation is a Record as read from the store, with its place and the
+// revision that guards its release.
+type Allocation struct {
+	Record
+	Pool  string
+	Block netip.Prefix
+	Addr  netip.Addr
+	Rev   int64
+	// Lease is non-zero for a reservation; it expires with it.
+	Lease int64
+}
+
+// Claim is the value stored for a node's claim on a block.
+type Claim struct {
+	Node      string    `json:"node"`
+	BootID    string    `json:"bootID,omitempty"`
+	ClaimedAt time.Time `json:"claimedAt"`
+}
+
+// Home is the value stored for the node a block belongs to. It has no lease:
+// it outlives the claim so that an orphaned block (claim expired, IPs still
+// allocated) remembers whose it is, and only that node re-claims it.
+type Home struct {
+	Node  string    `json:"node"`
+	Since time.Time `json:"since"`
+}
+
+// BlockInfo is what the store knows of one block that has a claim or a home.
+type BlockInfo struct {
+	Block      netip.Prefix
+	Claim      *Claim
+	ClaimRev   int64
+	ClaimLease int64
+	Home       *Home
+	HomeRev    int64
+}
+
+// Owned reports whether node holds this block's claim.
+func (b BlockInfo) Owned(node string) bool { return b.Claim != nil && b.Claim.Node == node }
+
+// IPWrite is one allocation write, fenced by the writer's claim revision.
+type IPWrite struct {
+	Pool     string
+	Block    netip.Prefix
+	ClaimRev int64
+	Addr     netip.Addr
+	Record   Record
+	// PrevRev, when non-zero, replaces the existing allocation at that
+	// revision (confirming a reservation); zero creates a new one.
+	PrevRev int64
+	// Reserve puts a new allocation on a reservation lease.
+	Reserve bool
+}
+
+// WriteResult says what a batch write did.
+type WriteResult struct {
+	Rev int64
+	// Expires is when reservations written by the batch lapse, if any.
+	Expires time.Time
+}
+
+// Store is the durable, shared side of allocation: etcd in production.
+// Every method is one atomic step; the fences that keep invariants 1-3 hold
+// live in these steps, not in the caller's memory. Implementations must be
+// safe for concurrent use.
+type Store interface {
+	// EnsurePool creates the pool or checks that the stored spec may be
+	// replaced by p (CheckPoolUpdate) and stores it. It returns the stored pool.
+	EnsurePool(ctx context.Context, p Pool) (Pool, error)
+	GetPool(ctx context.Context, name string) (Pool, error)
+	ListPools(ctx context.Context) ([]Pool, error)
+
+	// ListBlocks returns every block of the pool that has a claim or a home,
+	// read at one revision.
+	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
+	// Claim takes a block that is unclaimed and empty, on the given lease,
+	// and makes node its home. A lost race returns a *ClaimError.
+	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (rev int64, err error)
+	// Reclaim takes back a block whose home is c.Node, as seen in prev: an
+	// orphaned block (prev has no claim) or this node's claim on an older
+	// lease. Anything changed since prev returns a *ClaimError.
+	Reclaim(ctx context.Context, pool string, prev BlockInfo, c Claim, lease int64) (rev int64, err error)
+	// Unclaim gives up an empty block still claimed at claimRev.
+	Unclaim(ctx context.Context, pool string, block netip.Prefix, claimRev int64) error
+
+	// ListIPs returns the allocations of one block.
+	ListIPs(ctx context.Context, pool string, block netip.Prefix) ([]Allocation, error)
+	// WriteIPs applies all writes in one transaction or none. It fails with
+	// a *WriteError when a fence or an existence check fails.
+	WriteIPs(ctx context.Context, writes []IPWrite) (WriteResult, error)
+	// DeleteIP releases an allocation still at rev. Absent is success.
+	DeleteIP(ctx context.Context, pool string, block netip.Prefix, addr netip.Addr, rev int64) error
+}
+
+// Errors of the allocator. Compare with errors.Is.
+var (
+	ErrBadRequest      = errors.New("allocator: bad request")
+	ErrPoolNotFound    = errors.New("allocator: pool not found")
+	ErrExhausted       = errors.New("allocator: pool exhausted")
+	ErrIPInUse         = errors.New("allocator: ip in use")
+	ErrNotOwned        = errors.New("allocator: block owned by another node")
+	ErrNotFound        = errors.New("allocator: allocation not found")
+	ErrLeaseLost       = errors.New("allocator: node lease lost, try again")
+	ErrReservationGone = errors.New("allocator: reservation expired")
+	// ErrConflict marks a lost race in the store; retry.Do retries it.
+	ErrConflict = retry.ErrConflict
+)
+
+// ClaimError says why a claim transaction failed.
+type ClaimError struct {
+	Block     netip.Prefix
+	ClaimedBy string // node holding the claim, if any
+	NonEmpty  bool   // the block still holds allocations
+	HomeNode  string // the block's home, if any
+}
+
+func (e *ClaimError) Error() string {
+	switch {
+	case e.ClaimedBy != "":
+		return fmt.Sprintf("claim block %s: claimed by node %s", e.Block, e.ClaimedBy)
+	case e.NonEmpty:
+		return fmt.Sprintf("claim block %s: orphaned (holds allocations, home %q)", e.Block, e.HomeNode)
+	default:
+		return fmt.Sprintf("claim block %s: changed concurrently", e.Block)
+	}
+}
+
+// Unwrap makes a ClaimError a conflict, so the claim loop retries it.
+func (e *ClaimError) Unwrap() error { return ErrConflict }
+
+// WriteError says which writes of a batch failed their checks.
+type WriteError struct {
+	// Fenced lists blocks whose claim no longer has the writer's revision:
+	// the writer has lost them.
+	Fenced []netip.Prefix
+	// Taken lists addresses that already exist (or, for a confirm, changed).
+	Taken []netip.Addr
+}
+
+func (e *WriteError) Error() string {
+	return fmt.Sprintf("write allocations: %d block claims changed %v, %d addresses taken %v", len(e.Fenced), e.Fenced, len(e.Taken), e.Taken)
+}
+
+// Unwrap makes a WriteError a conflict.
+func (e *WriteError) Unwrap() error { return ErrConflict }
+
+// ExhaustedError reports a pool with no free address for a family on this
+// node and no block left to claim.
+type ExhaustedError struct {
+	Pool     string
+	Family   Family
+	Blocks   uint64
+	Claimed  int
+	Orphaned int
+}
+
+func (e *ExhaustedError) Error() string {
+	s := fmt.Sprintf("pool %s exhausted (%s): %d of %d blocks claimed", e.Pool, e.Family, e.Claimed, e.Blocks)
+	if e.Orphaned > 0 {
+		s += fmt.Sprintf(", %d more orphaned", e.Orphaned)
+	}
+	return s
+}
+
+// Unwrap makes an ExhaustedError match ErrExhausted.
+func (e *ExhaustedError) Unwrap() error { return ErrExhausted }

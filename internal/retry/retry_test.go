@@ -1,0 +1,41 @@
+package retry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+func TestRetry(t *testing.T) {
+	ctx := context.Background()
+	var n int
+	err := retry.Do(ctx, retry.Policy{}, func(context.Context) error {
+		n++
+		if n < 3 {
+			return fmt.Errorf("claim: %w", retry.ErrConflict)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	n = 0
+	boom := errors.New("boom")
+	err = retry.Do(ctx, retry.Policy{}, func(context.Context) error { n++; return boom })
+	require.ErrorIs(t, err, boom)
+	require.Equal(t, 1, n, "only conflicts are retried")
+
+	n = 0
+	err = retry.Do(ctx, retry.Policy{Attempts: 4, Initial: time.Millisecond, Max: time.Millisecond, Multiplier: 1}, func(context.Context) error {
+		n++
+		return retry.ErrConflict
+	})
+	require.ErrorIs(t, err, retry.ErrConflict)
+	require.Equal(t, 4, n, "attempts are bounded")
+}
