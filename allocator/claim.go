@@ -103,7 +103,9 @@ func (a *NodeAllocator) chooseBlock(ps *poolState, f Family) (netip.Prefix, bool
 	taken := func(b netip.Prefix) bool {
 		_, mine := ps.own[b]
 		_, other := ps.others[b]
-		return mine || other
+		// A /32 (or /128) block that is a CIDR's network or broadcast
+		// address has nothing to hand out; never claim it.
+		return mine || other || len(ps.pool.Excluded(b)) >= BlockSize(b)
 	}
 	if ps.pool.BlockCount(f) <= enumerateLimit {
 		var best netip.Prefix

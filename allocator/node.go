@@ -167,11 +167,11 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 			a.log.Info("re-claimed block", "pool", ps.pool.Name, "block", info.Block, "orphaned", info.Claim == nil)
 			info.ClaimRev = rev
 		default:
-			owner := ""
+			// Another node's claim. A home without a claim may be an
+			// orphaned block or a free one; the claim loop finds out.
 			if info.Claim != nil {
-				owner = info.Claim.Node
+				ps.others[info.Block] = otherBlock{node: info.Claim.Node}
 			}
-			ps.others[info.Block] = otherBlock{node: owner, orphaned: info.Claim == nil && info.Home != nil}
 			continue
 		}
 		if err := a.adoptBlock(ctx, ps, info.Block, info.ClaimRev); err != nil {
@@ -206,13 +206,20 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 		}
 	}
 	ob.ba.Reset()
+	var newest *Allocation
 	for i := range allocs {
 		al := allocs[i]
 		ob.ba.Mark(al.Addr)
+		if newest == nil || al.Since.After(newest.Since) {
+			newest = &allocs[i]
+		}
 		if al.Node != a.cfg.Node {
 			a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
 		}
 		ps.remember(&al, time.Time{})
+	}
+	if newest != nil {
+		ob.ba.ResumeAfter(newest.Addr)
 	}
 	return nil
 }

@@ -190,7 +190,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 		Else(clientv3.OpGet(ck), clientv3.OpGet(ips, clientv3.WithPrefix(), clientv3.WithCountOnly()), clientv3.OpGet(hk)).
 		Commit()
 	if err != nil {
-		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, err)
+		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(err))
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -240,12 +240,21 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 		Else(clientv3.OpGet(ck), clientv3.OpGet(ips, clientv3.WithPrefix(), clientv3.WithCountOnly()), clientv3.OpGet(hk)).
 		Commit()
 	if err != nil {
-		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, err)
+		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, leaseErr(err))
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
 	}
 	return 0, claimError(b, resp)
+}
+
+// leaseErr marks a write refused for a lease etcd no longer has: the node
+// lease expired before the node noticed.
+func leaseErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errors.Join(allocator.ErrLeaseLost, err)
+	}
+	return err
 }
 
 // Unclaim implements allocator.Store.
