@@ -1,0 +1,52 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// NodeRecord is the value of NodeKey: who a node is while it is alive. It
+// is written on the node's lease, so it disappears when the agent has been
+// gone for longer than the TTL; "no node record" is the evidence that
+// kvipamctl node remove looks for.
+type NodeRecord struct {
+	Name      string    `json:"name"`
+	BootID    string    `json:"bootID,omitempty"`
+	Version   string    `json:"version,omitempty"`
+	Addresses []string  `json:"addresses,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+	Lease     int64     `json:"lease"`
+}
+
+// NodesPrefix lists every live node.
+func NodesPrefix() string { return Prefix + "nodes/" }
+
+// PutNode writes the node record on lease.
+func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
+	val, err := kvstore.EncodeJSON(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.cli.Put(ctx, NodeKey(r.Name), val, clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
+		return fmt.Errorf("write node record %s: %w", r.Name, err)
+	}
+	return nil
+}
+
+// ListNodes returns the live nodes' records by name.
+func (s *Store) ListNodes(ctx context.Context) (map[string]NodeRecord, error) {
+	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.cli, NodesPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]NodeRecord, len(vs))
+	for _, v := range vs {
+		out[v.Value.Name] = v.Value
+	}
+	return out, nil
+}
