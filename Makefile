@@ -1,0 +1,31 @@
+# kvipam — see README.md. Every target is one readable line or two.
+GO        ?= go
+BIN       := bin
+PKGS      := ./...
+# The whole suite; root-only tests skip themselves when not root.
+TEST_FLAGS ?= -count=1 -timeout 15m
+
+.PHONY: all build test race bench demo lint generate clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+test: build
+	$(GO) vet $(PKGS)
+	$(GO) test $(TEST_FLAGS) $(PKGS)
+	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./allocator/...
+
+demo:
+	$(GO) run ./cmd/kvipam-demo
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf $(BIN)
