@@ -1,0 +1,70 @@
+package etcdstore_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+func TestEnsurePool(t *testing.T) {
+	ctx := context.Background()
+	st := etcdstore.New(etcdtest.Client(t, etcdtest.Start(t)), etcdstore.Options{})
+	p := allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/16")}, BlockSizeV4: 26}
+	_, err := st.EnsurePool(ctx, p)
+	require.NoError(t, err)
+	_, err = st.EnsurePool(ctx, p)
+	require.NoError(t, err, "ensuring the same pool again is a no-op")
+
+	grown := p
+	grown.CIDRs = append(grown.CIDRs, netip.MustParsePrefix("10.1.0.0/16"))
+	_, err = st.EnsurePool(ctx, grown)
+	require.NoError(t, err, "adding a CIDR is allowed")
+
+	resized := grown
+	resized.BlockSizeV4 = 24
+	_, err = st.EnsurePool(ctx, resized)
+	require.ErrorIs(t, err, allocator.ErrBlockSizeImmutable)
+
+	shrunk := p
+	_, err = st.EnsurePool(ctx, shrunk)
+	require.ErrorIs(t, err, allocator.ErrCIDRRemoved)
+
+	got, err := st.GetPool(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, grown, got)
+	_, err = st.GetPool(ctx, "nope")
+	require.ErrorIs(t, err, allocator.ErrPoolNotFound)
+
+	bad := allocator.Pool{Name: "bad", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("10.0.0.128/25")}, BlockSizeV4: 26}
+	_, err = st.EnsurePool(ctx, bad)
+	require.ErrorContains(t, err, "overlap")
+}
+
+func TestIPKeyRoundTrip(t *testing.T) {
+	for _, tc := range []struct{ block, addr string }{
+		{"10.0.0.64/26", "10.0.0.70"},
+		{"fd00:1::100/120", "fd00:1::1ff"},
+	} {
+		b, a := netip.MustParsePrefix(tc.block), netip.MustParseAddr(tc.addr)
+		key := etcdstore.IPKey("pool-1", b, a)
+		gb, ga, err := etcdstore.ParseIPKey("pool-1", key)
+		require.NoError(t, err, key)
+		require.Equal(t, b, gb)
+		require.Equal(t, a, ga)
+	}
+	for _, bad := range []string{
+		"/kvipam/v1/ips/pool-1/10.0.0.64-26",          // no address
+		"/kvipam/v1/ips/pool-1/10.0.0.64-26/10.0.1.1", // address outside block
+		"/kvipam/v1/ips/pool-1/garbage/10.0.0.65",     // bad block
+		"/kvipam/v1/ips/other/10.0.0.64-26/10.0.0.65", // other pool
+	} {
+		_, _, err := etcdstore.ParseIPKey("pool-1", bad)
+		require.Error(t, err, bad)
+	}
+}
