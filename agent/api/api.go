@@ -1,0 +1,212 @@
+// Package api is the kvipam agent's unix-socket API: JSON over HTTP with
+// versioned paths. The CNI plugins and kvipamctl speak it through package
+// agent/client; the agent serves it from package agent.
+//
+// Every error answer has a 4xx/5xx status and an Error body whose Code is
+// one of the Code* constants, so callers map it without parsing messages.
+package api
+
+import "time"
+
+// Paths of the v1 API.
+const (
+	PathHealth    = "/v1/healthz"
+	PathStatus    = "/v1/status"
+	PathConfig    = "/v1/config"
+	PathAllocate  = "/v1/allocate"
+	PathRelease   = "/v1/release"
+	PathEndpoints = "/v1/endpoints"
+	PathGC        = "/v1/gc"
+)
+
+// MaxBodyBytes bounds every request body; larger ones get 413.
+const MaxBodyBytes = 1 << 20
+
+// Error codes. CNI plugins map CodeTryAgain to CNI error 11 and
+// CodeExhausted/CodeInUse to plugin-specific codes.
+const (
+	CodeBadRequest = "bad_request" // 400: a field is wrong; Field names it
+	CodeNotFound   = "not_found"   // 404
+	CodeInUse      = "in_use"      // 409: a requested IP is held by another owner
+	CodeExhausted  = "exhausted"   // 409: no free IP and no block to claim
+	CodeTooLarge   = "too_large"   // 413
+	CodeTryAgain   = "try_again"   // 503: etcd or the lease is unavailable; retry later
+	CodeInternal   = "internal"    // 500
+)
+
+// Error is the body of every non-2xx answer.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"error"`
+	// Field is the JSON path of the offending request field, if any.
+	Field string `json:"field,omitempty"`
+	// Status is the HTTP status; filled in by the client, not sent.
+	Status int `json:"-"`
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return e.Message + " (field " + e.Field + ")"
+	}
+	return e.Message
+}
+
+// Owner identifies an attachment: ContainerID and IfName are the key.
+type Owner struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	Namespace   string `json:"namespace,omitempty"`
+	Pod         string `json:"pod,omitempty"`
+	PodUID      string `json:"podUID,omitempty"`
+}
+
+// AllocateRequest asks for one IP per family for an owner.
+type AllocateRequest struct {
+	Owner Owner `json:"owner"`
+	// Pool defaults to the agent's default pool.
+	Pool string `json:"pool,omitempty"`
+	// Families: "ipv4", "ipv6"; default every family of the pool.
+	Families []string `json:"families,omitempty"`
+	// IPs are requested static addresses.
+	IPs []string `json:"ips,omitempty"`
+	// Permanent skips the reservation step (IPAM-only plugins, whose
+	// endpoint the agent does not create). Default: a reservation that
+	// the endpoint create confirms.
+	Permanent bool `json:"permanent,omitempty"`
+}
+
+// IPConfig is one allocated address and how to reach the node from it.
+type IPConfig struct {
+	// Address is the pod address with its host prefix: 10.0.0.5/32.
+	Address string `json:"address"`
+	Family  string `json:"family"`
+	// Gateway is the link-local next hop the pod routes through.
+	Gateway string `json:"gateway"`
+	// Block is the node block the address came from: 10.0.0.0/26.
+	Block string `json:"block"`
+}
+
+// AllocateResponse is what an owner holds after an allocate.
+type AllocateResponse struct {
+	Pool  string     `json:"pool"`
+	IPs   []IPConfig `json:"ips"`
+	State string     `json:"state"` // reserved or allocated
+	// Expires is when a reservation lapses unless an endpoint is created.
+	Expires *time.Time `json:"expires,omitempty"`
+	MTU     int        `json:"mtu"`
+}
+
+// ReleaseRequest frees an owner's IPs and removes its endpoint.
+type ReleaseRequest struct {
+	Owner Owner `json:"owner"`
+}
+
+// ReleaseResponse lists the addresses released (empty if none were held).
+type ReleaseResponse struct {
+	Released []string `json:"released"`
+}
+
+// EndpointRequest asks the agent to finish an ADD: make the reservation
+// permanent and program the datapath for the pod, before it answers.
+type EndpointRequest struct {
+	Owner           Owner    `json:"owner"`
+	HostIfName      string   `json:"hostIfName"`
+	ContainerIfName string   `json:"containerIfName,omitempty"`
+	ContainerMAC    string   `json:"containerMAC,omitempty"`
+	Netns           string   `json:"netns,omitempty"`
+	IPs             []string `json:"ips"`
+}
+
+// Endpoint is a pod attachment the agent has programmed.
+type Endpoint struct {
+	ID              uint32    `json:"id"`
+	Owner           Owner     `json:"owner"`
+	HostIfName      string    `json:"hostIfName"`
+	HostIfIndex     int       `json:"hostIfIndex,omitempty"`
+	ContainerIfName string    `json:"containerIfName,omitempty"`
+	ContainerMAC    string    `json:"containerMAC,omitempty"`
+	Netns           string    `json:"netns,omitempty"`
+	IPs             []string  `json:"ips"`
+	Datapath        string    `json:"datapath"`
+	Created         time.Time `json:"created"`
+}
+
+// EndpointList is the answer of GET /v1/endpoints.
+type EndpointList struct {
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Attachment is one entry of CNI's cni.dev/valid-attachments.
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// GCRequest releases this node's allocations (in Pool, or every pool)
+// whose owner is not among ValidAttachments.
+type GCRequest struct {
+	ValidAttachments []Attachment `json:"validAttachments"`
+	Pool             string       `json:"pool,omitempty"`
+}
+
+// GCResponse says what a GC released and what it left for a later pass
+// (allocations younger than the grace period).
+type GCResponse struct {
+	Released []string `json:"released"`
+	Deferred int      `json:"deferred"`
+}
+
+// Config is what a plugin needs to set a pod up.
+type Config struct {
+	Node        string   `json:"node"`
+	MTU         int      `json:"mtu"`
+	DefaultPool string   `json:"defaultPool"`
+	Pools       []string `json:"pools"`
+	Datapath    string   `json:"datapath"` // "routes" or "bpf"
+	GatewayV4   string   `json:"gatewayV4"`
+	GatewayV6   string   `json:"gatewayV6"`
+	// ReservationTTL is how long a reservation waits for its endpoint.
+	ReservationTTL string `json:"reservationTTL"`
+}
+
+// Status is the agent's health: it is Ready when it can allocate.
+type Status struct {
+	Node     string       `json:"node"`
+	Version  string       `json:"version"`
+	Ready    bool         `json:"ready"`
+	Restored bool         `json:"restored"`
+	Etcd     EtcdStatus   `json:"etcd"`
+	Lease    LeaseStatus  `json:"lease"`
+	Datapath string       `json:"datapath"`
+	Pools    []PoolStatus `json:"pools"`
+	Message  string       `json:"message,omitempty"`
+}
+
+// EtcdStatus says whether etcd answered the agent's last probe.
+type EtcdStatus struct {
+	Reachable bool     `json:"reachable"`
+	Embedded  bool     `json:"embedded"`
+	Endpoints []string `json:"endpoints"`
+	Error     string   `json:"error,omitempty"`
+}
+
+// LeaseStatus is the node lease: "held" or "lost".
+type LeaseStatus struct {
+	ID    int64  `json:"id"`
+	TTL   int64  `json:"ttl"`
+	State string `json:"state"`
+}
+
+// PoolStatus is this node's share of one pool family.
+type PoolStatus struct {
+	Pool     string   `json:"pool"`
+	Family   string   `json:"family"`
+	Blocks   []string `json:"blocks"`
+	Capacity int      `json:"capacity"`
+	Used     int      `json:"used"`
+	Reserved int      `json:"reserved"`
+	Free     int      `json:"free"`
+	// Exhausted: no free address in this node's blocks and the last
+	// attempt to claim a block found none.
+	Exhausted bool `json:"exhausted"`
+}

@@ -1,0 +1,169 @@
+// Package client calls the kvipam agent over its unix socket. A Client is
+// safe for concurrent use.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// DefaultSocket is where the agent listens unless configured otherwise.
+const DefaultSocket = "/run/kvipam/agent.sock"
+
+// ErrUnreachable wraps failures to reach the agent at all (no socket, no
+// answer). The CNI plugins turn it into CNI error 11, "try again later".
+var ErrUnreachable = errors.New("kvipam agent unreachable")
+
+// Client talks to one agent socket.
+type Client struct {
+	socket string
+	http   *http.Client
+}
+
+// New returns a client for the agent at socket. timeout bounds each call.
+func New(socket string, timeout time.Duration) *Client {
+	if socket == "" {
+		socket = DefaultSocket
+	}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns: 4,
+	}
+	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: timeout}}
+}
+
+// Socket is the path this client dials.
+func (c *Client) Socket() string { return c.socket }
+
+// WaitReady polls for the socket until it answers a health check or ctx
+// ends. A plugin calls it with a short deadline: an agent that is
+// restarting comes back within seconds.
+func (c *Client) WaitReady(ctx context.Context) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(c.socket); err == nil {
+			var out map[string]any
+			if err := c.do(ctx, http.MethodGet, api.PathHealth, nil, &out); err == nil || !errors.Is(err, ErrUnreachable) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for agent socket %s: %w: %w", c.socket, ErrUnreachable, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Status returns the agent's status. An unready agent answers 503 with
+// the status in the body; Status returns it together with an *api.Error.
+func (c *Client) Status(ctx context.Context) (*api.Status, error) {
+	var st api.Status
+	err := c.do(ctx, http.MethodGet, api.PathStatus, nil, &st)
+	var ae *api.Error
+	if err != nil && !errors.As(err, &ae) {
+		return nil, err
+	}
+	return &st, err
+}
+
+// Config returns what a plugin needs to set a pod up.
+func (c *Client) Config(ctx context.Context) (*api.Config, error) {
+	var out api.Config
+	return &out, c.do(ctx, http.MethodGet, api.PathConfig, nil, &out)
+}
+
+// Allocate reserves (or, with Permanent, allocates) IPs for an owner.
+func (c *Client) Allocate(ctx context.Context, req api.AllocateRequest) (*api.AllocateResponse, error) {
+	var out api.AllocateResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathAllocate, req, &out)
+}
+
+// Release frees an owner's IPs and removes its endpoint; idempotent.
+func (c *Client) Release(ctx context.Context, o api.Owner) (*api.ReleaseResponse, error) {
+	var out api.ReleaseResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathRelease, api.ReleaseRequest{Owner: o}, &out)
+}
+
+// CreateEndpoint confirms the reservation and programs the datapath.
+func (c *Client) CreateEndpoint(ctx context.Context, req api.EndpointRequest) (*api.Endpoint, error) {
+	var out api.Endpoint
+	return &out, c.do(ctx, http.MethodPost, api.PathEndpoints, req, &out)
+}
+
+// DeleteEndpoint removes an endpoint's datapath state, keeping its IPs.
+func (c *Client) DeleteEndpoint(ctx context.Context, o api.Owner) error {
+	q := url.Values{"containerID": {o.ContainerID}, "ifName": {o.IfName}}
+	return c.do(ctx, http.MethodDelete, api.PathEndpoints+"?"+q.Encode(), nil, nil)
+}
+
+// Endpoints lists the endpoints the agent has programmed.
+func (c *Client) Endpoints(ctx context.Context) ([]api.Endpoint, error) {
+	var out api.EndpointList
+	return out.Endpoints, c.do(ctx, http.MethodGet, api.PathEndpoints, nil, &out)
+}
+
+// GC releases allocations of this node not in the valid list.
+func (c *Client) GC(ctx context.Context, req api.GCRequest) (*api.GCResponse, error) {
+	var out api.GCResponse
+	return &out, c.do(ctx, http.MethodPost, api.PathGC, req, &out)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode %s request: %w", path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://kvipam"+path, body)
+	if err != nil {
+		return fmt.Errorf("build %s request: %w", path, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s via %s: %w: %w", method, path, c.socket, ErrUnreachable, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return fmt.Errorf("read %s answer: %w: %w", path, ErrUnreachable, err)
+	}
+	if resp.StatusCode >= 300 {
+		ae := &api.Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, ae) != nil || ae.Code == "" {
+			ae.Code, ae.Message = api.CodeInternal, fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
+		}
+		if out != nil {
+			_ = json.Unmarshal(data, out) // a 503 status still carries the status body
+		}
+		return ae
+	}
+	if out == nil || len(data) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode %s answer: %w", path, err)
+	}
+	return nil
+}
