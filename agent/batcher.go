@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+)
+
+// batcher is the group commit: concurrent allocation requests queue on a
+// channel and one goroutine hands each queue-full to AllocateBatch, one
+// etcd transaction per batch. It adds no wait: a lone request goes out at
+// once, and requests that arrive while a batch is in flight form the next
+// one. That gives batch size 1 at low load and large batches exactly when
+// they pay.
+type batcher struct {
+	alloc *allocator.NodeAllocator
+	max   int
+	in    chan *batchItem
+	m     *metrics
+	// timeout is the etcd budget of one batch. It is detached from the
+	// callers' contexts so one caller giving up cannot fail the others.
+	timeout time.Duration
+}
+
+type batchItem struct {
+	ctx  context.Context
+	req  allocator.Request
+	done chan allocator.Outcome
+}
+
+func newBatcher(a *allocator.NodeAllocator, max int, timeout time.Duration, m *metrics) *batcher {
+	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, timeout: timeout}
+}
+
+// run serves batches until ctx ends. Its owner (the agent) waits for it.
+func (b *batcher) run(ctx context.Context) {
+	for {
+		var first *batchItem
+		select {
+		case <-ctx.Done():
+			return
+		case first = <-b.in:
+		}
+		items := []*batchItem{first}
+	fill:
+		for len(items) < b.max {
+			select {
+			case it := <-b.in:
+				items = append(items, it)
+			default:
+				break fill
+			}
+		}
+		b.serve(items)
+	}
+}
+
+func (b *batcher) serve(items []*batchItem) {
+	// Callers that gave up are dropped before the transaction.
+	live := items[:0]
+	for _, it := range items {
+		if it.ctx.Err() != nil {
+			it.done <- allocator.Outcome{Err: it.ctx.Err()}
+			continue
+		}
+		live = append(live, it)
+	}
+	if len(live) == 0 {
+		return
+	}
+	reqs := make([]allocator.Request, len(live))
+	for i, it := range live {
+		reqs[i] = it.req
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	out := b.alloc.AllocateBatch(ctx, reqs)
+	b.m.batch.Observe(float64(len(live)))
+	for i, it := range live {
+		it.done <- out[i]
+	}
+}
+
+// allocate queues one request and waits for its outcome.
+func (b *batcher) allocate(ctx context.Context, req allocator.Request) (allocator.Result, error) {
+	it := &batchItem{ctx: ctx, req: req, done: make(chan allocator.Outcome, 1)}
+	select {
+	case b.in <- it:
+	case <-ctx.Done():
+		return allocator.Result{}, ctx.Err()
+	}
+	select {
+	case o := <-it.done:
+		return o.Result, o.Err
+	case <-ctx.Done():
+		// The batch may still write it; a retried request with the same
+		// owner gets the same addresses back, and an abandoned
+		// reservation expires with its lease.
+		return allocator.Result{}, ctx.Err()
+	}
+}

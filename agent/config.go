@@ -1,0 +1,316 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// Datapath modes.
+const (
+	DatapathRoutes = "routes"
+	DatapathBPF    = "bpf"
+	DatapathAuto   = "auto"
+)
+
+// Config is everything the agent is told at start. main fills it from
+// defaults, a YAML file, KVIPAM_* environment variables and flags, in
+// that order of precedence, and passes it down; nothing reads globals.
+type Config struct {
+	Node           string           `json:"node"`
+	Etcd           kvstore.Config   `json:"etcd"`
+	StateDir       string           `json:"stateDir"`
+	Socket         string           `json:"socket"`
+	Pools          []allocator.Pool `json:"pools"`
+	DefaultPool    string           `json:"defaultPool"`
+	LeaseTTL       Duration         `json:"leaseTTL"`
+	ReservationTTL Duration         `json:"reservationTTL"`
+	MetricsAddr    string           `json:"metricsAddr"`
+	Datapath       string           `json:"datapath"`
+	MTU            int              `json:"mtu"`
+	GCGrace        Duration         `json:"gcGrace"`
+	GCInterval     Duration         `json:"gcInterval"`
+	DelQueueDir    string           `json:"delQueueDir"`
+	LogLevel       string           `json:"logLevel"`
+	// RequestTimeout bounds the etcd work of one API request.
+	RequestTimeout Duration `json:"requestTimeout"`
+	// MaxBatch bounds how many allocations share one etcd transaction.
+	MaxBatch int `json:"maxBatch"`
+	// BPFPinDir is where the bpf datapath pins its maps and links.
+	BPFPinDir string `json:"bpfPinDir"`
+}
+
+// Duration is a time.Duration that reads "15s" from YAML and JSON.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON accepts a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := strings.Trim(string(b), `"`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes a Go duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+// DefaultConfig is the configuration with nothing set.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	return Config{
+		Node:           host,
+		StateDir:       "/var/lib/kvipam",
+		Socket:         "/run/kvipam/agent.sock",
+		LeaseTTL:       Duration{15 * time.Second},
+		ReservationTTL: Duration{2 * time.Minute},
+		MetricsAddr:    "127.0.0.1:9464",
+		Datapath:       DatapathAuto,
+		GCGrace:        Duration{5 * time.Minute},
+		GCInterval:     Duration{30 * time.Second},
+		LogLevel:       "info",
+		RequestTimeout: Duration{5 * time.Second},
+		MaxBatch:       128,
+		BPFPinDir:      "/sys/fs/bpf/kvipam",
+	}
+}
+
+// Validate reports every configuration mistake at once, naming the field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Node == "" {
+		bad("node: empty (set --node or KVIPAM_NODE)")
+	} else if strings.ContainsAny(c.Node, "/ \t\n") {
+		bad("node: %q must not contain '/' or spaces", c.Node)
+	}
+	if c.StateDir == "" {
+		bad("state-dir: empty")
+	}
+	if c.Socket == "" {
+		bad("socket: empty")
+	}
+	if len(c.Pools) == 0 {
+		bad("pool: at least one pool is needed (--pool NAME=CIDR[,CIDR...])")
+	}
+	names := map[string]bool{}
+	for _, p := range c.Pools {
+		if err := p.Validate(); err != nil {
+			bad("pool %s: %w", p.Name, err)
+		}
+		if names[p.Name] {
+			bad("pool %s: given twice", p.Name)
+		}
+		names[p.Name] = true
+	}
+	if c.DefaultPool != "" && !names[c.DefaultPool] {
+		bad("default-pool: %q is not one of the pools", c.DefaultPool)
+	}
+	if c.LeaseTTL.Duration < 2*time.Second {
+		bad("lease-ttl: %s is below etcd's 2s minimum", c.LeaseTTL)
+	}
+	if c.ReservationTTL.Duration < time.Second {
+		bad("reservation-ttl: %s is below 1s", c.ReservationTTL)
+	}
+	switch c.Datapath {
+	case DatapathRoutes, DatapathBPF, DatapathAuto:
+	default:
+		bad("datapath: %q is not routes, bpf or auto", c.Datapath)
+	}
+	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
+		bad("mtu: %d out of range 576-65535 (0 = detect)", c.MTU)
+	}
+	if c.GCGrace.Duration < 0 || c.GCInterval.Duration <= 0 {
+		bad("gc-grace/gc-interval: must be positive")
+	}
+	if c.RequestTimeout.Duration <= 0 {
+		bad("request-timeout: must be positive")
+	}
+	if c.MaxBatch < 1 {
+		bad("max-batch: %d must be at least 1", c.MaxBatch)
+	}
+	if c.Etcd.Endpoints != nil {
+		if err := c.Etcd.Validate(); err != nil {
+			bad("etcd: %w", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// defaultPool is the pool used when a request names none.
+func (c *Config) defaultPool() string {
+	if c.DefaultPool != "" {
+		return c.DefaultPool
+	}
+	if len(c.Pools) > 0 {
+		return c.Pools[0].Name
+	}
+	return ""
+}
+
+func (c *Config) delQueueDir() string {
+	if c.DelQueueDir != "" {
+		return c.DelQueueDir
+	}
+	return filepath.Join(c.StateDir, "del-queue")
+}
+
+// Load builds a Config from args (without the program name) and an
+// environment lookup. The YAML file named by --config is read first,
+// KVIPAM_<FLAG> variables override it, and flags override both.
+func Load(args []string, getenv func(string) string) (Config, error) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("kvipam-agent", flag.ContinueOnError)
+	fs.SetOutput(new(strings.Builder))
+	var (
+		configFile     string
+		pools          poolFlags
+		block4, block6 int
+		showVersion    bool
+		endpoints      string
+	)
+	fs.StringVar(&configFile, "config", "", "YAML configuration file")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
+	fs.StringVar(&c.Node, "node", c.Node, "node name (default: hostname)")
+	fs.StringVar(&endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated; empty runs an embedded etcd in <state-dir>/etcd")
+	fs.StringVar(&c.Etcd.CAFile, "etcd-cacert", "", "etcd CA file")
+	fs.StringVar(&c.Etcd.CertFile, "etcd-cert", "", "etcd client certificate")
+	fs.StringVar(&c.Etcd.KeyFile, "etcd-key", "", "etcd client key")
+	fs.StringVar(&c.Etcd.Username, "etcd-user", "", "etcd user")
+	fs.StringVar(&c.Etcd.Password, "etcd-password", "", "etcd password")
+	fs.DurationVar(&c.Etcd.DialTimeout, "etcd-dial-timeout", kvstore.DefaultDialTimeout, "etcd dial timeout")
+	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "node-local state: endpoint records, embedded etcd data")
+	fs.StringVar(&c.Socket, "socket", c.Socket, "unix socket of the API")
+	fs.Var(&pools, "pool", "pool NAME=CIDR[,CIDR...] to ensure exists (repeatable)")
+	fs.IntVar(&block4, "block-size-v4", 26, "IPv4 block prefix length for --pool")
+	fs.IntVar(&block6, "block-size-v6", 120, "IPv6 block prefix length for --pool")
+	fs.StringVar(&c.DefaultPool, "default-pool", c.DefaultPool, "pool for requests that name none (default: the first)")
+	fs.DurationVar(&c.LeaseTTL.Duration, "lease-ttl", c.LeaseTTL.Duration, "node lease TTL")
+	fs.DurationVar(&c.ReservationTTL.Duration, "reservation-ttl", c.ReservationTTL.Duration, "how long a reservation waits for its endpoint")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "Prometheus listen address; empty disables")
+	fs.StringVar(&c.Datapath, "datapath", c.Datapath, "routes, bpf or auto")
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "pod MTU; 0 detects from the default route")
+	fs.DurationVar(&c.GCGrace.Duration, "gc-grace", c.GCGrace.Duration, "age before a gone owner's IP is released")
+	fs.DurationVar(&c.GCInterval.Duration, "gc-interval", c.GCInterval.Duration, "how often the reconciler looks for gone endpoints")
+	fs.StringVar(&c.DelQueueDir, "del-queue-dir", c.DelQueueDir, "where plugins queue DELs while the agent is down (default <state-dir>/del-queue)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "trace, debug, info, warn or error")
+	fs.DurationVar(&c.RequestTimeout.Duration, "request-timeout", c.RequestTimeout.Duration, "etcd time budget of one request")
+	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most allocations in one etcd transaction")
+	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
+
+	// The config file comes first, so find it before parsing for real.
+	pre := flag.NewFlagSet("", flag.ContinueOnError)
+	pre.SetOutput(new(strings.Builder))
+	pre.StringVar(&configFile, "config", getenv("KVIPAM_CONFIG"), "")
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != "config" {
+			bf, ok := f.Value.(interface{ IsBoolFlag() bool })
+			pre.Var(noopValue{isBool: ok && bf.IsBoolFlag()}, f.Name, "")
+		}
+	})
+	if err := pre.Parse(args); err != nil {
+		return c, usageError(fs, err)
+	}
+	if configFile != "" {
+		data, err := os.ReadFile(configFile)
+		if err != nil {
+			return c, fmt.Errorf("read config: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &c); err != nil {
+			return c, fmt.Errorf("config %s: %w", configFile, err)
+		}
+		if len(c.Etcd.Endpoints) > 0 {
+			endpoints = strings.Join(c.Etcd.Endpoints, ",")
+		}
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "KVIPAM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(name); v != "" && f.Name != "config" {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s=%q: %w", name, v, err))
+			}
+		}
+	})
+	if envErr != nil {
+		return c, envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, usageError(fs, err)
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if showVersion {
+		return c, ErrShowVersion
+	}
+	if endpoints != "" {
+		c.Etcd.Endpoints = strings.Split(endpoints, ",")
+	}
+	for _, p := range pools {
+		p.BlockSizeV4, p.BlockSizeV6 = 0, 0
+		for _, cidr := range p.CIDRs {
+			if cidr.Addr().Is4() {
+				p.BlockSizeV4 = block4
+			} else {
+				p.BlockSizeV6 = block6
+			}
+		}
+		c.Pools = append(c.Pools, p)
+	}
+	return c, c.Validate()
+}
+
+// ErrShowVersion is returned by Load for --version.
+var ErrShowVersion = errors.New("show version")
+
+func usageError(fs *flag.FlagSet, err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		var b strings.Builder
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		return fmt.Errorf("%w\n%s", flag.ErrHelp, b.String())
+	}
+	return err
+}
+
+// noopValue stands in for every flag but --config in the first pass.
+type noopValue struct{ isBool bool }
+
+func (noopValue) String() string     { return "" }
+func (noopValue) Set(string) error   { return nil }
+func (v noopValue) IsBoolFlag() bool { return v.isBool }
+
+// poolFlags parses repeated --pool NAME=CIDR[,CIDR...].
+type poolFlags []allocator.Pool
+
+func (p *poolFlags) String() string { return fmt.Sprint(*p) }
+
+func (p *poolFlags) Set(v string) error {
+	name, cidrs, ok := strings.Cut(v, "=")
+	if !ok || name == "" || cidrs == "" {
+		return fmt.Errorf("want NAME=CIDR[,CIDR...], got %q", v)
+	}
+	pool := allocator.Pool{Name: name}
+	for _, s := range strings.Split(cidrs, ",") {
+		pfx, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", name, err)
+		}
+		pool.CIDRs = append(pool.CIDRs, pfx)
+	}
+	*p = append(*p, pool)
+	return nil
+}

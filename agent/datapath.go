@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// Datapath programs the kernel for endpoints. Setup runs inside the
+// endpoint create request, so when ADD returns the pod's datapath is in
+// force. Implementations are safe for concurrent use.
+type Datapath interface {
+	// Name is "routes" or "bpf".
+	Name() string
+	// Setup enforces ep's datapath and fills ep.HostIfIndex. It is
+	// idempotent: a retried ADD sets the same endpoint up again.
+	Setup(ctx context.Context, ep *api.Endpoint) error
+	// Teardown removes what Setup made; the host interface may be gone.
+	Teardown(ctx context.Context, ep api.Endpoint) error
+	// Adopt takes over the state a previous agent left for eps, without
+	// a gap in enforcement.
+	Adopt(ctx context.Context, eps []api.Endpoint) error
+	// HostLinkExists reports whether ep's host interface still exists; a
+	// pod netns deleted without DEL takes the veth with it.
+	HostLinkExists(ep api.Endpoint) (bool, error)
+	Close() error
+}
+
+// routesDatapath is the datapath without eBPF: the plugin routes each pod
+// address to its host veth, and the agent checks the veth is there.
+type routesDatapath struct {
+	nl *netlink.Handle
+}
+
+var _ Datapath = (*routesDatapath)(nil)
+
+// openNetlink returns a netlink handle for the network namespace at path,
+// or for the agent's own namespace when path is empty. A handle bound to a
+// namespace works from any goroutine, unlike the package-level functions,
+// which act in whatever namespace the calling thread is in.
+func openNetlink(path string) (*netlink.Handle, error) {
+	if path == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("open netlink: %w", err)
+		}
+		return h, nil
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("open netlink in %s: %w", path, err)
+	}
+	return h, nil
+}
+
+func newRoutesDatapath(netnsPath string) (*routesDatapath, error) {
+	h, err := openNetlink(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	return &routesDatapath{nl: h}, nil
+}
+
+func (d *routesDatapath) Name() string { return DatapathRoutes }
+
+func (d *routesDatapath) Setup(_ context.Context, ep *api.Endpoint) error {
+	l, err := d.nl.LinkByName(ep.HostIfName)
+	if err != nil {
+		return fmt.Errorf("find host interface %q: %w", ep.HostIfName, err)
+	}
+	ep.HostIfIndex = l.Attrs().Index
+	return nil
+}
+
+func (d *routesDatapath) Teardown(context.Context, api.Endpoint) error { return nil }
+
+func (d *routesDatapath) Adopt(context.Context, []api.Endpoint) error { return nil }
+
+func (d *routesDatapath) HostLinkExists(ep api.Endpoint) (bool, error) {
+	return hostLinkExists(d.nl, ep)
+}
+
+func hostLinkExists(h *netlink.Handle, ep api.Endpoint) (bool, error) {
+	l, err := h.LinkByName(ep.HostIfName)
+	var nf netlink.LinkNotFoundError
+	if errors.As(err, &nf) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("find host interface %q: %w", ep.HostIfName, err)
+	}
+	// A new veth with a reused name is not the endpoint's.
+	return ep.HostIfIndex == 0 || l.Attrs().Index == ep.HostIfIndex, nil
+}
+
+func (d *routesDatapath) Close() error {
+	d.nl.Close()
+	return nil
+}

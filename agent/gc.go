@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
+)
+
+// collect serves a GC request: this node's allocations (in req.Pool, or
+// every pool) whose owner is not a valid attachment are released, but only
+// once they are older than the grace period, so an ADD that raced the
+// caller's list of valid attachments is not collected. Each release is
+// guarded by the revision the node holds.
+func (a *Agent) collect(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error) {
+	valid := map[string]bool{}
+	for _, at := range req.ValidAttachments {
+		valid[at.ContainerID+"/"+at.IfName] = true
+	}
+	var doomed []allocator.Allocation
+	res := api.GCResponse{Released: []string{}}
+	for _, al := range a.alloc.Allocations() {
+		if (req.Pool != "" && al.Pool != req.Pool) || valid[al.Owner.Key()] {
+			continue
+		}
+		if now.Sub(al.Since) < a.cfg.GCGrace.Duration {
+			res.Deferred++
+			continue
+		}
+		doomed = append(doomed, al)
+	}
+	released, err := a.releaseIPs(ctx, doomed)
+	res.Released = append(res.Released, released...)
+	a.m.gcReleased.WithLabelValues("gc_request").Add(float64(len(released)))
+	if len(released) > 0 {
+		a.log.Info("gc released allocations", "count", len(released), "ips", released, "deferred", res.Deferred)
+	}
+	return res, err
+}
+
+// reconciler is the agent's own leak GC: an endpoint whose host interface
+// has vanished (its pod netns was deleted without a DEL) is suspected at
+// one pass and released at a later pass at least the grace period after,
+// if the interface is still gone. It starts only after restore.
+type reconciler struct {
+	a       *Agent
+	suspect map[string]time.Time
+}
+
+func newReconciler(a *Agent) *reconciler {
+	return &reconciler{a: a, suspect: map[string]time.Time{}}
+}
+
+func (r *reconciler) run(ctx context.Context) {
+	t := time.NewTicker(r.a.cfg.GCInterval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.pass(ctx, now)
+		}
+	}
+}
+
+// pass is one reconciliation; it returns how many owners it released.
+func (r *reconciler) pass(ctx context.Context, now time.Time) int {
+	released := 0
+	seen := map[string]bool{}
+	for _, ep := range r.a.eps.list() {
+		k := ownerKey(ep.Owner)
+		seen[k] = true
+		exists, err := r.a.dp.HostLinkExists(ep)
+		if err != nil {
+			r.a.log.Debug("reconcile: cannot check endpoint", "owner", k, "error", err)
+			continue
+		}
+		if exists {
+			delete(r.suspect, k)
+			continue
+		}
+		first, ok := r.suspect[k]
+		if !ok {
+			r.suspect[k] = now
+			r.a.log.Info("endpoint's host interface is gone; releasing after the grace period", "owner", k, "host_if", ep.HostIfName, "grace", r.a.cfg.GCGrace)
+			continue
+		}
+		if now.Sub(first) < r.a.cfg.GCGrace.Duration {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, r.a.cfg.RequestTimeout.Duration)
+		ips, err := r.a.release(rctx, ep.Owner)
+		cancel()
+		if err != nil {
+			r.a.log.Warn("reconcile: release", "owner", k, "error", err)
+			continue
+		}
+		delete(r.suspect, k)
+		released++
+		r.a.m.gcReleased.WithLabelValues("reconciler").Add(float64(len(ips)))
+		r.a.log.Info("released the IPs of a vanished endpoint", "owner", k, "ips", ips)
+	}
+	for k := range r.suspect {
+		if !seen[k] {
+			delete(r.suspect, k)
+		}
+	}
+	return released
+}
+
+// drainDelQueue applies the DELs plugins queued while the agent was down.
+func (a *Agent) drainDelQueue(ctx context.Context) error {
+	return drainQueue(ctx, a.cfg.delQueueDir(), func(ctx context.Context, o api.Owner) error {
+		_, err := a.release(ctx, o)
+		return err
+	}, a.log)
+}

@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvipam/kvipam/allocator"
+)
+
+// metrics are the agent's Prometheus series, on a registry of its own (no
+// global state), served on --metrics-addr.
+type metrics struct {
+	reg        *prometheus.Registry
+	txn        *prometheus.HistogramVec
+	conflicts  *prometheus.CounterVec
+	batch      prometheus.Histogram
+	leaseHeld  prometheus.Gauge
+	gcReleased *prometheus.CounterVec
+	requests   *prometheus.CounterVec
+}
+
+func newMetrics(usage func() []allocator.Usage) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		txn: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvipam_etcd_txn_duration_seconds", Help: "Latency of the allocator's etcd operations.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
+		}, []string{"op"}),
+		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvipam_cas_conflicts_total", Help: "Compare-and-swap transactions that lost a race or a fence.",
+		}, []string{"op"}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvipam_allocation_batch_size", Help: "Allocation requests per etcd transaction (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}),
+		leaseHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvipam_lease_held", Help: "1 while the node holds its etcd lease.",
+		}),
+		gcReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvipam_gc_released_total", Help: "Allocations released by garbage collection.",
+		}, []string{"source"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvipam_api_requests_total", Help: "API requests by path and status.",
+		}, []string{"path", "code"}),
+	}
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.gcReleased, m.requests, usageCollector{usage})
+	return m
+}
+
+var (
+	descInUse    = prometheus.NewDesc("kvipam_allocations_in_use", "Addresses allocated on this node (reservations included).", []string{"pool", "family"}, nil)
+	descReserved = prometheus.NewDesc("kvipam_reservations", "Addresses reserved and waiting for their endpoint.", []string{"pool", "family"}, nil)
+	descBlocks   = prometheus.NewDesc("kvipam_blocks_owned", "Blocks this node holds a claim on.", []string{"pool", "family"}, nil)
+	descFree     = prometheus.NewDesc("kvipam_free_ips", "Free addresses in this node's blocks.", []string{"pool", "family"}, nil)
+)
+
+// usageCollector reads the allocator's usage at scrape time, so the
+// gauges can never drift from the allocator's own books.
+type usageCollector struct{ usage func() []allocator.Usage }
+
+func (usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descInUse
+	ch <- descReserved
+	ch <- descBlocks
+	ch <- descFree
+}
+
+func (u usageCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, x := range u.usage() {
+		l := []string{x.Pool, x.Family.String()}
+		ch <- prometheus.MustNewConstMetric(descInUse, prometheus.GaugeValue, float64(x.Used), l...)
+		ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(x.Reserved), l...)
+		ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.GaugeValue, float64(len(x.Blocks)), l...)
+		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, float64(x.Capacity-x.Used), l...)
+	}
+}
+
+// instrumentedStore times every store operation and counts conflicts.
+type instrumentedStore struct {
+	allocator.Store
+	m *metrics
+}
+
+var _ allocator.Store = instrumentedStore{}
+
+func (s instrumentedStore) observe(op string, start time.Time, err error) {
+	s.m.txn.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if errors.Is(err, allocator.ErrConflict) {
+		s.m.conflicts.WithLabelValues(op).Inc()
+	}
+}
+
+func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+	start := time.Now()
+	rev, err := s.Store.Claim(ctx, pool, b, c, lease)
+	s.observe("claim", start, err)
+	return rev, err
+}
+
+func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+	start := time.Now()
+	rev, err := s.Store.Reclaim(ctx, pool, prev, c, lease)
+	s.observe("reclaim", start, err)
+	return rev, err
+}
+
+func (s instrumentedStore) WriteIPs(ctx context.Context, w []allocator.IPWrite) (allocator.WriteResult, error) {
+	start := time.Now()
+	res, err := s.Store.WriteIPs(ctx, w)
+	s.observe("write_ips", start, err)
+	return res, err
+}
+
+func (s instrumentedStore) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
+	start := time.Now()
+	err := s.Store.DeleteIP(ctx, pool, b, a, rev)
+	s.observe("delete_ip", start, err)
+	return err
+}
