@@ -155,7 +155,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.RequestTimeout.Duration, a.metrics())
+	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.metrics())
 	sess, err := a.newSession(ctx)
 	if err != nil {
 		return err

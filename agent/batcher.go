@@ -9,10 +9,11 @@ import (
 
 // batcher is the group commit: concurrent allocation requests queue on a
 // channel and one goroutine hands each queue-full to AllocateBatch, one
-// etcd transaction per batch. It adds no wait: a lone request goes out at
-// once, and requests that arrive while a batch is in flight form the next
-// one. That gives batch size 1 at low load and large batches exactly when
-// they pay.
+// etcd transaction per batch. Requests that arrive while a batch is in
+// flight form the next one. Under load (a batch went out less than wait
+// ago) the batcher also holds a new batch open for up to wait, because a
+// fast etcd can otherwise drain the queue one request at a time; an idle
+// agent sends a lone request at once.
 type batcher struct {
 	alloc *allocator.NodeAllocator
 	max   int
@@ -21,6 +22,8 @@ type batcher struct {
 	// timeout is the etcd budget of one batch. It is detached from the
 	// callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
+	wait    time.Duration
+	last    time.Time // when the previous batch went out
 }
 
 type batchItem struct {
@@ -29,8 +32,8 @@ type batchItem struct {
 	done chan allocator.Outcome
 }
 
-func newBatcher(a *allocator.NodeAllocator, max int, timeout time.Duration, m *metrics) *batcher {
-	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, timeout: timeout}
+func newBatcher(a *allocator.NodeAllocator, max int, wait, timeout time.Duration, m *metrics) *batcher {
+	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, wait: wait, timeout: timeout}
 }
 
 // run serves batches until ctx ends. Its owner (the agent) waits for it.
@@ -42,18 +45,42 @@ func (b *batcher) run(ctx context.Context) {
 			return
 		case first = <-b.in:
 		}
-		items := []*batchItem{first}
-	fill:
-		for len(items) < b.max {
-			select {
-			case it := <-b.in:
-				items = append(items, it)
-			default:
-				break fill
-			}
-		}
+		items := b.fill(ctx, first)
+		b.last = time.Now()
 		b.serve(items)
 	}
+}
+
+// fill collects a batch behind first: whatever is queued, and under load
+// whatever arrives within the wait window, up to max.
+func (b *batcher) fill(ctx context.Context, first *batchItem) []*batchItem {
+	items := []*batchItem{first}
+	var window <-chan time.Time
+	if b.wait > 0 && time.Since(b.last) < b.wait {
+		t := time.NewTimer(b.wait)
+		defer t.Stop()
+		window = t.C
+	}
+	for len(items) < b.max {
+		select {
+		case it := <-b.in:
+			items = append(items, it)
+			continue
+		default:
+		}
+		if window == nil {
+			break
+		}
+		select {
+		case it := <-b.in:
+			items = append(items, it)
+		case <-window:
+			return items
+		case <-ctx.Done():
+			return items
+		}
+	}
+	return items
 }
 
 func (b *batcher) serve(items []*batchItem) {

@@ -46,6 +46,8 @@ type Config struct {
 	RequestTimeout Duration `json:"requestTimeout"`
 	// MaxBatch bounds how many allocations share one etcd transaction.
 	MaxBatch int `json:"maxBatch"`
+	// BatchWait bounds how long a batch stays open under load.
+	BatchWait Duration `json:"batchWait"`
 	// BPFPinDir is where the bpf datapath pins its maps and links.
 	BPFPinDir string `json:"bpfPinDir"`
 }
@@ -82,7 +84,8 @@ func DefaultConfig() Config {
 		GCInterval:     Duration{30 * time.Second},
 		LogLevel:       "info",
 		RequestTimeout: Duration{5 * time.Second},
-		MaxBatch:       128,
+		MaxBatch:       allocator.MaxBatch,
+		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 	}
 }
@@ -137,6 +140,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RequestTimeout.Duration <= 0 {
 		bad("request-timeout: must be positive")
+	}
+	if c.BatchWait.Duration < 0 || c.BatchWait.Duration > time.Second {
+		bad("batch-wait: %s out of range 0-1s", c.BatchWait)
 	}
 	if c.MaxBatch < 1 {
 		bad("max-batch: %d must be at least 1", c.MaxBatch)
@@ -208,6 +214,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "trace, debug, info, warn or error")
 	fs.DurationVar(&c.RequestTimeout.Duration, "request-timeout", c.RequestTimeout.Duration, "etcd time budget of one request")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most allocations in one etcd transaction")
+	fs.DurationVar(&c.BatchWait.Duration, "batch-wait", c.BatchWait.Duration, "longest a batch stays open for more requests under load")
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
 
 	// The config file comes first, so find it before parsing for real.

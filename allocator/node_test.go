@@ -476,3 +476,26 @@ func TestIPv6LargePool(t *testing.T) {
 	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "v6", Owner: owner(2), Families: []allocator.Family{allocator.IPv4}})
 	require.ErrorIs(t, err, allocator.ErrBadRequest)
 }
+
+func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	big := allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/16"), netip.MustParsePrefix("fd00:40::/64")}, BlockSizeV4: 24, BlockSizeV6: 120}
+	ensurePool(t, e, big)
+	n := startNode(t, e, "n1", []string{"big"}, nodeOpts{})
+	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "big", Owner: owner(0)})
+	require.NoError(t, err)
+	before, err := n.cli.Get(ctx, "x")
+	require.NoError(t, err)
+	var reqs []allocator.Request
+	for i := 1; i <= 100; i++ { // 200 writes: over etcd's 128 ops per transaction
+		reqs = append(reqs, allocator.Request{Pool: "big", Owner: owner(i)})
+	}
+	for i, o := range n.alloc.AllocateBatch(ctx, reqs) {
+		require.NoError(t, o.Err, i)
+		require.Len(t, o.Result.Allocations, 2)
+	}
+	after, err := n.cli.Get(ctx, "x")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), after.Header.Revision-before.Header.Revision, "100 requests in ceil(100/MaxBatch) transactions")
+}

@@ -335,7 +335,7 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 	}
 	fenced := map[fence]bool{}
 	var cmps []clientv3.Cmp
-	var puts, gets []clientv3.Op
+	var puts []clientv3.Op
 	for _, w := range writes {
 		f := fence{w.Pool, w.Block}
 		if !fenced[f] {
@@ -359,9 +359,8 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 			opts = append(opts, clientv3.WithLease(resLease))
 		}
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
-		gets = append(gets, clientv3.OpGet(ClaimKey(w.Pool, w.Block)), clientv3.OpGet(key))
 	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The shared reservation lease expired or was revoked: a retry
 		// grants a new one.
@@ -375,20 +374,46 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		res.Rev = resp.Header.Revision
 		return res, nil
 	}
+	return res, s.explainWrite(ctx, writes)
+}
+
+// explainWrite finds out which checks of a failed WriteIPs failed. It
+// reads after the fact, on the failure path only, so the write itself
+// carries no Else operations (which count against etcd's --max-txn-ops).
+func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) error {
 	we := &allocator.WriteError{}
-	seen := map[netip.Prefix]bool{}
-	for i, w := range writes {
-		ckv := resp.Responses[2*i].GetResponseRange().Kvs
-		if (len(ckv) == 0 || ckv[0].ModRevision != w.ClaimRev) && !seen[w.Block] {
-			seen[w.Block] = true
+	claims := map[string]int64{}
+	for _, w := range writes {
+		ck := ClaimKey(w.Pool, w.Block)
+		if _, done := claims[ck]; done {
+			continue
+		}
+		resp, err := s.cli.Get(ctx, ck)
+		if err != nil {
+			return fmt.Errorf("explain failed write: %w", err)
+		}
+		claims[ck] = 0
+		if len(resp.Kvs) > 0 {
+			claims[ck] = resp.Kvs[0].ModRevision
+		}
+		if claims[ck] != w.ClaimRev {
 			we.Fenced = append(we.Fenced, w.Block)
 		}
-		ikv := resp.Responses[2*i+1].GetResponseRange().Kvs
-		if (w.PrevRev == 0 && len(ikv) > 0) || (w.PrevRev != 0 && (len(ikv) == 0 || ikv[0].ModRevision != w.PrevRev)) {
+	}
+	for _, w := range writes {
+		resp, err := s.cli.Get(ctx, IPKey(w.Pool, w.Block, w.Addr))
+		if err != nil {
+			return fmt.Errorf("explain failed write: %w", err)
+		}
+		if (w.PrevRev == 0 && len(resp.Kvs) > 0) || (w.PrevRev != 0 && (len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != w.PrevRev)) {
 			we.Taken = append(we.Taken, w.Addr)
 		}
 	}
-	return res, we
+	if len(we.Fenced) == 0 && len(we.Taken) == 0 {
+		// Changed back between the write and the reads: still a lost race.
+		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
+	}
+	return we
 }
 
 // DeleteIP implements allocator.Store.
