@@ -30,9 +30,6 @@ import (
 type Options struct {
 	Logger  hclog.Logger
 	Version string
-	// NetNSPath is the network namespace the datapath programs; empty
-	// means the agent's own. Tests point it at a scratch "host" netns.
-	NetNSPath string
 	// Datapath overrides the datapath chosen from Config.Datapath.
 	Datapath Datapath
 }
@@ -254,7 +251,7 @@ func (a *Agent) openDatapath() error {
 	}
 	mode := a.cfg.Datapath
 	if mode == DatapathBPF || mode == DatapathAuto {
-		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.opts.NetNSPath, a.log)
+		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.cfg.NetNS, a.log)
 		if err == nil {
 			a.dp = dp
 			return nil
@@ -264,7 +261,7 @@ func (a *Agent) openDatapath() error {
 		}
 		a.log.Warn("eBPF datapath unavailable, using routes mode", "reason", err)
 	}
-	dp, err := newRoutesDatapath(a.opts.NetNSPath)
+	dp, err := newRoutesDatapath(a.cfg.NetNS)
 	if err != nil {
 		return err
 	}

@@ -161,7 +161,9 @@ func TestAllocateEndpointRelease(t *testing.T) {
 	h := nstest.Handle(t, host)
 	link := nstest.AddLink(t, h, "kvtest0")
 	e := etcdtest.Start(t)
-	ta := startAgent(t, testConfig(t, e), Options{NetNSPath: host.Path()})
+	cfg := testConfig(t, e)
+	cfg.NetNS = host.Path()
+	ta := startAgent(t, cfg, Options{})
 	ctx := context.Background()
 	cli := etcdtest.Client(t, e)
 
@@ -298,7 +300,8 @@ func TestReconcilerReleasesVanishedEndpoint(t *testing.T) {
 	e := etcdtest.Start(t)
 	cfg := testConfig(t, e)
 	cfg.GCGrace = Duration{time.Minute}
-	ta := startAgent(t, cfg, Options{NetNSPath: host.Path()})
+	cfg.NetNS = host.Path()
+	ta := startAgent(t, cfg, Options{})
 	ctx := context.Background()
 	for i, name := range []string{"kvkeep", "kvgone"} {
 		nstest.AddLink(t, h, name)

@@ -50,6 +50,10 @@ type Config struct {
 	BatchWait Duration `json:"batchWait"`
 	// BPFPinDir is where the bpf datapath pins its maps and links.
 	BPFPinDir string `json:"bpfPinDir"`
+	// NetNS is the network namespace (a path such as /proc/1/ns/net) whose
+	// pod interfaces the datapath programs; empty is the agent's own. It
+	// lets an agent that is not in the host namespace manage the host's.
+	NetNS string `json:"netns"`
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -216,6 +220,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most allocations in one etcd transaction")
 	fs.DurationVar(&c.BatchWait.Duration, "batch-wait", c.BatchWait.Duration, "longest a batch stays open for more requests under load")
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
+	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
 
 	// The config file comes first, so find it before parsing for real.
 	pre := flag.NewFlagSet("", flag.ContinueOnError)
