@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -10,10 +11,10 @@ import (
 // batcher is the group commit: concurrent allocation requests queue on a
 // channel and one goroutine hands each queue-full to AllocateBatch, one
 // etcd transaction per batch. Requests that arrive while a batch is in
-// flight form the next one. Under load (a batch went out less than wait
-// ago) the batcher also holds a new batch open for up to wait, because a
-// fast etcd can otherwise drain the queue one request at a time; an idle
-// agent sends a lone request at once.
+// flight form the next one. When callers are on their way to the queue
+// (entered allocate, not yet taken), the batcher also holds the batch open
+// for them, up to wait, because a fast etcd can otherwise drain the queue
+// one request at a time; a lone request goes out at once.
 type batcher struct {
 	alloc *allocator.NodeAllocator
 	max   int
@@ -23,7 +24,9 @@ type batcher struct {
 	// callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
 	wait    time.Duration
-	last    time.Time // when the previous batch went out
+	// coming counts callers that entered allocate and whose item no batch
+	// has taken yet.
+	coming atomic.Int64
 }
 
 type batchItem struct {
@@ -45,9 +48,8 @@ func (b *batcher) run(ctx context.Context) {
 			return
 		case first = <-b.in:
 		}
-		items := b.fill(ctx, first)
-		b.last = time.Now()
-		b.serve(items)
+		b.coming.Add(-1)
+		b.serve(b.fill(ctx, first))
 	}
 }
 
@@ -56,23 +58,25 @@ func (b *batcher) run(ctx context.Context) {
 func (b *batcher) fill(ctx context.Context, first *batchItem) []*batchItem {
 	items := []*batchItem{first}
 	var window <-chan time.Time
-	if b.wait > 0 && time.Since(b.last) < b.wait {
-		t := time.NewTimer(b.wait)
-		defer t.Stop()
-		window = t.C
-	}
 	for len(items) < b.max {
 		select {
 		case it := <-b.in:
+			b.coming.Add(-1)
 			items = append(items, it)
 			continue
 		default:
 		}
+		if b.wait <= 0 || b.coming.Load() <= 0 {
+			return items // nobody else is on the way
+		}
 		if window == nil {
-			break
+			t := time.NewTimer(b.wait)
+			defer t.Stop()
+			window = t.C
 		}
 		select {
 		case it := <-b.in:
+			b.coming.Add(-1)
 			items = append(items, it)
 		case <-window:
 			return items
@@ -112,9 +116,11 @@ func (b *batcher) serve(items []*batchItem) {
 // allocate queues one request and waits for its outcome.
 func (b *batcher) allocate(ctx context.Context, req allocator.Request) (allocator.Result, error) {
 	it := &batchItem{ctx: ctx, req: req, done: make(chan allocator.Outcome, 1)}
+	b.coming.Add(1)
 	select {
 	case b.in <- it:
 	case <-ctx.Done():
+		b.coming.Add(-1)
 		return allocator.Result{}, ctx.Err()
 	}
 	select {
