@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -403,4 +405,30 @@ func waitReady(c *client.Client, timeout time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return errors.New("agent not ready in time")
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	e := etcdtest.Start(t)
+	cfg := testConfig(t, e)
+	cfg.MetricsAddr = freeAddr(t)
+	ta := startAgent(t, cfg, Options{})
+	_, err := ta.c.Allocate(context.Background(), api.AllocateRequest{Owner: owner(1)})
+	require.NoError(t, err)
+	resp, err := http.Get("http://" + cfg.MetricsAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	for _, want := range []string{
+		`kvipam_allocations_in_use{family="ipv4",pool="default"} 1`,
+		`kvipam_reservations{family="ipv6",pool="default"} 1`,
+		`kvipam_blocks_owned{family="ipv4",pool="default"} 1`,
+		`kvipam_free_ips{family="ipv4",pool="default"} 31`,
+		`kvipam_etcd_txn_duration_seconds_count{op="claim"} 2`,
+		`kvipam_allocation_batch_size_count 1`,
+		`kvipam_lease_held 1`,
+		`kvipam_api_requests_total{code="200",path="/v1/allocate"} 1`,
+	} {
+		require.Contains(t, string(body), want)
+	}
 }
