@@ -67,3 +67,11 @@ func TestLoadErrors(t *testing.T) {
 		})
 	}
 }
+
+// The example configuration shipped in deploy/ must load.
+func TestShippedConfigLoads(t *testing.T) {
+	c, err := Load([]string{"--config", "../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "default", c.Pools[0].Name)
+	require.Len(t, c.Etcd.Endpoints, 3)
+}
