@@ -21,6 +21,7 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/cni/delqueue"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -431,4 +432,30 @@ func TestMetricsEndpoint(t *testing.T) {
 	} {
 		require.Contains(t, string(body), want)
 	}
+}
+
+// TestQueuedDelAppliedAtStart: a DEL queued by a plugin while the agent
+// was down is applied before the agent serves.
+func TestQueuedDelAppliedAtStart(t *testing.T) {
+	e := etcdtest.Start(t)
+	cfg := testConfig(t, e)
+	ta := startAgent(t, cfg, Options{})
+	ctx := context.Background()
+	for i := range 3 {
+		_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
+		require.NoError(t, err)
+	}
+	ta.shutdown()
+	require.NoError(t, delqueue.Enqueue(cfg.delQueueDir(), owner(1)))
+	require.NoError(t, delqueue.Enqueue(cfg.delQueueDir(), api.Owner{ContainerID: "never-seen", IfName: "eth0"}))
+
+	startAgent(t, cfg, Options{})
+	left := storeIPs(t, etcdtest.Client(t, e))
+	require.Len(t, left, 4, "owner 1's two addresses were released")
+	for _, al := range left {
+		require.NotEqual(t, owner(1).ContainerID, al.ContainerID)
+	}
+	queued, err := delqueue.List(cfg.delQueueDir())
+	require.NoError(t, err)
+	require.Empty(t, queued, "the queue is drained, including a DEL of an owner that holds nothing")
 }
