@@ -17,10 +17,10 @@ func TestCheckCleanStore(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
 	n2 := startAgent(t, v.e, "n2", time.Minute)
-	n1.allocate(t, 0, 20, false) // spills into a second block
-	n2.allocate(t, 100, 3, true) // live reservations on their own lease
-	n2.allocate(t, 200, 2, false)
-	_, err := n1.alloc.Release(t.Context(), owner(3))
+	allocate(t, n1, 0, 20, false) // spills into a second block
+	allocate(t, n2, 100, 3, true) // live reservations on their own lease
+	allocate(t, n2, 200, 2, false)
+	_, err := n1.Alloc.Release(t.Context(), owner(3))
 	require.NoError(t, err)
 
 	r := v.check(t)
@@ -39,8 +39,8 @@ type baseline struct {
 func newBaseline(t *testing.T) *baseline {
 	v := newEnv(t)
 	b := &baseline{env: v, n1: startAgent(t, v.e, "n1", 0), n2: startAgent(t, v.e, "n2", 0)}
-	b.al = b.n1.allocate(t, 0, 3, false)[0]
-	b.n2.allocate(t, 10, 1, false)
+	b.al = allocate(t, b.n1, 0, 3, false)[0]
+	allocate(t, b.n2, 10, 1, false)
 	require.Empty(t, v.check(t).Findings)
 	return b
 }
@@ -80,7 +80,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 	}, {
 		name: "orphaned block after the node's lease ended",
 		plant: func(t *testing.T, b *baseline) string {
-			b.n1.kill(t)
+			b.n1.Kill(t)
 			return etcdstore.HomeKey("small", b.al.Block)
 		},
 		want: []inspect.Kind{inspect.KindOrphanedBlock},
@@ -120,7 +120,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "records of a pool that does not exist",
 		plant: func(t *testing.T, b *baseline) string {
 			blk := netip.MustParsePrefix("10.9.0.0/28")
-			b.put(t, etcdstore.ClaimKey("ghost", blk), allocator.Claim{Node: "n1"}, clientv3.WithLease(clientv3.LeaseID(b.n1.sess.ID())))
+			b.put(t, etcdstore.ClaimKey("ghost", blk), allocator.Claim{Node: "n1"}, clientv3.WithLease(clientv3.LeaseID(b.n1.Session.ID())))
 			key := etcdstore.IPKey("ghost", blk, netip.MustParseAddr("10.9.0.1"))
 			b.put(t, key, record(owner(53), "n1", allocator.StateAllocated))
 			return key
@@ -172,7 +172,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 func TestCheckExpiredReservationLease(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", time.Minute)
-	res := n1.allocate(t, 0, 2, true)
+	res := allocate(t, n1, 0, 2, true)
 	s := v.snapshot(t)
 	var lease int64
 	for _, ip := range s.IPs {

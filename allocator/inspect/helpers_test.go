@@ -3,7 +3,6 @@ package inspect_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -12,8 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -21,53 +20,19 @@ import (
 // small has 16 blocks of 16 addresses: 254 usable (network, broadcast).
 var small = allocator.Pool{Name: "small", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/24")}, BlockSizeV4: 28}
 
-// agent is one simulated kvipam agent, as the real one starts: a lease, a
-// node record on it, and a restored allocator.
-type agent struct {
-	name  string
-	cli   *clientv3.Client
-	store *etcdstore.Store
-	sess  *kvstore.Session
-	alloc *allocator.NodeAllocator
-}
+type agent = agenttest.Agent
 
 func startAgent(t testing.TB, e *kvstore.Embedded, name string, resTTL time.Duration) *agent {
 	t.Helper()
-	ctx := context.Background()
-	cli := etcdtest.Client(t, e)
-	st := etcdstore.New(cli, etcdstore.Options{ReservationTTL: resTTL})
-	sess, err := kvstore.NewSession(ctx, cli, 30)
-	require.NoError(t, err)
-	t.Cleanup(sess.Close)
-	require.NoError(t, st.PutNode(ctx, etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID()}, sess.ID()))
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: st, Pools: []string{small.Name}})
-	require.NoError(t, err)
-	require.NoError(t, al.Restore(ctx, sess))
-	return &agent{name: name, cli: cli, store: st, sess: sess, alloc: al}
+	return agenttest.Start(t, e, name, agenttest.Options{Pools: []string{small.Name}, ReservationTTL: resTTL})
 }
 
-// kill ends the agent's lease as if it crashed and stayed away past the
-// TTL: its node record and claims go, its homes and allocations stay.
-func (a *agent) kill(t testing.TB) {
+func allocate(t testing.TB, a *agent, first, n int, reserve bool) []allocator.Allocation {
 	t.Helper()
-	require.NoError(t, a.sess.Revoke(context.Background()))
+	return a.Allocate(t, small.Name, first, n, reserve)
 }
 
-func owner(i int) allocator.Owner {
-	return allocator.Owner{ContainerID: fmt.Sprintf("ctr-%04d", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d", i)}
-}
-
-// allocate gives n owners, numbered from first, one address each.
-func (a *agent) allocate(t testing.TB, first, n int, reserve bool) []allocator.Allocation {
-	t.Helper()
-	var out []allocator.Allocation
-	for i := first; i < first+n; i++ {
-		r, err := a.alloc.Allocate(context.Background(), allocator.Request{Pool: small.Name, Owner: owner(i), Reserve: reserve})
-		require.NoError(t, err)
-		out = append(out, r.Allocations...)
-	}
-	return out
-}
+var owner = agenttest.Owner
 
 // env is an etcd with the small pool and a client for the operator.
 type env struct {
@@ -80,8 +45,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := etcdtest.Start(t)
 	cli := etcdtest.Client(t, e)
-	_, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(context.Background(), small)
-	require.NoError(t, err)
+	agenttest.EnsurePool(t, e, small)
 	return &env{e: e, cli: cli, in: inspect.New(cli, inspect.Options{})}
 }
 

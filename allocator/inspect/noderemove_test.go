@@ -18,18 +18,18 @@ func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
 	ctx := t.Context()
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	held := n1.allocate(t, 0, 20, false)
+	held := allocate(t, n1, 0, 20, false)
 	n1Blocks := map[netip.Prefix]bool{}
 	for _, al := range held {
 		n1Blocks[al.Block] = true
 	}
 	require.Len(t, n1Blocks, 2)
-	n1.kill(t)
+	n1.Kill(t)
 
 	// n2 fills the rest of the pool; n1's blocks stay out of its reach.
 	n2 := startAgent(t, v.e, "n2", 0)
 	for i := 1000; ; i++ {
-		_, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		_, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
 		var ee *allocator.ExhaustedError
 		if err != nil {
 			require.ErrorAs(t, err, &ee)
@@ -64,7 +64,7 @@ func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
 	// The freed blocks are claimable again, by another node.
 	got := map[netip.Prefix]int{}
 	for i := 2000; i < 2030; i++ {
-		res, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		res, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		got[res.Allocations[0].Block]++
 	}
@@ -111,8 +111,8 @@ func TestNodeRemoveDeadNodeClaim(t *testing.T) {
 func TestNodeRemoveFencedWhenNodeReturns(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	held := n1.allocate(t, 0, 5, false)
-	n1.kill(t)
+	held := allocate(t, n1, 0, 5, false)
+	n1.Kill(t)
 	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", false)
 	require.NoError(t, err)
 	require.Len(t, p.Steps, 6)
@@ -126,7 +126,7 @@ func TestNodeRemoveFencedWhenNodeReturns(t *testing.T) {
 	require.Equal(t, 5, res.Skipped, "and the rest of the block is skipped")
 	require.Equal(t, int64(5), v.count(t, etcdstore.IPsPrefix("small")))
 	for i, al := range held {
-		got := n1b.alloc.Lookup(owner(i))
+		got := n1b.Alloc.Lookup(owner(i))
 		require.Len(t, got, 1)
 		require.Equal(t, al.Addr, got[0].Addr)
 	}
@@ -139,7 +139,7 @@ func TestNodeRemoveRefusesOtherLiveNodesAddresses(t *testing.T) {
 	blk := netip.MustParsePrefix("10.20.0.64/28")
 	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
 	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), record(owner(1), "ghost", allocator.StateAllocated))
-	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.name, allocator.StateAllocated))
+	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.Name, allocator.StateAllocated))
 	_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", false)
 	require.ErrorIs(t, err, inspect.ErrNodeAlive)
 	require.ErrorContains(t, err, "other nodes")

@@ -107,7 +107,7 @@ func refuseLive(s *Snapshot, force bool, nodes ...string) error {
 		return nil
 	}
 	slices.Sort(live)
-	return fmt.Errorf("%w: %s has a node record; the agent may still use these addresses (use force to go ahead)",
+	return fmt.Errorf("%w: %s has a node record, so its agent may still use these addresses",
 		ErrNodeAlive, strings.Join(live, ", "))
 }
 

@@ -24,7 +24,7 @@ func auditLog() (hclog.Logger, *bytes.Buffer) {
 func TestReleaseRefusesLiveNodeUnlessForced(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	al := n1.allocate(t, 0, 2, false)
+	al := allocate(t, n1, 0, 2, false)
 	s := v.snapshot(t)
 	for name, plan := range map[string]func(force bool) (inspect.Plan, error){
 		"ip":    func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseIP(s, "small", al[0].Addr, f) },
@@ -83,12 +83,12 @@ func TestReleaseDeadNode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t)
 			n1 := startAgent(t, v.e, "n1", 0)
-			al := n1.allocate(t, 0, 19, false)
+			al := allocate(t, n1, 0, 19, false)
 			o := owner(4)
 			o.IfName = "net1"
-			_, err := n1.alloc.Allocate(t.Context(), allocator.Request{Pool: "small", Owner: o})
+			_, err := n1.Alloc.Allocate(t.Context(), allocator.Request{Pool: "small", Owner: o})
 			require.NoError(t, err)
-			n1.kill(t)
+			n1.Kill(t)
 
 			s := v.snapshot(t)
 			p, err := tc.plan(s, al)
@@ -125,8 +125,8 @@ func TestReleaseDeadNode(t *testing.T) {
 func TestReleaseIsRevisionGuarded(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	al := n1.allocate(t, 0, 2, false)
-	n1.kill(t)
+	al := allocate(t, n1, 0, 2, false)
+	n1.Kill(t)
 	p, err := inspect.PlanReleaseNode(v.snapshot(t), "n1", false)
 	require.NoError(t, err)
 

@@ -47,8 +47,8 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
 	n2 := startAgent(t, v.e, "n2", time.Minute)
-	n1.allocate(t, 0, 20, false)
-	n2.allocate(t, 100, 5, true)
+	allocate(t, n1, 0, 20, false)
+	allocate(t, n2, 100, 5, true)
 
 	u := inspect.Usage(v.snapshot(t), "small")
 	require.Len(t, u, 1)
@@ -61,7 +61,7 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(js), `"addresses":254`, "big counts are plain JSON numbers")
 
-	n1.kill(t)
+	n1.Kill(t)
 	s := v.snapshot(t)
 	u = inspect.Usage(s, "")
 	require.Equal(t, 1, u[0].Claimed)
@@ -78,7 +78,7 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 		case "n2":
 			require.Equal(t, inspect.BlockClaimed, r.State)
 			require.Equal(t, 5, r.Reserved)
-			require.Equal(t, n2.sess.ID(), r.ClaimLease)
+			require.Equal(t, n2.Session.ID(), r.ClaimLease)
 		default:
 			t.Fatalf("unexpected block %+v", r)
 		}
@@ -123,7 +123,7 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 func TestSnapshotPagesAndProgress(t *testing.T) {
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	n1.allocate(t, 0, 30, false)
+	allocate(t, n1, 0, 30, false)
 	whole := v.snapshot(t)
 
 	var reports []int
