@@ -50,7 +50,7 @@ func (a *app) check(ctx context.Context, w io.Writer) error {
 		for _, f := range r.Findings {
 			row(tw, f.Kind, f.Message)
 			for _, k := range f.Keys {
-				row(tw, "", "  "+k)
+				fmt.Fprintf(tw, "\t  %s\n", k)
 			}
 		}
 		if r.Clean() {
