@@ -129,8 +129,8 @@ func planIPs(s *Snapshot, action, reason string, force bool, keep func(*IP) bool
 
 // PlanReleaseIP plans the release of addr in pool, or in whichever pool
 // holds it when pool is "" (ErrAmbiguous if several do). Every key holding
-// the address is released, so it also clears a duplicated address. An
-// address that is not allocated gives an empty plan.
+// the address is released, for a duplicated address the legitimate one
+// too. An address that is not allocated gives an empty plan.
 func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, force bool) (Plan, error) {
 	if !addr.IsValid() {
 		return Plan{}, fmt.Errorf("plan release: %w: no address", ErrBadRequest)
