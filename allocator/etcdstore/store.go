@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -46,38 +47,55 @@ func New(cli *clientv3.Client, o Options) *Store {
 // Client is the etcd client the store uses.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// EnsurePool implements allocator.Store.
+// EnsurePool implements allocator.Store. The pool is written only if no
+// pool changed since the pools were read, so two pools with overlapping
+// CIDRs cannot be created at once: overlapping pools would hand the same
+// address out twice, once under each pool's keys.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
 	}
-	key := PoolKey(p.Name)
-	for {
-		cur, err := kvstore.GetJSON[allocator.Pool](ctx, s.cli, key)
-		switch {
-		case errors.Is(err, kvstore.ErrNotFound):
-			if _, err := kvstore.CreateJSON(ctx, s.cli, key, p); errors.Is(err, kvstore.ErrConflict) {
+	var out allocator.Pool
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+		if err != nil {
+			return err
+		}
+		var others []allocator.Pool
+		for _, v := range pools {
+			if v.Value.Name != p.Name {
+				others = append(others, v.Value)
 				continue
-			} else if err != nil {
-				return allocator.Pool{}, fmt.Errorf("create pool %s: %w", p.Name, err)
 			}
-			return p, nil
-		case err != nil:
-			return allocator.Pool{}, fmt.Errorf("read pool %s: %w", p.Name, err)
+			if err := allocator.CheckPoolUpdate(v.Value, p); err != nil {
+				return err
+			}
+			if poolEqual(v.Value, p) {
+				out = v.Value
+				return nil
+			}
 		}
-		if err := allocator.CheckPoolUpdate(cur.Value, p); err != nil {
-			return allocator.Pool{}, err
+		if err := allocator.CheckDisjoint(p, others); err != nil {
+			return err
 		}
-		if poolEqual(cur.Value, p) {
-			return cur.Value, nil
+		val, err := kvstore.EncodeJSON(p)
+		if err != nil {
+			return err
 		}
-		if _, err := kvstore.SwapJSON(ctx, s.cli, key, cur.ModRevision, p); errors.Is(err, kvstore.ErrConflict) {
-			continue
-		} else if err != nil {
-			return allocator.Pool{}, fmt.Errorf("update pool %s: %w", p.Name, err)
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
+			Then(clientv3.OpPut(PoolKey(p.Name), val)).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("write pool %s: %w", p.Name, err)
 		}
-		return p, nil
-	}
+		if !resp.Succeeded {
+			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
+		}
+		out = p
+		return nil
+	})
+	return out, err
 }
 
 func poolEqual(a, b allocator.Pool) bool {
