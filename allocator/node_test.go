@@ -499,3 +499,52 @@ func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), after.Header.Revision-before.Header.Revision, "100 requests in ceil(100/MaxBatch) transactions")
 }
+
+// TestHandWrittenKeysDoNotStopANode: garbage an operator wrote under a
+// node's block neither stops its restore nor gets its address reused.
+func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	b := r.Allocations[0].Block
+	junkAddr := r.Allocations[0].Addr.Next()
+	_, err = n.cli.Put(ctx, etcdstore.IPKey("small", b, junkAddr), "not json")
+	require.NoError(t, err)
+	_, err = n.cli.Put(ctx, etcdstore.BlockIPsPrefix("small", b)+"garbage", "{}")
+	require.NoError(t, err)
+	_, err = n.cli.Put(ctx, etcdstore.ClaimsPrefix("small")+"not-a-block", "{}")
+	require.NoError(t, err)
+	n.sess.Close()
+
+	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	for i := 2; i < 20; i++ {
+		r, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		require.NoError(t, err)
+		require.NotEqual(t, junkAddr, r.Allocations[0].Addr, "the hand-written address is never handed out")
+	}
+}
+
+// TestRestoredReservationLapses: after a restart, a reservation whose
+// lease has ended is not handed back to a retried ADD.
+func TestRestoredReservationLapses(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	n.sess.Close()
+	// The reservation lease ends while nobody watches (agent down).
+	_, err = n.cli.Revoke(ctx, clientv3.LeaseID(storeIPs(t, n.cli, "small")[0].Lease))
+	require.NoError(t, err)
+	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	require.Empty(t, n2.alloc.Lookup(owner(1)), "a lapsed reservation is not restored")
+	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	require.NotEqual(t, r.Allocations[0].Rev, r2.Allocations[0].Rev, "a fresh reservation")
+	_, err = n2.alloc.Confirm(ctx, owner(1))
+	require.NoError(t, err)
+}

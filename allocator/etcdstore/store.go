@@ -153,18 +153,26 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 		}
 		return bi
 	}
+	// An undecodable claim or home counts as another node's, so the block
+	// is left alone; a key that names no block cannot collide with one.
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		b, c, err := decodeBlockKV[allocator.Claim](kv, ClaimsPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
 		if err != nil {
-			return nil, err
+			c = allocator.Claim{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		b, h, err := decodeBlockKV[allocator.Home](kv, HomesPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
 		if err != nil {
-			return nil, err
+			h = allocator.Home{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Home, bi.HomeRev = &h, kv.ModRevision
@@ -176,15 +184,21 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 	return out, nil
 }
 
+// UnknownNode stands for the owner of a claim or home whose value cannot
+// be decoded.
+const UnknownNode = "?"
+
+var errBadBlockKey = errors.New("key names no block")
+
 func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, error) {
 	var zero T
 	name, err := lastSegment(string(kv.Key), prefix)
 	if err != nil {
-		return netip.Prefix{}, zero, err
+		return netip.Prefix{}, zero, fmt.Errorf("%w: %w", errBadBlockKey, err)
 	}
 	b, err := allocator.ParseBlockName(name)
 	if err != nil {
-		return netip.Prefix{}, zero, fmt.Errorf("key %s: %w", kv.Key, err)
+		return netip.Prefix{}, zero, fmt.Errorf("key %s: %w: %w", kv.Key, errBadBlockKey, err)
 	}
 	v, err := kvstore.Decode[T](kv)
 	return b, v.Value, err
@@ -297,7 +311,23 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]all
 	if err != nil {
 		return nil, fmt.Errorf("list allocations of block %s: %w", b, err)
 	}
-	return DecodeAllocations(pool, resp.Kvs)
+	out := make([]allocator.Allocation, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		al, err := DecodeAllocation(pool, kv)
+		if err != nil {
+			// A key an operator wrote by hand must not stop the node: an
+			// address it names is reported as taken by an unknown owner,
+			// so it is never handed out; anything else under the prefix
+			// only makes the block non-empty.
+			_, addr, perr := ParseIPKey(pool, string(kv.Key))
+			if perr != nil {
+				continue
+			}
+			al = allocator.Allocation{Pool: pool, Block: b, Addr: addr, Rev: kv.ModRevision, Lease: kv.Lease}
+		}
+		out = append(out, al)
+	}
+	return out, nil
 }
 
 // DecodeAllocations turns allocation key-values of pool into Allocations.
@@ -432,6 +462,15 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
 	}
 	return we
+}
+
+// LeaseExpiry implements allocator.Store.
+func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
+	resp, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read lease %x: %w", lease, err)
+	}
+	return s.now().Add(time.Duration(max(resp.TTL, 0)) * time.Second), nil
 }
 
 // DeleteIP implements allocator.Store.
