@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -81,10 +82,11 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.StringVar(&a.flags.user, "user", "", "etcd user name")
 	f.StringVar(&a.flags.password, "password", "", "etcd password (prefer env "+envPassword+")")
 	f.StringVarP(&a.flags.output, "output", "o", "table", "output format: table or json")
-	f.StringVar(&a.flags.socket, "socket", "", "agent unix socket; reserved for talking to a local agent later, accepted and unused today")
+	f.StringVar(&a.flags.socket, "socket", client.DefaultSocket, "the local agent's unix socket (agent and endpoint commands)")
 	f.StringVar(&a.flags.progress, "progress", "auto", "progress lines on stderr every 10000 keys scanned: auto (when stderr is a terminal), always or never")
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
-	root.AddCommand(a.poolCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd())
+	root.AddCommand(a.poolCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
+		a.agentCmd(), a.endpointCmd())
 	return root
 }
 
