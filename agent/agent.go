@@ -91,7 +91,11 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	for _, f := range []func(context.Context){a.batch.run, a.keepLease, a.probeEtcd, a.gc.run} {
+	tasks := []func(context.Context){a.batch.run, a.keepLease, a.probeEtcd, a.gc.run}
+	if a.cfg.PeerRoutes {
+		tasks = append(tasks, newPeerRouter(a).run)
+	}
+	for _, f := range tasks {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(bg) }()
 	}
@@ -219,7 +223,7 @@ func (a *Agent) newSession(ctx context.Context) (*kvstore.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: hostAddresses(), StartedAt: time.Now().UTC(), Lease: sess.ID()}
+	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: a.nodeAddresses(), StartedAt: time.Now().UTC(), Lease: sess.ID()}
 	if err := a.store.PutNode(ctx, rec, sess.ID()); err != nil {
 		sess.Close()
 		return nil, err
@@ -340,20 +344,6 @@ func readBootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-func hostAddresses() []string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, ad := range addrs {
-		if ipn, ok := ad.(*net.IPNet); ok && ipn.IP.IsGlobalUnicast() {
-			out = append(out, ipn.IP.String())
-		}
-	}
-	return out
 }
 
 func toOwner(o api.Owner) allocator.Owner {

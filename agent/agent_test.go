@@ -59,6 +59,7 @@ func testConfig(t testing.TB, e *kvstore.Embedded) Config {
 	c.MTU = 1450
 	c.RequestTimeout = Duration{3 * time.Second}
 	c.GCInterval = Duration{time.Hour} // tests drive the reconciler by hand
+	c.PeerRoutes = false               // never route in the real host namespace
 	return c
 }
 

@@ -54,6 +54,12 @@ type Config struct {
 	// pod interfaces the datapath programs; empty is the agent's own. It
 	// lets an agent that is not in the host namespace manage the host's.
 	NetNS string `json:"netns"`
+	// NodeAddresses are where other nodes route this node's blocks;
+	// default: the global unicast addresses of the netns.
+	NodeAddresses []string `json:"nodeAddresses"`
+	// PeerRoutes routes other nodes' blocks to their addresses (host-gw,
+	// nodes on one L2 segment); off when the network routes pod blocks.
+	PeerRoutes bool `json:"peerRoutes"`
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -91,6 +97,7 @@ func DefaultConfig() Config {
 		MaxBatch:       allocator.MaxBatch,
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
+		PeerRoutes:     true,
 	}
 }
 
@@ -150,6 +157,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("max-batch: %d must be at least 1", c.MaxBatch)
+	}
+	for _, s := range c.NodeAddresses {
+		if _, err := netip.ParseAddr(s); err != nil {
+			bad("node-address: %q is not an IP address", s)
+		}
 	}
 	if c.Etcd.Endpoints != nil {
 		if err := c.Etcd.Validate(); err != nil {
@@ -221,6 +233,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.DurationVar(&c.BatchWait.Duration, "batch-wait", c.BatchWait.Duration, "longest a batch stays open for more requests under load")
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
 	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
+	var nodeAddrs string
+	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
+	fs.BoolVar(&c.PeerRoutes, "peer-routes", c.PeerRoutes, "route other nodes' blocks to their node addresses (nodes on one L2 segment)")
 
 	// The config file comes first, so find it before parsing for real.
 	pre := flag.NewFlagSet("", flag.ContinueOnError)
@@ -270,6 +285,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	if endpoints != "" {
 		c.Etcd.Endpoints = strings.Split(endpoints, ",")
+	}
+	if nodeAddrs != "" {
+		c.NodeAddresses = strings.Split(nodeAddrs, ",")
 	}
 	for _, p := range pools {
 		p.BlockSizeV4, p.BlockSizeV6 = 0, 0
