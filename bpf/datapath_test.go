@@ -5,8 +5,8 @@ package bpf
 import (
 	"errors"
 	"net"
-	"os"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -96,6 +96,13 @@ func TestEnforcement(t *testing.T) {
 			return 0
 		}
 	}
+	udpDstOptsFrom := func(from netip.Addr) func(testing.TB, string) int {
+		return func(tb testing.TB, payload string) int {
+			f := udpDstOpts(p1, from, recvAddr(from), payload)
+			p1.sendFrame(tb, f)
+			return len(f)
+		}
+	}
 	frame := func(f []byte) func(testing.TB, string) int {
 		return func(tb testing.TB, _ string) int {
 			p1.sendFrame(tb, f)
@@ -124,6 +131,7 @@ func TestEnforcement(t *testing.T) {
 		{name: "ipv4 unspecified source", send: udpFrom(zero4), to: recvV4, drop: true},
 		{name: "ipv6 own source forged frame", send: udpFrom(p1.v6), to: recvV6},
 		{name: "ipv6 link-local source", send: udpFrom(otherLL), to: recvV6},
+		{name: "ipv6 own source behind dstopts", send: udpDstOptsFrom(p1.v6), to: recvV6},
 		{name: "ipv6 random source", send: udpFrom(spoof6), to: recvV6, drop: true},
 		{name: "ipv6 neighbour pod's source", send: udpFrom(p2.v6), to: recvV6, drop: true},
 		{name: "arp own sender", send: frame(arpFrame(p1.hostMAC, p1.mac, p1.v4, gatewayV4))},
@@ -138,6 +146,7 @@ func TestEnforcement(t *testing.T) {
 		{name: "arp random sender", send: frame(arpFrame(p1.hostMAC, p1.mac, spoof4, gatewayV4)), drop: true},
 		{name: "na own target", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.linkLocal, p1.v6, nil))},
 		{name: "na link-local target", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.linkLocal, p1.linkLocal, nil))},
+		{name: "na own target behind dstopts", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.linkLocal, p1.v6, dstOpts()))},
 		{name: "na neighbour pod's target", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.linkLocal, p2.v6, nil)), drop: true},
 		{name: "na random target from own address", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.v6, spoof6, nil)), drop: true},
 		{name: "na random target behind dstopts", send: frame(neighborAdvert(p1.hostMAC, p1.mac, p1.linkLocal, spoof6, dstOpts())), drop: true},
@@ -240,20 +249,20 @@ func TestCloseKeepsEnforcingThenAdopt(t *testing.T) {
 func TestAdoptRepairs(t *testing.T) {
 	requireDatapath(t)
 	cases := []struct {
-		name  string
-		break_ func(t *testing.T, h *host, p *pod, dir string, d *Datapath)
-		alive bool
+		name   string
+		damage func(t *testing.T, h *host, p *pod, dir string, d *Datapath)
+		alive  bool
 	}{
 		{
 			name: "interface deleted while agent down",
-			break_: func(t *testing.T, h *host, p *pod, _ string, _ *Datapath) {
+			damage: func(t *testing.T, h *host, p *pod, _ string, _ *Datapath) {
 				require.NoError(t, h.h.LinkDel(p.hostIf))
 			},
 		},
 		{
 			name:  "crash between map writes and attach",
 			alive: true,
-			break_: func(t *testing.T, h *host, p *pod, dir string, d *Datapath) {
+			damage: func(t *testing.T, h *host, p *pod, dir string, d *Datapath) {
 				inNS(t, h.ns, func() error {
 					_, err := d.detachTCX(p.ep.HostIfIndex)
 					return err
@@ -262,7 +271,7 @@ func TestAdoptRepairs(t *testing.T) {
 		},
 		{
 			name: "crash between map removal and detach",
-			break_: func(t *testing.T, h *host, p *pod, dir string, d *Datapath) {
+			damage: func(t *testing.T, h *host, p *pod, dir string, d *Datapath) {
 				require.NoError(t, d.removeEndpoint(uint32(p.ep.HostIfIndex), p.ep.ID))
 			},
 		},
@@ -275,7 +284,7 @@ func TestAdoptRepairs(t *testing.T) {
 			d := openDatapath(t, dir)
 			h.attach(t, d, p.ep)
 			linkID := pinnedLinkID(t, dir, p.ep.HostIfIndex)
-			c.break_(t, h, p, dir, d)
+			c.damage(t, h, p, dir, d)
 			require.NoError(t, d.Close())
 
 			d2 := openDatapath(t, dir)

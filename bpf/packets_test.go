@@ -106,6 +106,12 @@ func udpFrame(dst, src net.HardwareAddr, from, to netip.Addr, dport uint16, payl
 	return ethernet(dst, src, etherTypeIPv6, ipv6(from, to, 64, protoUDP, nil, u, 6))
 }
 
+// udpDstOpts is an IPv6 UDP frame carrying a destination options header.
+func udpDstOpts(p *pod, from, to netip.Addr, payload string) []byte {
+	u := udp(40000, recvPort, []byte(payload))
+	return ethernet(p.hostMAC, p.mac, etherTypeIPv6, ipv6(from, to, 64, protoUDP, dstOpts(), u, 6))
+}
+
 // arpFrame is an ARP request from (sha, spa) asking for tpa.
 func arpFrame(dst, sha net.HardwareAddr, spa, tpa netip.Addr) []byte {
 	a := make([]byte, 28)
