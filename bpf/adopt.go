@@ -31,6 +31,10 @@ import (
 // Like Attach, Adopt must run in the network namespace of the host veths.
 // It carries on past an endpoint it cannot handle and returns the errors
 // joined, along with the endpoints it could adopt.
+//
+// The agent should then reconcile against its own records (etcd): Attach
+// every local pod it knows (cheap and idempotent for an adopted endpoint)
+// and Detach returned endpoints it has no pod for.
 func (d *Datapath) Adopt() ([]Endpoint, error) {
 	if err := d.lock(); err != nil {
 		return nil, err

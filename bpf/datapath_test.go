@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -133,6 +134,7 @@ func TestEnforcement(t *testing.T) {
 		{name: "ipv6 link-local source", send: udpFrom(otherLL), to: recvV6},
 		{name: "ipv6 own source behind dstopts", send: udpDstOptsFrom(p1.v6), to: recvV6},
 		{name: "ipv6 random source", send: udpFrom(spoof6), to: recvV6, drop: true},
+		{name: "ipv6 unspecified source outside icmpv6", send: udpFrom(netip.IPv6Unspecified()), to: recvV6, drop: true},
 		{name: "ipv6 neighbour pod's source", send: udpFrom(p2.v6), to: recvV6, drop: true},
 		{name: "arp own sender", send: frame(arpFrame(p1.hostMAC, p1.mac, p1.v4, gatewayV4))},
 		{name: "arp probe from 0.0.0.0", send: frame(arpFrame(p1.hostMAC, p1.mac, zero4, gatewayV4))},
@@ -508,4 +510,25 @@ func TestSupportedMatchesAttach(t *testing.T) {
 	p := h.addPod(t, 1)
 	d := openDatapath(t, pinDir(t))
 	h.attach(t, d, p.ep)
+}
+
+// TestOpenRejects checks that Open refuses a pin directory off bpffs and
+// pinned maps of another layout (an upgrade that changed a map must not
+// silently start from an empty one).
+func TestOpenRejects(t *testing.T) {
+	requireDatapath(t)
+	t.Run("not bpffs", func(t *testing.T) {
+		_, err := Open(t.TempDir(), nil)
+		require.ErrorContains(t, err, "not on bpffs")
+	})
+	t.Run("incompatible pinned map", func(t *testing.T) {
+		dir := pinDir(t)
+		require.NoError(t, os.MkdirAll(dir, 0o700))
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+		require.NoError(t, err)
+		defer m.Close()
+		require.NoError(t, m.Pin(filepath.Join(dir, "kvipam_addrs")))
+		_, err = Open(dir, nil)
+		require.ErrorIs(t, err, ebpf.ErrMapIncompatible)
+	})
 }

@@ -12,7 +12,8 @@
  * Enforced:
  *   IPv4  source address must belong to this interface.
  *   IPv6  source address must belong to this interface, or be link-local
- *         (fe80::/10) or unspecified (::, used by DAD).
+ *         (fe80::/10), or be unspecified (::) in an ICMPv6 message (DAD's
+ *         neighbor solicitations, MLD reports before a link-local exists).
  *   NDP   a neighbor advertisement's target must belong to this interface or
  *         be link-local, whatever the packet's source.
  *   ARP   Ethernet/IPv4 only; the sender protocol address must belong to this
@@ -188,13 +189,15 @@ static __always_inline int check_ipv6(struct __sk_buff *skb, __u32 ifindex)
 		__u8 hdrlen;
 	} ext;
 	__u8 type;
+	int unspecified;
 
 	/* nexthdr is at offset 6, saddr at offset 8 of the IPv6 header. */
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + 6, &nexthdr, 1) < 0)
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, key.addr, 16) < 0)
 		return TC_ACT_SHOT;
-	if (!ipv6_link_local(key.addr) && !ipv6_unspecified(key.addr) && !owned(ifindex, &key))
+	unspecified = ipv6_unspecified(key.addr);
+	if (!unspecified && !ipv6_link_local(key.addr) && !owned(ifindex, &key))
 		return TC_ACT_SHOT;
 
 	/* Find ICMPv6 behind hop-by-hop, routing and destination options
@@ -214,7 +217,8 @@ static __always_inline int check_ipv6(struct __sk_buff *skb, __u32 ifindex)
 	if (nexthdr == NEXTHDR_HOP || nexthdr == NEXTHDR_ROUTING || nexthdr == NEXTHDR_DEST)
 		return TC_ACT_SHOT;
 	if (nexthdr != IPPROTO_ICMPV6)
-		return TC_ACT_UNSPEC;
+		/* :: is a source only for DAD and MLD, both ICMPv6. */
+		return unspecified ? TC_ACT_SHOT : TC_ACT_UNSPEC;
 
 	if (bpf_skb_load_bytes(skb, off, &type, 1) < 0)
 		return TC_ACT_SHOT;

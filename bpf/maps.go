@@ -25,8 +25,11 @@ func (u undoList) run() error {
 // ensureCounters creates the zeroed per-CPU counters of an endpoint ID if
 // absent and reports whether it did. The program never inserts counters.
 func (d *Datapath) ensureCounters(id uint32) (bool, error) {
-	zero := make([]kvipamCounters, ebpf.MustPossibleCPU())
-	err := d.objs.KvipamCounters.Update(id, zero, ebpf.UpdateNoExist)
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return false, fmt.Errorf("count possible cpus: %w", err)
+	}
+	err = d.objs.KvipamCounters.Update(id, make([]kvipamCounters, cpus), ebpf.UpdateNoExist)
 	switch {
 	case err == nil:
 		return true, nil
