@@ -329,6 +329,8 @@ func TestDetachLeavesNothing(t *testing.T) {
 
 	h.detach(t, d, p1.ep)
 	require.False(t, linkExists(link1), "link %d still exists", link1)
+	require.Equal(t, []uint32{uint32(p2.ep.HostIfIndex)}, tcxLinksOf(t, prog),
+		"the kernel's link list still has a link running our program on p1's veth")
 	require.Empty(t, h.tcx(t, p1.ep.HostIfIndex).programs)
 	require.Equal(t, tcState{}, h.tc(t, p1.ep.HostIfIndex), "clsact qdisc or filter left")
 	require.NoFileExists(t, d.linkPin(p1.ep.HostIfIndex))
@@ -359,6 +361,26 @@ func TestDetachLeavesNothing(t *testing.T) {
 	require.Empty(t, s.addrs)
 	require.Empty(t, s.ifaces)
 	require.Equal(t, map[uint32]bool{0: true}, s.counters)
+}
+
+// tcxLinksOf walks the kernel's list of all links and returns the ifindexes
+// of the TCX links running prog.
+func tcxLinksOf(tb testing.TB, prog ebpf.ProgramID) []uint32 {
+	tb.Helper()
+	var ifindexes []uint32
+	it := new(link.Iterator)
+	defer it.Close()
+	for it.Next() {
+		info, err := it.Link.Info()
+		if err != nil || info.Program != prog {
+			continue
+		}
+		if tcx := info.TCX(); tcx != nil {
+			ifindexes = append(ifindexes, tcx.Ifindex)
+		}
+	}
+	require.NoError(tb, it.Err())
+	return ifindexes
 }
 
 // TestDetachGoneInterface detaches an endpoint whose veth was deleted first,
