@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench demo lint generate clean
+.PHONY: all build test race bench demo lint generate check-generate clean
 
 all: build
 
@@ -18,7 +18,8 @@ test: build
 	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./allocator/...
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./allocator/... ./agent/...
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 demo:
 	$(GO) run ./cmd/kvipam-demo
@@ -26,6 +27,14 @@ demo:
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet $(PKGS)
+
+# Installs clang/llvm/libbpf-dev from Debian when missing, then runs bpf2go.
+generate:
+	./bpf/generate.sh
+
+# CI: the committed eBPF objects must match the C source.
+check-generate: generate
+	git diff --exit-code -- bpf/ || { echo 'bpf/ generated files are stale: run make generate and commit'; exit 1; }
 
 clean:
 	rm -rf $(BIN)
