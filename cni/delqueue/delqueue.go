@@ -1,0 +1,239 @@
+// Package delqueue is the on-disk queue of CNI DELs that could not reach
+// the kvipam agent. A plugin whose agent is down enqueues the attachment's
+// owner and reports success, so the runtime moves on; the agent drains the
+// queue when it starts, so the owner's IPs do not leak.
+//
+// Each owner is one small JSON file named by a hash of (container ID,
+// interface name), written to a temporary file and renamed into place, so
+// a reader never sees half a file and a repeated DEL of the same
+// attachment collapses into one entry. Enqueue and Drain are safe to call
+// from separate processes at once.
+package delqueue
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// Entry is one queued DEL.
+type Entry struct {
+	Owner api.Owner `json:"owner"`
+	// QueuedAt is when the DEL was queued. An allocation made after it
+	// belongs to a later attachment that reused the same container ID and
+	// interface name, and must not be released by this entry.
+	QueuedAt time.Time `json:"queuedAt"`
+}
+
+const (
+	suffix    = ".json"
+	tmpPrefix = ".tmp-"
+	// claimPrefix marks an entry a Drain is releasing.
+	claimPrefix = ".drain-"
+	// staleTmp is how old a temporary file must be before Drain removes
+	// it: older than any Enqueue still writing it.
+	staleTmp = 10 * time.Minute
+)
+
+// FileName is the queue file of an owner: the same (container ID,
+// interface name) always gives the same name.
+func FileName(o api.Owner) string {
+	h := sha256.Sum256([]byte(o.ContainerID + "/" + o.IfName))
+	return hex.EncodeToString(h[:16]) + suffix
+}
+
+// Enqueue records a DEL of o in dir, creating dir if needed. The entry is
+// durable when Enqueue returns: the file and the directory are synced.
+func Enqueue(dir string, o api.Owner) error {
+	if o.ContainerID == "" || o.IfName == "" {
+		return fmt.Errorf("queue DEL: owner needs a container ID and an interface name")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("queue DEL: create %s: %w", dir, err)
+	}
+	data, err := json.Marshal(Entry{Owner: o, QueuedAt: time.Now().UTC()})
+	if err != nil {
+		return fmt.Errorf("queue DEL: encode: %w", err)
+	}
+	f, err := os.CreateTemp(dir, tmpPrefix+"*")
+	if err != nil {
+		return fmt.Errorf("queue DEL: %w", err)
+	}
+	tmp := f.Name()
+	_, werr := f.Write(data)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, filepath.Join(dir, FileName(o)))
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("queue DEL of %s/%s in %s: %w", o.ContainerID, o.IfName, dir, werr)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("queue DEL: %w", err)
+	}
+	return nil
+}
+
+// List returns the queued entries, and the errors of entries it could
+// not read (which it leaves in place).
+func List(dir string) ([]Entry, error) {
+	files, err := queued(dir)
+	var out []Entry
+	errs := []error{err}
+	for _, f := range files {
+		e, err := read(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, e)
+	}
+	return out, errors.Join(errs...)
+}
+
+// queued lists the entry files in dir, including those a Drain had
+// claimed when it was killed.
+func queued(dir string) ([]string, error) {
+	des, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list DEL queue %s: %w", dir, err)
+	}
+	var out []string
+	for _, de := range des {
+		name := de.Name()
+		if !de.Type().IsRegular() || !strings.HasSuffix(name, suffix) ||
+			(strings.HasPrefix(name, ".") && !strings.HasPrefix(name, claimPrefix)) {
+			continue
+		}
+		out = append(out, filepath.Join(dir, name))
+	}
+	return out, nil
+}
+
+// Drain calls release for every queued owner and removes an entry only
+// when its release succeeded, so a failed one is retried by the next
+// Drain. It returns how many entries it removed, and every error it met;
+// it stops early only when ctx ends.
+func Drain(ctx context.Context, dir string, release func(context.Context, api.Owner) error) (int, error) {
+	return DrainEntries(ctx, dir, func(ctx context.Context, e Entry) error { return release(ctx, e.Owner) })
+}
+
+// DrainEntries is Drain with the whole entry, for a caller that wants
+// QueuedAt.
+//
+// Each entry is first claimed by renaming it, so a DEL of the same owner
+// queued while its release runs makes a new entry instead of being
+// removed with the old one.
+func DrainEntries(ctx context.Context, dir string, release func(context.Context, Entry) error) (int, error) {
+	files, err := queued(dir)
+	errs := []error{err}
+	done := 0
+	for _, f := range files {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, fmt.Errorf("drain DEL queue: %w", err))
+			break
+		}
+		ok, err := drainOne(ctx, f, release)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if ok {
+			done++
+		}
+	}
+	removeStaleTemps(dir)
+	return done, errors.Join(errs...)
+}
+
+func drainOne(ctx context.Context, path string, release func(context.Context, Entry) error) (bool, error) {
+	dir, name := filepath.Split(path)
+	claimed := path
+	if !strings.HasPrefix(name, claimPrefix) {
+		claimed = filepath.Join(dir, claimPrefix+name)
+		if err := os.Rename(path, claimed); errors.Is(err, os.ErrNotExist) {
+			return false, nil // drained by someone else
+		} else if err != nil {
+			return false, fmt.Errorf("claim queued DEL %s: %w", path, err)
+		}
+	}
+	e, err := read(claimed)
+	if err != nil {
+		return false, err
+	}
+	if err := release(ctx, e); err != nil {
+		// Put it back for the next Drain, unless a newer DEL of the same
+		// owner took the name meanwhile: that one supersedes it.
+		orig := filepath.Join(dir, strings.TrimPrefix(filepath.Base(claimed), claimPrefix))
+		if rerr := unix.Renameat2(unix.AT_FDCWD, claimed, unix.AT_FDCWD, orig, unix.RENAME_NOREPLACE); errors.Is(rerr, unix.EEXIST) {
+			_ = os.Remove(claimed)
+		}
+		return false, fmt.Errorf("release queued %s/%s: %w", e.Owner.ContainerID, e.Owner.IfName, err)
+	}
+	if err := os.Remove(claimed); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("remove queued DEL %s: %w", claimed, err)
+	}
+	return true, nil
+}
+
+func read(path string) (Entry, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Entry{}, fmt.Errorf("read queued DEL: %w", err)
+	}
+	var e Entry
+	if err := json.Unmarshal(data, &e); err != nil {
+		return Entry{}, fmt.Errorf("queued DEL %s: %w", path, err)
+	}
+	if e.Owner.ContainerID == "" || e.Owner.IfName == "" {
+		return Entry{}, fmt.Errorf("queued DEL %s: no container ID or interface name", path)
+	}
+	return e, nil
+}
+
+// removeStaleTemps removes temporary files a crashed Enqueue left.
+func removeStaleTemps(dir string) {
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, de := range des {
+		if !strings.HasPrefix(de.Name(), tmpPrefix) {
+			continue
+		}
+		if fi, err := de.Info(); err == nil && time.Since(fi.ModTime()) > staleTmp {
+			_ = os.Remove(filepath.Join(dir, de.Name()))
+		}
+	}
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
