@@ -73,7 +73,7 @@ func CheckPod(s PodSpec, podMAC string, routes []*types.Route) error {
 	}
 	for _, want := range routes {
 		if !slices.ContainsFunc(podRts, func(r netlink.Route) bool { return sameRoute(r, want) }) {
-			errs = append(errs, fmt.Errorf("check: route %s is missing in %s", want.String(), s.Netns))
+			errs = append(errs, fmt.Errorf("check: route %s is missing in %s", routeString(want), s.Netns))
 		}
 	}
 
@@ -140,4 +140,16 @@ func addrList(h netlinksafe.Handle, l netlink.Link) ([]netlink.Addr, error) {
 			return addrs, err
 		}
 	}
+}
+
+// routeString is a result route as ip-route would show it.
+func routeString(r *types.Route) string {
+	s := prefixOf(&r.Dst).String()
+	if r.GW != nil {
+		s += " via " + r.GW.String()
+	}
+	if r.Scope != nil && *r.Scope == int(netlink.SCOPE_LINK) {
+		s += " scope link"
+	}
+	return s
 }

@@ -243,7 +243,7 @@ func configurePodRoutes(pod *netlink.Handle, pl netlink.Link, s PodSpec) error {
 			nr.Flags = int(netlink.FLAG_ONLINK)
 		}
 		if err := pod.RouteAdd(nr); err != nil {
-			return fmt.Errorf("route %s in %s: %w", r.String(), s.Netns, err)
+			return fmt.Errorf("route %s in %s: %w", routeString(r), s.Netns, err)
 		}
 	}
 	return nil
