@@ -32,6 +32,18 @@ func newNS(t testing.TB) ns.NetNS {
 	return n
 }
 
+// newHostNS is a namespace standing for a node: it has an uplink, as a
+// node has a NIC, so its veths' indexes differ from the pods' (see
+// waitOperUp).
+func newHostNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	n := newNS(t)
+	la := netlink.NewLinkAttrs()
+	la.Name = "uplink0"
+	require.NoError(t, handle(t, n).LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "uplink1"}))
+	return n
+}
+
 // handle is a netlink handle bound to n, closed at cleanup.
 func handle(t testing.TB, n ns.NetNS) *netlink.Handle {
 	t.Helper()

@@ -35,7 +35,7 @@ func newPluginEnv(t *testing.T, withNS bool) *pluginEnv {
 	e := &pluginEnv{ag: newFakeAgent(), out: &bytes.Buffer{}, stderr: &bytes.Buffer{}, queue: t.TempDir()}
 	e.p = &Plugin{Stdout: e.out, Stderr: e.stderr, NewAgent: func(string, time.Duration) Agent { return e.ag }}
 	if withNS {
-		e.host, e.pod = newNS(t), newNS(t)
+		e.host, e.pod = newHostNS(t), newNS(t)
 	}
 	return e
 }

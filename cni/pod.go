@@ -91,7 +91,7 @@ func SetupPod(s PodSpec) (*PodLinks, error) {
 	if err != nil {
 		return nil, err
 	}
-	links, err := configure(host, pod, hv, s, hasV6)
+	links, err := configure(host, pod, podNS, hv, s, hasV6)
 	if err != nil {
 		if derr := host.LinkDel(hv); derr != nil && !isNotFound(derr) {
 			err = errors.Join(err, fmt.Errorf("remove veth %s: %w", s.HostIfName, derr))
@@ -148,7 +148,7 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 	return v, nil
 }
 
-func configure(host, pod *netlink.Handle, hv *netlink.Veth, s PodSpec, hasV6 bool) (*PodLinks, error) {
+func configure(host, pod *netlink.Handle, podNS netns.NsHandle, hv *netlink.Veth, s PodSpec, hasV6 bool) (*PodLinks, error) {
 	// Before the link is up, so its link-local address is never tentative
 	// and proxy ARP answers at once.
 	sysctls := [][2]string{
@@ -198,6 +198,12 @@ func configure(host, pod *netlink.Handle, hv *netlink.Veth, s PodSpec, hasV6 boo
 		if err := host.RouteReplace(r); err != nil {
 			return nil, fmt.Errorf("route %s to %s: %w", a, s.HostIfName, err)
 		}
+	}
+	if err := waitOperUp(netns.None(), s.HostIfName); err != nil {
+		return nil, err
+	}
+	if err := waitOperUp(podNS, s.IfName); err != nil {
+		return nil, fmt.Errorf("in %s: %w", s.Netns, err)
 	}
 	return &PodLinks{
 		HostIfName: s.HostIfName, HostMAC: hv.Attrs().HardwareAddr, HostIfIndex: hv.Attrs().Index,

@@ -53,7 +53,7 @@ func routeStrings(t *testing.T, h *netlink.Handle, l netlink.Link) []string {
 }
 
 func TestSetupPodDualStack(t *testing.T) {
-	host, pod := newNS(t), newNS(t)
+	host, pod := newHostNS(t), newNS(t)
 	hh, ph := handle(t, host), handle(t, pod)
 	s := podSpec(pod, "10.1.0.5/32", "fd00::5/128")
 
@@ -111,7 +111,7 @@ func TestSetupPodDualStack(t *testing.T) {
 }
 
 func TestCheckPodFindsWhatIsMissing(t *testing.T) {
-	host, pod := newNS(t), newNS(t)
+	host, pod := newHostNS(t), newNS(t)
 	ph := handle(t, pod)
 	s := podSpec(pod, "10.1.0.6/32")
 	var links *PodLinks
@@ -135,7 +135,7 @@ func TestCheckPodFindsWhatIsMissing(t *testing.T) {
 }
 
 func TestDeleteHostVethRemovesThePodEndAndRoutes(t *testing.T) {
-	host, pod := newNS(t), newNS(t)
+	host, pod := newHostNS(t), newNS(t)
 	hh, ph := handle(t, host), handle(t, pod)
 	s := podSpec(pod, "10.1.0.7/32")
 	require.NoError(t, in(t, host, func() error { _, err := SetupPod(s); return err }))
@@ -183,7 +183,7 @@ func TestSetupPodFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			host, pod := newNS(t), newNS(t)
+			host, pod := newHostNS(t), newNS(t)
 			s := podSpec(pod, "10.1.0.8/32")
 			tt.prepare(t, host, pod, &s)
 			err := in(t, host, func() error { _, err := SetupPod(s); return err })
@@ -198,7 +198,7 @@ func TestSetupPodFailures(t *testing.T) {
 }
 
 func TestSetupPodReplacesALeftoverHostVeth(t *testing.T) {
-	host, pod := newNS(t), newNS(t)
+	host, pod := newHostNS(t), newNS(t)
 	hh := handle(t, host)
 	s := podSpec(pod, "10.1.0.9/32")
 	la := netlink.NewLinkAttrs()
@@ -210,7 +210,7 @@ func TestSetupPodReplacesALeftoverHostVeth(t *testing.T) {
 }
 
 func TestSetupPodEnablesIPv6WhereTheRuntimeDisabledIt(t *testing.T) {
-	host, pod := newNS(t), newNS(t)
+	host, pod := newHostNS(t), newNS(t)
 	require.NoError(t, in(t, pod, func() error {
 		for _, k := range []string{"all", "default"} {
 			if err := setSysctl("ipv6/conf/"+k+"/disable_ipv6", "1"); err != nil {
