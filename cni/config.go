@@ -64,7 +64,17 @@ type Config struct {
 	GatewayV4 netip.Addr
 	GatewayV6 netip.Addr
 	Routes    []*types.Route
+	// AddressPrefix is AddressPrefixBlock or AddressPrefixHost.
+	AddressPrefix string
 }
+
+// Values of kvipam-ipam's ipam.addressPrefix.
+const (
+	// AddressPrefixBlock gives each address its block's prefix length.
+	AddressPrefixBlock = "block"
+	// AddressPrefixHost gives each address a /32 or /128.
+	AddressPrefixHost = "host"
+)
 
 // settings are the kvipam keys both plugins read: at the top level of a
 // kvipam configuration, under "ipam" for kvipam-ipam.
@@ -105,9 +115,10 @@ type ipamConf struct {
 	IPAM struct {
 		Type string `json:"type"`
 		settings
-		GatewayV4 string         `json:"gatewayV4"`
-		GatewayV6 string         `json:"gatewayV6"`
-		Routes    []*types.Route `json:"routes"`
+		GatewayV4     string         `json:"gatewayV4"`
+		GatewayV6     string         `json:"gatewayV6"`
+		Routes        []*types.Route `json:"routes"`
+		AddressPrefix string         `json:"addressPrefix"`
 	} `json:"ipam"`
 }
 
@@ -172,6 +183,14 @@ func ParseIPAMConfig(data []byte) (*Config, error) {
 		}
 	}
 	c.Routes = raw.IPAM.Routes
+	switch raw.IPAM.AddressPrefix {
+	case "", AddressPrefixBlock:
+		c.AddressPrefix = AddressPrefixBlock
+	case AddressPrefixHost:
+		c.AddressPrefix = AddressPrefixHost
+	default:
+		return nil, invalidConf("ipam.addressPrefix %q is not %q or %q", raw.IPAM.AddressPrefix, AddressPrefixBlock, AddressPrefixHost)
+	}
 	return c, nil
 }
 

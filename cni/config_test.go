@@ -131,6 +131,7 @@ func TestParseIPAMConfig(t *testing.T) {
 				require.False(t, c.GatewayV6.IsValid())
 				require.Len(t, c.Routes, 1)
 				require.Equal(t, []netip.Addr{netip.MustParseAddr("10.22.0.7")}, c.IPs)
+				require.Equal(t, AddressPrefixBlock, c.AddressPrefix)
 			},
 		},
 		{
@@ -141,6 +142,7 @@ func TestParseIPAMConfig(t *testing.T) {
 				require.Nil(t, c.Routes)
 			},
 		},
+		{name: "bad addressPrefix", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"addressPrefix":"subnet"}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.addressPrefix"},
 		{name: "gateway of the wrong family", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"gatewayV4":"fd00::1"}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.gatewayV4"},
 		{name: "route without dst", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"routes":[{"gw":"10.0.0.1"}]}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.routes[0]"},
 		{name: "errors name the ipam key", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"pool":"-x"}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.pool"},

@@ -50,9 +50,9 @@ func (p *IPAM) agent(c *Config) Agent {
 }
 
 // Add allocates the attachment's IPs and prints them with their gateways
-// and routes. The addresses are host routes (/32, /128) like kvipam's;
-// ipam.gatewayV4/gatewayV6 and ipam.routes adapt them to the main
-// plugin's network (see deploy/cni/README.md).
+// and routes. An address carries its block's prefix length unless
+// ipam.addressPrefix is "host"; ipam.gatewayV4/gatewayV6 and ipam.routes
+// adapt the result to the main plugin's network (deploy/cni/README.md).
 func (p *IPAM) Add(args *skel.CmdArgs) error {
 	c, err := ParseIPAMConfig(args.StdinData)
 	if err != nil {
@@ -81,8 +81,8 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}
-	gw4, gw6 := gateways(als, c.GatewayV4, c.GatewayV6, nil)
-	res := ipamResult(als, gw4, gw6, c.Routes, c.DNS)
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, nil)
+	res := ipamResult(als, c.AddressPrefix != AddressPrefixHost, c.GatewayV4, c.GatewayV6, gw4, gw6, c.Routes, c.DNS)
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}

@@ -306,7 +306,7 @@ func TestIPAM(t *testing.T) {
 	require.Equal(t, "0.4.0", res["cniVersion"])
 	require.NotContains(t, res, "interfaces")
 	ips := res["ips"].([]any)
-	require.Equal(t, "10.1.0.5/32", ips[0].(map[string]any)["address"])
+	require.Equal(t, "10.1.0.5/26", ips[0].(map[string]any)["address"])
 
 	require.NoError(t, p.Funcs().Check(e.args("c1", conf(`,"prevResult":`+e.out.String()))))
 	e.ag.status.Pools[0].Blocks = []string{"10.1.9.0/26"}

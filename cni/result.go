@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -19,6 +20,9 @@ type Allocated struct {
 	// Gateway is the agent's link-local next hop for the family; the
 	// zero Addr when the agent named none.
 	Gateway netip.Addr
+	// Block is the node block the address is from; the zero Prefix when
+	// the agent named none.
+	Block netip.Prefix
 }
 
 // parseAllocation reads the agent's answer; an answer the plugin cannot
@@ -42,6 +46,9 @@ func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 			if al.Gateway, err = netip.ParseAddr(ipc.Gateway); err != nil || al.Gateway.Is4() != p.Addr().Is4() {
 				return nil, fmt.Errorf("agent answered gateway %q for %s", ipc.Gateway, ipc.Address)
 			}
+		}
+		if b, err := netip.ParsePrefix(ipc.Block); err == nil && b.Contains(al.Addr.Addr()) {
+			al.Block = b
 		}
 		out = append(out, al)
 	}
@@ -101,23 +108,53 @@ func podResult(s PodSpec, l *PodLinks, dns types.DNS) *current.Result {
 }
 
 // ipamResult is kvipam-ipam's result: addresses with no interface (the
-// main plugin assigns them), a gateway each, and the configured routes,
-// or by default routes through the gateways.
-func ipamResult(als []Allocated, gw4, gw6 netip.Addr, routes []*types.Route, dns types.DNS) *current.Result {
+// main plugin assigns them), and routes.
+//
+// With blockPrefix, an address carries its block's prefix length
+// (10.2.3.5/26), as main plugins expect a subnet: pods of a block reach
+// each other on the link, and bridge's CHECK looks for the subnet route.
+// Otherwise it is a host prefix.
+//
+// A gateway the configuration names (conf4, conf6) is given with each
+// address of its family, for the main plugin to use (bridge's isGateway
+// puts it on the bridge), and routes go through it: the user vouches that
+// it is on-link. Otherwise the pod routes through the link-local
+// gateways (gw4, gw6) and the addresses have no gateway: main plugins
+// configure the pod with ipam.ConfigureIface, which would give the
+// gateway's own link route "169.254.1.1/32" the address's gateway,
+// which cannot be added. configured routes replace the default ones.
+func ipamResult(als []Allocated, blockPrefix bool, conf4, conf6, gw4, gw6 netip.Addr, routes []*types.Route, dns types.DNS) *current.Result {
 	r := &current.Result{CNIVersion: current.ImplementedSpecVersion, DNS: dns}
 	var gws []netip.Addr
 	for _, al := range als {
-		gw := gw4
+		conf, gw := conf4, gw4
 		if al.Addr.Addr().Is6() {
-			gw = gw6
+			conf, gw = conf6, gw6
 		}
-		gws = append(gws, gw)
-		r.IPs = append(r.IPs, &current.IPConfig{Address: *hostPrefix(al.Addr.Addr(), al.Addr.Bits()), Gateway: net.IP(gw.AsSlice())})
+		ipc := &current.IPConfig{Address: *hostPrefix(al.Addr.Addr(), al.Addr.Bits())}
+		if blockPrefix && al.Block.IsValid() {
+			ipc.Address = *hostPrefix(al.Addr.Addr(), al.Block.Bits())
+		}
+		if conf.IsValid() {
+			ipc.Gateway = net.IP(conf.AsSlice())
+			gw = conf
+		}
+		r.IPs = append(r.IPs, ipc)
+		if !slices.Contains(gws, gw) {
+			gws = append(gws, gw)
+		}
 	}
 	if routes != nil {
 		r.Routes = routes
-	} else {
-		r.Routes = gatewayRoutes(gws)
+		return r
+	}
+	for _, gw := range gws {
+		for _, rt := range gatewayRoutes([]netip.Addr{gw}) {
+			if rt.GW == nil && gw == conf4 {
+				continue // a configured gateway is on-link: no link route
+			}
+			r.Routes = append(r.Routes, rt)
+		}
 	}
 	return r
 }

@@ -66,25 +66,36 @@ func TestPodResultInEveryVersion(t *testing.T) {
 }
 
 func TestIPAMResult(t *testing.T) {
-	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: DefaultGatewayV4}}
-	t.Run("default routes via the link-local gateway", func(t *testing.T) {
-		r := ipamResult(als, DefaultGatewayV4, DefaultGatewayV6, nil, types.DNS{})
+	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: DefaultGatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
+	none := netip.Addr{}
+	routes := func(r *current.Result) []string {
+		var out []string
+		for _, rt := range r.Routes {
+			out = append(out, routeString(rt))
+		}
+		return out
+	}
+	t.Run("link-local gateway", func(t *testing.T) {
+		r := ipamResult(als, true, none, none, DefaultGatewayV4, DefaultGatewayV6, nil, types.DNS{})
 		require.Nil(t, r.Interfaces)
 		require.Len(t, r.IPs, 1)
 		require.Nil(t, r.IPs[0].Interface, "the main plugin assigns the interface")
-		require.Equal(t, "169.254.1.1", r.IPs[0].Gateway.String())
-		require.Len(t, r.Routes, 2)
-		require.Equal(t, "169.254.1.1/32", r.Routes[0].Dst.String())
-		require.Equal(t, 253, *r.Routes[0].Scope)
-		require.Equal(t, "0.0.0.0/0", r.Routes[1].Dst.String())
+		require.Equal(t, "10.22.0.7/26", r.IPs[0].Address.String(), "the block's prefix")
+		require.Nil(t, r.IPs[0].Gateway, "else ipam.ConfigureIface routes the link route through it")
+		require.Equal(t, []string{"169.254.1.1/32 scope link", "0.0.0.0/0 via 169.254.1.1"}, routes(r))
 	})
-	t.Run("configured gateway and routes", func(t *testing.T) {
-		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
-		routes := []*types.Route{{Dst: *dst}}
+	t.Run("configured gateway", func(t *testing.T) {
 		gw := netip.MustParseAddr("10.22.0.1")
-		r := ipamResult(als, gw, DefaultGatewayV6, routes, types.DNS{})
+		r := ipamResult(als, false, gw, none, DefaultGatewayV4, DefaultGatewayV6, nil, types.DNS{})
 		require.Equal(t, "10.22.0.1", r.IPs[0].Gateway.String())
-		require.Equal(t, routes, r.Routes)
+		require.Equal(t, "10.22.0.7/32", r.IPs[0].Address.String(), "addressPrefix host")
+		require.Equal(t, []string{"0.0.0.0/0 via 10.22.0.1"}, routes(r))
+	})
+	t.Run("configured routes", func(t *testing.T) {
+		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
+		want := []*types.Route{{Dst: *dst}}
+		r := ipamResult(als, true, none, none, DefaultGatewayV4, DefaultGatewayV6, want, types.DNS{})
+		require.Equal(t, want, r.Routes)
 	})
 }
 
@@ -100,10 +111,10 @@ func TestParseAllocation(t *testing.T) {
 		{
 			name: "dual stack",
 			in: &api.AllocateResponse{IPs: []api.IPConfig{
-				{Address: "10.1.0.5/32", Gateway: "169.254.1.1"}, {Address: "fd00::5", Gateway: ""},
+				{Address: "10.1.0.5/32", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}, {Address: "fd00::5", Gateway: "", Block: "fd00:9::/120"},
 			}},
 			want: []Allocated{
-				{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("169.254.1.1")},
+				{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("169.254.1.1"), Block: netip.MustParsePrefix("10.1.0.0/26")},
 				{Addr: netip.MustParsePrefix("fd00::5/128")},
 			},
 		},

@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+const bridgePool = "br=10.2.0.0/16"
+
+// bridgeList is the containernetworking bridge with kvipam-ipam.
+func (n *node) bridgeList(name string) *libcni.NetworkConfigList {
+	return conflist(n.t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[
+		{"type":"bridge","bridge":"kvbr0","capabilities":{"ips":true},
+		 "ipam":{"type":"kvipam-ipam","pool":"br","agentSocket":%q,"delQueueDir":%q,"logLevel":"debug","logFile":%q}}]}`,
+		name, n.socket, n.queue, n.dir+"/ipam.log"))
+}
+
+// TestBridgeWithKvipamIPAM: bridge hands its IPAM to kvipam-ipam. ADD,
+// CHECK, DEL and GC through libcni; static IPs through the "ips"
+// capability; pods on the bridge reach each other once the node routes
+// the pool to the bridge.
+func TestBridgeWithKvipamIPAM(t *testing.T) {
+	n := newNode(t, "node-b")
+	n.startAgent(agentOpts{pools: []string{dualStackPool, bridgePool}})
+	l := n.bridgeList("br")
+	a, b, c := newPod(t, "a"), newPod(t, "b"), newPod(t, "c")
+	static := netip.MustParseAddr("10.2.7.7")
+	c.rt.CapabilityArgs = map[string]any{"ips": []string{static.String() + "/16"}}
+
+	ra := n.mustAdd(l, a)
+	n.mustAdd(l, b)
+	rc := n.mustAdd(l, c)
+	a4, _ := podAddrs(t, ra)
+	c4, _ := podAddrs(t, rc)
+	require.True(t, netip.MustParsePrefix("10.2.0.0/16").Contains(a4), "from the br pool: %s", a4)
+	require.Equal(t, static, c4, "the ips capability")
+	require.Len(t, n.ipKeys(a.rt.ContainerID), 1)
+
+	require.NoError(t, n.check(l, a), "bridge CHECK, which calls kvipam-ipam's")
+	require.NoError(t, n.statusOf(l), "bridge STATUS forwards to kvipam-ipam")
+
+	// The node owns the pods' link-local gateway on the bridge and routes
+	// the pool to it (deploy/cni/README.md).
+	h := nlHandle(t, n.host)
+	br, err := h.LinkByName("kvbr0")
+	require.NoError(t, err)
+	require.NoError(t, h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("169.254.1.1/32"))}))
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.2.0.0/16")), Scope: netlink.SCOPE_LINK}))
+	require.NoError(t, ping(a.ns, c4))
+	require.NoError(t, ping(c.ns, a4))
+	require.NoError(t, ping(a.ns, hostAddrV4))
+
+	require.NoError(t, n.del(l, b))
+	require.Empty(t, n.ipKeys(b.rt.ContainerID))
+	require.NoError(t, n.del(l, b), "a second DEL succeeds")
+
+	// GC through libcni: c is cached but no longer valid, so libcni DELs
+	// it (bridge, then kvipam-ipam). bridge (v1.9.1) forwards no GC to
+	// its IPAM, so the GC verb itself reaches only top-level plugins.
+	valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: a.rt.ContainerID, IfName: "eth0"}}}
+	require.NoError(t, n.do(func() error { return n.cni.GCNetworkList(context.Background(), l, valid) }))
+	require.Empty(t, n.ipKeys(c.rt.ContainerID), "stale attachment released")
+	require.Len(t, n.ipKeys(a.rt.ContainerID), 1, "valid attachment kept")
+
+	// kvipam-ipam's own GC, as a main plugin that forwards GC would call
+	// it, releases an allocation no cache knows of.
+	_, err = n.client().Allocate(context.Background(), api.AllocateRequest{
+		Owner: api.Owner{ContainerID: "leaked", IfName: "eth0"}, Pool: "br", Permanent: true,
+	})
+	require.NoError(t, err)
+	require.Len(t, n.ipKeys("leaked"), 1)
+	gc, err := libcni.InjectConf(l.Plugins[0], map[string]any{"name": l.Name, "cniVersion": l.CNIVersion, "cni.dev/valid-attachments": valid.ValidAttachments})
+	require.NoError(t, err)
+	require.NoError(t, n.do(func() error {
+		return invoke.ExecPluginWithoutResult(context.Background(), n.bin+"/kvipam-ipam", gc.Bytes,
+			&invoke.Args{Command: "GC", Path: n.bin}, nil)
+	}))
+	require.Empty(t, n.ipKeys("leaked"), "released by kvipam-ipam GC")
+	require.Len(t, n.ipKeys(a.rt.ContainerID), 1)
+
+	require.NoError(t, n.del(l, a))
+	require.Empty(t, n.ipKeys(""))
+}
