@@ -30,9 +30,6 @@ import (
 type Options struct {
 	Logger  hclog.Logger
 	Version string
-	// NetNSPath is the network namespace the datapath programs; empty
-	// means the agent's own. Tests point it at a scratch "host" netns.
-	NetNSPath string
 	// Datapath overrides the datapath chosen from Config.Datapath.
 	Datapath Datapath
 }
@@ -94,7 +91,11 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	for _, f := range []func(context.Context){a.batch.run, a.keepLease, a.probeEtcd, a.gc.run} {
+	tasks := []func(context.Context){a.batch.run, a.keepLease, a.probeEtcd, a.gc.run}
+	if a.cfg.PeerRoutes {
+		tasks = append(tasks, newPeerRouter(a).run)
+	}
+	for _, f := range tasks {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(bg) }()
 	}
@@ -155,7 +156,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.RequestTimeout.Duration, a.metrics())
+	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.metrics())
 	sess, err := a.newSession(ctx)
 	if err != nil {
 		return err
@@ -222,7 +223,7 @@ func (a *Agent) newSession(ctx context.Context) (*kvstore.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: hostAddresses(), StartedAt: time.Now().UTC(), Lease: sess.ID()}
+	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: a.nodeAddresses(), StartedAt: time.Now().UTC(), Lease: sess.ID()}
 	if err := a.store.PutNode(ctx, rec, sess.ID()); err != nil {
 		sess.Close()
 		return nil, err
@@ -254,7 +255,7 @@ func (a *Agent) openDatapath() error {
 	}
 	mode := a.cfg.Datapath
 	if mode == DatapathBPF || mode == DatapathAuto {
-		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.opts.NetNSPath, a.log)
+		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.cfg.NetNS, a.log)
 		if err == nil {
 			a.dp = dp
 			return nil
@@ -264,7 +265,7 @@ func (a *Agent) openDatapath() error {
 		}
 		a.log.Warn("eBPF datapath unavailable, using routes mode", "reason", err)
 	}
-	dp, err := newRoutesDatapath(a.opts.NetNSPath)
+	dp, err := newRoutesDatapath(a.cfg.NetNS)
 	if err != nil {
 		return err
 	}
@@ -343,20 +344,6 @@ func readBootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-func hostAddresses() []string {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var out []string
-	for _, ad := range addrs {
-		if ipn, ok := ad.(*net.IPNet); ok && ipn.IP.IsGlobalUnicast() {
-			out = append(out, ipn.IP.String())
-		}
-	}
-	return out
 }
 
 func toOwner(o api.Owner) allocator.Owner {

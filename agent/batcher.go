@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -9,10 +10,11 @@ import (
 
 // batcher is the group commit: concurrent allocation requests queue on a
 // channel and one goroutine hands each queue-full to AllocateBatch, one
-// etcd transaction per batch. It adds no wait: a lone request goes out at
-// once, and requests that arrive while a batch is in flight form the next
-// one. That gives batch size 1 at low load and large batches exactly when
-// they pay.
+// etcd transaction per batch. Requests that arrive while a batch is in
+// flight form the next one. When callers are on their way to the queue
+// (entered allocate, not yet taken), the batcher also holds the batch open
+// for them, up to wait, because a fast etcd can otherwise drain the queue
+// one request at a time; a lone request goes out at once.
 type batcher struct {
 	alloc *allocator.NodeAllocator
 	max   int
@@ -21,6 +23,10 @@ type batcher struct {
 	// timeout is the etcd budget of one batch. It is detached from the
 	// callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
+	wait    time.Duration
+	// coming counts callers that entered allocate and whose item no batch
+	// has taken yet.
+	coming atomic.Int64
 }
 
 type batchItem struct {
@@ -29,8 +35,8 @@ type batchItem struct {
 	done chan allocator.Outcome
 }
 
-func newBatcher(a *allocator.NodeAllocator, max int, timeout time.Duration, m *metrics) *batcher {
-	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, timeout: timeout}
+func newBatcher(a *allocator.NodeAllocator, max int, wait, timeout time.Duration, m *metrics) *batcher {
+	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, wait: wait, timeout: timeout}
 }
 
 // run serves batches until ctx ends. Its owner (the agent) waits for it.
@@ -42,18 +48,43 @@ func (b *batcher) run(ctx context.Context) {
 			return
 		case first = <-b.in:
 		}
-		items := []*batchItem{first}
-	fill:
-		for len(items) < b.max {
-			select {
-			case it := <-b.in:
-				items = append(items, it)
-			default:
-				break fill
-			}
-		}
-		b.serve(items)
+		b.coming.Add(-1)
+		b.serve(b.fill(ctx, first))
 	}
+}
+
+// fill collects a batch behind first: whatever is queued, and under load
+// whatever arrives within the wait window, up to max.
+func (b *batcher) fill(ctx context.Context, first *batchItem) []*batchItem {
+	items := []*batchItem{first}
+	var window <-chan time.Time
+	for len(items) < b.max {
+		select {
+		case it := <-b.in:
+			b.coming.Add(-1)
+			items = append(items, it)
+			continue
+		default:
+		}
+		if b.wait <= 0 || b.coming.Load() <= 0 {
+			return items // nobody else is on the way
+		}
+		if window == nil {
+			t := time.NewTimer(b.wait)
+			defer t.Stop()
+			window = t.C
+		}
+		select {
+		case it := <-b.in:
+			b.coming.Add(-1)
+			items = append(items, it)
+		case <-window:
+			return items
+		case <-ctx.Done():
+			return items
+		}
+	}
+	return items
 }
 
 func (b *batcher) serve(items []*batchItem) {
@@ -85,9 +116,11 @@ func (b *batcher) serve(items []*batchItem) {
 // allocate queues one request and waits for its outcome.
 func (b *batcher) allocate(ctx context.Context, req allocator.Request) (allocator.Result, error) {
 	it := &batchItem{ctx: ctx, req: req, done: make(chan allocator.Outcome, 1)}
+	b.coming.Add(1)
 	select {
 	case b.in <- it:
 	case <-ctx.Done():
+		b.coming.Add(-1)
 		return allocator.Result{}, ctx.Err()
 	}
 	select {

@@ -46,8 +46,20 @@ type Config struct {
 	RequestTimeout Duration `json:"requestTimeout"`
 	// MaxBatch bounds how many allocations share one etcd transaction.
 	MaxBatch int `json:"maxBatch"`
+	// BatchWait bounds how long a batch stays open under load.
+	BatchWait Duration `json:"batchWait"`
 	// BPFPinDir is where the bpf datapath pins its maps and links.
 	BPFPinDir string `json:"bpfPinDir"`
+	// NetNS is the network namespace (a path such as /proc/1/ns/net) whose
+	// pod interfaces the datapath programs; empty is the agent's own. It
+	// lets an agent that is not in the host namespace manage the host's.
+	NetNS string `json:"netns"`
+	// NodeAddresses are where other nodes route this node's blocks;
+	// default: the global unicast addresses of the netns.
+	NodeAddresses []string `json:"nodeAddresses"`
+	// PeerRoutes routes other nodes' blocks to their addresses (host-gw,
+	// nodes on one L2 segment); off when the network routes pod blocks.
+	PeerRoutes bool `json:"peerRoutes"`
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -82,8 +94,10 @@ func DefaultConfig() Config {
 		GCInterval:     Duration{30 * time.Second},
 		LogLevel:       "info",
 		RequestTimeout: Duration{5 * time.Second},
-		MaxBatch:       128,
+		MaxBatch:       allocator.MaxBatch,
+		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
+		PeerRoutes:     true,
 	}
 }
 
@@ -138,8 +152,16 @@ func (c *Config) Validate() error {
 	if c.RequestTimeout.Duration <= 0 {
 		bad("request-timeout: must be positive")
 	}
+	if c.BatchWait.Duration < 0 || c.BatchWait.Duration > time.Second {
+		bad("batch-wait: %s out of range 0-1s", c.BatchWait)
+	}
 	if c.MaxBatch < 1 {
 		bad("max-batch: %d must be at least 1", c.MaxBatch)
+	}
+	for _, s := range c.NodeAddresses {
+		if _, err := netip.ParseAddr(s); err != nil {
+			bad("node-address: %q is not an IP address", s)
+		}
 	}
 	if c.Etcd.Endpoints != nil {
 		if err := c.Etcd.Validate(); err != nil {
@@ -208,7 +230,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "trace, debug, info, warn or error")
 	fs.DurationVar(&c.RequestTimeout.Duration, "request-timeout", c.RequestTimeout.Duration, "etcd time budget of one request")
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most allocations in one etcd transaction")
+	fs.DurationVar(&c.BatchWait.Duration, "batch-wait", c.BatchWait.Duration, "longest a batch stays open for more requests under load")
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
+	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
+	var nodeAddrs string
+	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
+	fs.BoolVar(&c.PeerRoutes, "peer-routes", c.PeerRoutes, "route other nodes' blocks to their node addresses (nodes on one L2 segment)")
 
 	// The config file comes first, so find it before parsing for real.
 	pre := flag.NewFlagSet("", flag.ContinueOnError)
@@ -258,6 +285,9 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	}
 	if endpoints != "" {
 		c.Etcd.Endpoints = strings.Split(endpoints, ",")
+	}
+	if nodeAddrs != "" {
+		c.NodeAddresses = strings.Split(nodeAddrs, ",")
 	}
 	for _, p := range pools {
 		p.BlockSizeV4, p.BlockSizeV6 = 0, 0

@@ -28,6 +28,10 @@ type Datapath interface {
 	// HostLinkExists reports whether ep's host interface still exists; a
 	// pod netns deleted without DEL takes the veth with it.
 	HostLinkExists(ep api.Endpoint) (bool, error)
+	// Counters returns per-endpoint counters by endpoint ID; nil when the
+	// datapath keeps none.
+	Counters() (map[uint32]api.Counters, error)
+	// Close releases handles; pinned state stays in the kernel.
 	Close() error
 }
 
@@ -102,6 +106,8 @@ func hostLinkExists(h *netlink.Handle, ep api.Endpoint) (bool, error) {
 	// A new veth with a reused name is not the endpoint's.
 	return ep.HostIfIndex == 0 || l.Attrs().Index == ep.HostIfIndex, nil
 }
+
+func (d *routesDatapath) Counters() (map[uint32]api.Counters, error) { return nil, nil }
 
 func (d *routesDatapath) Close() error {
 	d.nl.Close()

@@ -1,13 +1,190 @@
 package agent
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/bpf"
 )
 
-// newBPFDatapath opens the eBPF datapath. The eBPF programs are not part
-// of this build yet, so auto mode falls back to routes.
+// bpfDatapath enforces each endpoint with kvipam's eBPF program on its
+// host veth: packets from the pod whose source is not one of its
+// addresses are dropped and counted. Links and maps are pinned, so the
+// programs keep enforcing while the agent restarts, and Adopt takes them
+// over without a gap.
+type bpfDatapath struct {
+	dp    *bpf.Datapath
+	nl    *netlink.Handle
+	netns string
+	log   hclog.Logger
+}
+
+var _ Datapath = (*bpfDatapath)(nil)
+
+// newBPFDatapath opens the eBPF datapath, or says why the kernel cannot
+// run it (auto mode then falls back to routes).
 func newBPFDatapath(pinDir, netnsPath string, log hclog.Logger) (Datapath, error) {
-	return nil, errors.New("eBPF datapath not in this build")
+	if err := bpf.Supported(); err != nil {
+		return nil, fmt.Errorf("kernel cannot run the eBPF datapath: %w", err)
+	}
+	if err := ensureBPFFS(pinDir); err != nil {
+		return nil, err
+	}
+	nl, err := openNetlink(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	d, err := bpf.Open(pinDir, log.Named("bpf"))
+	if err != nil {
+		nl.Close()
+		return nil, fmt.Errorf("open eBPF datapath in %s: %w", pinDir, err)
+	}
+	return &bpfDatapath{dp: d, nl: nl, netns: netnsPath, log: log}, nil
+}
+
+// ensureBPFFS mounts bpffs on /sys/fs/bpf when the pin directory lives
+// there and nothing is mounted yet (some hosts do not mount it at boot).
+func ensureBPFFS(pinDir string) error {
+	const root = "/sys/fs/bpf"
+	if !strings.HasPrefix(filepath.Clean(pinDir)+"/", root+"/") {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", root, err)
+	}
+	if err := unix.Mount("bpffs", root, "bpf", 0, ""); err != nil {
+		return fmt.Errorf("mount bpffs on %s: %w", root, err)
+	}
+	return nil
+}
+
+func (d *bpfDatapath) Name() string { return DatapathBPF }
+
+// inNetns runs fn in the pod interfaces' namespace: the kernel resolves
+// the interface index of a TCX attach in the caller's namespace.
+func (d *bpfDatapath) inNetns(fn func() error) error {
+	if d.netns == "" {
+		return fn()
+	}
+	return ns.WithNetNSPath(d.netns, func(ns.NetNS) error { return fn() })
+}
+
+func (d *bpfDatapath) toBPF(ep api.Endpoint) (bpf.Endpoint, error) {
+	out := bpf.Endpoint{ID: ep.ID, HostIfIndex: ep.HostIfIndex, HostIfName: ep.HostIfName}
+	if ep.ContainerMAC != "" {
+		mac, err := net.ParseMAC(ep.ContainerMAC)
+		if err != nil {
+			return out, fmt.Errorf("container MAC %q: %w", ep.ContainerMAC, err)
+		}
+		out.MAC = mac
+	}
+	for _, s := range ep.IPs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return out, fmt.Errorf("endpoint address %q: %w", s, err)
+		}
+		out.IPs = append(out.IPs, a)
+	}
+	return out, nil
+}
+
+func (d *bpfDatapath) Setup(_ context.Context, ep *api.Endpoint) error {
+	l, err := d.nl.LinkByName(ep.HostIfName)
+	if err != nil {
+		return fmt.Errorf("find host interface %q: %w", ep.HostIfName, err)
+	}
+	ep.HostIfIndex = l.Attrs().Index
+	bep, err := d.toBPF(*ep)
+	if err != nil {
+		return err
+	}
+	return d.inNetns(func() error { return d.dp.Attach(bep) })
+}
+
+func (d *bpfDatapath) Teardown(_ context.Context, ep api.Endpoint) error {
+	if ep.HostIfIndex == 0 {
+		return nil // never attached
+	}
+	bep, err := d.toBPF(ep)
+	if err != nil {
+		return err
+	}
+	return d.inNetns(func() error { return d.dp.Detach(bep) })
+}
+
+// Adopt keeps every pinned attachment that belongs to a known endpoint
+// (no detach, so no gap), attaches known endpoints the pins lack (a crash
+// between the record and the attach), and detaches pinned endpoints the
+// agent has no record of.
+func (d *bpfDatapath) Adopt(_ context.Context, eps []api.Endpoint) error {
+	var found []bpf.Endpoint
+	if err := d.inNetns(func() error {
+		var err error
+		found, err = d.dp.Adopt()
+		return err
+	}); err != nil {
+		return err
+	}
+	pinned := map[int]bpf.Endpoint{}
+	for _, f := range found {
+		pinned[f.HostIfIndex] = f
+	}
+	var errs []error
+	for _, ep := range eps {
+		if f, ok := pinned[ep.HostIfIndex]; ok && f.ID == ep.ID {
+			delete(pinned, ep.HostIfIndex)
+			continue
+		}
+		epc := ep
+		if err := d.Setup(context.Background(), &epc); err != nil {
+			errs = append(errs, fmt.Errorf("re-attach endpoint %d: %w", ep.ID, err))
+		}
+		delete(pinned, epc.HostIfIndex)
+	}
+	for _, stale := range pinned {
+		d.log.Info("detaching a pinned endpoint the agent has no record of", "ifindex", stale.HostIfIndex, "id", stale.ID)
+		if err := d.inNetns(func() error { return d.dp.Detach(stale) }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d.log.Info("adopted pinned eBPF endpoints", "kept", len(found)-len(pinned), "records", len(eps))
+	return errors.Join(errs...)
+}
+
+func (d *bpfDatapath) HostLinkExists(ep api.Endpoint) (bool, error) {
+	return hostLinkExists(d.nl, ep)
+}
+
+func (d *bpfDatapath) Counters() (map[uint32]api.Counters, error) {
+	st, err := d.dp.Stats()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uint32]api.Counters, len(st))
+	for id, c := range st {
+		out[id] = api.Counters{PassedPackets: c.PassedPackets, PassedBytes: c.PassedBytes, DroppedPackets: c.DroppedPackets, DroppedBytes: c.DroppedBytes}
+	}
+	return out, nil
+}
+
+// Close closes handles only: the pinned programs keep enforcing.
+func (d *bpfDatapath) Close() error {
+	d.nl.Close()
+	return d.dp.Close()
 }

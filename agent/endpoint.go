@@ -142,7 +142,7 @@ func (a *Agent) detectMTU() int {
 	if a.cfg.MTU != 0 {
 		return a.cfg.MTU
 	}
-	h, err := openNetlink(a.opts.NetNSPath)
+	h, err := openNetlink(a.cfg.NetNS)
 	if err != nil {
 		return 1500
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/cni/delqueue"
 )
 
 // collect serves a GC request: this node's allocations (in req.Pool, or
@@ -110,10 +111,18 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 	return released
 }
 
-// drainDelQueue applies the DELs plugins queued while the agent was down.
+// drainDelQueue applies the DELs plugins queued while the agent was down:
+// a DEL the agent never saw would otherwise leak its IPs until GC.
 func (a *Agent) drainDelQueue(ctx context.Context) error {
-	return drainQueue(ctx, a.cfg.delQueueDir(), func(ctx context.Context, o api.Owner) error {
-		_, err := a.release(ctx, o)
+	n, err := delqueue.Drain(ctx, a.cfg.delQueueDir(), func(ctx context.Context, o api.Owner) error {
+		ips, err := a.release(ctx, o)
+		if err == nil {
+			a.log.Info("applied queued DEL", "owner", ownerKey(o), "released", ips)
+		}
 		return err
-	}, a.log)
+	})
+	if n > 0 {
+		a.log.Info("drained DEL queue", "applied", n)
+	}
+	return err
 }

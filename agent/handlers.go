@@ -227,7 +227,20 @@ func (a *Agent) handleEndpointCreate(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) {
-	a.writeJSON(w, r, http.StatusOK, api.EndpointList{Endpoints: a.eps.list()})
+	eps := a.eps.list()
+	if r.URL.Query().Get("stats") != "" {
+		counters, err := a.dp.Counters()
+		if err != nil {
+			a.writeError(w, r, &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: "read datapath counters: " + err.Error()})
+			return
+		}
+		for i := range eps {
+			if c, ok := counters[eps[i].ID]; ok {
+				eps[i].Counters = &c
+			}
+		}
+	}
+	a.writeJSON(w, r, http.StatusOK, api.EndpointList{Endpoints: eps})
 }
 
 func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) {

@@ -56,13 +56,28 @@ func (a *NodeAllocator) Allocate(ctx context.Context, req Request) (Result, erro
 	return out[0].Result, out[0].Err
 }
 
-// AllocateBatch serves many requests with one store transaction. If that
-// transaction fails (a race, a fence, a taken address), each request is
-// retried on its own so that one bad request cannot fail the others.
-// Requests for the same owner in one batch are served in order.
+// MaxBatch is the most requests AllocateBatch puts in one transaction.
+// etcd refuses a transaction with more than --max-txn-ops (default 128)
+// compares or operations; a dual-stack request is two writes and two
+// compares, and each block adds a fence compare.
+const MaxBatch = 48
+
+// AllocateBatch serves many requests with one store transaction per
+// MaxBatch requests. If a transaction fails (a race, a fence, a taken
+// address), each of its requests is retried on its own so that one bad
+// request cannot fail the others. Requests for the same owner in one
+// batch are served in order.
 func (a *NodeAllocator) AllocateBatch(ctx context.Context, reqs []Request) []Outcome {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	out := make([]Outcome, 0, len(reqs))
+	for chunk := range slices.Chunk(reqs, MaxBatch) {
+		out = append(out, a.allocateChunk(ctx, chunk)...)
+	}
+	return out
+}
+
+func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome {
 	out := make([]Outcome, len(reqs))
 	if err := a.ready(); err != nil {
 		for i := range out {

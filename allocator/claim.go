@@ -28,23 +28,10 @@ func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family)
 		if !ok {
 			return ps.exhausted(f)
 		}
-		rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, cand, a.claimRecord(), a.lease.ID())
-		var ce *ClaimError
-		if errors.As(err, &ce) {
-			ps.noteOther(cand, ce.ClaimedBy, ce.NonEmpty)
+		if err := a.tryClaim(ctx, ps, cand); err != nil {
 			return err
 		}
-		if err != nil {
-			return err
-		}
-		ba, err := NewBlockAlloc(ps.pool, cand)
-		if err != nil {
-			return err
-		}
-		ps.own[cand] = &ownBlock{ba: ba, claimRev: rev}
-		delete(ps.others, cand)
 		got = cand
-		a.log.Info("claimed block", "pool", ps.pool.Name, "block", cand, "rev", rev)
 		return nil
 	})
 	return got, err
@@ -52,11 +39,22 @@ func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family)
 
 // claimSpecific claims the block holding a requested static address.
 func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Prefix) error {
+	err := a.tryClaim(ctx, ps, b)
+	var ce *ClaimError
+	if errors.As(err, &ce) {
+		return errors.Join(ErrNotOwned, err)
+	}
+	return err
+}
+
+// tryClaim runs one claim transaction for b and, if it wins, makes b an
+// own, empty block. A lost race is noted in ps.others and returned.
+func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
 	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, a.claimRecord(), a.lease.ID())
 	var ce *ClaimError
 	if errors.As(err, &ce) {
 		ps.noteOther(b, ce.ClaimedBy, ce.NonEmpty)
-		return errors.Join(ErrNotOwned, err)
+		return err
 	}
 	if err != nil {
 		return err
@@ -66,6 +64,8 @@ func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b neti
 		return err
 	}
 	ps.own[b] = &ownBlock{ba: ba, claimRev: rev}
+	delete(ps.others, b)
+	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", rev)
 	return nil
 }
 

@@ -206,17 +206,34 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 		}
 	}
 	ob.ba.Reset()
+	// Reservations read back from the store expire with their lease; ask
+	// etcd once per lease how long it has, so a retried ADD after a
+	// restart does not get a reservation that has already lapsed.
+	expiry := map[int64]time.Time{}
+	for _, al := range allocs {
+		if _, done := expiry[al.Lease]; al.Lease != 0 && !done {
+			exp, err := a.cfg.Store.LeaseExpiry(ctx, al.Lease)
+			if err != nil {
+				return err
+			}
+			expiry[al.Lease] = exp
+		}
+	}
 	var newest *Allocation
 	for i := range allocs {
 		al := allocs[i]
 		ob.ba.Mark(al.Addr)
+		if al.ContainerID == "" {
+			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
+			continue
+		}
 		if newest == nil || al.Since.After(newest.Since) {
 			newest = &allocs[i]
 		}
 		if al.Node != a.cfg.Node {
 			a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
 		}
-		ps.remember(&al, time.Time{})
+		ps.remember(&al, expiry[al.Lease])
 	}
 	if newest != nil {
 		ob.ba.ResumeAfter(newest.Addr)

@@ -476,3 +476,75 @@ func TestIPv6LargePool(t *testing.T) {
 	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "v6", Owner: owner(2), Families: []allocator.Family{allocator.IPv4}})
 	require.ErrorIs(t, err, allocator.ErrBadRequest)
 }
+
+func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	big := allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/16"), netip.MustParsePrefix("fd00:40::/64")}, BlockSizeV4: 24, BlockSizeV6: 120}
+	ensurePool(t, e, big)
+	n := startNode(t, e, "n1", []string{"big"}, nodeOpts{})
+	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "big", Owner: owner(0)})
+	require.NoError(t, err)
+	before, err := n.cli.Get(ctx, "x")
+	require.NoError(t, err)
+	var reqs []allocator.Request
+	for i := 1; i <= 100; i++ { // 200 writes: over etcd's 128 ops per transaction
+		reqs = append(reqs, allocator.Request{Pool: "big", Owner: owner(i)})
+	}
+	for i, o := range n.alloc.AllocateBatch(ctx, reqs) {
+		require.NoError(t, o.Err, i)
+		require.Len(t, o.Result.Allocations, 2)
+	}
+	after, err := n.cli.Get(ctx, "x")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), after.Header.Revision-before.Header.Revision, "100 requests in ceil(100/MaxBatch) transactions")
+}
+
+// TestHandWrittenKeysDoNotStopANode: garbage an operator wrote under a
+// node's block neither stops its restore nor gets its address reused.
+func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	b := r.Allocations[0].Block
+	junkAddr := r.Allocations[0].Addr.Next()
+	_, err = n.cli.Put(ctx, etcdstore.IPKey("small", b, junkAddr), "not json")
+	require.NoError(t, err)
+	_, err = n.cli.Put(ctx, etcdstore.BlockIPsPrefix("small", b)+"garbage", "{}")
+	require.NoError(t, err)
+	_, err = n.cli.Put(ctx, etcdstore.ClaimsPrefix("small")+"not-a-block", "{}")
+	require.NoError(t, err)
+	n.sess.Close()
+
+	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	for i := 2; i < 20; i++ {
+		r, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		require.NoError(t, err)
+		require.NotEqual(t, junkAddr, r.Allocations[0].Addr, "the hand-written address is never handed out")
+	}
+}
+
+// TestRestoredReservationLapses: after a restart, a reservation whose
+// lease has ended is not handed back to a retried ADD.
+func TestRestoredReservationLapses(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	n.sess.Close()
+	// The reservation lease ends while nobody watches (agent down).
+	_, err = n.cli.Revoke(ctx, clientv3.LeaseID(storeIPs(t, n.cli, "small")[0].Lease))
+	require.NoError(t, err)
+	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	require.Empty(t, n2.alloc.Lookup(owner(1)), "a lapsed reservation is not restored")
+	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	require.NotEqual(t, r.Allocations[0].Rev, r2.Allocations[0].Rev, "a fresh reservation")
+	_, err = n2.alloc.Confirm(ctx, owner(1))
+	require.NoError(t, err)
+}

@@ -409,3 +409,22 @@ func cidrExcluded(c netip.Prefix) []netip.Addr {
 		return nil
 	}
 }
+
+// ErrPoolOverlap reports two pools sharing addresses.
+var ErrPoolOverlap = errors.New("allocator: pools overlap")
+
+// CheckDisjoint reports whether p shares any address with another pool.
+// Pools must be disjoint: each pool keeps its own allocation keys, so an
+// address in two pools could be handed out once in each.
+func CheckDisjoint(p Pool, others []Pool) error {
+	for _, o := range others {
+		for _, a := range p.CIDRs {
+			for _, b := range o.CIDRs {
+				if a.Overlaps(b) {
+					return fmt.Errorf("%w: cidr %s of pool %s overlaps cidr %s of pool %s", ErrPoolOverlap, a, p.Name, b, o.Name)
+				}
+			}
+		}
+	}
+	return nil
+}

@@ -142,6 +142,8 @@ type Store interface {
 	// WriteIPs applies all writes in one transaction or none. It fails with
 	// a *WriteError when a fence or an existence check fails.
 	WriteIPs(ctx context.Context, writes []IPWrite) (WriteResult, error)
+	// LeaseExpiry says when a reservation lease ends (now, if it has).
+	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
 	// DeleteIP releases an allocation still at rev. Absent is success.
 	DeleteIP(ctx context.Context, pool string, block netip.Prefix, addr netip.Addr, rev int64) error
 }

@@ -3,6 +3,7 @@ package kvstore
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -23,7 +24,7 @@ type Config struct {
 	KeyFile  string `json:"keyFile,omitempty" yaml:"keyFile,omitempty"`
 	CAFile   string `json:"caFile,omitempty" yaml:"caFile,omitempty"`
 	Username string `json:"username,omitempty" yaml:"username,omitempty"`
-	Password string `json:"-" yaml:"password,omitempty"`
+	Password string `json:"password,omitempty" yaml:"password,omitempty"`
 }
 
 // DefaultDialTimeout bounds the first connection when Config leaves it zero.
@@ -96,4 +97,31 @@ func Connect(ctx context.Context, c Config) (*clientv3.Client, error) {
 		return nil, fmt.Errorf("reach etcd at %v: %w", c.Endpoints, err)
 	}
 	return cli, nil
+}
+
+// UnmarshalJSON reads dialTimeout as a Go duration string ("5s"), as
+// configuration files write it, or as nanoseconds.
+func (c *Config) UnmarshalJSON(b []byte) error {
+	type plain Config
+	var aux struct {
+		plain
+		DialTimeout json.RawMessage `json:"dialTimeout,omitempty"`
+	}
+	if err := json.Unmarshal(b, &aux); err != nil {
+		return err
+	}
+	*c = Config(aux.plain)
+	if len(aux.DialTimeout) == 0 {
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(aux.DialTimeout, &s); err == nil {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("dialTimeout %q: %w", s, err)
+		}
+		c.DialTimeout = d
+		return nil
+	}
+	return json.Unmarshal(aux.DialTimeout, &c.DialTimeout)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,12 +26,18 @@ type EmbedConfig struct {
 	Fast bool
 	// StartTimeout bounds how long Start waits for the server to be ready.
 	StartTimeout time.Duration
+	// Name and InitialCluster ("a=http://127.0.0.1:2380,b=...") make this
+	// a member of a multi-member cluster (tests of member loss); empty
+	// means a single-member cluster named "kvipam".
+	Name           string
+	InitialCluster string
 }
 
 // Embedded is a running in-process etcd server. Close stops it.
 type Embedded struct {
 	etcd      *embed.Etcd
 	endpoints []string
+	once      sync.Once
 }
 
 // StartEmbedded starts a single-member etcd and waits until it serves.
@@ -42,7 +49,7 @@ func StartEmbedded(ctx context.Context, c EmbedConfig) (*Embedded, error) {
 		return nil, fmt.Errorf("create etcd data dir: %w", err)
 	}
 	cfg := embed.NewConfig()
-	cfg.Name = "kvipam"
+	cfg.Name = orDefault(c.Name, "kvipam")
 	cfg.Dir = c.Dir
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cu, err := url.Parse(orDefault(c.ClientURL, "http://127.0.0.1:0"))
@@ -56,6 +63,10 @@ func StartEmbedded(ctx context.Context, c EmbedConfig) (*Embedded, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if c.InitialCluster != "" {
+		cfg.InitialCluster = c.InitialCluster
+		cfg.InitialClusterToken = "kvipam-test-cluster"
+	}
 	// Revisions are kvipam's fencing tokens; compaction only drops history,
 	// never current keys, so a modest retention keeps the store small.
 	cfg.AutoCompactionMode = embed.CompactorModeRevision
@@ -100,11 +111,17 @@ func (e *Embedded) Client(ctx context.Context) (*clientv3.Client, error) {
 	return Connect(ctx, e.Config())
 }
 
-// Close stops the server and waits for it to release its data dir.
+// Close stops the server and waits for it to release its data dir. A
+// second Close does nothing.
 func (e *Embedded) Close() {
-	e.etcd.Close()
-	<-e.etcd.Server.StopNotify()
+	e.once.Do(func() {
+		e.etcd.Close()
+		<-e.etcd.Server.StopNotify()
+	})
 }
+
+// IsLeader reports whether this member leads the raft group now.
+func (e *Embedded) IsLeader() bool { return e.etcd.Server.Leader() == e.etcd.Server.MemberID() }
 
 func orDefault(s, def string) string {
 	if s == "" {

@@ -129,6 +129,18 @@ type Endpoint struct {
 	IPs             []string  `json:"ips"`
 	Datapath        string    `json:"datapath"`
 	Created         time.Time `json:"created"`
+	// Counters are the datapath's per-endpoint counters (bpf mode only),
+	// filled when the list is asked for with ?stats=1.
+	Counters *Counters `json:"counters,omitempty"`
+}
+
+// Counters are packets and bytes the endpoint's program passed and dropped
+// (dropped: a source address that is not the endpoint's).
+type Counters struct {
+	PassedPackets  uint64 `json:"passedPackets"`
+	PassedBytes    uint64 `json:"passedBytes"`
+	DroppedPackets uint64 `json:"droppedPackets"`
+	DroppedBytes   uint64 `json:"droppedBytes"`
 }
 
 // EndpointList is the answer of GET /v1/endpoints.

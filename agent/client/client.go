@@ -70,16 +70,13 @@ func (c *Client) WaitReady(ctx context.Context) error {
 	}
 }
 
-// Status returns the agent's status. An unready agent answers 503 with
-// the status in the body; Status returns it together with an *api.Error.
+// Status returns the agent's status; Ready says whether it can allocate.
 func (c *Client) Status(ctx context.Context) (*api.Status, error) {
 	var st api.Status
-	err := c.do(ctx, http.MethodGet, api.PathStatus, nil, &st)
-	var ae *api.Error
-	if err != nil && !errors.As(err, &ae) {
+	if err := c.do(ctx, http.MethodGet, api.PathStatus, nil, &st); err != nil {
 		return nil, err
 	}
-	return &st, err
+	return &st, nil
 }
 
 // Config returns what a plugin needs to set a pod up.
@@ -115,7 +112,15 @@ func (c *Client) DeleteEndpoint(ctx context.Context, o api.Owner) error {
 // Endpoints lists the endpoints the agent has programmed.
 func (c *Client) Endpoints(ctx context.Context) ([]api.Endpoint, error) {
 	var out api.EndpointList
-	return out.Endpoints, c.do(ctx, http.MethodGet, api.PathEndpoints, nil, &out)
+	err := c.do(ctx, http.MethodGet, api.PathEndpoints, nil, &out)
+	return out.Endpoints, err
+}
+
+// EndpointStats lists the endpoints with their datapath counters.
+func (c *Client) EndpointStats(ctx context.Context) ([]api.Endpoint, error) {
+	var out api.EndpointList
+	err := c.do(ctx, http.MethodGet, api.PathEndpoints+"?stats=1", nil, &out)
+	return out.Endpoints, err
 }
 
 // GC releases allocations of this node not in the valid list.
@@ -153,9 +158,6 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		ae := &api.Error{Status: resp.StatusCode}
 		if json.Unmarshal(data, ae) != nil || ae.Code == "" {
 			ae.Code, ae.Message = api.CodeInternal, fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
-		}
-		if out != nil {
-			_ = json.Unmarshal(data, out) // a 503 status still carries the status body
 		}
 		return ae
 	}

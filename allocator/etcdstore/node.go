@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -46,7 +47,9 @@ func (s *Store) ListNodes(ctx context.Context) (map[string]NodeRecord, error) {
 	}
 	out := make(map[string]NodeRecord, len(vs))
 	for _, v := range vs {
-		out[v.Value.Name] = v.Value
+		// Keyed by the key, not the name inside the value: the key is what
+		// claims and homes refer to.
+		out[strings.TrimPrefix(v.Key, NodesPrefix())] = v.Value
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -46,38 +47,55 @@ func New(cli *clientv3.Client, o Options) *Store {
 // Client is the etcd client the store uses.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// EnsurePool implements allocator.Store.
+// EnsurePool implements allocator.Store. The pool is written only if no
+// pool changed since the pools were read, so two pools with overlapping
+// CIDRs cannot be created at once: overlapping pools would hand the same
+// address out twice, once under each pool's keys.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
 	}
-	key := PoolKey(p.Name)
-	for {
-		cur, err := kvstore.GetJSON[allocator.Pool](ctx, s.cli, key)
-		switch {
-		case errors.Is(err, kvstore.ErrNotFound):
-			if _, err := kvstore.CreateJSON(ctx, s.cli, key, p); errors.Is(err, kvstore.ErrConflict) {
+	var out allocator.Pool
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+		if err != nil {
+			return err
+		}
+		var others []allocator.Pool
+		for _, v := range pools {
+			if v.Value.Name != p.Name {
+				others = append(others, v.Value)
 				continue
-			} else if err != nil {
-				return allocator.Pool{}, fmt.Errorf("create pool %s: %w", p.Name, err)
 			}
-			return p, nil
-		case err != nil:
-			return allocator.Pool{}, fmt.Errorf("read pool %s: %w", p.Name, err)
+			if err := allocator.CheckPoolUpdate(v.Value, p); err != nil {
+				return err
+			}
+			if poolEqual(v.Value, p) {
+				out = v.Value
+				return nil
+			}
 		}
-		if err := allocator.CheckPoolUpdate(cur.Value, p); err != nil {
-			return allocator.Pool{}, err
+		if err := allocator.CheckDisjoint(p, others); err != nil {
+			return err
 		}
-		if poolEqual(cur.Value, p) {
-			return cur.Value, nil
+		val, err := kvstore.EncodeJSON(p)
+		if err != nil {
+			return err
 		}
-		if _, err := kvstore.SwapJSON(ctx, s.cli, key, cur.ModRevision, p); errors.Is(err, kvstore.ErrConflict) {
-			continue
-		} else if err != nil {
-			return allocator.Pool{}, fmt.Errorf("update pool %s: %w", p.Name, err)
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
+			Then(clientv3.OpPut(PoolKey(p.Name), val)).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("write pool %s: %w", p.Name, err)
 		}
-		return p, nil
-	}
+		if !resp.Succeeded {
+			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
+		}
+		out = p
+		return nil
+	})
+	return out, err
 }
 
 func poolEqual(a, b allocator.Pool) bool {
@@ -135,18 +153,26 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 		}
 		return bi
 	}
+	// An undecodable claim or home counts as another node's, so the block
+	// is left alone; a key that names no block cannot collide with one.
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		b, c, err := decodeBlockKV[allocator.Claim](kv, ClaimsPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
 		if err != nil {
-			return nil, err
+			c = allocator.Claim{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
 	}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		b, h, err := decodeBlockKV[allocator.Home](kv, HomesPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
 		if err != nil {
-			return nil, err
+			h = allocator.Home{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Home, bi.HomeRev = &h, kv.ModRevision
@@ -158,15 +184,21 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 	return out, nil
 }
 
+// UnknownNode stands for the owner of a claim or home whose value cannot
+// be decoded.
+const UnknownNode = "?"
+
+var errBadBlockKey = errors.New("key names no block")
+
 func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, error) {
 	var zero T
 	name, err := lastSegment(string(kv.Key), prefix)
 	if err != nil {
-		return netip.Prefix{}, zero, err
+		return netip.Prefix{}, zero, fmt.Errorf("%w: %w", errBadBlockKey, err)
 	}
 	b, err := allocator.ParseBlockName(name)
 	if err != nil {
-		return netip.Prefix{}, zero, fmt.Errorf("key %s: %w", kv.Key, err)
+		return netip.Prefix{}, zero, fmt.Errorf("key %s: %w: %w", kv.Key, errBadBlockKey, err)
 	}
 	v, err := kvstore.Decode[T](kv)
 	return b, v.Value, err
@@ -279,7 +311,23 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]all
 	if err != nil {
 		return nil, fmt.Errorf("list allocations of block %s: %w", b, err)
 	}
-	return DecodeAllocations(pool, resp.Kvs)
+	out := make([]allocator.Allocation, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		al, err := DecodeAllocation(pool, kv)
+		if err != nil {
+			// A key an operator wrote by hand must not stop the node: an
+			// address it names is reported as taken by an unknown owner,
+			// so it is never handed out; anything else under the prefix
+			// only makes the block non-empty.
+			_, addr, perr := ParseIPKey(pool, string(kv.Key))
+			if perr != nil {
+				continue
+			}
+			al = allocator.Allocation{Pool: pool, Block: b, Addr: addr, Rev: kv.ModRevision, Lease: kv.Lease}
+		}
+		out = append(out, al)
+	}
+	return out, nil
 }
 
 // DecodeAllocations turns allocation key-values of pool into Allocations.
@@ -335,7 +383,7 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 	}
 	fenced := map[fence]bool{}
 	var cmps []clientv3.Cmp
-	var puts, gets []clientv3.Op
+	var puts []clientv3.Op
 	for _, w := range writes {
 		f := fence{w.Pool, w.Block}
 		if !fenced[f] {
@@ -359,9 +407,8 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 			opts = append(opts, clientv3.WithLease(resLease))
 		}
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
-		gets = append(gets, clientv3.OpGet(ClaimKey(w.Pool, w.Block)), clientv3.OpGet(key))
 	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Else(gets...).Commit()
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The shared reservation lease expired or was revoked: a retry
 		// grants a new one.
@@ -375,20 +422,55 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		res.Rev = resp.Header.Revision
 		return res, nil
 	}
+	return res, s.explainWrite(ctx, writes)
+}
+
+// explainWrite finds out which checks of a failed WriteIPs failed. It
+// reads after the fact, on the failure path only, so the write itself
+// carries no Else operations (which count against etcd's --max-txn-ops).
+func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) error {
 	we := &allocator.WriteError{}
-	seen := map[netip.Prefix]bool{}
-	for i, w := range writes {
-		ckv := resp.Responses[2*i].GetResponseRange().Kvs
-		if (len(ckv) == 0 || ckv[0].ModRevision != w.ClaimRev) && !seen[w.Block] {
-			seen[w.Block] = true
+	claims := map[string]int64{}
+	for _, w := range writes {
+		ck := ClaimKey(w.Pool, w.Block)
+		if _, done := claims[ck]; done {
+			continue
+		}
+		resp, err := s.cli.Get(ctx, ck)
+		if err != nil {
+			return fmt.Errorf("explain failed write: %w", err)
+		}
+		claims[ck] = 0
+		if len(resp.Kvs) > 0 {
+			claims[ck] = resp.Kvs[0].ModRevision
+		}
+		if claims[ck] != w.ClaimRev {
 			we.Fenced = append(we.Fenced, w.Block)
 		}
-		ikv := resp.Responses[2*i+1].GetResponseRange().Kvs
-		if (w.PrevRev == 0 && len(ikv) > 0) || (w.PrevRev != 0 && (len(ikv) == 0 || ikv[0].ModRevision != w.PrevRev)) {
+	}
+	for _, w := range writes {
+		resp, err := s.cli.Get(ctx, IPKey(w.Pool, w.Block, w.Addr))
+		if err != nil {
+			return fmt.Errorf("explain failed write: %w", err)
+		}
+		if (w.PrevRev == 0 && len(resp.Kvs) > 0) || (w.PrevRev != 0 && (len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != w.PrevRev)) {
 			we.Taken = append(we.Taken, w.Addr)
 		}
 	}
-	return res, we
+	if len(we.Fenced) == 0 && len(we.Taken) == 0 {
+		// Changed back between the write and the reads: still a lost race.
+		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
+	}
+	return we
+}
+
+// LeaseExpiry implements allocator.Store.
+func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
+	resp, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read lease %x: %w", lease, err)
+	}
+	return s.now().Add(time.Duration(max(resp.TTL, 0)) * time.Second), nil
 }
 
 // DeleteIP implements allocator.Store.

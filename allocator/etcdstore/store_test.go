@@ -2,6 +2,7 @@ package etcdstore_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 
@@ -41,6 +42,10 @@ func TestEnsurePool(t *testing.T) {
 	_, err = st.GetPool(ctx, "nope")
 	require.ErrorIs(t, err, allocator.ErrPoolNotFound)
 
+	other := allocator.Pool{Name: "other", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.128.0/24")}, BlockSizeV4: 26}
+	_, err = st.EnsurePool(ctx, other)
+	require.ErrorIs(t, err, allocator.ErrPoolOverlap, "a pool may not share addresses with another")
+
 	bad := allocator.Pool{Name: "bad", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("10.0.0.128/25")}, BlockSizeV4: 26}
 	_, err = st.EnsurePool(ctx, bad)
 	require.ErrorContains(t, err, "overlap")
@@ -66,5 +71,25 @@ func TestIPKeyRoundTrip(t *testing.T) {
 	} {
 		_, _, err := etcdstore.ParseIPKey("pool-1", bad)
 		require.Error(t, err, bad)
+	}
+}
+
+// TestConcurrentOverlappingPools races two overlapping pools: exactly one
+// is created.
+func TestConcurrentOverlappingPools(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	for round := range 10 {
+		errs := make(chan error, 2)
+		for i := range 2 {
+			go func() {
+				st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
+				p := allocator.Pool{Name: fmt.Sprintf("r%d-%d", round, i), CIDRs: []netip.Prefix{netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/24", round))}, BlockSizeV4: 26}
+				_, err := st.EnsurePool(ctx, p)
+				errs <- err
+			}()
+		}
+		e1, e2 := <-errs, <-errs
+		require.True(t, (e1 == nil) != (e2 == nil), "round %d: exactly one of two overlapping pools is created (%v, %v)", round, e1, e2)
 	}
 }

@@ -1,7 +1,9 @@
-// Command kvipam-demo walks through kvipam's allocator on an embedded etcd:
-// nodes claim blocks and hand out addresses, a node's lease ends and its
-// blocks become orphaned (never free), and the node comes back with every
-// address intact. `make demo` runs it.
+// Command kvipam-demo walks through kvipam on an embedded etcd. First the
+// agent: it starts, a CNI-style client asks it for addresses over its unix
+// socket, and the etcd keys are shown. Then the allocator under failure:
+// nodes claim blocks, a node's lease ends and its blocks become orphaned
+// (never free), and the node comes back with every address intact.
+// `make demo` runs it.
 package main
 
 import (
@@ -26,6 +28,10 @@ import (
 func main() {
 	dir := flag.String("data-dir", "", "etcd data dir (default: a temporary dir, removed at exit)")
 	flag.Parse()
+	if err := runAgent(context.Background(), os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
 	if err := run(context.Background(), os.Stdout, *dir); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)

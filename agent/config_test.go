@@ -1,0 +1,77 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadPrecedence(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "agent.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(`
+node: from-file
+leaseTTL: 20s
+mtu: 1400
+etcd:
+  endpoints: ["http://10.0.0.1:2379"]
+pools:
+- name: default
+  cidrs: ["10.244.0.0/16", "fd00:244::/64"]
+  blockSizeV4: 26
+  blockSizeV6: 120
+`), 0o600))
+
+	c, err := Load([]string{"--config", file}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "from-file", c.Node)
+	require.Equal(t, 20*time.Second, c.LeaseTTL.Duration)
+	require.Equal(t, []string{"http://10.0.0.1:2379"}, c.Etcd.Endpoints)
+	require.Len(t, c.Pools, 1)
+
+	c, err = Load([]string{"--config", file, "--node", "from-flag"}, env(map[string]string{"KVIPAM_NODE": "from-env", "KVIPAM_MTU": "9000"}))
+	require.NoError(t, err)
+	require.Equal(t, "from-flag", c.Node, "flags beat the environment")
+	require.Equal(t, 9000, c.MTU, "the environment beats the file")
+
+	c, err = Load(nil, env(map[string]string{"KVIPAM_CONFIG": file}))
+	require.NoError(t, err)
+	require.Equal(t, "from-file", c.Node, "KVIPAM_CONFIG names the file")
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("nodee: typo\n"), 0o600))
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"unknown yaml field", []string{"--config", bad}, nil, "nodee"},
+		{"missing file", []string{"--config", filepath.Join(dir, "nope.yaml")}, nil, "read config"},
+		{"bad pool flag", []string{"--pool", "nocidr"}, nil, "NAME=CIDR"},
+		{"bad env", nil, map[string]string{"KVIPAM_MTU": "big"}, "KVIPAM_MTU"},
+		{"two errors at once", []string{"--pool", "p=10.0.0.0/16", "--mtu", "10", "--datapath", "x"}, nil, "mtu: 10"},
+		{"stray argument", []string{"--pool", "p=10.0.0.0/16", "extra"}, nil, "unexpected arguments"},
+		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(tc.args, env(tc.env))
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// The example configuration shipped in deploy/ must load.
+func TestShippedConfigLoads(t *testing.T) {
+	c, err := Load([]string{"--config", "../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "default", c.Pools[0].Name)
+	require.Len(t, c.Etcd.Endpoints, 3)
+}

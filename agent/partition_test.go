@@ -1,0 +1,155 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// cutProxy forwards loopback TCP to etcd until cut; then it drops every
+// connection and refuses new ones until healed: a network partition
+// between one agent and etcd, with everything else still connected.
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+}
+
+func newCutProxy(t testing.TB, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	go p.serve()
+	t.Cleanup(func() { ln.Close(); p.partition() })
+	return p
+}
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = true, true
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); up.Close() }()
+		go func() { _, _ = io.Copy(c, up); c.Close() }()
+	}
+}
+
+func (p *cutProxy) partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+func (p *cutProxy) heal() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
+func (p *cutProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
+
+// TestPartitionedAgent cuts one agent off etcd for longer than its lease
+// while another keeps working (flannel's duplicate-subnet failure): the
+// other agent cannot take the cut-off agent's blocks that hold pods, and
+// when the partition heals the first agent re-claims them with every
+// address unchanged.
+func TestPartitionedAgent(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	u, err := url.Parse(e.Endpoints()[0])
+	require.NoError(t, err)
+	proxy := newCutProxy(t, u.Host)
+
+	small := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/26")}}
+	cfgA := testConfig(t, e)
+	cfgA.Node, cfgA.Pools = "node-a", []allocator.Pool{small}
+	cfgA.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+	cfgA.LeaseTTL = Duration{2 * time.Second}
+	cfgA.RequestTimeout = Duration{time.Second}
+	a := startAgent(t, cfgA, Options{})
+	var held []api.IPConfig
+	for i := range 20 { // two blocks of node-a hold pods
+		r, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
+		require.NoError(t, err)
+		held = append(held, r.IPs...)
+	}
+
+	lease := a.a.session()
+	proxy.partition()
+	<-lease.Done()
+	cli := etcdtest.Client(t, e) // etcd itself is fine for everyone else
+	// etcd expires node-a's lease on its own clock; wait for the claims to go.
+	require.Eventually(t, func() bool {
+		bs, err := etcdstore.New(cli, etcdstore.Options{}).ListBlocks(ctx, "default")
+		require.NoError(t, err)
+		for _, b := range bs {
+			if b.Claim != nil {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "node-a's claims expire with its lease")
+
+	cfgB := testConfig(t, e)
+	cfgB.Node, cfgB.Pools = "node-b", []allocator.Pool{small}
+	b := startAgent(t, cfgB, Options{})
+	heldByA := map[string]bool{}
+	for _, ip := range held {
+		heldByA[ip.Block] = true
+	}
+	for i := 100; ; i++ {
+		r, err := b.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
+		if err != nil {
+			require.Equal(t, api.CodeExhausted, apiErr(t, err).Code, err.Error())
+			require.Contains(t, err.Error(), "2 more orphaned")
+			break
+		}
+		require.False(t, heldByA[r.IPs[0].Block], "node-b allocated %s inside cut-off node-a's block", r.IPs[0].Address)
+	}
+	_, err = a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(50)})
+	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code, "the cut-off agent refuses to allocate")
+
+	proxy.heal()
+	require.NoError(t, waitReady(a.c, 30*time.Second))
+	var after []api.IPConfig
+	for i := range 20 {
+		r, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
+		require.NoError(t, err)
+		after = append(after, r.IPs...)
+	}
+	require.Equal(t, held, after, "node-a kept every address through the partition")
+}

@@ -1,0 +1,182 @@
+package inspect
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+)
+
+// The rules of CheckSnapshot, one method per group of records.
+
+func (c *checker) badKeys() {
+	for _, b := range c.s.Bad {
+		c.add(KindUndecodable, []string{b.Key}, "%s", b.Error)
+	}
+}
+
+// pool returns the pool a record names, reporting it if there is none.
+func (c *checker) pool(name, key, what string) (allocator.Pool, bool) {
+	p, ok := c.s.Pools[name]
+	if !ok {
+		c.add(KindUnknownPool, []string{key}, "%s of pool %q, which does not exist", what, name)
+	}
+	return p.Pool, ok
+}
+
+func (c *checker) claimsAndHomes() {
+	for k, cl := range c.s.Claims {
+		p, ok := c.pool(k.Pool, cl.Key, "claim")
+		if ok {
+			if _, ok := p.CIDRFor(k.Block); !ok {
+				c.add(KindMisplaced, []string{cl.Key}, "claim on %s, which is not a block of pool %s", k.Block, k.Pool)
+			}
+		}
+		if _, alive := c.s.Nodes[cl.Node]; !alive {
+			c.add(KindDeadNodeClaim, []string{cl.Key, etcdstore.NodeKey(cl.Node)},
+				"block %s of pool %s is claimed by node %s, which has no node record", k.Block, k.Pool, cl.Node)
+		}
+		if cl.Lease == 0 {
+			c.add(KindClaimWithoutLease, []string{cl.Key}, "claim of node %s on block %s has no lease and never expires", cl.Node, k.Block)
+		}
+		if h, ok := c.s.Homes[k]; ok && h.Node != cl.Node {
+			c.add(KindWrongNode, []string{cl.Key, h.Key}, "block %s of pool %s is claimed by node %s but its home is node %s", k.Block, k.Pool, cl.Node, h.Node)
+		}
+	}
+	for k, h := range c.s.Homes {
+		if p, ok := c.pool(k.Pool, h.Key, "home"); ok {
+			if _, ok := p.CIDRFor(k.Block); !ok {
+				c.add(KindMisplaced, []string{h.Key}, "home of %s, which is not a block of pool %s", k.Block, k.Pool)
+			}
+		}
+	}
+}
+
+func (c *checker) blocks() {
+	for _, v := range c.s.blockViews() {
+		n := len(v.ips) + len(v.bad)
+		switch v.state() {
+		case BlockOrphaned:
+			c.add(KindOrphanedBlock, []string{v.home.Key},
+				"block %s of pool %s holds %d allocations, has no claim, home node %s: only that node may re-claim it (or kvipamctl node remove %s)",
+				v.Block, v.Pool, n, v.home.Node, v.home.Node)
+		case BlockUnowned:
+			c.add(KindOrphanedBlock, []string{etcdstore.BlockIPsPrefix(v.Pool, v.Block)},
+				"block %s of pool %s holds %d allocations and has neither claim nor home: no node can claim it (kvipamctl release its addresses)",
+				v.Block, v.Pool, n)
+		}
+	}
+}
+
+func (c *checker) ips() {
+	views := map[BlockKey]*blockView{}
+	for _, v := range c.s.blockViews() {
+		views[v.BlockKey] = v
+	}
+	for _, ip := range c.s.IPs {
+		keys := []string{ip.Key}
+		if p, ok := c.pool(ip.Pool, ip.Key, "allocation"); ok {
+			c.placement(p, ip)
+		}
+		switch v := views[BlockKey{Pool: ip.Pool, Block: ip.Block}]; {
+		case v.claim != nil && v.claim.Node != ip.Node:
+			c.add(KindWrongNode, append(keys, v.claim.Key), "%s of node %s is in block %s claimed by node %s", ip.Addr, ip.Node, ip.Block, v.claim.Node)
+		case v.claim == nil && v.home != nil && v.home.Node != ip.Node:
+			c.add(KindWrongNode, append(keys, v.home.Key), "%s of node %s is in block %s whose home is node %s", ip.Addr, ip.Node, ip.Block, v.home.Node)
+		case v.claim == nil && v.home == nil:
+			c.add(KindWrongNode, keys, "%s of node %s is in block %s, which has neither claim nor home", ip.Addr, ip.Node, ip.Block)
+		}
+		switch {
+		case ip.State == allocator.StateReserved && ip.Lease == 0:
+			c.add(KindExpiredReservation, keys, "reservation of %s for %s has no lease and never expires", ip.Addr, ip.Owner.Key())
+		case ip.State == allocator.StateReserved:
+			if ttl, ok := c.ttls[ip.Lease]; ok && ttl <= 0 {
+				c.add(KindExpiredReservation, keys, "reservation of %s for %s is on lease %x, which has expired", ip.Addr, ip.Owner.Key(), ip.Lease)
+			}
+		case ip.Lease != 0:
+			c.add(KindLeasedAllocation, keys, "allocation of %s for %s is on lease %x and will vanish with it", ip.Addr, ip.Owner.Key(), ip.Lease)
+		}
+	}
+}
+
+// placement checks that an allocation's key names a block of its pool
+// holding its address, spelled as the allocator spells it.
+func (c *checker) placement(p allocator.Pool, ip IP) {
+	keys := []string{ip.Key}
+	switch {
+	case !strings.HasSuffix(ip.Key, "/"+ip.Addr.String()):
+		c.add(KindMisplaced, keys, "address is not written in canonical form %s", ip.Addr)
+	case !ip.Block.Contains(ip.Addr):
+		c.add(KindMisplaced, keys, "address %s is outside the key's block %s", ip.Addr, ip.Block)
+	}
+	if _, ok := p.CIDRFor(ip.Block); !ok {
+		c.add(KindMisplaced, keys, "%s is not a block of pool %s", ip.Block, p.Name)
+	} else if slices.Contains(p.Excluded(ip.Block), ip.Addr) {
+		c.add(KindMisplaced, keys, "%s is a network, broadcast or anycast address the pool never hands out", ip.Addr)
+	}
+}
+
+// duplicates finds addresses with two keys and owners with two addresses.
+func (c *checker) duplicates() {
+	type addrKey struct {
+		pool string
+		addr netip.Addr
+	}
+	type ownerKey struct {
+		pool, owner string
+		family      allocator.Family
+	}
+	byAddr := map[addrKey][]IP{}
+	byOwner := map[ownerKey][]IP{}
+	var addrOrder []addrKey
+	var ownerOrder []ownerKey
+	for _, ip := range c.s.IPs {
+		a := addrKey{ip.Pool, ip.Addr.Unmap()}
+		if byAddr[a] == nil {
+			addrOrder = append(addrOrder, a)
+		}
+		byAddr[a] = append(byAddr[a], ip)
+		o := ownerKey{ip.Pool, ip.Owner.Key(), allocator.FamilyOf(ip.Addr)}
+		if byOwner[o] == nil {
+			ownerOrder = append(ownerOrder, o)
+		}
+		byOwner[o] = append(byOwner[o], ip)
+	}
+	for _, a := range addrOrder {
+		if ips := byAddr[a]; len(ips) > 1 {
+			c.add(KindDuplicateIP, keysOf(ips), "%s of pool %s is held under %d keys, by %s", a.addr, a.pool, len(ips), describe(ips, func(ip IP) string { return ip.Owner.Key() + " on " + ip.Node }))
+		}
+	}
+	for _, o := range ownerOrder {
+		// The same address twice is a duplicate-ip, not a second address.
+		if ips := byOwner[o]; distinctAddrs(ips) > 1 {
+			c.add(KindDuplicateOwner, keysOf(ips), "%s holds %d %s addresses in pool %s: %s", o.owner, len(ips), o.family, o.pool, describe(ips, func(ip IP) string { return ip.Addr.String() }))
+		}
+	}
+}
+
+func keysOf(ips []IP) []string {
+	out := make([]string, len(ips))
+	for i, ip := range ips {
+		out[i] = ip.Key
+	}
+	return out
+}
+
+func describe(ips []IP, f func(IP) string) string {
+	parts := make([]string, len(ips))
+	for i, ip := range ips {
+		parts[i] = f(ip)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func distinctAddrs(ips []IP) int {
+	seen := map[netip.Addr]bool{}
+	for _, ip := range ips {
+		seen[ip.Addr.Unmap()] = true
+	}
+	return len(seen)
+}

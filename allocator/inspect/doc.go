@@ -1,0 +1,38 @@
+// Package inspect gives operators read-only views of kvipam's etcd state
+// and the few audited repairs an operator may make: releasing addresses and
+// removing a dead node's blocks. It is the library behind kvipamctl.
+//
+// # Reading
+//
+// [Inspector.Snapshot] reads the whole /kvipam/v1/ tree with range reads,
+// one per record kind (pools, nodes, claims, homes, ips), all at the
+// revision of the first, so every view describes one instant. It never reads
+// one key per address: a cluster of 150,000 allocations is one range read.
+// Keys that cannot be parsed or decoded are kept aside in the snapshot, so a
+// single bad value written by hand does not hide the rest.
+//
+// Views over a snapshot ([Usage], [Blocks], [IPs], [CheckSnapshot]) are pure
+// functions returning plain structs with JSON tags, for tables and scripts.
+//
+// # Checking
+//
+// [Inspector.Check] looks for breaches of kvipam's invariants (docs/design.md):
+// an address with two owners, an allocation outside its node's blocks,
+// orphaned blocks, claims of nodes that are gone, reservations that outlived
+// their lease, records of pools that do not exist, and undecodable values. A
+// store written only by kvipam agents has no findings.
+//
+// # Repairing
+//
+// Repairs are planned first ([PlanReleaseIP], [PlanReleaseOwner],
+// [PlanReleaseNode], [PlanNodeRemove]) from a snapshot, which lists every key
+// to delete with the revision it was seen at; [Inspector.Execute] then
+// deletes each key only if it still has that revision, and only if the
+// step's guards still hold (for example "the node record is still absent",
+// "the block is still unclaimed"). A node that comes back between plan and
+// execution therefore keeps its addresses: the deletes fail instead. Deletes
+// are idempotent, so a plan can be executed again after a partial failure.
+//
+// Inspector is safe for concurrent use; snapshots and plans are values that
+// are not modified after they are built.
+package inspect

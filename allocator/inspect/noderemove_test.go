@@ -1,0 +1,149 @@
+package inspect_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
+	ctx := t.Context()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	held := allocate(t, n1, 0, 20, false)
+	n1Blocks := map[netip.Prefix]bool{}
+	for _, al := range held {
+		n1Blocks[al.Block] = true
+	}
+	require.Len(t, n1Blocks, 2)
+	n1.Kill(t)
+
+	// n2 fills the rest of the pool; n1's blocks stay out of its reach.
+	n2 := startAgent(t, v.e, "n2", 0)
+	for i := 1000; ; i++ {
+		_, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		var ee *allocator.ExhaustedError
+		if err != nil {
+			require.ErrorAs(t, err, &ee)
+			require.Equal(t, 2, ee.Orphaned)
+			break
+		}
+	}
+	r := v.check(t)
+	require.Equal(t, map[inspect.Kind]bool{inspect.KindOrphanedBlock: true}, kinds(r))
+	require.Len(t, r.Findings, 2)
+
+	before := v.snapshot(t)
+	p, err := inspect.PlanNodeRemove(before, "n1", false)
+	require.NoError(t, err)
+	var kindsInOrder []string
+	for _, st := range p.Steps {
+		require.True(t, n1Blocks[st.Block], "only n1's blocks are touched: %+v", st)
+		require.NotEmpty(t, st.Group)
+		kindsInOrder = append(kindsInOrder, string(st.Kind))
+	}
+	require.Len(t, p.Steps, 22, "20 addresses and 2 homes")
+	require.Equal(t, "home", kindsInOrder[len(kindsInOrder)-1], "a home goes after its block's addresses")
+	require.Equal(t, before.Revision, v.snapshot(t).Revision, "planning (a dry run) writes nothing")
+
+	log, buf := auditLog()
+	res, err := v.in.Execute(ctx, p, log)
+	require.NoError(t, err)
+	require.Equal(t, 22, res.Deleted)
+	require.Equal(t, 22, strings.Count(buf.String(), "deleted key"))
+	require.Empty(t, v.check(t).Findings, "nothing orphaned is left")
+
+	// The freed blocks are claimable again, by another node.
+	got := map[netip.Prefix]int{}
+	for i := 2000; i < 2030; i++ {
+		res, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		require.NoError(t, err)
+		got[res.Allocations[0].Block]++
+	}
+	for b := range n1Blocks {
+		require.Positive(t, got[b], "n2 allocates from n1's former block %s", b)
+	}
+	require.Empty(t, v.check(t).Findings)
+}
+
+func TestNodeRemoveDeadNodeClaim(t *testing.T) {
+	v := newEnv(t)
+	blk := netip.MustParsePrefix("10.20.0.64/28")
+	// As an operator might find it: a claim on a live lease (an agent that
+	// lost its node record, or a hand edit), a home and two addresses.
+	v.put(t, etcdstore.ClaimKey("small", blk), allocator.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
+	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
+	for i := 1; i <= 2; i++ {
+		v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, i)), record(owner(i), "ghost", allocator.StateAllocated))
+	}
+	// And an empty block that still has ghost's claim and home.
+	empty := netip.MustParsePrefix("10.20.0.80/28")
+	v.put(t, etcdstore.ClaimKey("small", empty), allocator.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
+	v.put(t, etcdstore.HomeKey("small", empty), allocator.Home{Node: "ghost"})
+	require.Equal(t, map[inspect.Kind]bool{inspect.KindDeadNodeClaim: true}, kinds(v.check(t)))
+
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", false)
+	require.NoError(t, err)
+	var order []string
+	for _, st := range p.Steps {
+		order = append(order, string(st.Kind)+" "+st.Block.String())
+	}
+	require.Equal(t, []string{
+		"claim 10.20.0.64/28", "ip 10.20.0.64/28", "ip 10.20.0.64/28", "home 10.20.0.64/28",
+		"claim 10.20.0.80/28", "home 10.20.0.80/28",
+	}, order)
+	_, err = v.in.Execute(t.Context(), p, nil)
+	require.NoError(t, err)
+	require.Zero(t, v.count(t, etcdstore.Prefix+"claims/"))
+	require.Zero(t, v.count(t, etcdstore.Prefix+"homes/"))
+	require.Zero(t, v.count(t, etcdstore.Prefix+"ips/"))
+	require.Empty(t, v.check(t).Findings)
+}
+
+func TestNodeRemoveFencedWhenNodeReturns(t *testing.T) {
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	held := allocate(t, n1, 0, 5, false)
+	n1.Kill(t)
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", false)
+	require.NoError(t, err)
+	require.Len(t, p.Steps, 6)
+
+	// n1 restarts between plan and execution and re-claims its block.
+	n1b := startAgent(t, v.e, "n1", 0)
+	res, err := v.in.Execute(t.Context(), p, nil)
+	require.ErrorIs(t, err, kvstore.ErrConflict)
+	require.Zero(t, res.Deleted)
+	require.Equal(t, 1, res.Failed, "the first address fails its fence")
+	require.Equal(t, 5, res.Skipped, "and the rest of the block is skipped")
+	require.Equal(t, int64(5), v.count(t, etcdstore.IPsPrefix("small")))
+	for i, al := range held {
+		got := n1b.Alloc.Lookup(owner(i))
+		require.Len(t, got, 1)
+		require.Equal(t, al.Addr, got[0].Addr)
+	}
+	require.Empty(t, v.check(t).Findings)
+}
+
+func TestNodeRemoveRefusesOtherLiveNodesAddresses(t *testing.T) {
+	v := newEnv(t)
+	n2 := startAgent(t, v.e, "n2", 0)
+	blk := netip.MustParsePrefix("10.20.0.64/28")
+	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
+	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), record(owner(1), "ghost", allocator.StateAllocated))
+	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.Name, allocator.StateAllocated))
+	_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", false)
+	require.ErrorIs(t, err, inspect.ErrNodeAlive)
+	require.ErrorContains(t, err, "other nodes")
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", true)
+	require.NoError(t, err)
+	require.Len(t, p.Steps, 3)
+}

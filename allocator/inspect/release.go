@@ -1,0 +1,182 @@
+package inspect
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+)
+
+// Errors of the planners. Compare with errors.Is.
+var (
+	// ErrNodeAlive refuses a plan that would take addresses or blocks from
+	// a node whose node record exists, unless forced.
+	ErrNodeAlive = errors.New("inspect: node is alive")
+	// ErrBadRequest is a request that names nothing to plan for.
+	ErrBadRequest = errors.New("inspect: bad request")
+	// ErrAmbiguous is a request that matches more than intended, such as
+	// an address allocated in two pools when no pool was named.
+	ErrAmbiguous = errors.New("inspect: ambiguous request")
+)
+
+// StepKind is the kind of record a step deletes.
+type StepKind string
+
+// Kinds of records a plan deletes.
+const (
+	StepIP    StepKind = "ip"
+	StepClaim StepKind = "claim"
+	StepHome  StepKind = "home"
+)
+
+// Guard is a condition a step's delete is fenced by, checked in the same
+// transaction: Key absent (Rev 0), Key unchanged at Rev, or (Prefix) no key
+// at all under Key.
+type Guard struct {
+	Key    string `json:"key"`
+	Rev    int64  `json:"rev,omitempty"`
+	Prefix bool   `json:"prefix,omitempty"`
+}
+
+// String says what the guard requires, for plans shown to a person.
+func (g Guard) String() string {
+	switch {
+	case g.Prefix:
+		return "no key under " + g.Key
+	case g.Rev == 0:
+		return g.Key + " absent"
+	default:
+		return fmt.Sprintf("%s at revision %d", g.Key, g.Rev)
+	}
+}
+
+// Step deletes one key, only if it still has revision Rev and its guards
+// hold.
+type Step struct {
+	Kind   StepKind     `json:"kind"`
+	Key    string       `json:"key"`
+	Rev    int64        `json:"rev"`
+	Pool   string       `json:"pool"`
+	Block  netip.Prefix `json:"block"`
+	Addr   netip.Addr   `json:"ip,omitzero"`
+	Node   string       `json:"node,omitempty"`
+	Owner  string       `json:"owner,omitempty"`
+	Reason string       `json:"reason"`
+	Guards []Guard      `json:"guards,omitempty"`
+	// Group ties the steps that free one block: when one fails, the later
+	// ones of its group are skipped. Empty: the step stands alone.
+	Group string `json:"group,omitempty"`
+}
+
+// Plan is the list of deletes a repair makes, as seen at Revision.
+type Plan struct {
+	Action   string `json:"action"`
+	Revision int64  `json:"revision"`
+	Force    bool   `json:"force"`
+	Steps    []Step `json:"steps"`
+}
+
+// ipStep deletes one allocation. Unless forced it is fenced by "the node
+// named in the record is still gone", so a node that comes back between
+// plan and execution keeps its address.
+func ipStep(ip *IP, reason string, force bool, guards ...Guard) Step {
+	st := Step{Kind: StepIP, Key: ip.Key, Rev: ip.Rev, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr,
+		Node: ip.Node, Owner: ip.Owner.Key(), Reason: reason, Guards: guards}
+	if !force {
+		st.Guards = append(st.Guards, Guard{Key: etcdstore.NodeKey(ip.Node)})
+	}
+	return st
+}
+
+// refuseLive returns ErrNodeAlive naming the live nodes among nodes,
+// unless forced.
+func refuseLive(s *Snapshot, force bool, nodes ...string) error {
+	if force {
+		return nil
+	}
+	var live []string
+	for _, n := range nodes {
+		if _, ok := s.Nodes[n]; ok && !slices.Contains(live, n) {
+			live = append(live, n)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	slices.Sort(live)
+	return fmt.Errorf("%w: %s has a node record, so its agent may still use these addresses",
+		ErrNodeAlive, strings.Join(live, ", "))
+}
+
+// planIPs plans the release of the allocations matching keep.
+func planIPs(s *Snapshot, action, reason string, force bool, keep func(*IP) bool) (Plan, error) {
+	p := Plan{Action: action, Revision: s.Revision, Force: force, Steps: []Step{}}
+	var nodes []string
+	for i := range s.IPs {
+		if ip := &s.IPs[i]; keep(ip) {
+			p.Steps = append(p.Steps, ipStep(ip, reason, force))
+			nodes = append(nodes, ip.Node)
+		}
+	}
+	if err := refuseLive(s, force, nodes...); err != nil {
+		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
+	}
+	return p, nil
+}
+
+// PlanReleaseIP plans the release of addr in pool, or in whichever pool
+// holds it when pool is "" (ErrAmbiguous if several do). Every key holding
+// the address is released, for a duplicated address the legitimate one
+// too. An address that is not allocated gives an empty plan.
+func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, force bool) (Plan, error) {
+	if !addr.IsValid() {
+		return Plan{}, fmt.Errorf("plan release: %w: no address", ErrBadRequest)
+	}
+	addr = addr.Unmap()
+	var pools []string
+	for _, ip := range s.IPs {
+		if ip.Addr.Unmap() == addr && (pool == "" || ip.Pool == pool) && !slices.Contains(pools, ip.Pool) {
+			pools = append(pools, ip.Pool)
+		}
+	}
+	if len(pools) > 1 {
+		return Plan{}, fmt.Errorf("plan release of %s: %w: allocated in pools %s, name one", addr, ErrAmbiguous, strings.Join(pools, ", "))
+	}
+	action := "release ip " + addr.String()
+	if pool != "" {
+		action += " in pool " + pool
+	}
+	return planIPs(s, action, "released by operator", force, func(ip *IP) bool {
+		return ip.Addr.Unmap() == addr && (pool == "" || ip.Pool == pool)
+	})
+}
+
+// PlanReleaseOwner plans the release of every address of a container, in
+// every pool, or of one interface when ifName is not "".
+func PlanReleaseOwner(s *Snapshot, containerID, ifName string, force bool) (Plan, error) {
+	if containerID == "" {
+		return Plan{}, fmt.Errorf("plan release: %w: empty container ID", ErrBadRequest)
+	}
+	action := "release owner " + containerID
+	if ifName != "" {
+		action += "/" + ifName
+	}
+	return planIPs(s, action, "released by operator", force, func(ip *IP) bool {
+		return ip.ContainerID == containerID && (ifName == "" || ip.IfName == ifName)
+	})
+}
+
+// PlanReleaseNode plans the release of every address whose record names
+// node, wherever it sits. The node's blocks keep their homes; once empty
+// they are free to claim (kvipamctl node remove also deletes the homes).
+func PlanReleaseNode(s *Snapshot, node string, force bool) (Plan, error) {
+	if node == "" {
+		return Plan{}, fmt.Errorf("plan release: %w: empty node name", ErrBadRequest)
+	}
+	return planIPs(s, "release node "+node, "released with node "+node, force, func(ip *IP) bool {
+		return ip.Node == node
+	})
+}

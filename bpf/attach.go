@@ -1,0 +1,103 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Attach installs ep: it writes its map entries, then attaches the program to
+// the ingress of the host veth ep.HostIfIndex with a TCX link, pinned under
+// links/<ifindex> so that it outlives the agent. On a kernel without TCX it
+// uses a clsact qdisc and a BPF filter instead.
+//
+// Attach is idempotent: for an interface that is already attached it keeps
+// the link (no second attachment, no gap) and updates the map entries;
+// addresses dropped from ep are removed only after the new ones are in place.
+// On failure the maps are put back as they were.
+func (d *Datapath) Attach(ep Endpoint) error {
+	ep, err := ep.normalize()
+	if err != nil {
+		return err
+	}
+	if err := d.lock(); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+
+	ifindex := uint32(ep.HostIfIndex)
+	var prev kvipamIfaceInfo
+	hadPrev := d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil
+
+	undo, err := d.writeEndpoint(ep)
+	if err != nil {
+		return errors.Join(fmt.Errorf("write endpoint %d: %w", ep.ID, err), undo.run())
+	}
+	if err := d.attachProgram(ep.HostIfIndex); err != nil {
+		return errors.Join(fmt.Errorf("attach endpoint %d: %w", ep.ID, err), undo.run())
+	}
+
+	var errs []error
+	if err := d.removeAddrs(ifindex, ep.IPs); err != nil {
+		errs = append(errs, err)
+	}
+	if hadPrev && prev.EndpointId != ep.ID {
+		if err := d.dropUnusedCounters(prev.EndpointId); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("clean up previous entries of ifindex %d: %w", ifindex, err)
+	}
+	d.log.Debug("endpoint attached", "id", ep.ID, "ifindex", ep.HostIfIndex, "ifname", ep.HostIfName, "ips", ep.IPs)
+	return nil
+}
+
+// attachProgram attaches with TCX, or with a clsact filter once the kernel
+// has said it has no TCX.
+func (d *Datapath) attachProgram(ifindex int) error {
+	if !d.useTC {
+		err := d.attachTCX(ifindex)
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return err
+		}
+		d.log.Warn("kernel has no tcx, attaching with clsact filters", "error", err)
+		d.useTC = true
+	}
+	return d.attachTC(ifindex)
+}
+
+// Detach removes everything Attach installed for ep.HostIfIndex: the link
+// (unpinned and detached) or clsact filter, and the map entries. Only
+// HostIfIndex and ID are used. Detach is idempotent and works when the
+// interface no longer exists. If the program cannot be detached the map
+// entries are kept, so that a retry finds the endpoint.
+func (d *Datapath) Detach(ep Endpoint) error {
+	if ep.HostIfIndex <= 0 {
+		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
+	}
+	if err := d.lock(); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+
+	if err := d.detachProgram(ep.HostIfIndex); err != nil {
+		return fmt.Errorf("detach endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	}
+	if err := d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID); err != nil {
+		return fmt.Errorf("remove endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	}
+	d.log.Debug("endpoint detached", "id", ep.ID, "ifindex", ep.HostIfIndex)
+	return nil
+}
+
+func (d *Datapath) detachProgram(ifindex int) error {
+	found, err := d.detachTCX(ifindex)
+	if err != nil || found {
+		return err
+	}
+	return d.detachTC(ifindex)
+}

@@ -1,0 +1,144 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPinDir is where the agent keeps its maps and links.
+const DefaultPinDir = "/sys/fs/bpf/kvipam"
+
+// linksDir is the subdirectory of the pin directory holding one TCX link per
+// host interface, named by ifindex.
+const linksDir = "links"
+
+// Datapath owns the loaded program and maps and the pins under one directory.
+//
+// It is safe for concurrent use; calls that change kernel state are
+// serialised. Attach, Detach and Adopt resolve interface indexes in the
+// network namespace of the calling thread, which must be the one holding the
+// host-side veths (use ns.Do from containernetworking's pkg/ns for another).
+type Datapath struct {
+	log    hclog.Logger
+	pinDir string
+
+	mu      sync.Mutex
+	objs    kvipamObjects
+	progID  ebpf.ProgramID
+	progTag string
+	mapIDs  []ebpf.MapID // sorted; with progTag, tells an adopted program is ours
+	// useTC is set once the kernel refused a TCX attach as unsupported;
+	// from then on endpoints are attached with a clsact filter.
+	useTC  bool
+	closed bool
+}
+
+// Open loads the program and maps, reusing maps already pinned under pinDir
+// so that endpoints and counters survive an agent restart. pinDir must be on
+// bpffs; it is created if missing. A nil log discards messages.
+//
+// Open removes the process's memlock rlimit, which kernels before 5.11 charge
+// BPF maps against.
+func Open(pinDir string, log hclog.Logger) (*Datapath, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	if err := os.MkdirAll(pinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create pin dir: %w", err)
+	}
+	if err := checkBPFFS(pinDir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(pinDir, linksDir), 0o700); err != nil {
+		return nil, fmt.Errorf("create links dir: %w", err)
+	}
+
+	d := &Datapath{log: log, pinDir: pinDir}
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
+	if err := loadKvipamObjects(&d.objs, opts); err != nil {
+		return nil, fmt.Errorf("load ebpf objects: %w", err)
+	}
+	if err := d.init(); err != nil {
+		return nil, errors.Join(err, d.objs.Close())
+	}
+	log.Debug("datapath open", "pin_dir", pinDir, "prog_id", d.progID, "prog_tag", d.progTag)
+	return d, nil
+}
+
+func (d *Datapath) init() error {
+	info, err := d.objs.KvipamIngress.Info()
+	if err != nil {
+		return fmt.Errorf("program info: %w", err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		return errors.New("program info: kernel reports no program ID")
+	}
+	maps, ok := info.MapIDs()
+	if !ok {
+		return errors.New("program info: kernel reports no map IDs")
+	}
+	slices.Sort(maps)
+	d.progID, d.progTag, d.mapIDs = id, info.Tag, maps
+	// Counter 0 collects frames seen on an interface with no endpoint.
+	if _, err := d.ensureCounters(0); err != nil {
+		return err
+	}
+	return nil
+}
+
+func checkBPFFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs pin dir: %w", err)
+	}
+	if uint32(st.Type) != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("pin dir %s is not on bpffs (mount -t bpf bpf /sys/fs/bpf)", dir)
+	}
+	return nil
+}
+
+func (d *Datapath) linkPin(ifindex int) string {
+	return filepath.Join(d.pinDir, linksDir, strconv.Itoa(ifindex))
+}
+
+// Close releases the process's file descriptors. It does not unpin anything:
+// attached programs keep enforcing, and the maps keep their entries, until a
+// new Datapath adopts them. Close is idempotent.
+func (d *Datapath) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if err := d.objs.Close(); err != nil {
+		return fmt.Errorf("close ebpf objects: %w", err)
+	}
+	return nil
+}
+
+// lock takes the mutex unless the datapath is closed.
+func (d *Datapath) lock() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}

@@ -1,0 +1,120 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The clsact filter used when the kernel has no TCX. Priority 1 runs it
+// before filters added with tc's default priorities; the handle ("kv")
+// keeps it apart from other filters at the same priority.
+const (
+	tcFilterPriority = 1
+	tcFilterHandle   = 0x6b76
+	tcFilterName     = "kvipam_ingress"
+)
+
+func clsact(ifindex int) *netlink.GenericQdisc {
+	return &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: ifindex,
+			Handle:    netlink.MakeHandle(0xffff, 0),
+			Parent:    netlink.HANDLE_CLSACT,
+		},
+		QdiscType: "clsact",
+	}
+}
+
+// attachTC makes sure the clsact ingress of ifindex has our filter running
+// this process's program. Replacing the filter is atomic.
+func (d *Datapath) attachTC(ifindex int) error {
+	if err := netlink.QdiscAdd(clsact(ifindex)); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	old, err := findTCFilter(ifindex)
+	if err != nil {
+		return err
+	}
+	if old != nil && d.sameProgram(ebpf.ProgramID(old.Id)) {
+		return nil
+	}
+	filter := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    netlink.HANDLE_MIN_INGRESS,
+			Handle:    tcFilterHandle,
+			Priority:  tcFilterPriority,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           d.objs.KvipamIngress.FD(),
+		Name:         tcFilterName,
+		DirectAction: true,
+	}
+	if err := netlink.FilterReplace(filter); err != nil {
+		return fmt.Errorf("replace bpf filter: %w", err)
+	}
+	return nil
+}
+
+// findTCFilter returns our filter on the clsact ingress of ifindex, or nil.
+func findTCFilter(ifindex int) (*netlink.BpfFilter, error) {
+	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil, nil // no clsact qdisc
+		}
+		return nil, fmt.Errorf("list bpf filters: %w", err)
+	}
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == tcFilterHandle && bf.Priority == tcFilterPriority {
+			return bf, nil
+		}
+	}
+	return nil, nil
+}
+
+// detachTC deletes our filter from ifindex and the clsact qdisc if that
+// leaves it empty. A missing interface has nothing to detach.
+func (d *Datapath) detachTC(ifindex int) error {
+	if _, err := netlink.LinkByIndex(ifindex); err != nil {
+		if errors.As(err, new(netlink.LinkNotFoundError)) {
+			return nil
+		}
+		return fmt.Errorf("find link %d: %w", ifindex, err)
+	}
+	f, err := findTCFilter(ifindex)
+	if err != nil || f == nil {
+		return err
+	}
+	if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete bpf filter: %w", err)
+	}
+	return removeEmptyClsact(ifindex)
+}
+
+// removeEmptyClsact deletes the clsact qdisc of ifindex when no filter is
+// left on either of its hooks: an empty clsact does nothing, and whoever
+// adds a filter next adds the qdisc as we do.
+func removeEmptyClsact(ifindex int) error {
+	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		filters, err := netlink.FilterList(dev, parent)
+		if err != nil {
+			return fmt.Errorf("list filters: %w", err)
+		}
+		if len(filters) > 0 {
+			return nil
+		}
+	}
+	if err := netlink.QdiscDel(clsact(ifindex)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("delete clsact qdisc: %w", err)
+	}
+	return nil
+}

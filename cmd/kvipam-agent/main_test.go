@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+func TestBadConfigurationExits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no pool", []string{"--node", "n"}, "at least one pool"},
+		{"bad cidr", []string{"--pool", "p=10.0.0.1/33"}, "invalid value"},
+		{"bad datapath", []string{"--pool", "p=10.0.0.0/16", "--datapath", "magic"}, `datapath: "magic"`},
+		{"tiny lease", []string{"--pool", "p=10.0.0.0/16", "--lease-ttl", "1s"}, "lease-ttl"},
+		{"block larger than cidr", []string{"--pool", "p=10.0.0.0/28", "--block-size-v4", "26"}, "larger than cidr"},
+		{"unknown default pool", []string{"--pool", "p=10.0.0.0/16", "--default-pool", "q"}, "default-pool"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := runAgent(t, tc.args, nil)
+			require.Equal(t, 2, code, out)
+			require.Contains(t, out, tc.want)
+		})
+	}
+	t.Run("env and version", func(t *testing.T) {
+		out, code := runAgent(t, []string{"--version"}, nil)
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "kvipam-agent")
+		out, code = runAgent(t, nil, []string{"KVIPAM_POOL=p=10.0.0.0/16", "KVIPAM_DATAPATH=nope"})
+		require.Equal(t, 2, code)
+		require.Contains(t, out, `datapath: "nope"`, "environment variables configure the agent")
+	})
+}
+
+var agentBin string
+
+// buildAgent builds this command once per test binary run.
+func buildAgent(t testing.TB) string {
+	t.Helper()
+	if agentBin != "" {
+		return agentBin
+	}
+	dir, err := os.MkdirTemp("", "kvipam-agent-bin-")
+	require.NoError(t, err)
+	bin := filepath.Join(dir, "kvipam-agent")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, string(out))
+	agentBin = bin
+	return bin
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if agentBin != "" {
+		os.RemoveAll(filepath.Dir(agentBin))
+	}
+	os.Exit(code)
+}
+
+func runAgent(t testing.TB, args, env []string) (string, int) {
+	cmd := exec.Command(buildAgent(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(out), ee.ExitCode()
+	}
+	require.NoError(t, err)
+	return string(out), 0
+}
+
+// TestSIGKILLRestartKeepsEverything kills the agent process with SIGKILL,
+// removes one pod's veth while it is down, and restarts it: every IP is
+// kept, every endpoint is restored before any garbage collection, and only
+// then is the vanished pod's IP released.
+func TestSIGKILLRestartKeepsEverything(t *testing.T) {
+	host := nstest.NewNS(t)
+	h := nstest.Handle(t, host)
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	sockDir, err := os.MkdirTemp("", "kvipam-sock-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	socket := filepath.Join(sockDir, "agent.sock")
+	state := t.TempDir()
+	// The agent runs in this namespace (to reach the test's etcd on
+	// loopback) and manages the pod interfaces of the scratch one.
+	args := []string{"--netns", host.Path(), "--node", "node-k", "--state-dir", state, "--socket", socket,
+		"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--pool", "default=10.91.0.0/24,fd00:91::/64",
+		"--block-size-v4", "28", "--datapath", "routes", "--metrics-addr", "", "--lease-ttl", "5s",
+		"--gc-interval", "2s", "--gc-grace", "1s", "--mtu", "1500", "--peer-routes=false"}
+	start := func() *exec.Cmd {
+		cmd := exec.Command(buildAgent(t), args...)
+		cmd.Stderr = &testLog{t: t}
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+		return cmd
+	}
+	c := client.New(socket, 5*time.Second)
+	ctx := context.Background()
+	waitUp := func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		require.NoError(t, c.WaitReady(wctx))
+	}
+
+	agent := start()
+	waitUp()
+	const pods = 10
+	held := map[string][]string{}
+	for i := range pods {
+		name := fmt.Sprintf("kvk%d", i)
+		nstest.AddLink(t, h, name)
+		o := api.Owner{ContainerID: fmt.Sprintf("pod-%d", i), IfName: "eth0"}
+		r, err := c.Allocate(ctx, api.AllocateRequest{Owner: o})
+		require.NoError(t, err)
+		for _, ip := range r.IPs {
+			held[o.ContainerID] = append(held[o.ContainerID], ip.Address)
+		}
+		_, err = c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: name})
+		require.NoError(t, err)
+	}
+	before := allocations(t, cli)
+	require.Len(t, before, 2*pods)
+
+	require.NoError(t, agent.Process.Signal(syscall.SIGKILL))
+	_, _ = agent.Process.Wait()
+	gone, err := h.LinkByName("kvk0")
+	require.NoError(t, err)
+	require.NoError(t, h.LinkDel(gone))
+	require.Equal(t, before, allocations(t, cli), "a killed agent leaves etcd as it was")
+
+	start()
+	waitUp()
+	// The first answer already has every endpoint: restore ran before the
+	// socket existed, and the reconciler's first pass is gc-interval away.
+	eps, err := c.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, pods, "every endpoint restored before any GC")
+	for i := range pods {
+		o := api.Owner{ContainerID: fmt.Sprintf("pod-%d", i), IfName: "eth0"}
+		r, err := c.Allocate(ctx, api.AllocateRequest{Owner: o})
+		require.NoError(t, err)
+		var got []string
+		for _, ip := range r.IPs {
+			got = append(got, ip.Address)
+		}
+		require.Equal(t, held[o.ContainerID], got, "pod %d kept its addresses", i)
+		require.Equal(t, "allocated", r.State)
+	}
+	// The pod whose veth vanished is collected after the grace period.
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if eps, err = c.Endpoints(ctx); err == nil && len(eps) == pods-1 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.Len(t, eps, pods-1)
+	after := allocations(t, cli)
+	require.Len(t, after, 2*(pods-1))
+	for k := range after {
+		require.NotContains(t, k, "pod-0")
+	}
+}
+
+func allocations(t testing.TB, cli *clientv3.Client) map[string]string {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix("default"), clientv3.WithPrefix())
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)+" "+string(kv.Value)] = fmt.Sprint(kv.ModRevision)
+	}
+	return out
+}
+
+// testLog sends the agent's log lines to the test log.
+type testLog struct{ t testing.TB }
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+)
+
+// agentClient talks to the local agent's socket (--socket, default the
+// agent's default path).
+func (a *app) agentClient() *client.Client {
+	return client.New(a.flags.socket, a.flags.timeout)
+}
+
+func (a *app) agentCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "agent", Short: "Ask the local agent (over --socket)"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "status",
+		Short: "The agent's status: etcd, lease, per-pool capacity of this node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := a.agentClient().Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.render(a.stdout, st, func(w io.Writer) {
+				row(w, "NODE", "READY", "ETCD", "LEASE", "DATAPATH", "MESSAGE")
+				row(w, st.Node, st.Ready, st.Etcd.Reachable, st.Lease.State, st.Datapath, st.Message)
+				row(w)
+				row(w, "POOL", "FAMILY", "BLOCKS", "CAPACITY", "USED", "RESERVED", "FREE", "EXHAUSTED")
+				for _, p := range st.Pools {
+					row(w, p.Pool, p.Family, len(p.Blocks), p.Capacity, p.Used, p.Reserved, p.Free, p.Exhausted)
+				}
+			})
+		},
+	})
+	return cmd
+}
+
+func (a *app) endpointCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "endpoint", Short: "Pod endpoints the local agent programmed (over --socket)"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "Every endpoint: owner, host interface, addresses, datapath",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			eps, err := a.agentClient().Endpoints(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.render(a.stdout, eps, func(w io.Writer) {
+				row(w, "ID", "CONTAINER", "IFNAME", "POD", "HOST-IF", "IFINDEX", "IPS", "DATAPATH", "CREATED")
+				for _, ep := range eps {
+					row(w, ep.ID, short(ep.Owner.ContainerID), ep.Owner.IfName, podName(ep.Owner), ep.HostIfName, ep.HostIfIndex, ep.IPs, ep.Datapath, ep.Created.Format(time.RFC3339))
+				}
+			})
+		},
+	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "stats",
+		Short: "Per-endpoint packets and bytes passed and dropped (spoofed source) by the eBPF datapath",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			eps, err := a.agentClient().EndpointStats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.render(a.stdout, eps, func(w io.Writer) {
+				row(w, "ID", "CONTAINER", "HOST-IF", "PASSED-PKTS", "PASSED-BYTES", "DROPPED-PKTS", "DROPPED-BYTES")
+				for _, ep := range eps {
+					c := ep.Counters
+					if c == nil {
+						c = &api.Counters{}
+					}
+					row(w, ep.ID, short(ep.Owner.ContainerID), ep.HostIfName, c.PassedPackets, c.PassedBytes, c.DroppedPackets, c.DroppedBytes)
+				}
+			})
+		},
+	})
+	return cmd
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func podName(o api.Owner) string {
+	if o.Pod == "" {
+		return ""
+	}
+	return o.Namespace + "/" + o.Pod
+}

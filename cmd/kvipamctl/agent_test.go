@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/agent"
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/nstest"
+)
+
+// TestAgentCommands runs a real agent in this process (its pod interfaces
+// in a scratch netns) and reads it through kvipamctl's socket commands.
+func TestAgentCommands(t *testing.T) {
+	host := nstest.NewNS(t)
+	nstest.AddLink(t, nstest.Handle(t, host), "kvctl0")
+	h := newHarness(t)
+	dir, err := os.MkdirTemp("", "kvipamctl-sock-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	cfg := agent.DefaultConfig()
+	cfg.Node, cfg.StateDir, cfg.Socket, cfg.NetNS = "ctl-node", t.TempDir(), filepath.Join(dir, "a.sock"), host.Path()
+	cfg.Etcd.Endpoints = h.e.Endpoints()
+	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.PeerRoutes = "", agent.DatapathRoutes, 1500, false
+	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.66.0.0/24")}}}
+	a, err := agent.New(cfg, agent.Options{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- a.Run(ctx, ready) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-ready
+
+	c := client.New(cfg.Socket, 5*time.Second)
+	o := api.Owner{ContainerID: "c0ffee", IfName: "eth0", Namespace: "web", Pod: "web-0"}
+	_, err = c.Allocate(ctx, api.AllocateRequest{Owner: o})
+	require.NoError(t, err)
+	_, err = c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: "kvctl0"})
+	require.NoError(t, err)
+
+	var st api.Status
+	require.Equal(t, exitOK, h.json(&st, "agent", "status", "--socket", cfg.Socket))
+	require.True(t, st.Ready)
+	require.Equal(t, "ctl-node", st.Node)
+	require.Equal(t, 1, st.Pools[0].Used)
+
+	var eps []api.Endpoint
+	require.Equal(t, exitOK, h.json(&eps, "endpoint", "list", "--socket", cfg.Socket))
+	require.Len(t, eps, 1)
+	require.Equal(t, "kvctl0", eps[0].HostIfName)
+	out := h.ok("endpoint", "stats", "--socket", cfg.Socket)
+	require.Contains(t, out, "DROPPED-PKTS")
+	require.Contains(t, out, "kvctl0")
+
+	code, _, errs := h.run("endpoint", "list", "--socket", filepath.Join(dir, "nope.sock"))
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "unreachable")
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/kvipam/kvipam/allocator/inspect"
+)
+
+// planReport is what release and node remove print: the plan and, unless
+// it was a dry run, what executing it did.
+type planReport struct {
+	DryRun bool            `json:"dryRun"`
+	Plan   inspect.Plan    `json:"plan"`
+	Result *inspect.Result `json:"result,omitempty"`
+}
+
+// planError adds the flag that overrides a refusal.
+func planError(err error) error {
+	if errors.Is(err, inspect.ErrNodeAlive) {
+		return fmt.Errorf("%w; rerun with --force to go ahead", err)
+	}
+	return err
+}
+
+// apply prints the plan (dry run) or executes it with an audit line per
+// key on stderr and prints what happened. A failed step is an error.
+func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p inspect.Plan, dryRun bool) error {
+	rep := planReport{DryRun: dryRun, Plan: p}
+	var execErr error
+	if !dryRun && len(p.Steps) > 0 {
+		log := a.auditLogger()
+		log.Info("executing plan", "action", p.Action, "steps", len(p.Steps), "revision", p.Revision, "force", p.Force)
+		res, err := in.Execute(ctx, p, log)
+		rep.Result, execErr = &res, err
+	}
+	err := a.render(w, rep, func(tw io.Writer) {
+		if len(p.Steps) == 0 {
+			fmt.Fprintf(tw, "%s: nothing to do at revision %d\n", p.Action, p.Revision)
+			return
+		}
+		row(tw, "#", "KIND", "KEY", "REV", "STATUS", "NOTE")
+		for i, st := range p.Steps {
+			status, note := "planned", st.Reason
+			if rep.Result != nil {
+				o := rep.Result.Outcomes[i]
+				status = string(o.Status)
+				if o.Error != "" {
+					note = o.Error
+				}
+			}
+			row(tw, i+1, st.Kind, st.Key, st.Rev, status, note)
+		}
+		if rep.Result == nil {
+			fmt.Fprintf(tw, "dry run of %s: %d keys would be deleted (as of revision %d); nothing changed\n", p.Action, len(p.Steps), p.Revision)
+		} else {
+			fmt.Fprintf(tw, "%s: %d keys deleted, %d failed, %d skipped\n", p.Action, rep.Result.Deleted, rep.Result.Failed, rep.Result.Skipped)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return execErr
+}
+
+// auditLogger logs every deleted key on stderr, with the operator's login
+// name when known.
+func (a *app) auditLogger() hclog.Logger {
+	log := hclog.New(&hclog.LoggerOptions{
+		Name: "kvipamctl.audit", Output: a.stderr, Level: hclog.Info, TimeFormat: time.RFC3339,
+	})
+	if u := a.getenv("USER"); u != "" {
+		log = log.With("operator", u)
+	}
+	return log
+}

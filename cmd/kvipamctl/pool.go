@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/inspect"
+)
+
+// Block sizes pool create uses for a family that has CIDRs when the flag
+// is not given: 64 addresses per IPv4 block, 256 per IPv6 block.
+const (
+	defaultBlockV4 = 26
+	defaultBlockV6 = 120
+)
+
+func (a *app) poolCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pool", Short: "Create, list and show pools"}
+	var cidrs []string
+	var v4, v6 int
+	create := &cobra.Command{
+		Use:   "create NAME --cidr CIDR [--cidr CIDR]...",
+		Short: "Create a pool, or add CIDRs to an existing one",
+		Long: `Create a pool. Running it again with the same spec is a no-op; with more
+CIDRs it adds them. Block sizes and existing CIDRs cannot change, since
+claims and allocation keys name blocks of the first size.`,
+		Example: "  kvipamctl pool create default --cidr 10.42.0.0/16 --cidr fd00:42::/64",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			bs4, bs6 := -1, -1
+			if cmd.Flags().Changed("block-size-v4") {
+				bs4 = v4
+			}
+			if cmd.Flags().Changed("block-size-v6") {
+				bs6 = v6
+			}
+			return a.poolCreate(cmd.Context(), a.stdout, args[0], cidrs, bs4, bs6)
+		},
+	}
+	create.Flags().StringArrayVar(&cidrs, "cidr", nil, "a CIDR of the pool, IPv4 or IPv6; repeat for more")
+	create.Flags().IntVar(&v4, "block-size-v4", defaultBlockV4, "prefix length of IPv4 blocks")
+	create.Flags().IntVar(&v6, "block-size-v6", defaultBlockV6, "prefix length of IPv6 blocks")
+	_ = create.MarkFlagRequired("cidr")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List pools with their address usage",
+		Args:  cobra.NoArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return a.poolList(cmd.Context(), a.stdout) },
+	}
+	show := &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show a pool's utilisation per address family",
+		Args:  cobra.ExactArgs(1),
+		RunE:  func(cmd *cobra.Command, args []string) error { return a.poolShow(cmd.Context(), a.stdout, args[0]) },
+	}
+	cmd.AddCommand(create, list, show)
+	return cmd
+}
+
+// poolCreate stores a pool. A block size of -1 means "not given": the
+// default for a family with CIDRs, else none.
+func (a *app) poolCreate(ctx context.Context, w io.Writer, name string, cidrs []string, bs4, bs6 int) error {
+	p := allocator.Pool{Name: name}
+	for _, c := range cidrs {
+		pfx, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			return fmt.Errorf("parse --cidr %q: %w", c, err)
+		}
+		p.CIDRs = append(p.CIDRs, pfx)
+	}
+	p.BlockSizeV4 = blockSize(p, allocator.IPv4, bs4, defaultBlockV4)
+	p.BlockSizeV6 = blockSize(p, allocator.IPv6, bs6, defaultBlockV6)
+	cli, err := a.client(ctx)
+	if err != nil {
+		return err
+	}
+	got, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, p)
+	if err != nil {
+		return fmt.Errorf("create pool %s: %w", name, err)
+	}
+	return a.render(w, got, func(tw io.Writer) {
+		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6")
+		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6))
+	})
+}
+
+func blockSize(p allocator.Pool, f allocator.Family, given, def int) int {
+	switch {
+	case given >= 0:
+		return given
+	case len(p.CIDRsOf(f)) > 0:
+		return def
+	default:
+		return 0
+	}
+}
+
+// poolEntry is one pool in pool list's JSON.
+type poolEntry struct {
+	allocator.Pool
+	Usage []inspect.PoolUsage `json:"usage"`
+}
+
+func (a *app) poolList(ctx context.Context, w io.Writer) error {
+	_, s, err := a.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	usage := inspect.Usage(s, "")
+	out := []poolEntry{}
+	for _, u := range usage {
+		if len(out) == 0 || out[len(out)-1].Name != u.Pool {
+			out = append(out, poolEntry{Pool: s.Pools[u.Pool].Pool})
+		}
+		out[len(out)-1].Usage = append(out[len(out)-1].Usage, u)
+	}
+	return a.render(w, out, func(tw io.Writer) {
+		row(tw, "NAME", "FAMILY", "CIDRS", "BLOCK", "ADDRESSES", "ALLOCATED", "RESERVED", "FREE", "BLOCKS", "CLAIMED", "ORPHANED")
+		for _, u := range usage {
+			row(tw, u.Pool, u.Family, joinPrefixes(u.CIDRs), sizeCell(u.BlockSize), u.Addresses, u.Allocated, u.Reserved, u.Free,
+				u.Blocks, u.Claimed, u.Orphaned)
+		}
+	})
+}
+
+// poolDetail is pool show's JSON.
+type poolDetail struct {
+	Pool     allocator.Pool      `json:"pool"`
+	Revision int64               `json:"revision"`
+	Usage    []inspect.PoolUsage `json:"usage"`
+}
+
+func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
+	_, s, err := a.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	p, ok := s.Pools[name]
+	if !ok {
+		return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+	}
+	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name)}
+	return a.render(w, d, func(tw io.Writer) {
+		row(tw, "Pool:", p.Name)
+		row(tw, "CIDRs:", joinPrefixes(p.CIDRs))
+		for _, u := range d.Usage {
+			fmt.Fprintln(tw)
+			row(tw, u.Family+":", fmt.Sprintf("%s in blocks of %s", joinPrefixes(u.CIDRs), sizeCell(u.BlockSize)))
+			row(tw, "  addresses", u.Addresses)
+			row(tw, "  allocated", u.Allocated)
+			row(tw, "  reserved", u.Reserved)
+			row(tw, "  free", u.Free)
+			row(tw, "  blocks", u.Blocks)
+			row(tw, "  claimed", u.Claimed)
+			row(tw, "  orphaned", u.Orphaned)
+			row(tw, "  free blocks", u.FreeBlocks)
+		}
+	})
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func sizeCell(bits int) string {
+	if bits == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("/%d", bits)
+}

@@ -1,0 +1,69 @@
+// Package nstest gives root-only tests scratch network namespaces, so no
+// test touches the real host's links, routes or sysctls.
+package nstest
+
+import (
+	"os"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// RequireRoot skips the test when it cannot create network namespaces.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root to create network namespaces (CI runs as root)")
+	}
+}
+
+// NewNS creates a network namespace that is removed when the test ends,
+// also when it fails.
+func NewNS(tb testing.TB) ns.NetNS {
+	tb.Helper()
+	RequireRoot(tb)
+	n, err := testutils.NewNS()
+	if err != nil {
+		tb.Fatalf("create netns: %v", err)
+	}
+	tb.Cleanup(func() {
+		_ = n.Close()
+		_ = testutils.UnmountNS(n)
+	})
+	return n
+}
+
+// Handle is a netlink handle bound to n, closed at cleanup. It works from
+// any goroutine, whatever namespace that goroutine's thread is in.
+func Handle(tb testing.TB, n ns.NetNS) *netlink.Handle {
+	tb.Helper()
+	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()))
+	if err != nil {
+		tb.Fatalf("netlink handle in %s: %v", n.Path(), err)
+	}
+	tb.Cleanup(h.Close)
+	return h
+}
+
+// AddLink creates an up interface in the handle's namespace: one end of a
+// veth pair whose peer (name+"p") stays in the same namespace. (veth, not
+// dummy: some kernels here build no dummy driver.) Deleting either end
+// deletes both.
+func AddLink(tb testing.TB, h *netlink.Handle, name string) netlink.Link {
+	tb.Helper()
+	l := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
+	if err := h.LinkAdd(l); err != nil {
+		tb.Fatalf("add dummy %s: %v", name, err)
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		tb.Fatalf("set %s up: %v", name, err)
+	}
+	got, err := h.LinkByName(name)
+	if err != nil {
+		tb.Fatalf("find %s: %v", name, err)
+	}
+	return got
+}
