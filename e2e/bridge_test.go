@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 
@@ -32,6 +33,7 @@ func (n *node) bridgeList(name string) *libcni.NetworkConfigList {
 func TestBridgeWithKvipamIPAM(t *testing.T) {
 	n := newNode(t, "node-b")
 	n.startAgent(agentOpts{pools: []string{dualStackPool, bridgePool}})
+	prepareBridge(t, n)
 	l := n.bridgeList("br")
 	a, b, c := newPod(t, "a"), newPod(t, "b"), newPod(t, "c")
 	static := netip.MustParseAddr("10.2.7.7")
@@ -49,13 +51,6 @@ func TestBridgeWithKvipamIPAM(t *testing.T) {
 	require.NoError(t, n.check(l, a), "bridge CHECK, which calls kvipam-ipam's")
 	require.NoError(t, n.statusOf(l), "bridge STATUS forwards to kvipam-ipam")
 
-	// The node owns the pods' link-local gateway on the bridge and routes
-	// the pool to it (deploy/cni/README.md).
-	h := nlHandle(t, n.host)
-	br, err := h.LinkByName("kvbr0")
-	require.NoError(t, err)
-	require.NoError(t, h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("169.254.1.1/32"))}))
-	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.2.0.0/16")), Scope: netlink.SCOPE_LINK}))
 	require.NoError(t, ping(a.ns, c4))
 	require.NoError(t, ping(c.ns, a4))
 	require.NoError(t, ping(a.ns, hostAddrV4))
@@ -74,7 +69,7 @@ func TestBridgeWithKvipamIPAM(t *testing.T) {
 
 	// kvipam-ipam's own GC, as a main plugin that forwards GC would call
 	// it, releases an allocation no cache knows of.
-	_, err = n.client().Allocate(context.Background(), api.AllocateRequest{
+	_, err := n.client().Allocate(context.Background(), api.AllocateRequest{
 		Owner: api.Owner{ContainerID: "leaked", IfName: "eth0"}, Pool: "br", Permanent: true,
 	})
 	require.NoError(t, err)
@@ -90,4 +85,21 @@ func TestBridgeWithKvipamIPAM(t *testing.T) {
 
 	require.NoError(t, n.del(l, a))
 	require.Empty(t, n.ipKeys(""))
+}
+
+// prepareBridge does what deploy/cni/README.md asks of a node for bridge
+// with kvipam-ipam: a bridge with a fixed MAC (else it takes its lowest
+// port's, and bridge's CHECK fails when that changes), owning the pods'
+// link-local gateway, and a route for the pool to it.
+func prepareBridge(t *testing.T, n *node) {
+	t.Helper()
+	h := nlHandle(t, n.host)
+	la := netlink.NewLinkAttrs()
+	la.Name = "kvbr0"
+	la.HardwareAddr = net.HardwareAddr{0x02, 0x6b, 0x76, 0x00, 0x00, 0x01}
+	br := &netlink.Bridge{LinkAttrs: la}
+	require.NoError(t, h.LinkAdd(br))
+	require.NoError(t, h.LinkSetUp(br))
+	require.NoError(t, h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("169.254.1.1/32"))}))
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.2.0.0/16")), Scope: netlink.SCOPE_LINK}))
 }
