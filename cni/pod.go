@@ -199,10 +199,10 @@ func configure(host, pod *netlink.Handle, podNS netns.NsHandle, hv *netlink.Veth
 			return nil, fmt.Errorf("route %s to %s: %w", a, s.HostIfName, err)
 		}
 	}
-	if err := waitOperUp(netns.None(), s.HostIfName); err != nil {
+	if err := waitOperUp(host, netns.None(), s.HostIfName); err != nil {
 		return nil, err
 	}
-	if err := waitOperUp(podNS, s.IfName); err != nil {
+	if err := waitOperUp(pod, podNS, s.IfName); err != nil {
 		return nil, fmt.Errorf("in %s: %w", s.Netns, err)
 	}
 	return &PodLinks{
