@@ -66,6 +66,10 @@ type Config struct {
 	Routes    []*types.Route
 	// AddressPrefix is AddressPrefixBlock or AddressPrefixHost.
 	AddressPrefix string
+	// PrefixLengthV4 and PrefixLengthV6, when not 0, are the prefix
+	// lengths of the addresses instead: the subnet of a LAN that macvlan
+	// pods share with their router.
+	PrefixLengthV4, PrefixLengthV6 int
 }
 
 // Values of kvipam-ipam's ipam.addressPrefix.
@@ -115,10 +119,12 @@ type ipamConf struct {
 	IPAM struct {
 		Type string `json:"type"`
 		settings
-		GatewayV4     string         `json:"gatewayV4"`
-		GatewayV6     string         `json:"gatewayV6"`
-		Routes        []*types.Route `json:"routes"`
-		AddressPrefix string         `json:"addressPrefix"`
+		GatewayV4      string         `json:"gatewayV4"`
+		GatewayV6      string         `json:"gatewayV6"`
+		Routes         []*types.Route `json:"routes"`
+		AddressPrefix  string         `json:"addressPrefix"`
+		PrefixLengthV4 int            `json:"prefixLengthV4"`
+		PrefixLengthV6 int            `json:"prefixLengthV6"`
 	} `json:"ipam"`
 }
 
@@ -191,6 +197,13 @@ func ParseIPAMConfig(data []byte) (*Config, error) {
 	default:
 		return nil, invalidConf("ipam.addressPrefix %q is not %q or %q", raw.IPAM.AddressPrefix, AddressPrefixBlock, AddressPrefixHost)
 	}
+	if l := raw.IPAM.PrefixLengthV4; l < 0 || l > 32 {
+		return nil, invalidConf("ipam.prefixLengthV4 %d is not 1-32 (0: addressPrefix decides)", l)
+	}
+	if l := raw.IPAM.PrefixLengthV6; l < 0 || l > 128 {
+		return nil, invalidConf("ipam.prefixLengthV6 %d is not 1-128 (0: addressPrefix decides)", l)
+	}
+	c.PrefixLengthV4, c.PrefixLengthV6 = raw.IPAM.PrefixLengthV4, raw.IPAM.PrefixLengthV6
 	return c, nil
 }
 

@@ -142,6 +142,7 @@ func TestParseIPAMConfig(t *testing.T) {
 				require.Nil(t, c.Routes)
 			},
 		},
+		{name: "bad prefix length", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"prefixLengthV4":33}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.prefixLengthV4"},
 		{name: "bad addressPrefix", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"addressPrefix":"subnet"}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.addressPrefix"},
 		{name: "gateway of the wrong family", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"gatewayV4":"fd00::1"}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.gatewayV4"},
 		{name: "route without dst", conf: `{"cniVersion":"1.0.0","name":"br","ipam":{"routes":[{"gw":"10.0.0.1"}]}}`, wantCode: types.ErrInvalidNetworkConfig, wantErr: "ipam.routes[0]"},

@@ -82,7 +82,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 		return rollback(ag, c, o, "", log, err)
 	}
 	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, nil)
-	res := ipamResult(als, c.AddressPrefix != AddressPrefixHost, c.GatewayV4, c.GatewayV6, gw4, gw6, c.Routes, c.DNS)
+	res := ipamResult(als, c, gw4, gw6)
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}

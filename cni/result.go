@@ -110,10 +110,11 @@ func podResult(s PodSpec, l *PodLinks, dns types.DNS) *current.Result {
 // ipamResult is kvipam-ipam's result: addresses with no interface (the
 // main plugin assigns them), and routes.
 //
-// With blockPrefix, an address carries its block's prefix length
-// (10.2.3.5/26), as main plugins expect a subnet: pods of a block reach
-// each other on the link, and bridge's CHECK looks for the subnet route.
-// Otherwise it is a host prefix.
+// By default (ipam.addressPrefix "block") an address carries its block's
+// prefix length (10.2.3.5/26), as main plugins expect a subnet: pods of a
+// block reach each other on the link, and bridge's CHECK looks for the
+// subnet route. With "host" it is a /32 or /128; ipam.prefixLengthV4/V6
+// set it outright.
 //
 // A gateway the configuration names (conf4, conf6) is given with each
 // address of its family, for the main plugin to use (bridge's isGateway
@@ -122,19 +123,24 @@ func podResult(s PodSpec, l *PodLinks, dns types.DNS) *current.Result {
 // gateways (gw4, gw6) and the addresses have no gateway: main plugins
 // configure the pod with ipam.ConfigureIface, which would give the
 // gateway's own link route "169.254.1.1/32" the address's gateway,
-// which cannot be added. configured routes replace the default ones.
-func ipamResult(als []Allocated, blockPrefix bool, conf4, conf6, gw4, gw6 netip.Addr, routes []*types.Route, dns types.DNS) *current.Result {
-	r := &current.Result{CNIVersion: current.ImplementedSpecVersion, DNS: dns}
+// which cannot be added. ipam.routes replace the default routes.
+func ipamResult(als []Allocated, c *Config, gw4, gw6 netip.Addr) *current.Result {
+	r := &current.Result{CNIVersion: current.ImplementedSpecVersion, DNS: c.DNS}
+	conf4, conf6 := c.GatewayV4, c.GatewayV6
 	var gws []netip.Addr
 	for _, al := range als {
-		conf, gw := conf4, gw4
+		conf, gw, bits := conf4, gw4, c.PrefixLengthV4
 		if al.Addr.Addr().Is6() {
-			conf, gw = conf6, gw6
+			conf, gw, bits = conf6, gw6, c.PrefixLengthV6
 		}
-		ipc := &current.IPConfig{Address: *hostPrefix(al.Addr.Addr(), al.Addr.Bits())}
-		if blockPrefix && al.Block.IsValid() {
-			ipc.Address = *hostPrefix(al.Addr.Addr(), al.Block.Bits())
+		switch {
+		case bits > 0:
+		case c.AddressPrefix != AddressPrefixHost && al.Block.IsValid():
+			bits = al.Block.Bits()
+		default:
+			bits = al.Addr.Bits()
 		}
+		ipc := &current.IPConfig{Address: *hostPrefix(al.Addr.Addr(), bits)}
 		if conf.IsValid() {
 			ipc.Gateway = net.IP(conf.AsSlice())
 			gw = conf
@@ -144,8 +150,8 @@ func ipamResult(als []Allocated, blockPrefix bool, conf4, conf6, gw4, gw6 netip.
 			gws = append(gws, gw)
 		}
 	}
-	if routes != nil {
-		r.Routes = routes
+	if c.Routes != nil {
+		r.Routes = c.Routes
 		return r
 	}
 	for _, gw := range gws {

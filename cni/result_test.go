@@ -67,7 +67,6 @@ func TestPodResultInEveryVersion(t *testing.T) {
 
 func TestIPAMResult(t *testing.T) {
 	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: DefaultGatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
-	none := netip.Addr{}
 	routes := func(r *current.Result) []string {
 		var out []string
 		for _, rt := range r.Routes {
@@ -76,7 +75,7 @@ func TestIPAMResult(t *testing.T) {
 		return out
 	}
 	t.Run("link-local gateway", func(t *testing.T) {
-		r := ipamResult(als, true, none, none, DefaultGatewayV4, DefaultGatewayV6, nil, types.DNS{})
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock}, DefaultGatewayV4, DefaultGatewayV6)
 		require.Nil(t, r.Interfaces)
 		require.Len(t, r.IPs, 1)
 		require.Nil(t, r.IPs[0].Interface, "the main plugin assigns the interface")
@@ -86,7 +85,7 @@ func TestIPAMResult(t *testing.T) {
 	})
 	t.Run("configured gateway", func(t *testing.T) {
 		gw := netip.MustParseAddr("10.22.0.1")
-		r := ipamResult(als, false, gw, none, DefaultGatewayV4, DefaultGatewayV6, nil, types.DNS{})
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixHost, GatewayV4: gw}, DefaultGatewayV4, DefaultGatewayV6)
 		require.Equal(t, "10.22.0.1", r.IPs[0].Gateway.String())
 		require.Equal(t, "10.22.0.7/32", r.IPs[0].Address.String(), "addressPrefix host")
 		require.Equal(t, []string{"0.0.0.0/0 via 10.22.0.1"}, routes(r))
@@ -94,8 +93,12 @@ func TestIPAMResult(t *testing.T) {
 	t.Run("configured routes", func(t *testing.T) {
 		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
 		want := []*types.Route{{Dst: *dst}}
-		r := ipamResult(als, true, none, none, DefaultGatewayV4, DefaultGatewayV6, want, types.DNS{})
+		r := ipamResult(als, &Config{Routes: want}, DefaultGatewayV4, DefaultGatewayV6)
 		require.Equal(t, want, r.Routes)
+	})
+	t.Run("a LAN's prefix length", func(t *testing.T) {
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock, PrefixLengthV4: 16}, DefaultGatewayV4, DefaultGatewayV6)
+		require.Equal(t, "10.22.0.7/16", r.IPs[0].Address.String())
 	})
 }
 
