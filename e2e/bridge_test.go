@@ -103,3 +103,43 @@ func prepareBridge(t *testing.T, n *node) {
 	require.NoError(t, h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("169.254.1.1/32"))}))
 	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: ipNet(netip.MustParsePrefix("10.2.0.0/16")), Scope: netlink.SCOPE_LINK}))
 }
+
+// TestMacvlanWithKvipamIPAM: macvlan pods on a LAN get addresses from a
+// pool carved out of the LAN, with the LAN's prefix and router, as
+// deploy/cni/30-macvlan-kvipam-ipam.conflist configures them.
+func TestMacvlanWithKvipamIPAM(t *testing.T) {
+	n := newNode(t, "node-m")
+	n.startAgent(agentOpts{pools: []string{"lan=192.168.50.128/25"}, blockV4: 28})
+	// The LAN: the node's uplink0, whose peer is the router's port.
+	router := newNS(t)
+	h := nlHandle(t, n.host)
+	up1, err := h.LinkByName("uplink1")
+	require.NoError(t, err)
+	require.NoError(t, h.LinkSetNsFd(up1, int(router.Fd())))
+	up0, err := h.LinkByName("uplink0")
+	require.NoError(t, err)
+	require.NoError(t, h.LinkSetUp(up0))
+	rh := nlHandle(t, router)
+	port, err := rh.LinkByName("uplink1")
+	require.NoError(t, err)
+	require.NoError(t, rh.AddrAdd(port, &netlink.Addr{IPNet: ipNet(netip.MustParsePrefix("192.168.50.1/24"))}))
+	require.NoError(t, rh.LinkSetUp(port))
+
+	l := conflist(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"lan","plugins":[{"type":"macvlan","master":"uplink0","mode":"bridge",
+		"ipam":{"type":"kvipam-ipam","pool":"lan","agentSocket":%q,"delQueueDir":%q,"prefixLengthV4":24,"gatewayV4":"192.168.50.1"}}]}`,
+		n.socket, n.queue))
+	a, b := newPod(t, "a"), newPod(t, "b")
+	ra, rb := n.mustAdd(l, a), n.mustAdd(l, b)
+	require.Equal(t, "192.168.50.1", ra.IPs[0].Gateway.String())
+	require.Equal(t, 24, maskLen(ra.IPs[0].Address.Mask))
+	b4, _ := podAddrs(t, rb)
+	require.NoError(t, ping(a.ns, netip.MustParseAddr("192.168.50.1")), "the LAN's router")
+	require.NoError(t, ping(a.ns, b4), "the other pod, on the LAN")
+	require.NoError(t, n.check(l, a))
+	require.NoError(t, n.del(l, a))
+	require.NoError(t, n.del(l, b))
+	require.NoError(t, n.del(l, b))
+	require.Empty(t, n.ipKeys(""))
+}
+
+func maskLen(m net.IPMask) int { ones, _ := m.Size(); return ones }
