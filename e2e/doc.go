@@ -8,6 +8,9 @@
 //
 // The tests need root and skip without it. They build every binary once
 // per run (go build from this module, so the versions are go.mod's).
+// The agents run the routes datapath; KVIPAM_E2E_DATAPATH=bpf runs the
+// same tests on the eBPF datapath (each node with its own bpffs pin
+// directory, removed at the end).
 //
 // The package has only tests; this file holds its documentation.
 package e2e

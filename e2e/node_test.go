@@ -119,11 +119,17 @@ func (n *node) startAgent(o agentOpts) {
 		"--node", n.name, "--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
 		"--block-size-v4", fmt.Sprint(o.blockV4), "--block-size-v6", "120",
 		"--lease-ttl", "15s", "--reservation-ttl", o.reservationTTL.String(),
-		"--datapath", "routes", "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
+		"--datapath", datapathFlag(), "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
 		"--del-queue-dir", o.queue, "--log-level", "debug",
 	}
 	for _, p := range o.pools {
 		args = append(args, "--pool", p)
+	}
+	if datapathFlag() != "routes" {
+		// bpffs is the host's: give each node its own pin directory.
+		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir))
+		args = append(args, "--bpf-pin-dir", pins)
+		t.Cleanup(func() { _ = os.RemoveAll(pins) })
 	}
 	logf, err := os.OpenFile(n.agentLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	require.NoError(t, err)
@@ -148,7 +154,13 @@ func (n *node) startAgent(o agentOpts) {
 		}
 	}()
 	if err := client.New(n.socket, 5*time.Second).WaitReady(ctx); err != nil {
-		t.Fatalf("agent %s not ready: %v\n%s", n.name, err, n.logTail())
+		state := "running"
+		select {
+		case <-done:
+			state = cmd.ProcessState.String()
+		default:
+		}
+		t.Fatalf("agent %s not ready (%s): %v\n%s", n.name, state, err, n.logTail())
 	}
 }
 
@@ -274,4 +286,11 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func datapathFlag() string {
+	if d := os.Getenv("KVIPAM_E2E_DATAPATH"); d != "" {
+		return d
+	}
+	return "routes"
 }
