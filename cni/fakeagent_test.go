@@ -23,8 +23,10 @@ type fakeAgent struct {
 	held   map[string][]string
 
 	errWait, errConfig, errAllocate, errEndpoint, errRelease, errStatus, errGC error
-	gcReq                                                                      *api.GCRequest
-	gcReleased                                                                 []string
+	// configDown is how many Config calls fail as unreachable first.
+	configDown int
+	gcReq      *api.GCRequest
+	gcReleased []string
 }
 
 var _ Agent = (*fakeAgent)(nil)
@@ -61,6 +63,13 @@ func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
 	f.record("config")
 	if f.errConfig != nil {
 		return nil, f.errConfig
+	}
+	f.mu.Lock()
+	down := f.configDown > 0
+	f.configDown--
+	f.mu.Unlock()
+	if down {
+		return nil, unreachable()
 	}
 	c := f.cfg
 	return &c, nil

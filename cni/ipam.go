@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kvipam/kvipam/agent/api"
 )
@@ -66,13 +65,13 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	}
 	o := owner(args, ka)
 	ag := p.agent(c)
-	wctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	if err := ag.WaitReady(wctx); err != nil {
-		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, err))
-	}
-	alloc, err := ag.Allocate(context.Background(), api.AllocateRequest{
-		Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs), Permanent: true,
+	ctx := context.Background() // each call is bounded by the client's timeout
+	var alloc *api.AllocateResponse
+	err = retryUnreachable(ctx, ag, c, func() (err error) {
+		alloc, err = ag.Allocate(ctx, api.AllocateRequest{
+			Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs), Permanent: true,
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -11,8 +12,10 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
 )
 
 // Plugin is the kvipam CNI plugin. Its fields are its I/O, so tests can
@@ -49,7 +52,8 @@ func (p *Plugin) agent(c *Config) Agent {
 	return p.NewAgent(c.Socket, c.AgentTimeout)
 }
 
-// Add sets a pod up: wait for the agent, reserve IPs, create and
+// Add sets a pod up: get the agent's config (waiting for the agent if it
+// is restarting), reserve IPs, create and
 // configure the veth, have the agent create the endpoint (which confirms
 // the reservation and programs the datapath before it answers), then
 // print the result. Any failure after the reservation removes the veth
@@ -75,23 +79,20 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	ag := p.agent(c)
 	start := time.Now()
 
-	wctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	if err := ag.WaitReady(wctx); err != nil {
-		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, err))
-	}
 	ctx := context.Background() // each call is bounded by the client's timeout
-	cfg, err := ag.Config(ctx)
+	cfg, err := agentConfig(ctx, ag, c)
 	if err != nil {
-		return fmt.Errorf("get agent config: %w", err)
+		return err
 	}
+	ready := time.Now()
 	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs)})
 	if err != nil {
 		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
 	}
-	log.Debug("reserved", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs, "expires", alloc.Expires)
+	log.Debug("reserved", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs, "expires", alloc.Expires,
+		"wait_config", ready.Sub(start), "allocate", time.Since(ready))
 
-	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc)
+	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc, log)
 	if err != nil {
 		return rollback(ag, c, o, hostIf, log, err)
 	}
@@ -104,7 +105,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 // setUp is ADD after the reservation. It returns the host veth's name
 // once the veth exists, so a rollback knows to remove it.
-func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse) (_ *current.Result, hostIf string, _ error) {
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return nil, "", err
@@ -117,10 +118,12 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config
 	for _, al := range als {
 		spec.Addrs = append(spec.Addrs, al.Addr)
 	}
+	start := time.Now()
 	links, err := SetupPod(spec)
 	if err != nil {
 		return nil, "", err
 	}
+	setup := time.Since(start)
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
 		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: prefixStrings(spec.Addrs),
@@ -128,6 +131,7 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
 		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s/%s: %w", o.ContainerID, o.IfName, err)
 	}
+	log.Debug("set up", "owner", o.ContainerID+"/"+o.IfName, "veth", setup, "endpoint", time.Since(start)-setup)
 	return podResult(spec, links, c.DNS), links.HostIfName, nil
 }
 
@@ -155,6 +159,38 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	log.Info("deleted", "owner", o.ContainerID+"/"+o.IfName, "veth_removed", removed, "release_queued", queued)
 	return nil
+}
+
+// agentConfig gets the agent's configuration, waiting for a restarting
+// agent (see retryUnreachable).
+func agentConfig(ctx context.Context, ag Agent, c *Config) (*api.Config, error) {
+	var cfg *api.Config
+	err := retryUnreachable(ctx, ag, c, func() (err error) {
+		cfg, err = ag.Config(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get agent config: %w", err)
+	}
+	return cfg, nil
+}
+
+// retryUnreachable runs call; when the agent cannot be reached
+// (restarting), it waits up to agentTimeout for the socket to answer and
+// runs call once more, else gives up with code 11. Calling first and
+// waiting only on failure saves a round trip on every ADD. call must be
+// safe to repeat: the agent's calls for one owner are idempotent.
+func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
+	err := call()
+	if !errors.Is(err, client.ErrUnreachable) {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.AgentTimeout)
+	defer cancel()
+	if werr := ag.WaitReady(wctx); werr != nil {
+		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, werr))
+	}
+	return call()
 }
 
 func podMTU(choices ...int) int {

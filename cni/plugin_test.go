@@ -67,7 +67,7 @@ func TestPluginAddCheckDel(t *testing.T) {
 
 	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(`,"dns":{"nameservers":["10.96.0.10"]}`))))
 	require.Equal(t, []string{
-		"wait", "config", "allocate c1/eth0 pool=\"\" permanent=false ips=[] ns=default pod=web-0",
+		"config", "allocate c1/eth0 pool=\"\" permanent=false ips=[] ns=default pod=web-0",
 		"endpoint c1/eth0 host=" + HostVethName("c1", "eth0") + " ips=[10.1.0.5/32 fd00::5/128]",
 	}, e.ag.Calls())
 	var res current.Result
@@ -110,7 +110,7 @@ func TestPluginAddFailures(t *testing.T) {
 	}{
 		{
 			name:     "agent never ready",
-			prepare:  func(e *pluginEnv, _ *skel.CmdArgs) { e.ag.errWait = unreachable() },
+			prepare:  func(e *pluginEnv, _ *skel.CmdArgs) { e.ag.configDown, e.ag.errWait = 1, unreachable() },
 			wantCode: types.ErrTryAgainLater, wantMsg: "kvipam agent not ready after 10s",
 		},
 		{
@@ -195,6 +195,14 @@ func TestPluginAddFailures(t *testing.T) {
 			require.Equal(t, tt.wantQueued, len(queued) == 1)
 		})
 	}
+}
+
+// An ADD while the agent restarts waits for its socket, then goes on.
+func TestPluginAddWaitsForARestartingAgent(t *testing.T) {
+	e := newPluginEnv(t, true)
+	e.ag.configDown = 1
+	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(""))))
+	require.Equal(t, []string{"config", "wait", "config"}, e.ag.Calls()[:3])
 }
 
 func TestPluginDel(t *testing.T) {
@@ -300,7 +308,7 @@ func TestIPAM(t *testing.T) {
 	}
 
 	require.NoError(t, p.Funcs().Add(e.args("c1", conf(`,"runtimeConfig":{"ips":["10.1.0.5/26"]}`))))
-	require.Equal(t, []string{"wait", `allocate c1/eth0 pool="default" permanent=true ips=[10.1.0.5] ns=default pod=web-0`}, e.ag.Calls())
+	require.Equal(t, []string{`allocate c1/eth0 pool="default" permanent=true ips=[10.1.0.5] ns=default pod=web-0`}, e.ag.Calls())
 	var res map[string]any
 	require.NoError(t, json.Unmarshal(e.out.Bytes(), &res))
 	require.Equal(t, "0.4.0", res["cniVersion"])
