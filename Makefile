@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench demo lint generate check-generate clean
+.PHONY: all build test race bench fuzz demo lint generate check-generate clean
 
 all: build
 
@@ -15,11 +15,18 @@ build:
 test: build
 	$(GO) vet $(PKGS)
 	$(GO) test $(TEST_FLAGS) $(PKGS)
-	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/...
+	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/... ./cni/...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./allocator/... ./agent/...
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
+	$(GO) test -run '^$$' -bench AddDel -benchtime 200x ./e2e/
+
+# The CNI parsers' fuzz targets, briefly (go test takes one -fuzz at a time).
+FUZZTIME ?= 15s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./cni/
 
 demo:
 	$(GO) run ./cmd/kvipam-demo

@@ -1,0 +1,152 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+)
+
+// fakeAgent is an Agent in memory. Each err* field, when set, is what
+// that call returns; calls records the calls in order.
+type fakeAgent struct {
+	mu    sync.Mutex
+	calls []string
+
+	cfg    api.Config
+	ips    []api.IPConfig
+	status api.Status
+	eps    map[string]api.Endpoint
+	held   map[string][]string
+
+	errWait, errConfig, errAllocate, errEndpoint, errRelease, errStatus, errGC error
+	// configDown is how many Config calls fail as unreachable first.
+	configDown int
+	gcReq      *api.GCRequest
+	gcReleased []string
+}
+
+var _ Agent = (*fakeAgent)(nil)
+
+func newFakeAgent() *fakeAgent {
+	return &fakeAgent{
+		cfg: api.Config{Node: "n1", MTU: 1450, DefaultPool: "default", Pools: []string{"default"}, Datapath: "routes",
+			GatewayV4: "169.254.1.1", GatewayV6: "fe80::ecee:eeff:feee:eeee"},
+		ips: []api.IPConfig{{Address: "10.1.0.5/32", Family: "ipv4", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}},
+		status: api.Status{Node: "n1", Ready: true, Restored: true, Etcd: api.EtcdStatus{Reachable: true},
+			Lease: api.LeaseStatus{State: "held"}, Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []string{"10.1.0.0/26"}, Capacity: 64, Free: 64}}},
+		eps:  map[string]api.Endpoint{},
+		held: map[string][]string{},
+	}
+}
+
+func (f *fakeAgent) record(format string, args ...any) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeAgent) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...)
+}
+
+func key(o api.Owner) string { return o.ContainerID + "/" + o.IfName }
+
+func (f *fakeAgent) WaitReady(context.Context) error { f.record("wait"); return f.errWait }
+
+func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
+	f.record("config")
+	if f.errConfig != nil {
+		return nil, f.errConfig
+	}
+	f.mu.Lock()
+	down := f.configDown > 0
+	f.configDown--
+	f.mu.Unlock()
+	if down {
+		return nil, unreachable()
+	}
+	c := f.cfg
+	return &c, nil
+}
+
+func (f *fakeAgent) Allocate(_ context.Context, req api.AllocateRequest) (*api.AllocateResponse, error) {
+	f.record("allocate %s pool=%q permanent=%v ips=%v ns=%s pod=%s", key(req.Owner), req.Pool, req.Permanent, req.IPs, req.Owner.Namespace, req.Owner.Pod)
+	if f.errAllocate != nil {
+		return nil, f.errAllocate
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, ip := range f.ips {
+		f.held[key(req.Owner)] = append(f.held[key(req.Owner)], ip.Address)
+	}
+	exp := time.Now().Add(time.Minute)
+	return &api.AllocateResponse{Pool: "default", IPs: f.ips, State: "reserved", Expires: &exp, MTU: f.cfg.MTU}, nil
+}
+
+func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (*api.Endpoint, error) {
+	f.record("endpoint %s host=%s ips=%v", key(req.Owner), req.HostIfName, req.IPs)
+	if f.errEndpoint != nil {
+		return nil, f.errEndpoint
+	}
+	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, IPs: req.IPs, Datapath: "routes"}
+	f.mu.Lock()
+	f.eps[key(req.Owner)] = ep
+	f.mu.Unlock()
+	return &ep, nil
+}
+
+func (f *fakeAgent) Release(_ context.Context, o api.Owner) (*api.ReleaseResponse, error) {
+	f.record("release %s", key(o))
+	if f.errRelease != nil {
+		return nil, f.errRelease
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.held[key(o)]
+	delete(f.held, key(o))
+	delete(f.eps, key(o))
+	return &api.ReleaseResponse{Released: append([]string{}, out...)}, nil
+}
+
+func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {
+	f.record("endpoints")
+	if f.errStatus != nil {
+		return nil, f.errStatus
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Endpoint
+	for _, ep := range f.eps {
+		out = append(out, ep)
+	}
+	return out, nil
+}
+
+func (f *fakeAgent) Status(context.Context) (*api.Status, error) {
+	f.record("status")
+	if f.errStatus != nil {
+		return nil, f.errStatus
+	}
+	st := f.status
+	return &st, nil
+}
+
+func (f *fakeAgent) GC(_ context.Context, req api.GCRequest) (*api.GCResponse, error) {
+	f.record("gc pool=%s valid=%d", req.Pool, len(req.ValidAttachments))
+	if f.errGC != nil {
+		return nil, f.errGC
+	}
+	f.gcReq = &req
+	return &api.GCResponse{Released: f.gcReleased}, nil
+}
+
+// unreachable is what the client returns when no agent listens.
+func unreachable() error {
+	return fmt.Errorf("POST /v1/release via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
+}

@@ -1,0 +1,182 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// IPAM is the kvipam-ipam CNI IPAM plugin: kvipam's allocations for a
+// main plugin (bridge, macvlan, ipvlan) that makes the interface itself.
+// Its allocations are permanent at once: no endpoint follows, so there is
+// no reservation to confirm. Like Plugin, its fields are its I/O.
+type IPAM struct {
+	Stdout   io.Writer
+	Stderr   io.Writer
+	NewAgent func(socket string, timeout time.Duration) Agent
+}
+
+// NewIPAM returns an IPAM on the process's stdout and stderr.
+func NewIPAM() *IPAM {
+	return &IPAM{Stdout: os.Stdout, Stderr: os.Stderr, NewAgent: NewAgentClient}
+}
+
+// Funcs are the plugin's commands for skel.PluginMainFuncs.
+func (p *IPAM) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{
+		Add:    func(a *skel.CmdArgs) error { return result(p.Add(a)) },
+		Del:    func(a *skel.CmdArgs) error { return result(p.Del(a)) },
+		Check:  func(a *skel.CmdArgs) error { return result(p.Check(a)) },
+		Status: func(a *skel.CmdArgs) error { return result(p.Status(a)) },
+		GC:     func(a *skel.CmdArgs) error { return result(p.GC(a)) },
+	}
+}
+
+func (p *IPAM) agent(c *Config) Agent {
+	if p.NewAgent == nil {
+		return NewAgentClient(c.Socket, c.AgentTimeout)
+	}
+	return p.NewAgent(c.Socket, c.AgentTimeout)
+}
+
+// Add allocates the attachment's IPs and prints them with their gateways
+// and routes. An address carries its block's prefix length unless
+// ipam.addressPrefix is "host"; ipam.gatewayV4/gatewayV6 and ipam.routes
+// adapt the result to the main plugin's network (deploy/cni/README.md).
+func (p *IPAM) Add(args *skel.CmdArgs) error {
+	c, err := ParseIPAMConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
+	defer closeLog()
+	ka, err := ParseArgs(args.Args)
+	if err != nil {
+		return err
+	}
+	o := owner(args, ka)
+	ag := p.agent(c)
+	ctx := context.Background() // each call is bounded by the client's timeout
+	var alloc *api.AllocateResponse
+	err = retryUnreachable(ctx, ag, c, func() (err error) {
+		alloc, err = ag.Allocate(ctx, api.AllocateRequest{
+			Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs), Permanent: true,
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
+	}
+	als, err := parseAllocation(alloc)
+	if err != nil {
+		return rollback(ag, c, o, "", log, err)
+	}
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, nil)
+	res := ipamResult(als, c, gw4, gw6)
+	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
+		return rollback(ag, c, o, "", log, err)
+	}
+	log.Info("allocated", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs)
+	return nil
+}
+
+// Del releases the attachment's IPs, or queues the release when the agent
+// is down; it succeeds when there is nothing to release.
+func (p *IPAM) Del(args *skel.CmdArgs) error {
+	c, err := ParseIPAMConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
+	defer closeLog()
+	_, err = releaseOrQueue(p.agent(c), c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, log)
+	return err
+}
+
+// Check verifies that the agent is ready and that every address of the
+// prevResult is in one of this node's blocks of the pool.
+//
+// The agent API has no lookup of one owner's allocation yet, so CHECK
+// cannot tell this attachment's address from another's in the same
+// block; the main plugin checks the interface itself.
+func (p *IPAM) Check(args *skel.CmdArgs) error {
+	c, err := ParseIPAMConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if c.PrevResult == nil {
+		return invalidConf("CHECK needs the prevResult of the ADD")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	ag := p.agent(c)
+	st, err := ag.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("check: agent status: %w", err)
+	}
+	pool, err := poolName(ctx, ag, c)
+	if err != nil {
+		return err
+	}
+	var blocks []netip.Prefix
+	for _, ps := range st.Pools {
+		if ps.Pool != pool {
+			continue
+		}
+		for _, b := range ps.Blocks {
+			if pfx, err := netip.ParsePrefix(b); err == nil {
+				blocks = append(blocks, pfx)
+			}
+		}
+	}
+	var missing []string
+	for _, ipc := range c.PrevResult.IPs {
+		a := prefixOf(&ipc.Address).Addr()
+		if !slices.ContainsFunc(blocks, func(b netip.Prefix) bool { return b.Contains(a) }) {
+			missing = append(missing, a.String())
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("check: %s not in any block of pool %s on node %s", strings.Join(missing, ", "), pool, st.Node)
+	}
+	return nil
+}
+
+// Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
+func (p *IPAM) Status(args *skel.CmdArgs) error {
+	c, err := ParseIPAMConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	return checkStatus(ctx, p.agent(c), c)
+}
+
+// GC releases this network's pool's allocations on the node whose
+// attachments are not in cni.dev/valid-attachments.
+func (p *IPAM) GC(args *skel.CmdArgs) error {
+	c, err := ParseIPAMConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
+	defer closeLog()
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	res, err := gcPool(ctx, p.agent(c), c)
+	if err != nil {
+		return err
+	}
+	log.Info("gc", "released", res.Released, "deferred", res.Deferred)
+	return nil
+}

@@ -1,0 +1,219 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+)
+
+// Plugin is the kvipam CNI plugin. Its fields are its I/O, so tests can
+// run it in-process; a Plugin is safe for concurrent use when they are.
+type Plugin struct {
+	// Stdout receives the result; Stderr the logs when logFile is unset.
+	Stdout io.Writer
+	Stderr io.Writer
+	// NewAgent dials the node agent; NewAgentClient by default.
+	NewAgent func(socket string, timeout time.Duration) Agent
+}
+
+// NewPlugin returns a Plugin on the process's stdout and stderr.
+func NewPlugin() *Plugin {
+	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewAgent: NewAgentClient}
+}
+
+// Funcs are the plugin's commands for skel.PluginMainFuncs. Every error
+// they return is a *types.Error with the code from Code.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{
+		Add:    func(a *skel.CmdArgs) error { return result(p.Add(a)) },
+		Del:    func(a *skel.CmdArgs) error { return result(p.Del(a)) },
+		Check:  func(a *skel.CmdArgs) error { return result(p.Check(a)) },
+		Status: func(a *skel.CmdArgs) error { return result(p.Status(a)) },
+		GC:     func(a *skel.CmdArgs) error { return result(p.GC(a)) },
+	}
+}
+
+func (p *Plugin) agent(c *Config) Agent {
+	if p.NewAgent == nil {
+		return NewAgentClient(c.Socket, c.AgentTimeout)
+	}
+	return p.NewAgent(c.Socket, c.AgentTimeout)
+}
+
+// Add sets a pod up: get the agent's config (waiting for the agent if it
+// is restarting), reserve IPs, create and
+// configure the veth, have the agent create the endpoint (which confirms
+// the reservation and programs the datapath before it answers), then
+// print the result. Any failure after the reservation removes the veth
+// and releases the IPs.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam", c, p.Stderr)
+	defer closeLog()
+	ka, err := ParseArgs(args.Args)
+	if err != nil {
+		return err
+	}
+	if c.PrevResult != nil {
+		return invalidConf("kvipam creates the pod's interface, so it must be the first plugin of the chain; it was given a prevResult")
+	}
+	if err := checkNetns(args.Netns); err != nil {
+		return err
+	}
+	o := owner(args, ka)
+	ag := p.agent(c)
+	start := time.Now()
+
+	ctx := context.Background() // each call is bounded by the client's timeout
+	cfg, err := agentConfig(ctx, ag, c)
+	if err != nil {
+		return err
+	}
+	ready := time.Now()
+	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs)})
+	if err != nil {
+		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
+	}
+	log.Debug("reserved", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs, "expires", alloc.Expires,
+		"wait_config", ready.Sub(start), "allocate", time.Since(ready))
+
+	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc, log)
+	if err != nil {
+		return rollback(ag, c, o, hostIf, log, err)
+	}
+	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
+		return rollback(ag, c, o, HostVethName(o.ContainerID, o.IfName), log, err)
+	}
+	log.Info("added", "owner", o.ContainerID+"/"+o.IfName, "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
+	return nil
+}
+
+// setUp is ADD after the reservation. It returns the host veth's name
+// once the veth exists, so a rollback knows to remove it.
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
+	als, err := parseAllocation(alloc)
+	if err != nil {
+		return nil, "", err
+	}
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, cfg)
+	spec := PodSpec{
+		Netns: args.Netns, IfName: args.IfName, HostIfName: HostVethName(o.ContainerID, o.IfName),
+		MTU: podMTU(c.MTU, alloc.MTU, cfg.MTU), GatewayV4: gw4, GatewayV6: gw6,
+	}
+	for _, al := range als {
+		spec.Addrs = append(spec.Addrs, al.Addr)
+	}
+	start := time.Now()
+	links, err := SetupPod(spec)
+	if err != nil {
+		return nil, "", err
+	}
+	setup := time.Since(start)
+	req := api.EndpointRequest{
+		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
+		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: prefixStrings(spec.Addrs),
+	}
+	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
+		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s/%s: %w", o.ContainerID, o.IfName, err)
+	}
+	log.Debug("set up", "owner", o.ContainerID+"/"+o.IfName, "veth", setup, "endpoint", time.Since(start)-setup)
+	return podResult(spec, links, c.DNS), links.HostIfName, nil
+}
+
+// Del removes the host veth, if any (the pod end goes with it), then
+// releases the owner's IPs, or queues the release when the agent is down.
+// It needs no netns and succeeds when there is nothing to delete.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam", c, p.Stderr)
+	defer closeLog()
+	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	// The veth goes first: once the IPs are released they may be handed
+	// out again, and must not still be routed to this pod.
+	hostIf := HostVethName(o.ContainerID, o.IfName)
+	removed, err := DeleteHostVeth(hostIf)
+	if err != nil {
+		return err
+	}
+	queued, err := releaseOrQueue(p.agent(c), c, o, log)
+	if err != nil {
+		return err
+	}
+	log.Info("deleted", "owner", o.ContainerID+"/"+o.IfName, "veth_removed", removed, "release_queued", queued)
+	return nil
+}
+
+// agentConfig gets the agent's configuration, waiting for a restarting
+// agent (see retryUnreachable).
+func agentConfig(ctx context.Context, ag Agent, c *Config) (*api.Config, error) {
+	var cfg *api.Config
+	err := retryUnreachable(ctx, ag, c, func() (err error) {
+		cfg, err = ag.Config(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("get agent config: %w", err)
+	}
+	return cfg, nil
+}
+
+// retryUnreachable runs call; when the agent cannot be reached
+// (restarting), it waits up to agentTimeout for the socket to answer and
+// runs call once more, else gives up with code 11. Calling first and
+// waiting only on failure saves a round trip on every ADD. call must be
+// safe to repeat: the agent's calls for one owner are idempotent.
+func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
+	err := call()
+	if !errors.Is(err, client.ErrUnreachable) {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.AgentTimeout)
+	defer cancel()
+	if werr := ag.WaitReady(wctx); werr != nil {
+		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, werr))
+	}
+	return call()
+}
+
+func podMTU(choices ...int) int {
+	for _, m := range choices {
+		if m > 0 {
+			return m
+		}
+	}
+	return 1500
+}
+
+func addrStrings(as []netip.Addr) []string {
+	var out []string
+	for _, a := range as {
+		out = append(out, a.String())
+	}
+	return out
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}

@@ -1,0 +1,186 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// Check verifies an attachment against its prevResult: the veth ends, the
+// pod's addresses and the routes kvipam made, the host routes, and that
+// the agent still has the endpoint with the same IPs (so the allocation is
+// still this attachment's). Routes a later plugin added are not its
+// business.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if c.PrevResult == nil {
+		return invalidConf("CHECK needs the prevResult of the ADD")
+	}
+	spec, podMAC, routes, err := expected(c.PrevResult, args)
+	if err != nil {
+		return err
+	}
+	local := CheckPod(spec, podMAC, routes)
+
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	remote := checkEndpoint(ctx, p.agent(c), args, spec.Addrs)
+	if local != nil {
+		return withCode(Code(local), errors.Join(local, remote))
+	}
+	return remote
+}
+
+// expected reads from prevResult what kvipam made for the attachment.
+func expected(r *current.Result, args *skel.CmdArgs) (PodSpec, string, []*types.Route, error) {
+	s := PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: HostVethName(args.ContainerID, args.IfName)}
+	podIdx, hostIdx := -1, -1
+	for i, in := range r.Interfaces {
+		switch {
+		case in.Name == args.IfName && in.Sandbox != "":
+			podIdx = i
+		case in.Name == s.HostIfName && in.Sandbox == "":
+			hostIdx = i
+		}
+	}
+	if podIdx < 0 || hostIdx < 0 {
+		return s, "", nil, withCode(types.ErrInvalidNetworkConfig,
+			fmt.Errorf("check: prevResult lacks interface %s in a sandbox or host veth %s: not a kvipam attachment", args.IfName, s.HostIfName))
+	}
+	for _, ipc := range r.IPs {
+		if ipc.Interface == nil || *ipc.Interface != podIdx {
+			continue
+		}
+		p := prefixOf(&ipc.Address)
+		if !p.IsValid() {
+			return s, "", nil, withCode(types.ErrDecodingFailure, fmt.Errorf("check: prevResult address %s is not valid", ipc.Address.String()))
+		}
+		s.Addrs = append(s.Addrs, p)
+		if gw, ok := netip.AddrFromSlice(ipc.Gateway); ok {
+			if gw = gw.Unmap(); gw.Is4() {
+				s.GatewayV4 = gw
+			} else {
+				s.GatewayV6 = gw
+			}
+		}
+	}
+	if len(s.Addrs) == 0 {
+		return s, "", nil, withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("check: prevResult has no address on %s", args.IfName))
+	}
+	gw4, gw6 := gateways(nil, s.GatewayV4, s.GatewayV6, nil)
+	s.GatewayV4, s.GatewayV6 = gw4, gw6
+	// Only the routes kvipam makes and the result still lists.
+	var routes []*types.Route
+	for _, want := range podRoutes(s) {
+		if slices.ContainsFunc(r.Routes, func(rr *types.Route) bool { return rr.Dst.String() == want.Dst.String() && rr.GW.Equal(want.GW) }) {
+			routes = append(routes, want)
+		}
+	}
+	return s, r.Interfaces[podIdx].Mac, routes, nil
+}
+
+// checkEndpoint asks the agent whether the attachment's endpoint exists
+// and holds exactly the addresses of the result.
+func checkEndpoint(ctx context.Context, ag Agent, args *skel.CmdArgs, addrs []netip.Prefix) error {
+	eps, err := ag.Endpoints(ctx)
+	if err != nil {
+		return fmt.Errorf("check: list agent endpoints: %w", err)
+	}
+	i := slices.IndexFunc(eps, func(ep api.Endpoint) bool {
+		return ep.Owner.ContainerID == args.ContainerID && ep.Owner.IfName == args.IfName
+	})
+	if i < 0 {
+		return fmt.Errorf("check: the agent has no endpoint for %s/%s: its IPs were released", args.ContainerID, args.IfName)
+	}
+	var want, got []string
+	for _, a := range addrs {
+		want = append(want, a.Addr().String())
+	}
+	for _, s := range eps[i].IPs {
+		if a, err := netip.ParseAddr(s); err == nil {
+			got = append(got, a.String())
+		} else if p, err := netip.ParsePrefix(s); err == nil {
+			got = append(got, p.Addr().String())
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(want, got) {
+		return fmt.Errorf("check: the agent's endpoint for %s/%s holds %s, the result says %s",
+			args.ContainerID, args.IfName, strings.Join(got, ","), strings.Join(want, ","))
+	}
+	return nil
+}
+
+// Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	return checkStatus(ctx, p.agent(c), c)
+}
+
+// GC releases this network's pool's allocations on the node whose
+// attachments are not in cni.dev/valid-attachments, and removes the host
+// veths of the endpoints it released.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam", c, p.Stderr)
+	defer closeLog()
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	ag := p.agent(c)
+	if c.ValidAttachments == nil {
+		log.Info("gc without a valid-attachments list: nothing to do")
+		return nil
+	}
+	eps, err := ag.Endpoints(ctx)
+	if err != nil {
+		return fmt.Errorf("gc: list agent endpoints: %w", err)
+	}
+	res, err := gcPool(ctx, ag, c)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ep := range eps {
+		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip string) bool { return releasedIP(res.Released, ip) }) {
+			continue
+		}
+		if _, err := DeleteHostVeth(ep.HostIfName); err != nil {
+			errs = append(errs, fmt.Errorf("gc: %w", err))
+		}
+	}
+	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
+	return errors.Join(errs...)
+}
+
+func releasedIP(released []string, ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		p, perr := netip.ParsePrefix(ip)
+		if perr != nil {
+			return false
+		}
+		a = p.Addr()
+	}
+	return slices.Contains(released, a.String())
+}

@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/stretchr/testify/require"
+)
+
+// BenchmarkAddDel measures ADD and DEL latency through libcni, as a
+// runtime sees it (plugin processes included), for kvipam (veth, agent
+// reservation, endpoint create) and for the reference bridge + host-local,
+// in the same run on the same node, with 1 and 50 pods set up at once.
+// Each iteration is one pod's ADD then DEL; the b.N iterations of each
+// plugin are spread over the concurrent workers. It reports p50 and p99
+// in milliseconds and the kvipam/bridge ratios (below 1: kvipam faster).
+//
+//	go test -run '^$' -bench AddDel -benchtime 200x ./e2e/
+func BenchmarkAddDel(b *testing.B) {
+	n := newNode(b, "bench")
+	n.startAgent(agentOpts{pools: []string{"default=10.1.0.0/16"}})
+	kv := n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`)
+	br := conflist(b, fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","plugins":[{"type":"bridge","bridge":"benchbr0",
+		"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, n.dir+"/host-local"))
+
+	for _, c := range []int{1, 50} {
+		b.Run(fmt.Sprintf("concurrency=%d", c), func(b *testing.B) {
+			pods := make([]*pod, c)
+			for i := range pods {
+				pods[i] = newPod(b, fmt.Sprintf("w%d", i))
+			}
+			for _, l := range []*libcni.NetworkConfigList{kv, br} { // warm caches and the bridge
+				runAddDel(b, n, l, pods, len(pods), "warm")
+			}
+			b.ResetTimer()
+			kvAdd, kvDel := runAddDel(b, n, kv, pods, b.N, "kv")
+			brAdd, brDel := runAddDel(b, n, br, pods, b.N, "br")
+			b.StopTimer()
+
+			for _, m := range []struct {
+				name string
+				d    []time.Duration
+			}{{"kvipam-add", kvAdd}, {"kvipam-del", kvDel}, {"bridge-add", brAdd}, {"bridge-del", brDel}} {
+				b.ReportMetric(ms(pct(m.d, 50)), m.name+"-p50-ms")
+				b.ReportMetric(ms(pct(m.d, 99)), m.name+"-p99-ms")
+			}
+			b.ReportMetric(ratio(kvAdd, brAdd, 50), "add-p50-ratio")
+			b.ReportMetric(ratio(kvAdd, brAdd, 99), "add-p99-ratio")
+			b.ReportMetric(ratio(kvDel, brDel, 50), "del-p50-ratio")
+			b.ReportMetric(ratio(kvDel, brDel, 99), "del-p99-ratio")
+		})
+	}
+}
+
+// runAddDel runs iterations of ADD then DEL on l, spread over one worker
+// per pod, and returns every ADD's and every DEL's latency.
+func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, pods []*pod, iterations int, tag string) (adds, dels []time.Duration) {
+	b.Helper()
+	var next atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, len(pods))
+	for _, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(iterations) {
+					return
+				}
+				rt := *p.rt
+				rt.ContainerID = fmt.Sprintf("%s-%s-%d", tag, p.name, i)
+				var add, del time.Duration
+				err := n.do(func() error {
+					start := time.Now()
+					if _, err := n.cni.AddNetworkList(context.Background(), l, &rt); err != nil {
+						return fmt.Errorf("add %s: %w", rt.ContainerID, err)
+					}
+					add = time.Since(start)
+					start = time.Now()
+					if err := n.cni.DelNetworkList(context.Background(), l, &rt); err != nil {
+						return fmt.Errorf("del %s: %w", rt.ContainerID, err)
+					}
+					del = time.Since(start)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				adds, dels = append(adds, add), append(dels, del)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(b, err, "on %s", l.Name)
+	}
+	return adds, dels
+}
+
+// pct is the p-th percentile (nearest rank).
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[max(i-1, 0)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func ratio(a, b []time.Duration, p int) float64 {
+	if pb := pct(b, p); pb > 0 {
+		return float64(pct(a, p)) / float64(pb)
+	}
+	return 0
+}

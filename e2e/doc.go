@@ -1,0 +1,16 @@
+// Package e2e runs kvipam end to end as a container runtime would: the
+// real kvipam, kvipam-ipam and kvipam-agent binaries, and the
+// containernetworking plugins, invoked through libcni (and cnitool, from a
+// script) in network namespaces the tests create. Each simulated node is a
+// scratch "host" namespace running its own kvipam-agent with an embedded
+// etcd; nothing touches the real host's links, routes, sysctls or
+// /var/lib/cni.
+//
+// The tests need root and skip without it. They build every binary once
+// per run (go build from this module, so the versions are go.mod's).
+// The agents run the routes datapath; KVIPAM_E2E_DATAPATH=bpf runs the
+// same tests on the eBPF datapath (each node with its own bpffs pin
+// directory, removed at the end).
+//
+// The package has only tests; this file holds its documentation.
+package e2e

@@ -1,0 +1,296 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/client"
+)
+
+// Addresses the host namespace of every node has, for pods to reach.
+var (
+	hostAddrV4 = netip.MustParseAddr("192.0.2.1")
+	hostAddrV6 = netip.MustParseAddr("2001:db8::1")
+)
+
+// node is one simulated node: a host network namespace, with its own
+// kvipam-agent (and embedded etcd) and libcni configured like a runtime's.
+type node struct {
+	t        testing.TB
+	name     string
+	bin      string
+	host     ns.NetNS
+	dir      string // state, cache, queues; short, so the socket path fits
+	socket   string
+	queue    string // the plugins' DEL queue (delQueueDir in the conflists)
+	agentLog string
+	cni      *libcni.CNIConfig
+
+	agent     *exec.Cmd
+	agentDone chan struct{}
+	agentArgs agentOpts
+}
+
+// agentOpts are the agent's flags that tests vary.
+type agentOpts struct {
+	pools          []string // NAME=CIDR[,CIDR...]
+	blockV4        int
+	reservationTTL time.Duration
+	// queue is the agent's --del-queue-dir; the plugins' queue when empty.
+	queue string
+}
+
+// newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
+// uplink veth (as a node has a NIC), and forwarding on, which a node
+// running pods has. It starts no agent.
+func newNode(t testing.TB, name string) *node {
+	t.Helper()
+	bin := bins(t)
+	dir, err := os.MkdirTemp("", "kv-"+name+"-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	n := &node{
+		t: t, name: name, bin: bin, host: newNS(t), dir: dir,
+		socket: filepath.Join(dir, "agent.sock"), queue: filepath.Join(dir, "plugin-del-queue"),
+		agentLog: filepath.Join(dir, "agent.log"),
+	}
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cni-cache"), nil)
+
+	h := nlHandle(t, n.host)
+	lo, err := h.LinkByName("lo")
+	require.NoError(t, err)
+	for _, a := range []netip.Addr{hostAddrV4, hostAddrV6} {
+		require.NoError(t, h.AddrAdd(lo, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a, a.BitLen())), Flags: unix.IFA_F_NODAD}))
+	}
+	la := netlink.NewLinkAttrs()
+	la.Name = "uplink0"
+	require.NoError(t, h.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "uplink1"}))
+	require.NoError(t, n.do(func() error {
+		for _, kv := range [][2]string{{"ipv4/ip_forward", "1"}, {"ipv6/conf/all/forwarding", "1"}} {
+			if err := os.WriteFile("/proc/sys/net/"+kv[0], []byte(kv[1]), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	return n
+}
+
+// do runs f with the calling thread in the node's host namespace: a
+// plugin or agent started from f runs there.
+func (n *node) do(f func() error) error {
+	return n.host.Do(func(ns.NetNS) error { return f() })
+}
+
+// startAgent starts kvipam-agent in the node namespace and waits for its
+// socket. It is stopped (SIGTERM) at cleanup.
+func (n *node) startAgent(o agentOpts) {
+	t := n.t
+	t.Helper()
+	if o.blockV4 == 0 {
+		o.blockV4 = 26
+	}
+	if o.reservationTTL == 0 {
+		o.reservationTTL = 2 * time.Minute
+	}
+	if o.queue == "" {
+		o.queue = n.queue
+	}
+	n.agentArgs = o
+	args := []string{
+		"--node", n.name, "--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
+		"--block-size-v4", fmt.Sprint(o.blockV4), "--block-size-v6", "120",
+		"--lease-ttl", "15s", "--reservation-ttl", o.reservationTTL.String(),
+		"--datapath", datapathFlag(), "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
+		"--del-queue-dir", o.queue, "--log-level", "debug",
+	}
+	for _, p := range o.pools {
+		args = append(args, "--pool", p)
+	}
+	if datapathFlag() != "routes" {
+		// bpffs is the host's: give each node its own pin directory.
+		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir))
+		args = append(args, "--bpf-pin-dir", pins)
+		t.Cleanup(func() { _ = os.RemoveAll(pins) })
+	}
+	logf, err := os.OpenFile(n.agentLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	require.NoError(t, err)
+	defer logf.Close()
+	cmd := exec.Command(filepath.Join(n.bin, "kvipam-agent"), args...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "KVIPAM_LOG_JSON=1"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, startIn(n.host, cmd))
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	n.agent, n.agentDone = cmd, done
+	t.Cleanup(n.stopAgent)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	go func() {
+		select {
+		case <-done:
+			cancel() // it exited: stop waiting
+		case <-ctx.Done():
+		}
+	}()
+	if err := client.New(n.socket, 5*time.Second).WaitReady(ctx); err != nil {
+		state := "running"
+		select {
+		case <-done:
+			state = cmd.ProcessState.String()
+		default:
+		}
+		t.Fatalf("agent %s not ready (%s): %v\n%s", n.name, state, err, n.logTail())
+	}
+}
+
+// stopAgent stops the agent as a service manager would (SIGTERM), and
+// waits for it.
+func (n *node) stopAgent() { n.signalAgent(syscall.SIGTERM) }
+
+// killAgent kills the agent (and its embedded etcd) at once.
+func (n *node) killAgent() { n.signalAgent(syscall.SIGKILL) }
+
+func (n *node) signalAgent(sig syscall.Signal) {
+	if n.agent == nil {
+		return
+	}
+	_ = n.agent.Process.Signal(sig)
+	select {
+	case <-n.agentDone:
+	case <-time.After(30 * time.Second):
+		_ = n.agent.Process.Kill()
+		<-n.agentDone
+	}
+	n.agent = nil
+}
+
+// restartAgent starts the agent again with the options it had.
+func (n *node) restartAgent() {
+	n.t.Helper()
+	n.stopAgent()
+	n.startAgent(n.agentArgs)
+}
+
+func (n *node) logTail() string {
+	b, _ := os.ReadFile(n.agentLog)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// client talks to the node's agent.
+func (n *node) client() *client.Client { return client.New(n.socket, 10*time.Second) }
+
+// status is the agent's status.
+func (n *node) status() *api.Status {
+	n.t.Helper()
+	st, err := n.client().Status(context.Background())
+	require.NoError(n.t, err)
+	return st
+}
+
+// poolStatus is one pool family of the agent's status.
+func (n *node) poolStatus(pool, family string) api.PoolStatus {
+	n.t.Helper()
+	for _, ps := range n.status().Pools {
+		if ps.Pool == pool && ps.Family == family {
+			return ps
+		}
+	}
+	n.t.Fatalf("agent %s has no pool %s/%s", n.name, pool, family)
+	return api.PoolStatus{}
+}
+
+// etcdEndpoint is the client URL of the agent's embedded etcd, from its
+// log.
+func (n *node) etcdEndpoint() string {
+	n.t.Helper()
+	f, err := os.Open(n.agentLog)
+	require.NoError(n.t, err)
+	defer f.Close()
+	var ep string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Message   string   `json:"@message"`
+			Endpoints []string `json:"endpoints"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "started embedded etcd" && len(line.Endpoints) > 0 {
+			ep = line.Endpoints[0] // the last start wins
+		}
+	}
+	if ep == "" {
+		n.t.Fatalf("no embedded etcd endpoint in the agent log:\n%s", n.logTail())
+	}
+	return ep
+}
+
+// newNS makes a network namespace with lo up, removed at cleanup.
+func newNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	requireRoot(t)
+	n, err := testutils.NewNS()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_ = n.Close()
+		_ = testutils.UnmountNS(n)
+	})
+	h := nlHandle(t, n)
+	lo, err := h.LinkByName("lo")
+	require.NoError(t, err)
+	require.NoError(t, h.LinkSetUp(lo))
+	return n
+}
+
+// nlHandle is a netlink handle bound to n, closed at cleanup.
+func nlHandle(t testing.TB, n ns.NetNS) *netlink.Handle {
+	t.Helper()
+	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
+	require.NoError(t, err)
+	t.Cleanup(h.Close)
+	return h
+}
+
+// waitFor polls cond until it holds or the deadline passes. It is for
+// state with no event to wait on (an etcd lease expiring in another
+// process).
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func datapathFlag() string {
+	if d := os.Getenv("KVIPAM_E2E_DATAPATH"); d != "" {
+		return d
+	}
+	return "routes"
+}
