@@ -15,6 +15,7 @@ build:
 test: build
 	$(GO) vet $(PKGS)
 	$(GO) test $(TEST_FLAGS) $(PKGS)
+	KVIPAM_E2E_DATAPATH=bpf $(GO) test $(TEST_FLAGS) ./e2e/
 	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/... ./cni/...
 
 bench:

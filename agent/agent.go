@@ -172,13 +172,15 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.eps, err = openEndpointStore(filepath.Join(a.cfg.StateDir, "endpoints")); err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
+	// Queued DELs first: their pods' veths are gone, and the datapath
+	// should not try to adopt them.
+	if err := a.drainDelQueue(ctx); err != nil {
+		a.log.Warn("queued DELs left for a later pass", "error", err)
+	}
 	if err := a.restoreEndpoints(ctx); err != nil {
 		return err
 	}
 	a.gc = newReconciler(a)
-	if err := a.drainDelQueue(ctx); err != nil {
-		a.log.Warn("queued DELs left for the next start", "error", err)
-	}
 	a.mu.Lock()
 	a.restored = true
 	a.mu.Unlock()

@@ -152,7 +152,15 @@ func (d *bpfDatapath) Adopt(_ context.Context, eps []api.Endpoint) error {
 			continue
 		}
 		epc := ep
-		if err := d.Setup(context.Background(), &epc); err != nil {
+		err := d.Setup(context.Background(), &epc)
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf):
+			// The pod's veth went while the agent was down (netns deleted
+			// without DEL): nothing to enforce; the reconciler releases
+			// its IPs after the grace period.
+			d.log.Warn("endpoint's host interface is gone; not re-attaching", "id", ep.ID, "host_if", ep.HostIfName)
+		case err != nil:
 			errs = append(errs, fmt.Errorf("re-attach endpoint %d: %w", ep.ID, err))
 		}
 		delete(pinned, epc.HostIfIndex)

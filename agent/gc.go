@@ -68,6 +68,9 @@ func (r *reconciler) run(ctx context.Context) {
 
 // pass is one reconciliation; it returns how many owners it released.
 func (r *reconciler) pass(ctx context.Context, now time.Time) int {
+	if err := r.a.drainDelQueue(ctx); err != nil {
+		r.a.log.Warn("reconcile: DEL queue", "error", err)
+	}
 	released := 0
 	seen := map[string]bool{}
 	for _, ep := range r.a.eps.list() {
@@ -111,13 +114,22 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 	return released
 }
 
-// drainDelQueue applies the DELs plugins queued while the agent was down:
-// a DEL the agent never saw would otherwise leak its IPs until GC.
+// drainDelQueue applies the DELs plugins queued while the agent was
+// unreachable: a DEL the agent never saw would otherwise leak its IPs
+// until GC. It runs at start and on every reconciler pass. An entry older
+// than the owner's current allocation is dropped without releasing: the
+// runtime reused the container ID and interface for a new attachment.
 func (a *Agent) drainDelQueue(ctx context.Context) error {
-	n, err := delqueue.Drain(ctx, a.cfg.delQueueDir(), func(ctx context.Context, o api.Owner) error {
-		ips, err := a.release(ctx, o)
+	n, err := delqueue.DrainEntries(ctx, a.cfg.delQueueDir(), func(ctx context.Context, e delqueue.Entry) error {
+		for _, al := range a.alloc.Lookup(toOwner(e.Owner)) {
+			if !e.QueuedAt.IsZero() && al.Since.After(e.QueuedAt) {
+				a.log.Info("dropping a queued DEL older than the owner's allocation", "owner", ownerKey(e.Owner), "queued", e.QueuedAt, "allocated", al.Since)
+				return nil
+			}
+		}
+		ips, err := a.release(ctx, e.Owner)
 		if err == nil {
-			a.log.Info("applied queued DEL", "owner", ownerKey(o), "released", ips)
+			a.log.Info("applied queued DEL", "owner", ownerKey(e.Owner), "released", ips)
 		}
 		return err
 	})

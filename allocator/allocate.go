@@ -321,6 +321,11 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 	if slices.Contains(ps.pool.Excluded(b), addr) {
 		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
 	}
+	if al := ps.byAddr[addr]; al != nil && al.State == StateReserved {
+		if exp, ok := ps.expires[addr]; ok && a.cfg.Now().After(exp) {
+			a.drop(ps, al) // lapsed; the create-if-absent write guards the rest
+		}
+	}
 	if ob.ba.IsUsed(addr) {
 		holder := "another owner"
 		if al := ps.byAddr[addr]; al != nil {
