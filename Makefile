@@ -22,6 +22,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./allocator/... ./agent/...
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 	$(GO) test -run '^$$' -bench AddDel -benchtime 200x ./e2e/
+	$(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/
 
 # The CNI parsers' fuzz targets, briefly (go test takes one -fuzz at a time).
 FUZZTIME ?= 15s

@@ -128,3 +128,37 @@ func ratio(a, b []time.Duration, p int) float64 {
 	}
 	return 0
 }
+
+// BenchmarkAddDatapath compares ADD and DEL latency through libcni with
+// the agent in routes mode and in bpf mode (the ADD then also attaches the
+// anti-spoofing program before it answers), one node each, same run.
+// Ratios are bpf/routes.
+//
+//	go test -run '^$' -bench AddDatapath -benchtime 100x ./e2e/
+func BenchmarkAddDatapath(b *testing.B) {
+	requireBPF(b)
+	lists := map[string]*libcni.NetworkConfigList{}
+	nodes := map[string]*node{}
+	for _, dp := range []string{"routes", "bpf"} {
+		n := newNode(b, "dp"+dp)
+		n.startAgent(agentOpts{pools: []string{"default=10.1.0.0/16"}, datapath: dp})
+		nodes[dp], lists[dp] = n, n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`)
+	}
+	pods := []*pod{newPod(b, "dpw")}
+	for dp, n := range nodes {
+		runAddDel(b, n, lists[dp], pods, 1, "warm")
+	}
+	b.ResetTimer()
+	rAdd, rDel := runAddDel(b, nodes["routes"], lists["routes"], pods, b.N, "r")
+	bAdd, bDel := runAddDel(b, nodes["bpf"], lists["bpf"], pods, b.N, "b")
+	b.StopTimer()
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"routes-add", rAdd}, {"routes-del", rDel}, {"bpf-add", bAdd}, {"bpf-del", bDel}} {
+		b.ReportMetric(ms(pct(m.d, 50)), m.name+"-p50-ms")
+		b.ReportMetric(ms(pct(m.d, 99)), m.name+"-p99-ms")
+	}
+	b.ReportMetric(ratio(bAdd, rAdd, 50), "add-p50-bpf/routes")
+	b.ReportMetric(ratio(bDel, rDel, 50), "del-p50-bpf/routes")
+}

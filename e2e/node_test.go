@@ -56,6 +56,8 @@ type agentOpts struct {
 	reservationTTL time.Duration
 	// queue is the agent's --del-queue-dir; the plugins' queue when empty.
 	queue string
+	// datapath overrides KVIPAM_E2E_DATAPATH (default routes).
+	datapath string
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -114,18 +116,21 @@ func (n *node) startAgent(o agentOpts) {
 	if o.queue == "" {
 		o.queue = n.queue
 	}
+	if o.datapath == "" {
+		o.datapath = datapathFlag()
+	}
 	n.agentArgs = o
 	args := []string{
 		"--node", n.name, "--state-dir", filepath.Join(n.dir, "state"), "--socket", n.socket,
 		"--block-size-v4", fmt.Sprint(o.blockV4), "--block-size-v6", "120",
 		"--lease-ttl", "15s", "--reservation-ttl", o.reservationTTL.String(),
-		"--datapath", datapathFlag(), "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
+		"--datapath", o.datapath, "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
 		"--del-queue-dir", o.queue, "--log-level", "debug",
 	}
 	for _, p := range o.pools {
 		args = append(args, "--pool", p)
 	}
-	if datapathFlag() != "routes" {
+	if o.datapath != "routes" {
 		// bpffs is the host's: give each node its own pin directory.
 		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir))
 		args = append(args, "--bpf-pin-dir", pins)
