@@ -208,3 +208,31 @@ func TestStatusAndAgentDown(t *testing.T) {
 	require.Less(t, took, 10*time.Second, "a bounded time")
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
 }
+
+// TestPodVethVanishesWithoutDel: the pod's veth disappears without a DEL
+// (as when its netns is deleted): the agent's reconciler notices, and
+// after the grace period and a re-check releases the pod's addresses and
+// endpoint (in bpf mode, its program too).
+func TestPodVethVanishesWithoutDel(t *testing.T) {
+	n := newNode(t, "vanish")
+	n.startAgent(agentOpts{pools: []string{dualStackPool}, gcInterval: 300 * time.Millisecond})
+	l := n.kvipamList("kv", "1.0.0", "")
+	gone, kept := newPod(t, "gone"), newPod(t, "kept")
+	n.mustAdd(l, gone)
+	n.mustAdd(l, kept)
+	require.Equal(t, 2, n.poolStatus("default", "ipv4").Used)
+
+	h := nlHandle(t, gone.ns)
+	eth0, err := h.LinkByName("eth0")
+	require.NoError(t, err)
+	require.NoError(t, h.LinkDel(eth0)) // takes the host veth with it
+
+	waitFor(t, 20*time.Second, "the vanished pod's endpoint to be collected", func() bool {
+		eps, err := n.client().Endpoints(context.Background())
+		return err == nil && len(eps) == 1 && eps[0].Owner.ContainerID == kept.rt.ContainerID
+	})
+	require.Equal(t, 1, n.poolStatus("default", "ipv4").Used, "its addresses are back in the pool")
+	require.Equal(t, 1, n.poolStatus("default", "ipv6").Used)
+	require.NoError(t, ping(kept.ns, hostAddrV4), "the other pod is untouched")
+	require.NoError(t, n.del(l, gone), "a late DEL still succeeds")
+}

@@ -58,6 +58,8 @@ type agentOpts struct {
 	queue string
 	// datapath overrides KVIPAM_E2E_DATAPATH (default routes).
 	datapath string
+	// gcInterval is the reconciler's period (default 30s).
+	gcInterval time.Duration
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -129,6 +131,9 @@ func (n *node) startAgent(o agentOpts) {
 	}
 	for _, p := range o.pools {
 		args = append(args, "--pool", p)
+	}
+	if o.gcInterval > 0 {
+		args = append(args, "--gc-interval", o.gcInterval.String())
 	}
 	if o.datapath != "routes" {
 		// bpffs is the host's: give each node its own pin directory.
