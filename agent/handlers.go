@@ -287,3 +287,18 @@ func (a *Agent) handleGC(w http.ResponseWriter, r *http.Request) {
 	}
 	a.writeJSON(w, r, http.StatusOK, res)
 }
+
+func (a *Agent) handleAllocations(w http.ResponseWriter, r *http.Request) {
+	o := api.Owner{ContainerID: r.URL.Query().Get("containerID"), IfName: r.URL.Query().Get("ifName")}
+	if e := validOwner(o); e != nil {
+		a.writeError(w, r, e)
+		return
+	}
+	out := api.AllocationList{Allocations: []api.Allocation{}}
+	for _, al := range a.alloc.Lookup(toOwner(o)) {
+		out.Allocations = append(out.Allocations, api.Allocation{
+			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Block: al.Block.String(), State: string(al.State),
+		})
+	}
+	a.writeJSON(w, r, http.StatusOK, out)
+}

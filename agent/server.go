@@ -29,6 +29,7 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("GET "+api.PathEndpoints, a.handleEndpointList)
 	mux.HandleFunc("DELETE "+api.PathEndpoints, a.handleEndpointDelete)
 	mux.HandleFunc("POST "+api.PathGC, a.handleGC)
+	mux.HandleFunc("GET "+api.PathAllocations, a.handleAllocations)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
 	})

@@ -19,6 +19,7 @@ type Agent interface {
 	Endpoints(ctx context.Context) ([]api.Endpoint, error)
 	Status(ctx context.Context) (*api.Status, error)
 	GC(ctx context.Context, req api.GCRequest) (*api.GCResponse, error)
+	Allocations(ctx context.Context, o api.Owner) ([]api.Allocation, error)
 }
 
 var _ Agent = (*client.Client)(nil)

@@ -128,6 +128,20 @@ func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {
 	return out, nil
 }
 
+func (f *fakeAgent) Allocations(_ context.Context, o api.Owner) ([]api.Allocation, error) {
+	f.record("allocations %s", key(o))
+	if f.errStatus != nil {
+		return nil, f.errStatus
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []api.Allocation
+	for _, a := range f.held[key(o)] {
+		out = append(out, api.Allocation{Pool: "default", Address: a, State: "allocated"})
+	}
+	return out, nil
+}
+
 func (f *fakeAgent) Status(context.Context) (*api.Status, error) {
 	f.record("status")
 	if f.errStatus != nil {

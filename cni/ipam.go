@@ -102,12 +102,8 @@ func (p *IPAM) Del(args *skel.CmdArgs) error {
 	return err
 }
 
-// Check verifies that the agent is ready and that every address of the
-// prevResult is in one of this node's blocks of the pool.
-//
-// The agent API has no lookup of one owner's allocation yet, so CHECK
-// cannot tell this attachment's address from another's in the same
-// block; the main plugin checks the interface itself.
+// Check verifies that the agent still holds every address of the
+// prevResult for this attachment (container ID and interface).
 func (p *IPAM) Check(args *skel.CmdArgs) error {
 	c, err := ParseIPAMConfig(args.StdinData)
 	if err != nil {
@@ -119,34 +115,22 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
 	ag := p.agent(c)
-	st, err := ag.Status(ctx)
+	held, err := ag.Allocations(ctx, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName})
 	if err != nil {
-		return fmt.Errorf("check: agent status: %w", err)
-	}
-	pool, err := poolName(ctx, ag, c)
-	if err != nil {
-		return err
-	}
-	var blocks []netip.Prefix
-	for _, ps := range st.Pools {
-		if ps.Pool != pool {
-			continue
-		}
-		for _, b := range ps.Blocks {
-			if pfx, err := netip.ParsePrefix(b); err == nil {
-				blocks = append(blocks, pfx)
-			}
-		}
+		return fmt.Errorf("check: agent allocations: %w", err)
 	}
 	var missing []string
 	for _, ipc := range c.PrevResult.IPs {
 		a := prefixOf(&ipc.Address).Addr()
-		if !slices.ContainsFunc(blocks, func(b netip.Prefix) bool { return b.Contains(a) }) {
+		if !slices.ContainsFunc(held, func(h api.Allocation) bool {
+			hp, err := netip.ParsePrefix(h.Address)
+			return err == nil && hp.Addr() == a
+		}) {
 			missing = append(missing, a.String())
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("check: %s not in any block of pool %s on node %s", strings.Join(missing, ", "), pool, st.Node)
+		return fmt.Errorf("check: %s no longer held by %s/%s", strings.Join(missing, ", "), args.ContainerID, args.IfName)
 	}
 	return nil
 }

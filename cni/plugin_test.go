@@ -317,8 +317,8 @@ func TestIPAM(t *testing.T) {
 	require.Equal(t, "10.1.0.5/26", ips[0].(map[string]any)["address"])
 
 	require.NoError(t, p.Funcs().Check(e.args("c1", conf(`,"prevResult":`+e.out.String()))))
-	e.ag.status.Pools[0].Blocks = []string{"10.1.9.0/26"}
-	require.ErrorContains(t, p.Funcs().Check(e.args("c1", conf(`,"prevResult":`+e.out.String()))), "10.1.0.5 not in any block of pool default")
+	require.ErrorContains(t, p.Funcs().Check(e.args("c2", conf(`,"prevResult":`+e.out.String()))), "10.1.0.5 no longer held by c2/eth0",
+		"another attachment's CHECK does not pass on c1's address")
 
 	require.NoError(t, p.Funcs().Status(e.args("", conf(""))))
 	e.ag.errRelease = unreachable()

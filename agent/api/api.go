@@ -17,6 +17,8 @@ const (
 	PathRelease   = "/v1/release"
 	PathEndpoints = "/v1/endpoints"
 	PathGC        = "/v1/gc"
+	// PathAllocations?containerID=&ifName= lists one owner's addresses.
+	PathAllocations = "/v1/allocations"
 )
 
 // MaxBodyBytes bounds every request body; larger ones get 413.
@@ -221,4 +223,17 @@ type PoolStatus struct {
 	// Exhausted: no free address in this node's blocks and the last
 	// attempt to claim a block found none.
 	Exhausted bool `json:"exhausted"`
+}
+
+// Allocation is one address an owner holds.
+type Allocation struct {
+	Pool    string `json:"pool"`
+	Address string `json:"address"` // 10.0.0.5/32
+	Block   string `json:"block"`
+	State   string `json:"state"` // reserved or allocated
+}
+
+// AllocationList is the answer of GET /v1/allocations.
+type AllocationList struct {
+	Allocations []Allocation `json:"allocations"`
 }

@@ -123,6 +123,14 @@ func (c *Client) EndpointStats(ctx context.Context) ([]api.Endpoint, error) {
 	return out.Endpoints, err
 }
 
+// Allocations lists the addresses one owner holds on this node.
+func (c *Client) Allocations(ctx context.Context, o api.Owner) ([]api.Allocation, error) {
+	q := url.Values{"containerID": {o.ContainerID}, "ifName": {o.IfName}}
+	var out api.AllocationList
+	err := c.do(ctx, http.MethodGet, api.PathAllocations+"?"+q.Encode(), nil, &out)
+	return out.Allocations, err
+}
+
 // GC releases allocations of this node not in the valid list.
 func (c *Client) GC(ctx context.Context, req api.GCRequest) (*api.GCResponse, error) {
 	var out api.GCResponse
