@@ -180,6 +180,13 @@ func TestAllocateEndpointRelease(t *testing.T) {
 	again, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1)})
 	require.NoError(t, err)
 	require.Equal(t, res.IPs, again.IPs, "a retried ADD gets the same addresses")
+	held, err := ta.c.Allocations(ctx, owner(1))
+	require.NoError(t, err)
+	require.Len(t, held, 2)
+	require.Equal(t, "reserved", held[0].State)
+	none, err := ta.c.Allocations(ctx, owner(2))
+	require.NoError(t, err)
+	require.Empty(t, none)
 
 	var ips []string
 	for _, ip := range res.IPs {
