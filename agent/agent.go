@@ -202,7 +202,7 @@ func (a *Agent) metrics() *metrics {
 func (a *Agent) openEtcd(ctx context.Context) error {
 	cfg := a.cfg.Etcd
 	if len(cfg.Endpoints) == 0 {
-		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbedConfig{Dir: filepath.Join(a.cfg.StateDir, "etcd")})
+		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbedConfig{Dir: filepath.Join(a.cfg.StateDir, "etcd"), ClientURL: a.cfg.EmbeddedListen})
 		if err != nil {
 			return err
 		}

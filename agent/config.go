@@ -57,6 +57,10 @@ type Config struct {
 	// NodeAddresses are where other nodes route this node's blocks;
 	// default: the global unicast addresses of the netns.
 	NodeAddresses []string `json:"nodeAddresses"`
+	// EmbeddedListen is the client URL of the embedded etcd (default a
+	// loopback port). Giving it a node address lets a small lab cluster's
+	// other agents use this node's embedded etcd.
+	EmbeddedListen string `json:"embeddedListen"`
 	// PeerRoutes routes other nodes' blocks to their addresses (host-gw,
 	// nodes on one L2 segment); off when the network routes pod blocks.
 	PeerRoutes bool `json:"peerRoutes"`
@@ -235,6 +239,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
 	var nodeAddrs string
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
+	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd, e.g. http://10.0.0.1:2379 (default: a loopback port)")
 	fs.BoolVar(&c.PeerRoutes, "peer-routes", c.PeerRoutes, "route other nodes' blocks to their node addresses (nodes on one L2 segment)")
 
 	// The config file comes first, so find it before parsing for real.

@@ -60,6 +60,8 @@ type agentOpts struct {
 	datapath string
 	// gcInterval is the reconciler's period (default 30s).
 	gcInterval time.Duration
+	// extra are more agent flags.
+	extra []string
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -135,6 +137,7 @@ func (n *node) startAgent(o agentOpts) {
 	if o.gcInterval > 0 {
 		args = append(args, "--gc-interval", o.gcInterval.String())
 	}
+	args = append(args, o.extra...)
 	if o.datapath != "routes" {
 		// bpffs is the host's: give each node its own pin directory.
 		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir))
