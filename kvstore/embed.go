@@ -31,6 +31,10 @@ type EmbedConfig struct {
 	// means a single-member cluster named "kvipam".
 	Name           string
 	InitialCluster string
+	// CertFile, KeyFile and CAFile serve clients over TLS (use an https
+	// ClientURL); with CAFile set, clients must present a certificate
+	// signed by it.
+	CertFile, KeyFile, CAFile string
 }
 
 // Embedded is a running in-process etcd server. Close stops it.
@@ -63,6 +67,10 @@ func StartEmbedded(ctx context.Context, c EmbedConfig) (*Embedded, error) {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ClientTLSInfo.CertFile, cfg.ClientTLSInfo.KeyFile = c.CertFile, c.KeyFile
+	if c.CAFile != "" {
+		cfg.ClientTLSInfo.TrustedCAFile, cfg.ClientTLSInfo.ClientCertAuth = c.CAFile, true
+	}
 	if c.InitialCluster != "" {
 		cfg.InitialCluster = c.InitialCluster
 		cfg.InitialClusterToken = "kvipam-test-cluster"
@@ -93,9 +101,13 @@ func StartEmbedded(ctx context.Context, c EmbedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("start embedded etcd: %w", ctx.Err())
 	}
+	scheme := "http://"
+	if c.CertFile != "" {
+		scheme = "https://"
+	}
 	eps := make([]string, 0, len(e.Clients))
 	for _, l := range e.Clients {
-		eps = append(eps, "http://"+l.Addr().String())
+		eps = append(eps, scheme+l.Addr().String())
 	}
 	return &Embedded{etcd: e, endpoints: eps}, nil
 }
