@@ -349,7 +349,7 @@ func readBootID() string {
 }
 
 func toOwner(o api.Owner) allocator.Owner {
-	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod}
+	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, Network: o.Network}
 }
 
 // ready reports whether the agent can allocate now, and why not.

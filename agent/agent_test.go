@@ -301,6 +301,18 @@ func TestGCRequest(t *testing.T) {
 	for _, al := range left {
 		require.Contains(t, []string{owner(0).ContainerID, owner(1).ContainerID}, al.ContainerID)
 	}
+	// GC is scoped to a network: another network's attachment in the same
+	// pool is not collected by this network's GC.
+	other := api.Owner{ContainerID: "other-net", IfName: "net1", Network: "net-b"}
+	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: other, Permanent: true, Families: []string{"ipv4"}})
+	require.NoError(t, err)
+	out, err = ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-a"}, time.Now().Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, out.Released, "net-a's GC leaves net-b's attachment alone")
+	out, err = ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-b"}, time.Now().Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Len(t, out.Released, 1, "net-b's own GC collects it")
+
 	_, err = ta.c.GC(ctx, api.GCRequest{ValidAttachments: []api.Attachment{{ContainerID: "x"}}})
 	require.Equal(t, "validAttachments[0]", apiErr(t, err).Field)
 }

@@ -22,7 +22,7 @@ func (a *Agent) collect(ctx context.Context, req api.GCRequest, now time.Time) (
 	var doomed []allocator.Allocation
 	res := api.GCResponse{Released: []string{}}
 	for _, al := range a.alloc.Allocations() {
-		if (req.Pool != "" && al.Pool != req.Pool) || valid[al.Owner.Key()] {
+		if (req.Pool != "" && al.Pool != req.Pool) || (req.Network != "" && al.Network != req.Network) || valid[al.Owner.Key()] {
 			continue
 		}
 		if now.Sub(al.Since) < a.cfg.GCGrace.Duration {

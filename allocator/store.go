@@ -28,6 +28,9 @@ type Owner struct {
 	IfName      string `json:"ifName"`
 	Namespace   string `json:"namespace,omitempty"`
 	Pod         string `json:"pod,omitempty"`
+	// Network is the CNI network name, so GC from one network never
+	// collects another network's attachments in a shared pool.
+	Network string `json:"network,omitempty"`
 }
 
 // Key is the identity of an attachment: container ID and interface name.

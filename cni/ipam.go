@@ -63,7 +63,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	o := owner(args, ka)
+	o := owner(args, ka, c.Name)
 	ag := p.agent(c)
 	ctx := context.Background() // each call is bounded by the client's timeout
 	var alloc *api.AllocateResponse

@@ -75,7 +75,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err := checkNetns(args.Netns); err != nil {
 		return err
 	}
-	o := owner(args, ka)
+	o := owner(args, ka, c.Name)
 	ag := p.agent(c)
 	start := time.Now()
 

@@ -15,8 +15,8 @@ import (
 
 // owner is the attachment's identity at the agent, with the pod's names
 // when the runtime sent them.
-func owner(args *skel.CmdArgs, a Args) api.Owner {
-	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID}
+func owner(args *skel.CmdArgs, a Args, network string) api.Owner {
+	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}
 }
 
 // releaseOrQueue releases an owner's IPs. When the agent cannot be reached

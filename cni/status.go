@@ -57,8 +57,9 @@ func poolName(ctx context.Context, ag Agent, c *Config) (string, error) {
 	return cfg.DefaultPool, nil
 }
 
-// gcPool is GC for both plugins: release the pool's allocations on this
-// node whose attachment is not in the configuration's valid list. Without
+// gcPool is GC for both plugins: release this network's allocations of
+// the pool on this node whose attachment is not in the configuration's
+// valid list. Without
 // a list (a caller that sent none), it does nothing rather than release
 // every attachment.
 func gcPool(ctx context.Context, ag Agent, c *Config) (*api.GCResponse, error) {
@@ -75,7 +76,7 @@ func gcPool(ctx context.Context, ag Agent, c *Config) (*api.GCResponse, error) {
 			valid = append(valid, a)
 		}
 	}
-	res, err := ag.GC(ctx, api.GCRequest{ValidAttachments: valid, Pool: pool})
+	res, err := ag.GC(ctx, api.GCRequest{ValidAttachments: valid, Pool: pool, Network: c.Name})
 	if err != nil {
 		return nil, fmt.Errorf("gc pool %s: %w", pool, err)
 	}

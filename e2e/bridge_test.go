@@ -70,7 +70,7 @@ func TestBridgeWithKvipamIPAM(t *testing.T) {
 	// kvipam-ipam's own GC, as a main plugin that forwards GC would call
 	// it, releases an allocation no cache knows of.
 	_, err := n.client().Allocate(context.Background(), api.AllocateRequest{
-		Owner: api.Owner{ContainerID: "leaked", IfName: "eth0"}, Pool: "br", Permanent: true,
+		Owner: api.Owner{ContainerID: "leaked", IfName: "eth0", Network: l.Name}, Pool: "br", Permanent: true,
 	})
 	require.NoError(t, err)
 	require.Len(t, n.ipKeys("leaked"), 1)

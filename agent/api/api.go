@@ -60,6 +60,8 @@ type Owner struct {
 	Namespace   string `json:"namespace,omitempty"`
 	Pod         string `json:"pod,omitempty"`
 	PodUID      string `json:"podUID,omitempty"`
+	// Network is the CNI network name (the conflist's name).
+	Network string `json:"network,omitempty"`
 }
 
 // AllocateRequest asks for one IP per family for an owner.
@@ -156,11 +158,13 @@ type Attachment struct {
 	IfName      string `json:"ifname"`
 }
 
-// GCRequest releases this node's allocations (in Pool, or every pool)
-// whose owner is not among ValidAttachments.
+// GCRequest releases this node's allocations (in Pool, or every pool;
+// of Network, or every network) whose owner is not among
+// ValidAttachments.
 type GCRequest struct {
 	ValidAttachments []Attachment `json:"validAttachments"`
 	Pool             string       `json:"pool,omitempty"`
+	Network          string       `json:"network,omitempty"`
 }
 
 // GCResponse says what a GC released and what it left for a later pass
