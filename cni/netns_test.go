@@ -5,32 +5,15 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 // newNS makes a network namespace for one test, with lo up, removed when
 // the test ends. It skips the test when not root.
-func newNS(t testing.TB) ns.NetNS {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (CI runs as root)")
-	}
-	n, err := testutils.NewNS()
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	h := handle(t, n)
-	lo, err := h.LinkByName("lo")
-	require.NoError(t, err)
-	require.NoError(t, h.LinkSetUp(lo))
-	return n
-}
+func newNS(t testing.TB) ns.NetNS { return nstest.NewNS(t) }
 
 // newHostNS is a namespace standing for a node: it has an uplink, as a
 // node has a NIC, so its veths' indexes differ from the pods' (see
@@ -45,13 +28,7 @@ func newHostNS(t testing.TB) ns.NetNS {
 }
 
 // handle is a netlink handle bound to n, closed at cleanup.
-func handle(t testing.TB, n ns.NetNS) *netlink.Handle {
-	t.Helper()
-	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
-	require.NoError(t, err)
-	t.Cleanup(h.Close)
-	return h
-}
+func handle(t testing.TB, n ns.NetNS) *netlink.Handle { return nstest.Handle(t, n) }
 
 // in runs f with the calling thread in n, as a plugin runs in the node's
 // namespace.

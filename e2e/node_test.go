@@ -15,14 +15,13 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 // Addresses the host namespace of every node has, for pods to reach.
@@ -265,27 +264,10 @@ func (n *node) etcdEndpoint() string {
 func newNS(t testing.TB) ns.NetNS {
 	t.Helper()
 	requireRoot(t)
-	n, err := testutils.NewNS()
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	h := nlHandle(t, n)
-	lo, err := h.LinkByName("lo")
-	require.NoError(t, err)
-	require.NoError(t, h.LinkSetUp(lo))
-	return n
+	return nstest.NewNS(t)
 }
 
-// nlHandle is a netlink handle bound to n, closed at cleanup.
-func nlHandle(t testing.TB, n ns.NetNS) *netlink.Handle {
-	t.Helper()
-	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()), unix.NETLINK_ROUTE)
-	require.NoError(t, err)
-	t.Cleanup(h.Close)
-	return h
-}
+func nlHandle(t testing.TB, n ns.NetNS) *netlink.Handle { return nstest.Handle(t, n) }
 
 // waitFor polls cond until it holds or the deadline passes. It is for
 // state with no event to wait on (an etcd lease expiring in another

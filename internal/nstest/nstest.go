@@ -20,8 +20,8 @@ func RequireRoot(tb testing.TB) {
 	}
 }
 
-// NewNS creates a network namespace that is removed when the test ends,
-// also when it fails.
+// NewNS creates a network namespace with lo up, removed when the test
+// ends, also when it fails.
 func NewNS(tb testing.TB) ns.NetNS {
 	tb.Helper()
 	RequireRoot(tb)
@@ -33,6 +33,14 @@ func NewNS(tb testing.TB) ns.NetNS {
 		_ = n.Close()
 		_ = testutils.UnmountNS(n)
 	})
+	h := Handle(tb, n)
+	lo, err := h.LinkByName("lo")
+	if err == nil {
+		err = h.LinkSetUp(lo)
+	}
+	if err != nil {
+		tb.Fatalf("set lo up in %s: %v", n.Path(), err)
+	}
 	return n
 }
 
