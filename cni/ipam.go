@@ -3,12 +3,9 @@ package cni
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 
@@ -18,35 +15,14 @@ import (
 // IPAM is the kvipam-ipam CNI IPAM plugin: kvipam's allocations for a
 // main plugin (bridge, macvlan, ipvlan) that makes the interface itself.
 // Its allocations are permanent at once: no endpoint follows, so there is
-// no reservation to confirm. Like Plugin, its fields are its I/O.
-type IPAM struct {
-	Stdout   io.Writer
-	Stderr   io.Writer
-	NewAgent func(socket string, timeout time.Duration) Agent
-}
+// no reservation to confirm. Like Plugin, its IO is its I/O.
+type IPAM struct{ IO }
 
 // NewIPAM returns an IPAM on the process's stdout and stderr.
-func NewIPAM() *IPAM {
-	return &IPAM{Stdout: os.Stdout, Stderr: os.Stderr, NewAgent: NewAgentClient}
-}
+func NewIPAM() *IPAM { return &IPAM{ProcessIO()} }
 
 // Funcs are the plugin's commands for skel.PluginMainFuncs.
-func (p *IPAM) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{
-		Add:    func(a *skel.CmdArgs) error { return result(p.Add(a)) },
-		Del:    func(a *skel.CmdArgs) error { return result(p.Del(a)) },
-		Check:  func(a *skel.CmdArgs) error { return result(p.Check(a)) },
-		Status: func(a *skel.CmdArgs) error { return result(p.Status(a)) },
-		GC:     func(a *skel.CmdArgs) error { return result(p.GC(a)) },
-	}
-}
-
-func (p *IPAM) agent(c *Config) Agent {
-	if p.NewAgent == nil {
-		return NewAgentClient(c.Socket, c.AgentTimeout)
-	}
-	return p.NewAgent(c.Socket, c.AgentTimeout)
-}
+func (p *IPAM) Funcs() skel.CNIFuncs { return funcsOf(p) }
 
 // Add allocates the attachment's IPs and prints them with their gateways
 // and routes. An address carries its block's prefix length unless

@@ -18,9 +18,9 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 )
 
-// Plugin is the kvipam CNI plugin. Its fields are its I/O, so tests can
-// run it in-process; a Plugin is safe for concurrent use when they are.
-type Plugin struct {
+// IO is a plugin's I/O: where results and logs go and how the node agent
+// is dialled. Tests set it to run plugins in-process.
+type IO struct {
 	// Stdout receives the result; Stderr the logs when logFile is unset.
 	Stdout io.Writer
 	Stderr io.Writer
@@ -28,14 +28,30 @@ type Plugin struct {
 	NewAgent func(socket string, timeout time.Duration) Agent
 }
 
-// NewPlugin returns a Plugin on the process's stdout and stderr.
-func NewPlugin() *Plugin {
-	return &Plugin{Stdout: os.Stdout, Stderr: os.Stderr, NewAgent: NewAgentClient}
+// ProcessIO is the I/O of a plugin run by a container runtime.
+func ProcessIO() IO {
+	return IO{Stdout: os.Stdout, Stderr: os.Stderr, NewAgent: NewAgentClient}
 }
 
-// Funcs are the plugin's commands for skel.PluginMainFuncs. Every error
+func (o IO) agent(c *Config) Agent {
+	if o.NewAgent == nil {
+		return NewAgentClient(c.Socket, c.AgentTimeout)
+	}
+	return o.NewAgent(c.Socket, c.AgentTimeout)
+}
+
+// commands are the CNI verbs a plugin implements.
+type commands interface {
+	Add(*skel.CmdArgs) error
+	Del(*skel.CmdArgs) error
+	Check(*skel.CmdArgs) error
+	Status(*skel.CmdArgs) error
+	GC(*skel.CmdArgs) error
+}
+
+// funcsOf wires a plugin's verbs for skel.PluginMainFuncs. Every error
 // they return is a *types.Error with the code from Code.
-func (p *Plugin) Funcs() skel.CNIFuncs {
+func funcsOf(p commands) skel.CNIFuncs {
 	return skel.CNIFuncs{
 		Add:    func(a *skel.CmdArgs) error { return result(p.Add(a)) },
 		Del:    func(a *skel.CmdArgs) error { return result(p.Del(a)) },
@@ -45,12 +61,15 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	}
 }
 
-func (p *Plugin) agent(c *Config) Agent {
-	if p.NewAgent == nil {
-		return NewAgentClient(c.Socket, c.AgentTimeout)
-	}
-	return p.NewAgent(c.Socket, c.AgentTimeout)
-}
+// Plugin is the kvipam CNI plugin. Its IO is its I/O, so tests can run it
+// in-process; a Plugin is safe for concurrent use when that is.
+type Plugin struct{ IO }
+
+// NewPlugin returns a Plugin on the process's stdout and stderr.
+func NewPlugin() *Plugin { return &Plugin{ProcessIO()} }
+
+// Funcs are the plugin's commands for skel.PluginMainFuncs.
+func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 
 // Add sets a pod up: get the agent's config (waiting for the agent if it
 // is restarting), reserve IPs, create and

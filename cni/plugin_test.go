@@ -33,7 +33,7 @@ type pluginEnv struct {
 func newPluginEnv(t *testing.T, withNS bool) *pluginEnv {
 	t.Helper()
 	e := &pluginEnv{ag: newFakeAgent(), out: &bytes.Buffer{}, stderr: &bytes.Buffer{}, queue: t.TempDir()}
-	e.p = &Plugin{Stdout: e.out, Stderr: e.stderr, NewAgent: func(string, time.Duration) Agent { return e.ag }}
+	e.p = &Plugin{IO{Stdout: e.out, Stderr: e.stderr, NewAgent: func(string, time.Duration) Agent { return e.ag }}}
 	if withNS {
 		e.host, e.pod = newHostNS(t), newNS(t)
 	}
@@ -302,7 +302,7 @@ func TestPluginGC(t *testing.T) {
 
 func TestIPAM(t *testing.T) {
 	e := newPluginEnv(t, false)
-	p := &IPAM{Stdout: e.out, Stderr: e.stderr, NewAgent: e.p.NewAgent}
+	p := &IPAM{e.p.IO}
 	conf := func(extra string) []byte {
 		return []byte(fmt.Sprintf(`{"cniVersion":"0.4.0","name":"br","type":"bridge","ipam":{"type":"kvipam-ipam","pool":"default","delQueueDir":%q}%s}`, e.queue, extra))
 	}
