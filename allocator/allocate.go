@@ -256,11 +256,23 @@ func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
 	if al == nil {
 		return nil
 	}
-	if exp, ok := ps.expires[al.Addr]; ok && al.State == StateReserved && a.cfg.Now().After(exp) {
-		a.drop(ps, al)
+	if a.dropIfLapsed(ps, al) {
 		return nil
 	}
 	return al
+}
+
+// dropIfLapsed drops al from the cache if it is a reservation whose lease
+// has ended, and reports whether it did. Every path that looks at a
+// cached reservation (by owner, by address, or to make room) goes
+// through it.
+func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
+	exp, ok := ps.expires[al.Addr]
+	if !ok || al.State != StateReserved || !a.cfg.Now().After(exp) {
+		return false
+	}
+	a.drop(ps, al)
+	return true
 }
 
 // drop removes al from the cache and frees its address in the bitmap.
@@ -276,10 +288,9 @@ func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (
 		return b, addr, nil
 	}
 	// Lapsed reservations free room before a new block is claimed.
-	now := a.cfg.Now()
-	for addr, exp := range ps.expires {
-		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f && now.After(exp) {
-			a.drop(ps, al)
+	for addr := range ps.expires {
+		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f {
+			a.dropIfLapsed(ps, al)
 		}
 	}
 	if b, addr, ok := ps.nextFree(f); ok {
@@ -321,10 +332,8 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 	if slices.Contains(ps.pool.Excluded(b), addr) {
 		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
 	}
-	if al := ps.byAddr[addr]; al != nil && al.State == StateReserved {
-		if exp, ok := ps.expires[addr]; ok && a.cfg.Now().After(exp) {
-			a.drop(ps, al) // lapsed; the create-if-absent write guards the rest
-		}
+	if al := ps.byAddr[addr]; al != nil {
+		a.dropIfLapsed(ps, al) // the create-if-absent write guards the rest
 	}
 	if ob.ba.IsUsed(addr) {
 		holder := "another owner"
