@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/internal/atomicfile"
 )
 
 // endpointStore keeps the node's endpoint records on local disk, one JSON
@@ -87,13 +88,8 @@ func (s *endpointStore) put(ep api.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("encode endpoint: %w", err)
 	}
-	f := s.file(ep.Owner)
-	tmp := f + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("write endpoint record: %w", err)
-	}
-	if err := os.Rename(tmp, f); err != nil {
-		return fmt.Errorf("commit endpoint record: %w", err)
+	if err := atomicfile.Write(s.dir, filepath.Base(s.file(ep.Owner)), data, 0o600); err != nil {
+		return fmt.Errorf("save endpoint record: %w", err)
 	}
 	s.mu.Lock()
 	s.eps[ownerKey(ep.Owner)] = ep

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/internal/atomicfile"
 )
 
 // Entry is one queued DEL.
@@ -38,7 +39,7 @@ type Entry struct {
 
 const (
 	suffix    = ".json"
-	tmpPrefix = ".tmp-"
+	tmpPrefix = atomicfile.TmpPrefix
 	// claimPrefix marks an entry a Drain is releasing.
 	claimPrefix = ".drain-"
 	// staleTmp is how old a temporary file must be before Drain removes
@@ -66,27 +67,8 @@ func Enqueue(dir string, o api.Owner) error {
 	if err != nil {
 		return fmt.Errorf("queue DEL: encode: %w", err)
 	}
-	f, err := os.CreateTemp(dir, tmpPrefix+"*")
-	if err != nil {
-		return fmt.Errorf("queue DEL: %w", err)
-	}
-	tmp := f.Name()
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, filepath.Join(dir, FileName(o)))
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("queue DEL of %s/%s in %s: %w", o.ContainerID, o.IfName, dir, werr)
-	}
-	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("queue DEL: %w", err)
+	if err := atomicfile.Write(dir, FileName(o), data, 0o600); err != nil {
+		return fmt.Errorf("queue DEL of %s/%s: %w", o.ContainerID, o.IfName, err)
 	}
 	return nil
 }
@@ -224,16 +206,4 @@ func removeStaleTemps(dir string) {
 			_ = os.Remove(filepath.Join(dir, de.Name()))
 		}
 	}
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }
