@@ -30,8 +30,6 @@ import (
 type Options struct {
 	Logger  hclog.Logger
 	Version string
-	// Datapath overrides the datapath chosen from Config.Datapath.
-	Datapath Datapath
 }
 
 // Agent is one node's daemon. Run it once; it is safe for concurrent use
@@ -251,10 +249,6 @@ func (a *Agent) session() *kvstore.Session {
 }
 
 func (a *Agent) openDatapath() error {
-	if a.opts.Datapath != nil {
-		a.dp = a.opts.Datapath
-		return nil
-	}
 	mode := a.cfg.Datapath
 	if mode == DatapathBPF || mode == DatapathAuto {
 		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.cfg.NetNS, a.log)

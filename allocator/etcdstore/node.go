@@ -3,7 +3,6 @@ package etcdstore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -37,19 +36,4 @@ func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
 		return fmt.Errorf("write node record %s: %w", r.Name, err)
 	}
 	return nil
-}
-
-// ListNodes returns the live nodes' records by name.
-func (s *Store) ListNodes(ctx context.Context) (map[string]NodeRecord, error) {
-	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.cli, NodesPrefix())
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]NodeRecord, len(vs))
-	for _, v := range vs {
-		// Keyed by the key, not the name inside the value: the key is what
-		// claims and homes refer to.
-		out[strings.TrimPrefix(v.Key, NodesPrefix())] = v.Value
-	}
-	return out, nil
 }

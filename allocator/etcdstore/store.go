@@ -44,9 +44,6 @@ func New(cli *clientv3.Client, o Options) *Store {
 	return &Store{cli: cli, res: reservationLeases{cli: cli, ttl: o.ReservationTTL}, now: time.Now}
 }
 
-// Client is the etcd client the store uses.
-func (s *Store) Client() *clientv3.Client { return s.cli }
-
 // EnsurePool implements allocator.Store. The pool is written only if no
 // pool changed since the pools were read, so two pools with overlapping
 // CIDRs cannot be created at once: overlapping pools would hand the same
