@@ -30,6 +30,9 @@ type testNode struct {
 type nodeOpts struct {
 	ttl    int64
 	resTTL time.Duration
+	// wrap, if set, puts a wrapper (a hookStore) between the allocator
+	// and the real store.
+	wrap func(allocator.Store) allocator.Store
 }
 
 func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o nodeOpts) *testNode {
@@ -43,7 +46,11 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	sess, err := kvstore.NewSession(ctx, cli, o.ttl)
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: st, Pools: pools})
+	var use allocator.Store = st
+	if o.wrap != nil {
+		use = o.wrap(st)
+	}
+	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: use, Pools: pools})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}

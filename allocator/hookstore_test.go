@@ -1,0 +1,168 @@
+package allocator_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+)
+
+// errUnknown stands for a transport failure after which nobody knows
+// whether etcd applied the request: a deadline, a lost connection.
+var errUnknown = errors.New("injected: context deadline exceeded (outcome unknown)")
+
+// errInjected is a failure before the request reached etcd.
+var errInjected = errors.New("injected: etcd unavailable")
+
+// hookStore wraps the real etcd Store and lets a test act at a chosen step
+// of a chosen call: pause the caller, revoke a lease between a read and a
+// compare, fail a call before it is sent, or let it commit and then report
+// an error (an unknown outcome). Every call still goes to the real etcd
+// unless a hook says otherwise. It is safe for concurrent use.
+type hookStore struct {
+	allocator.Store
+	mu     sync.Mutex
+	before map[string]func(ctx context.Context) error
+	after  map[string]func(ctx context.Context, err error) error
+}
+
+func newHookStore(s allocator.Store) *hookStore {
+	return &hookStore{Store: s, before: map[string]func(context.Context) error{}, after: map[string]func(context.Context, error) error{}}
+}
+
+// Before runs f before every call of op; an error from f is returned
+// without calling etcd.
+func (h *hookStore) Before(op string, f func(ctx context.Context) error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.before[op] = f
+}
+
+// After runs f after every call of op with its error; f's result replaces it.
+func (h *hookStore) After(op string, f func(ctx context.Context, err error) error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.after[op] = f
+}
+
+// Clear removes every hook.
+func (h *hookStore) Clear() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	clear(h.before)
+	clear(h.after)
+}
+
+// commitThenFail is an After hook for write calls: the write has been
+// applied, and the caller is told it failed, n times.
+func commitThenFail(n int) func(context.Context, error) error {
+	var mu sync.Mutex
+	return func(_ context.Context, err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || n == 0 {
+			return err
+		}
+		n--
+		return errUnknown
+	}
+}
+
+// failTimes is a Before hook that fails the call n times without sending it.
+func failTimes(n int, e error) func(context.Context) error {
+	var mu sync.Mutex
+	return func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		n--
+		return e
+	}
+}
+
+func (h *hookStore) pre(ctx context.Context, op string) error {
+	h.mu.Lock()
+	f := h.before[op]
+	h.mu.Unlock()
+	if f == nil {
+		return nil
+	}
+	return f(ctx)
+}
+
+func (h *hookStore) post(ctx context.Context, op string, err error) error {
+	h.mu.Lock()
+	f := h.after[op]
+	h.mu.Unlock()
+	if f == nil {
+		return err
+	}
+	return f(ctx, err)
+}
+
+func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+	if err := h.pre(ctx, "ListBlocks"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.ListBlocks(ctx, pool)
+	return out, h.post(ctx, "ListBlocks", err)
+}
+
+func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+	if err := h.pre(ctx, "Claim"); err != nil {
+		return 0, err
+	}
+	rev, err := h.Store.Claim(ctx, pool, b, c, lease)
+	return rev, h.post(ctx, "Claim", err)
+}
+
+func (h *hookStore) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+	if err := h.pre(ctx, "Reclaim"); err != nil {
+		return 0, err
+	}
+	rev, err := h.Store.Reclaim(ctx, pool, prev, c, lease)
+	return rev, h.post(ctx, "Reclaim", err)
+}
+
+func (h *hookStore) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimRev int64) error {
+	if err := h.pre(ctx, "Unclaim"); err != nil {
+		return err
+	}
+	return h.post(ctx, "Unclaim", h.Store.Unclaim(ctx, pool, b, claimRev))
+}
+
+func (h *hookStore) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
+	if err := h.pre(ctx, "ListIPs"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.ListIPs(ctx, pool, b)
+	return out, h.post(ctx, "ListIPs", err)
+}
+
+func (h *hookStore) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+	if err := h.pre(ctx, "WriteIPs"); err != nil {
+		return allocator.WriteResult{}, err
+	}
+	res, err := h.Store.WriteIPs(ctx, writes)
+	return res, h.post(ctx, "WriteIPs", err)
+}
+
+func (h *hookStore) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
+	if err := h.pre(ctx, "LeaseExpiry"); err != nil {
+		return time.Time{}, err
+	}
+	t, err := h.Store.LeaseExpiry(ctx, lease)
+	return t, h.post(ctx, "LeaseExpiry", err)
+}
+
+func (h *hookStore) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
+	if err := h.pre(ctx, "DeleteIP"); err != nil {
+		return err
+	}
+	return h.post(ctx, "DeleteIP", h.Store.DeleteIP(ctx, pool, b, a, rev))
+}
