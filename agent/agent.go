@@ -60,6 +60,10 @@ type Agent struct {
 	// epMu serializes endpoint create/delete/release per agent: they
 	// touch the datapath and the record together.
 	epMu sync.Mutex
+
+	// testHookGCDecided, if set, runs between GC's choice of what to
+	// release and the releases, so a test can interleave a DEL and an ADD.
+	testHookGCDecided func()
 }
 
 // New checks cfg and prepares an agent; Run starts it.

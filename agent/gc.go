@@ -31,6 +31,9 @@ func (a *Agent) collect(ctx context.Context, req api.GCRequest, now time.Time) (
 		}
 		doomed = append(doomed, al)
 	}
+	if a.testHookGCDecided != nil {
+		a.testHookGCDecided()
+	}
 	released, err := a.releaseIPs(ctx, doomed)
 	res.Released = append(res.Released, released...)
 	a.m.gcReleased.WithLabelValues("gc_request").Add(float64(len(released)))

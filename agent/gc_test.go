@@ -1,0 +1,96 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestGCKeepsReusedAddress pauses GC between its decision (from a snapshot
+// of the node's allocations) and its releases. Meanwhile the doomed owner
+// is deleted and its address is handed to a new, valid owner. GC must
+// release only what it decided on (same owner, same revision), never the
+// new owner's allocation of the same address.
+func TestGCKeepsReusedAddress(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		// reserve: the doomed owner holds a reservation that lapses before
+		// GC runs, and the new owner reserves the address too.
+		reserve bool
+	}{{"deleted-then-reused", false}, {"lapsed-reservation-reused", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := etcdtest.Start(t)
+			cli := etcdtest.Client(t, e)
+			cfg := testConfig(t, e)
+			cfg.GCGrace = Duration{time.Minute}
+			cfg.ReservationTTL = Duration{time.Second}
+			ta := startAgent(t, cfg, Options{})
+			doomed, fresh := owner(1), owner(2)
+			r, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: doomed, Permanent: !tc.reserve, Families: []string{"ipv4"}})
+			require.NoError(t, err)
+			addr := netip.MustParsePrefix(r.IPs[0].Address).Addr()
+			block := netip.MustParsePrefix(r.IPs[0].Block)
+			key := etcdstore.IPKey(testPool.Name, block, addr)
+			if tc.reserve {
+				waitDeleted(t, cli, key)
+			}
+			ta.a.testHookGCDecided = func() {
+				if !tc.reserve {
+					_, err := ta.c.Release(ctx, doomed)
+					require.NoError(t, err)
+				}
+				got, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: fresh, Permanent: !tc.reserve, IPs: []string{addr.String()}})
+				require.NoError(t, err, "the address is free for a new owner")
+				require.Equal(t, r.IPs[0].Address, got.IPs[0].Address)
+			}
+			valid := []api.Attachment{{ContainerID: fresh.ContainerID, IfName: fresh.IfName}}
+			res, err := ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid}, time.Now().Add(time.Hour))
+			require.NoError(t, err)
+			require.NotContains(t, res.Released, addr.String(), "GC released the new owner's address")
+
+			resp, err := cli.Get(ctx, key)
+			require.NoError(t, err)
+			require.Len(t, resp.Kvs, 1, "the new owner's allocation is still in etcd")
+			require.Contains(t, string(resp.Kvs[0].Value), fresh.ContainerID)
+			held, err := ta.c.Allocations(ctx, fresh)
+			require.NoError(t, err)
+			require.Len(t, held, 1, "and the agent still knows it")
+			if tc.reserve {
+				_, err := ta.a.alloc.Confirm(ctx, toOwner(fresh))
+				require.NoError(t, err, "the new owner's ADD completes")
+			}
+			// A third owner cannot get the address while the second has it.
+			_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(3), Permanent: true, IPs: []string{addr.String()}})
+			require.Equal(t, api.CodeInUse, apiErr(t, err).Code)
+		})
+	}
+}
+
+// waitDeleted waits for key to be deleted (a lease expiring), by watching it.
+func waitDeleted(t testing.TB, cli *clientv3.Client, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, key)
+	require.NoError(t, err)
+	if len(resp.Kvs) == 0 {
+		return
+	}
+	for wr := range cli.Watch(ctx, key, clientv3.WithRev(resp.Header.Revision+1)) {
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return
+			}
+		}
+	}
+	t.Fatalf("%s was not deleted: %v", key, ctx.Err())
+}
