@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -55,7 +56,9 @@ type Agent struct {
 	etcdErr   error
 	exhausted map[string]bool // pool/family whose last claim found no block
 	restored  bool
-	gc        *reconciler
+	// restoreErr is why the last restore failed, while not restored.
+	restoreErr error
+	gc         *reconciler
 
 	// epMu serializes endpoint create/delete/release per agent: they
 	// touch the datapath and the record together.
@@ -93,7 +96,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	tasks := []func(context.Context){a.batch.run, a.keepLease, a.probeEtcd, a.gc.run}
+	tasks := []func(context.Context){a.batch.run, a.probeEtcd, a.maintain}
 	if a.cfg.PeerRoutes {
 		tasks = append(tasks, newPeerRouter(a).run)
 	}
@@ -115,7 +118,11 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	a.log.Info("agent ready", "node", a.cfg.Node, "socket", a.cfg.Socket, "datapath", a.dp.Name(), "version", a.opts.Version)
+	if err := a.readyErr(); err != nil {
+		a.log.Error("agent serving but not ready", "node", a.cfg.Node, "socket", a.cfg.Socket, "reason", err)
+	} else {
+		a.log.Info("agent ready", "node", a.cfg.Node, "socket", a.cfg.Socket, "datapath", a.dp.Name(), "version", a.opts.Version)
+	}
 	if ready != nil {
 		close(ready)
 	}
@@ -136,7 +143,9 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 }
 
 // start does everything before serving: etcd, lease, node record,
-// restore of blocks and endpoints, queued DELs.
+// datapath, and the first attempt to restore blocks and endpoints. A
+// failed restore does not stop the agent: it serves not-ready, saying
+// why, and maintain retries.
 func (a *Agent) start(ctx context.Context) error {
 	a.bootID = readBootID()
 	if err := a.openEtcd(ctx); err != nil {
@@ -159,14 +168,6 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.metrics())
-	sess, err := a.newSession(ctx)
-	if err != nil {
-		return err
-	}
-	a.setSession(sess)
-	if err := a.alloc.Restore(ctx, sess); err != nil {
-		return fmt.Errorf("restore allocations: %w", err)
-	}
 	if err := a.openDatapath(); err != nil {
 		return err
 	}
@@ -174,19 +175,93 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.eps, err = openEndpointStore(filepath.Join(a.cfg.StateDir, "endpoints")); err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	// Queued DELs first: their pods' veths are gone, and the datapath
-	// should not try to adopt them.
+	a.gc = newReconciler(a)
+	sess, err := a.newSession(ctx)
+	if err != nil {
+		return err
+	}
+	a.setSession(sess)
+	if err := a.restore(ctx, sess); err != nil {
+		a.log.Error("restore failed; serving not-ready and retrying", "error", err)
+		a.mu.Lock()
+		a.restoreErr = err
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// restore rebuilds the allocator's cache on sess, then the endpoints: the
+// DELs queued while the agent was away first (their pods' veths are gone,
+// and the datapath should not try to adopt them), then adoption of the
+// rest. Only then does the agent allocate.
+func (a *Agent) restore(ctx context.Context, sess *kvstore.Session) error {
+	if err := a.alloc.Restore(ctx, sess); err != nil {
+		return fmt.Errorf("restore allocations: %w", err)
+	}
 	if err := a.drainDelQueue(ctx); err != nil {
 		a.log.Warn("queued DELs left for a later pass", "error", err)
 	}
 	if err := a.restoreEndpoints(ctx); err != nil {
 		return err
 	}
-	a.gc = newReconciler(a)
 	a.mu.Lock()
-	a.restored = true
+	a.restored, a.restoreErr = true, nil
 	a.mu.Unlock()
 	return nil
+}
+
+// maintain retries a failed restore until it succeeds, then runs the
+// reconciler and keeps the lease, until ctx ends.
+func (a *Agent) maintain(ctx context.Context) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 5*time.Second, 0
+	for !a.isRestored() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(b.NextBackOff()):
+		}
+		err := a.retryRestore(ctx)
+		if err == nil {
+			a.log.Info("restore succeeded; agent ready", "node", a.cfg.Node)
+			break
+		}
+		a.log.Warn("restore failed again; still not ready", "error", err)
+		a.mu.Lock()
+		a.restoreErr = err
+		a.mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); a.gc.run(ctx) }()
+	a.keepLease(ctx)
+	wg.Wait()
+}
+
+// retryRestore is one more restore attempt, on a new lease if the last
+// one was lost meanwhile.
+func (a *Agent) retryRestore(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
+	defer cancel()
+	sess := a.session()
+	if sess == nil || sess.Lost() {
+		ns, err := a.newSession(rctx)
+		if err != nil {
+			return err
+		}
+		if sess != nil {
+			sess.Close()
+		}
+		a.setSession(ns)
+		sess = ns
+	}
+	return a.restore(rctx, sess)
+}
+
+func (a *Agent) isRestored() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.restored
 }
 
 func (a *Agent) metrics() *metrics {
@@ -355,6 +430,8 @@ func (a *Agent) readyErr() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
+	case !a.restored && a.restoreErr != nil:
+		return fmt.Errorf("restore failed, retrying: %w", a.restoreErr)
 	case !a.restored:
 		return errors.New("agent is restoring its state")
 	case a.etcdErr != nil:

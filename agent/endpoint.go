@@ -92,6 +92,10 @@ func (a *Agent) deleteEndpointLocked(ctx context.Context, o api.Owner) error {
 func (a *Agent) release(ctx context.Context, o api.Owner) ([]string, error) {
 	a.epMu.Lock()
 	defer a.epMu.Unlock()
+	return a.releaseLocked(ctx, o)
+}
+
+func (a *Agent) releaseLocked(ctx context.Context, o api.Owner) ([]string, error) {
 	if err := a.deleteEndpointLocked(ctx, o); err != nil {
 		return nil, err
 	}
@@ -108,20 +112,38 @@ func (a *Agent) release(ctx context.Context, o api.Owner) ([]string, error) {
 	return out, err
 }
 
-// releaseIPs frees specific allocations (GC), tearing the owner's endpoint
-// down once it holds nothing more.
+// releaseEndpoint releases ep's owner as release does, but only if ep is
+// still the owner's endpoint (same ID and creation time): the reconciler
+// judged that one, not a later ADD of the same attachment. same reports
+// whether it was.
+func (a *Agent) releaseEndpoint(ctx context.Context, ep api.Endpoint) (ips []string, same bool, err error) {
+	a.epMu.Lock()
+	defer a.epMu.Unlock()
+	cur, ok := a.eps.get(ep.Owner)
+	if !ok || cur.ID != ep.ID || !cur.Created.Equal(ep.Created) {
+		return nil, false, nil
+	}
+	ips, err = a.releaseLocked(ctx, ep.Owner)
+	return ips, true, err
+}
+
+// releaseIPs frees allocations GC decided on from a snapshot. Each is
+// released only if etcd still holds it at the snapshot's revision, so an
+// address that was deleted and handed to a new owner since is left alone.
+// The owner's endpoint is torn down once it holds nothing more.
 func (a *Agent) releaseIPs(ctx context.Context, als []allocator.Allocation) ([]string, error) {
 	a.epMu.Lock()
 	defer a.epMu.Unlock()
 	var out []string
 	var errs []error
 	for _, al := range als {
-		got, err := a.alloc.ReleaseIP(ctx, al.Pool, al.Addr)
+		gone, err := a.alloc.ReleaseAllocation(ctx, al)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		if got == nil {
+		if !gone {
+			a.log.Info("gc: allocation changed since GC decided; left alone", "ip", al.Addr, "owner", al.Owner.Key())
 			continue
 		}
 		out = append(out, al.Addr.String())

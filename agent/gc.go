@@ -11,9 +11,11 @@ import (
 
 // collect serves a GC request: this node's allocations (in req.Pool, or
 // every pool) whose owner is not a valid attachment are released, but only
-// once they are older than the grace period, so an ADD that raced the
-// caller's list of valid attachments is not collected. Each release is
-// guarded by the revision the node holds.
+// once the node has known them for the grace period (on the monotonic
+// clock, so a step of the wall clock cannot make a fresh allocation look
+// old), so an ADD that raced the caller's list of valid attachments is not
+// collected. Each release is guarded in etcd by the revision seen in the
+// snapshot GC decided on.
 func (a *Agent) collect(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error) {
 	valid := map[string]bool{}
 	for _, at := range req.ValidAttachments {
@@ -25,7 +27,7 @@ func (a *Agent) collect(ctx context.Context, req api.GCRequest, now time.Time) (
 		if (req.Pool != "" && al.Pool != req.Pool) || (req.Network != "" && al.Network != req.Network) || valid[al.Owner.Key()] {
 			continue
 		}
-		if now.Sub(al.Since) < a.cfg.GCGrace.Duration {
+		if now.Sub(al.Seen) < a.cfg.GCGrace.Duration {
 			res.Deferred++
 			continue
 		}
@@ -98,10 +100,16 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, r.a.cfg.RequestTimeout.Duration)
-		ips, err := r.a.release(rctx, ep.Owner)
+		ips, same, err := r.a.releaseEndpoint(rctx, ep)
 		cancel()
 		if err != nil {
 			r.a.log.Warn("reconcile: release", "owner", k, "error", err)
+			continue
+		}
+		if !same {
+			// DEL and a new ADD of the same attachment came in between:
+			// the new endpoint is judged on its own at a later pass.
+			delete(r.suspect, k)
 			continue
 		}
 		delete(r.suspect, k)

@@ -94,3 +94,48 @@ func waitDeleted(t testing.TB, cli *clientv3.Client, key string) {
 	}
 	t.Fatalf("%s was not deleted: %v", key, ctx.Err())
 }
+
+// TestRestoreFailureServesNotReady plants a claim by another node over a
+// block whose home is this node and which holds a pod's address. The agent
+// cannot re-claim it, so it must not serve allocations: status says
+// ready=false and names the block; allocate and release answer try-again.
+// Once the bad claim is gone, the agent restores by itself and knows the
+// pod's address.
+func TestRestoreFailureServesNotReady(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	_, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, testPool)
+	require.NoError(t, err)
+	block := netip.MustParsePrefix("10.77.0.32/27")
+	pod := netip.MustParseAddr("10.77.0.33")
+	for k, v := range map[string]string{
+		etcdstore.HomeKey(testPool.Name, block):    `{"node":"node-1"}`,
+		etcdstore.ClaimKey(testPool.Name, block):   `{"node":"intruder"}`,
+		etcdstore.IPKey(testPool.Name, block, pod): `{"containerID":"ctr-0007","ifName":"eth0","node":"node-1","state":"allocated"}`,
+	} {
+		_, err := cli.Put(ctx, k, v)
+		require.NoError(t, err)
+	}
+	ta := startAgent(t, testConfig(t, e), Options{})
+	st, err := ta.c.Status(ctx)
+	require.NoError(t, err)
+	require.False(t, st.Ready)
+	require.Contains(t, st.Message, block.String())
+	require.Contains(t, st.Message, "intruder")
+	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1)})
+	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code)
+	_, err = ta.c.Release(ctx, owner(7))
+	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code)
+
+	_, err = cli.Delete(ctx, etcdstore.ClaimKey(testPool.Name, block))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := ta.c.Status(ctx)
+		return err == nil && st.Ready
+	}, 30*time.Second, 50*time.Millisecond, "the agent restores once it can re-claim its block")
+	held, err := ta.c.Allocations(ctx, owner(7))
+	require.NoError(t, err)
+	require.Len(t, held, 1)
+	require.Equal(t, pod.String()+"/32", held[0].Address)
+}

@@ -188,6 +188,12 @@ func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
 		a.writeError(w, r, e)
 		return
 	}
+	if !a.isRestored() {
+		// Until the node knows its allocations, a release would free
+		// nothing and tear down a running pod's datapath for nothing.
+		a.writeError(w, r, tryAgain(a.readyErr()))
+		return
+	}
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
 	released, err := a.release(ctx, req.Owner)

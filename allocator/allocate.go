@@ -85,6 +85,9 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 		}
 		return out
 	}
+	// Earlier writes of unknown outcome are settled first, so that an
+	// owner's retry finds the address that landed.
+	pendErr := a.settlePending(ctx)
 	plans := make([]*plan, len(reqs))
 	var writes []IPWrite
 	var later []int // a second request of an owner waits for the first
@@ -96,7 +99,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 			continue
 		}
 		planned[k] = true
-		p, err := a.plan(ctx, r)
+		p, err := a.plan(ctx, r, pendErr)
 		if err != nil {
 			out[i].Err = err
 			continue
@@ -110,23 +113,47 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 		}
 	}()
 	res, err := a.cfg.Store.WriteIPs(ctx, writes)
-	if err == nil {
+	switch {
+	case err == nil:
 		for i, p := range plans {
 			if p != nil {
 				out[i].Result = a.commit(p, res)
 			}
 		}
-		return out
-	}
-	for _, p := range slices.Backward(plans) {
-		if p != nil {
-			a.undo(p)
+	case outcomeUnknown(err):
+		// The transaction may have committed: nothing is undone before a
+		// read of etcd says what landed.
+		for _, p := range plans {
+			if p != nil {
+				a.park(p.ps, p.writes)
+			}
 		}
-	}
-	a.learn(ctx, err)
-	for i, p := range plans {
-		if p != nil {
+		serr := a.settlePending(ctx)
+		for i, p := range plans {
+			if p == nil {
+				continue
+			}
+			if r, ok := a.landed(p); ok {
+				out[i].Result = r
+				continue
+			}
+			if serr != nil {
+				out[i].Err = fmt.Errorf("allocate in pool %s for %s: %w", p.req.Pool, p.req.Owner.Key(), serr)
+				continue
+			}
 			out[i].Result, out[i].Err = a.allocateOne(ctx, p.req)
+		}
+	default:
+		for _, p := range slices.Backward(plans) {
+			if p != nil {
+				a.undo(p)
+			}
+		}
+		a.learn(ctx, err)
+		for i, p := range plans {
+			if p != nil {
+				out[i].Result, out[i].Err = a.allocateOne(ctx, p.req)
+			}
 		}
 	}
 	return out
@@ -139,18 +166,29 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 		if err := a.ready(); err != nil {
 			return err
 		}
-		p, err := a.plan(ctx, req)
+		p, err := a.plan(ctx, req, a.settlePending(ctx))
 		if err != nil {
 			return err
 		}
 		res, err := a.cfg.Store.WriteIPs(ctx, p.writes)
-		if err != nil {
+		if err == nil {
+			out = a.commit(p, res)
+			return nil
+		}
+		if !outcomeUnknown(err) {
 			a.undo(p)
 			a.learn(ctx, err)
 			return err
 		}
-		out = a.commit(p, res)
-		return nil
+		a.park(p.ps, p.writes)
+		if serr := a.settlePending(ctx); serr != nil {
+			return serr
+		}
+		if r, ok := a.landed(p); ok {
+			out = r
+			return nil
+		}
+		return err // it did not land; the caller may try again
 	})
 	if err != nil {
 		return Result{}, fmt.Errorf("allocate in pool %s for %s: %w", req.Pool, req.Owner.Key(), err)
@@ -158,13 +196,20 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 	return out, nil
 }
 
-func (a *NodeAllocator) plan(ctx context.Context, r Request) (*plan, error) {
+// plan chooses the request's addresses and marks them. pendErr is the
+// error of the last attempt to settle writes of unknown outcome: an owner
+// with such a write is refused until it is settled, since the write may
+// hold its address.
+func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*plan, error) {
 	if err := r.Owner.Validate(); err != nil {
 		return nil, err
 	}
 	ps, err := a.poolState(r.Pool)
 	if err != nil {
 		return nil, err
+	}
+	if ps.pendingFor(r.Owner.Key()) {
+		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(ErrUnavailable, pendErr))
 	}
 	fams, static, err := requestFamilies(ps.pool, r)
 	if err != nil {
@@ -248,18 +293,17 @@ func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error)
 	return fams, static, nil
 }
 
-// live returns the owner's allocation of family f, dropping a reservation
-// that has lapsed. A dropped one may still be in the store for a moment;
-// the write that reuses its address then fails and reloads the block.
+// live returns the owner's (oldest) allocation of family f, dropping
+// reservations that have lapsed. A dropped one may still be in the store
+// for a moment; the write that reuses its address then fails and reloads
+// the block.
 func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
-	al := ps.byOwner[o.Key()][f]
-	if al == nil {
-		return nil
+	for _, al := range ps.ofOwner(o.Key(), f) {
+		if !a.dropIfLapsed(ps, al) {
+			return al
+		}
 	}
-	if a.dropIfLapsed(ps, al) {
-		return nil
-	}
-	return al
+	return nil
 }
 
 // dropIfLapsed drops al from the cache if it is a reservation whose lease
@@ -307,17 +351,6 @@ func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (
 	return b, addr, nil
 }
 
-func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
-	for _, b := range ps.sortedOwn(f) {
-		if ob := ps.own[b]; ob.ba.Free() > 0 {
-			if addr, ok := ob.ba.Next(); ok {
-				return b, addr, true
-			}
-		}
-	}
-	return netip.Prefix{}, netip.Addr{}, false
-}
-
 func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {
 	b, ob := ps.ownBlockOf(addr)
 	if ob == nil {
@@ -347,23 +380,35 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 
 // commit records a written plan and builds its result.
 func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
+	seen := time.Now()
+	for _, w := range p.writes {
+		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
+		p.ps.remember(al, res.Expires)
+	}
+	r, _ := a.landed(p)
+	return r
+}
+
+// landed builds the result of a plan whose writes are all in the cache as
+// the owner's; ok is false if one is not.
+func (a *NodeAllocator) landed(p *plan) (Result, bool) {
 	out := Result{Pool: p.ps.pool.Name}
-	for _, al := range p.reused {
+	als := slices.Clone(p.reused)
+	for _, w := range p.writes {
+		al := p.ps.byAddr[w.Addr]
+		if al == nil || !sameRecord(al.Record, w.Record) {
+			return Result{}, false
+		}
+		als = append(als, al)
+	}
+	for _, al := range als {
 		out.Allocations = append(out.Allocations, *al)
 		if exp, ok := p.ps.expires[al.Addr]; ok && al.State == StateReserved {
 			out.Expires = exp
 		}
 	}
-	for _, w := range p.writes {
-		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev}
-		p.ps.remember(al, res.Expires)
-		out.Allocations = append(out.Allocations, *al)
-		if w.Reserve {
-			out.Expires = res.Expires
-		}
-	}
 	slices.SortFunc(out.Allocations, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
-	return out
+	return out, true
 }
 
 func (a *NodeAllocator) undo(p *plan) {
@@ -377,6 +422,8 @@ func (a *NodeAllocator) undo(p *plan) {
 
 // learn corrects the cache from a failed write: blocks whose claim moved
 // are no longer ours; addresses found taken are reloaded from the store.
+// If a reload fails, the taken addresses are at least marked, so the retry
+// does not pick them again.
 func (a *NodeAllocator) learn(ctx context.Context, err error) {
 	var we *WriteError
 	if !errors.As(err, &we) {
@@ -390,10 +437,13 @@ func (a *NodeAllocator) learn(ctx context.Context, err error) {
 			}
 		}
 		for _, addr := range we.Taken {
-			if b, ob := ps.ownBlockOf(addr); ob != nil {
-				if err := a.reloadBlock(ctx, ps, b); err != nil {
-					a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
-				}
+			b, ob := ps.ownBlockOf(addr)
+			if ob == nil {
+				continue
+			}
+			if err := a.reloadBlock(ctx, ps, b); err != nil {
+				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+				ob.ba.Mark(addr)
 			}
 		}
 	}
@@ -403,205 +453,7 @@ func (a *NodeAllocator) learn(ctx context.Context, err error) {
 // Its allocations stay in the store; Restore finds them again if the block
 // is still this node's home.
 func (a *NodeAllocator) loseBlock(ps *poolState, b netip.Prefix) {
-	for addr, al := range ps.byAddr {
-		if b.Contains(addr) {
-			ps.forget(al)
-		}
-	}
+	ps.forgetBlock(b)
 	delete(ps.own, b)
 	ps.others[b] = otherBlock{node: "?"}
-}
-
-// Confirm makes the owner's reservations permanent, in every pool, with
-// one fenced transaction. Confirming what is already permanent is a no-op.
-func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if err := a.ready(); err != nil {
-		return nil, err
-	}
-	var writes []IPWrite
-	var done []Allocation
-	for _, ps := range a.pools {
-		for _, al := range ps.byOwner[o.Key()] {
-			if al.State != StateReserved {
-				done = append(done, *al)
-				continue
-			}
-			if a.live(ps, o, FamilyOf(al.Addr)) == nil {
-				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
-			}
-			ob := ps.own[al.Block]
-			rec := al.Record
-			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
-			if o.Namespace != "" || o.Pod != "" {
-				rec.Namespace, rec.Pod = o.Namespace, o.Pod
-			}
-			writes = append(writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: ob.claimRev, Addr: al.Addr, Record: rec, PrevRev: al.Rev})
-		}
-	}
-	if len(writes) == 0 && len(done) == 0 {
-		return nil, fmt.Errorf("confirm %s: %w", o.Key(), ErrNotFound)
-	}
-	res, err := a.cfg.Store.WriteIPs(ctx, writes)
-	if err != nil {
-		a.learn(ctx, err)
-		var we *WriteError
-		if errors.As(err, &we) {
-			return nil, fmt.Errorf("confirm %s: %w: %w", o.Key(), ErrReservationGone, err)
-		}
-		return nil, fmt.Errorf("confirm %s: %w", o.Key(), err)
-	}
-	for _, w := range writes {
-		ps := a.pools[w.Pool]
-		al := ps.byAddr[w.Addr]
-		al.Record, al.Rev = w.Record, res.Rev
-		delete(ps.expires, w.Addr)
-		done = append(done, *al)
-	}
-	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
-	return done, nil
-}
-
-// Release frees every address the owner holds, in every pool. Each delete
-// is guarded by the revision the node last saw, so a stale release cannot
-// free an address that was handed to someone else since. Releasing an
-// owner that holds nothing succeeds.
-func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !a.restored {
-		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
-	}
-	var out []Allocation
-	var errs []error
-	for _, ps := range a.pools {
-		for _, al := range ps.byOwner[o.Key()] {
-			if err := a.release(ctx, ps, al); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			out = append(out, *al)
-		}
-	}
-	return out, errors.Join(errs...)
-}
-
-// ReleaseIP frees one address of this node if it is held. It reports what
-// it released, nil if nothing was held there.
-func (a *NodeAllocator) ReleaseIP(ctx context.Context, pool string, addr netip.Addr) (*Allocation, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !a.restored {
-		return nil, fmt.Errorf("release %s: %w", addr, ErrLeaseLost)
-	}
-	ps, err := a.poolState(pool)
-	if err != nil {
-		return nil, err
-	}
-	al := ps.byAddr[addr]
-	if al == nil {
-		return nil, nil
-	}
-	cp := *al
-	return &cp, a.release(ctx, ps, al)
-}
-
-func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
-	err := a.cfg.Store.DeleteIP(ctx, ps.pool.Name, al.Block, al.Addr, al.Rev)
-	if errors.Is(err, ErrConflict) {
-		// Rewritten since we cached it: reload and report rather than
-		// delete what we have not seen.
-		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
-			_ = a.reloadBlock(ctx, ps, al.Block)
-		}
-		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
-	}
-	if err != nil {
-		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
-	}
-	a.drop(ps, al)
-	a.maybeUnclaim(ctx, ps, al.Block)
-	return nil
-}
-
-// maybeUnclaim gives an empty block back to the pool when the node has
-// another of the same family, so a node that shrinks does not hoard
-// blocks, yet always keeps one block per family ready for the next pod.
-func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
-	ob := ps.own[b]
-	if ob == nil || ob.ba.Used() > 0 || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
-		return
-	}
-	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {
-		a.log.Debug("keep empty block", "pool", ps.pool.Name, "block", b, "reason", err)
-		return
-	}
-	delete(ps.own, b)
-	a.log.Info("released empty block", "pool", ps.pool.Name, "block", b)
-}
-
-// Lookup returns what the owner holds, in every pool.
-func (a *NodeAllocator) Lookup(o Owner) []Allocation {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []Allocation
-	for _, ps := range a.pools {
-		for _, al := range ps.byOwner[o.Key()] {
-			out = append(out, *al)
-		}
-	}
-	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
-	return out
-}
-
-// Allocations returns every allocation this node holds, sorted by address.
-func (a *NodeAllocator) Allocations() []Allocation {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []Allocation
-	for _, ps := range a.pools {
-		for _, al := range ps.byAddr {
-			out = append(out, *al)
-		}
-	}
-	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
-	return out
-}
-
-// Usage is the node's share of one pool family.
-type Usage struct {
-	Pool     string
-	Family   Family
-	Blocks   []netip.Prefix
-	Capacity int // allocatable addresses in own blocks
-	Used     int
-	Reserved int
-}
-
-// Usage reports per pool and family what this node owns and uses.
-func (a *NodeAllocator) Usage() []Usage {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []Usage
-	for _, name := range a.cfg.Pools {
-		ps := a.pools[name]
-		if ps == nil {
-			continue
-		}
-		for _, f := range ps.pool.Families() {
-			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f)}
-			for _, b := range u.Blocks {
-				u.Capacity += ps.own[b].ba.Capacity()
-				u.Used += ps.own[b].ba.Used()
-			}
-			for addr, al := range ps.byAddr {
-				if FamilyOf(addr) == f && al.State == StateReserved {
-					u.Reserved++
-				}
-			}
-			out = append(out, u)
-		}
-	}
-	return out
 }

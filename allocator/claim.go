@@ -17,18 +17,32 @@ const enumerateLimit = 1 << 16
 
 // claimBlock claims one more block of family f for this node. It refreshes
 // the view of other nodes' claims first, then tries candidates until one
-// claim transaction succeeds; every lost race marks that block taken.
+// claim transaction succeeds. Every lost race marks that block taken, so
+// the loop makes progress; it has no attempt budget. When no candidate is
+// left it reads the claims once more (a block may have been freed, or a
+// race that said "changed concurrently" may have been transient), and
+// reports the pool exhausted only if that read leaves nothing to try. The
+// caller's context bounds the whole.
 func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family) (netip.Prefix, error) {
 	if err := a.refreshOthers(ctx, ps); err != nil {
 		return netip.Prefix{}, err
 	}
+	fresh := true // others was read since the last lost race
 	var got netip.Prefix
 	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
 		cand, ok := a.chooseBlock(ps, f)
+		if !ok && !fresh {
+			if err := a.refreshOthers(ctx, ps); err != nil {
+				return err
+			}
+			fresh = true
+			cand, ok = a.chooseBlock(ps, f)
+		}
 		if !ok {
 			return ps.exhausted(f)
 		}
 		if err := a.tryClaim(ctx, ps, cand); err != nil {
+			fresh = false
 			return err
 		}
 		got = cand
@@ -48,11 +62,18 @@ func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b neti
 }
 
 // tryClaim runs one claim transaction for b and, if it wins, makes b an
-// own, empty block. A lost race is noted in ps.others and returned.
+// own, empty block. A lost race is noted in ps.others and returned. A
+// claim found held by this node on its current lease is this node's own
+// earlier claim whose answer was lost (an unknown outcome): it is adopted,
+// not counted as taken.
 func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
 	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, a.claimRecord(), a.lease.ID())
 	var ce *ClaimError
 	if errors.As(err, &ce) {
+		if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
+			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", ce.ClaimRev)
+			return a.adoptBlock(ctx, ps, b, ce.ClaimRev)
+		}
 		ps.noteOther(b, ce.ClaimedBy, ce.NonEmpty)
 		return err
 	}
@@ -69,6 +90,9 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 	return nil
 }
 
+// refreshOthers re-reads which blocks other nodes hold. A claim of this
+// node on its current lease that the node does not know is its own claim
+// whose answer was lost; it is adopted.
 func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error {
 	infos, err := a.cfg.Store.ListBlocks(ctx, ps.pool.Name)
 	if err != nil {
@@ -81,6 +105,11 @@ func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error 
 			continue
 		}
 		switch {
+		case info.Owned(a.cfg.Node) && info.ClaimLease == a.lease.ID():
+			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", info.Block, "rev", info.ClaimRev)
+			if err := a.adoptBlock(ctx, ps, info.Block, info.ClaimRev); err != nil {
+				return err
+			}
 		case info.Claim != nil:
 			ps.others[info.Block] = otherBlock{node: info.Claim.Node}
 		case info.Home != nil && prev[info.Block].orphaned:
@@ -141,24 +170,4 @@ func (a *NodeAllocator) score(b netip.Prefix) uint64 {
 	h.Write([]byte{0})
 	h.Write([]byte(BlockName(b)))
 	return h.Sum64()
-}
-
-func (ps *poolState) exhausted(f Family) error {
-	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f)}
-	for b := range ps.own {
-		if FamilyOf(b.Addr()) == f {
-			e.Claimed++
-		}
-	}
-	for b, o := range ps.others {
-		if FamilyOf(b.Addr()) != f {
-			continue
-		}
-		if o.orphaned {
-			e.Orphaned++
-		} else {
-			e.Claimed++
-		}
-	}
-	return e
 }

@@ -144,6 +144,14 @@ func (h *hookStore) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([
 	return out, h.post(ctx, "ListIPs", err)
 }
 
+func (h *hookStore) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.Addr]allocator.Allocation, error) {
+	if err := h.pre(ctx, "GetIPs"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.GetIPs(ctx, refs)
+	return out, h.post(ctx, "GetIPs", err)
+}
+
 func (h *hookStore) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
 	if err := h.pre(ctx, "WriteIPs"); err != nil {
 		return allocator.WriteResult{}, err

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,9 +29,14 @@ type NodeConfig struct {
 	// specs are read from the Store at Restore.
 	Pools  []string
 	Logger hclog.Logger
-	// ClaimRetry bounds the claim loop; each lost race teaches the node
-	// one more taken block, so the loop converges. Zero: 64 quick attempts.
+	// ClaimRetry paces the claim loop. Each lost race teaches the node one
+	// more taken block, so the loop converges: by default it has no
+	// attempt budget and ends only with a claimed block, a pool that is
+	// truly exhausted, or the caller's context.
 	ClaimRetry retry.Policy
+	// RestoreRetry bounds Restore's re-listing when a re-claim of the
+	// node's own block loses to a concurrent change. Zero: default.
+	RestoreRetry retry.Policy
 	// WriteRetry bounds allocation writes that lose a race. Zero: default.
 	WriteRetry retry.Policy
 	Now        func() time.Time
@@ -56,28 +60,6 @@ type NodeAllocator struct {
 	pools    map[string]*poolState
 }
 
-// poolState is this node's view of one pool.
-type poolState struct {
-	pool Pool
-	own  map[netip.Prefix]*ownBlock
-	// others are blocks the node must not try to claim: claimed by another
-	// node, or orphaned. It is refreshed from the store before each claim.
-	others  map[netip.Prefix]otherBlock
-	byOwner map[string]map[Family]*Allocation
-	byAddr  map[netip.Addr]*Allocation
-	expires map[netip.Addr]time.Time // reservations' expiry
-}
-
-type ownBlock struct {
-	ba       *BlockAlloc
-	claimRev int64
-}
-
-type otherBlock struct {
-	node     string // claim holder, "" if unclaimed
-	orphaned bool   // unclaimed but holding allocations
-}
-
 // NewNodeAllocator checks cfg. Call Restore before anything else.
 func NewNodeAllocator(cfg NodeConfig) (*NodeAllocator, error) {
 	if cfg.Node == "" {
@@ -93,7 +75,7 @@ func NewNodeAllocator(cfg NodeConfig) (*NodeAllocator, error) {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	if cfg.ClaimRetry.Attempts == 0 {
-		cfg.ClaimRetry = retry.Policy{Attempts: 64, Initial: time.Millisecond, Max: 50 * time.Millisecond, Multiplier: 1.5, Jitter: 0.5}
+		cfg.ClaimRetry = retry.Policy{Attempts: retry.Unlimited, Initial: time.Millisecond, Max: 20 * time.Millisecond, Multiplier: 1.5, Jitter: 0.5}
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -109,6 +91,11 @@ func (a *NodeAllocator) Node() string { return a.cfg.Node }
 // an earlier lease of this node), and reads their allocations, one range
 // read per block. No allocation is changed. Call it at start and after
 // the lease was lost and a new one granted.
+//
+// Restore fails, and the allocator refuses to allocate or release, if a
+// block of this node that holds allocations cannot be re-claimed: serving
+// without it would forget its pods (a DEL would free nothing, a retried
+// ADD would get a second address).
 func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -121,7 +108,9 @@ func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 			return fmt.Errorf("restore pool %s: %w", name, err)
 		}
 		ps := newPoolState(p)
-		if err := a.restorePool(ctx, ps); err != nil {
+		// A re-claim that loses a race (the old lease expired between the
+		// listing and the compare) is retried on a fresh listing.
+		if err := retry.Do(ctx, a.cfg.RestoreRetry, func(ctx context.Context) error { return a.restorePool(ctx, ps) }); err != nil {
 			return fmt.Errorf("restore pool %s: %w", name, err)
 		}
 		pools[name] = ps
@@ -131,24 +120,21 @@ func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 	return nil
 }
 
-func newPoolState(p Pool) *poolState {
-	return &poolState{
-		pool:    p,
-		own:     map[netip.Prefix]*ownBlock{},
-		others:  map[netip.Prefix]otherBlock{},
-		byOwner: map[string]map[Family]*Allocation{},
-		byAddr:  map[netip.Addr]*Allocation{},
-		expires: map[netip.Addr]time.Time{},
-	}
-}
-
+// restorePool makes ps match the store for one listing. Blocks already
+// adopted by an earlier pass are kept. It returns an error wrapping
+// ErrConflict if one of the node's own non-empty blocks could not be
+// re-claimed in this pass.
 func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 	infos, err := a.cfg.Store.ListBlocks(ctx, ps.pool.Name)
 	if err != nil {
 		return err
 	}
 	me := a.cfg.Node
+	var lost []error
 	for _, info := range infos {
+		if _, done := ps.own[info.Block]; done {
+			continue
+		}
 		home := info.Home != nil && info.Home.Node == me
 		switch {
 		case info.Owned(me) && info.ClaimLease == a.lease.ID():
@@ -157,8 +143,11 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 			rev, err := a.cfg.Store.Reclaim(ctx, ps.pool.Name, info, a.claimRecord(), a.lease.ID())
 			var ce *ClaimError
 			if errors.As(err, &ce) {
-				a.log.Warn("could not re-claim own block", "pool", ps.pool.Name, "block", info.Block, "reason", ce.Error())
 				ps.noteOther(info.Block, ce.ClaimedBy, ce.NonEmpty)
+				if ce.NonEmpty {
+					a.log.Warn("could not re-claim own block that holds allocations", "pool", ps.pool.Name, "block", info.Block, "reason", ce.Error())
+					lost = append(lost, fmt.Errorf("re-claim own block %s: %w", info.Block, err))
+				}
 				continue
 			}
 			if err != nil {
@@ -166,6 +155,22 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 			}
 			a.log.Info("re-claimed block", "pool", ps.pool.Name, "block", info.Block, "orphaned", info.Claim == nil)
 			info.ClaimRev = rev
+		case home:
+			// Home here, claim elsewhere: no claim transaction writes that
+			// (a claim needs an empty block and moves the home), so it was
+			// written by hand. Never take it over; if the block holds
+			// allocations, this node cannot serve its pods.
+			ps.others[info.Block] = otherBlock{node: info.Claim.Node}
+			ips, err := a.cfg.Store.ListIPs(ctx, ps.pool.Name, info.Block)
+			if err != nil {
+				return err
+			}
+			if len(ips) > 0 {
+				ce := &ClaimError{Block: info.Block, ClaimedBy: info.Claim.Node, NonEmpty: true, HomeNode: me}
+				a.log.Error("own block that holds allocations is claimed by another node", "pool", ps.pool.Name, "block", info.Block, "claimed_by", info.Claim.Node, "allocations", len(ips))
+				lost = append(lost, fmt.Errorf("re-claim own block %s: %w", info.Block, ce))
+			}
+			continue
 		default:
 			// Another node's claim. A home without a claim may be an
 			// orphaned block or a free one; the claim loop finds out.
@@ -178,7 +183,7 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 			return err
 		}
 	}
-	return nil
+	return errors.Join(lost...)
 }
 
 // adoptBlock makes block one of ours at claimRev and loads its allocations.
@@ -187,25 +192,34 @@ func (a *NodeAllocator) adoptBlock(ctx context.Context, ps *poolState, block net
 	if err != nil {
 		return err
 	}
-	ps.own[block] = &ownBlock{ba: ba, claimRev: claimRev}
+	ob := &ownBlock{ba: ba, claimRev: claimRev}
+	if err := a.loadBlock(ctx, ps, block, ob); err != nil {
+		return err
+	}
+	ps.own[block] = ob
 	delete(ps.others, block)
-	return a.reloadBlock(ctx, ps, block)
+	return nil
 }
 
 // reloadBlock replaces the cached allocations of an own block with the
 // store's. It is the repair path whenever a write finds the cache wrong.
+// If a read fails the cache is left as it was: a stale entry costs a
+// failed write later, a missing one would cost a running pod its address.
 func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block netip.Prefix) error {
 	ob := ps.own[block]
+	if ob == nil {
+		return nil
+	}
+	return a.loadBlock(ctx, ps, block, ob)
+}
+
+// loadBlock reads block's allocations and the expiry of their reservation
+// leases, and only then replaces ob's bitmap and ps's index of the block.
+func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block netip.Prefix, ob *ownBlock) error {
 	allocs, err := a.cfg.Store.ListIPs(ctx, ps.pool.Name, block)
 	if err != nil {
 		return err
 	}
-	for addr, al := range ps.byAddr {
-		if block.Contains(addr) {
-			ps.forget(al)
-		}
-	}
-	ob.ba.Reset()
 	// Reservations read back from the store expire with their lease; ask
 	// etcd once per lease how long it has, so a retried ADD after a
 	// restart does not get a reservation that has already lapsed.
@@ -219,21 +233,28 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 			expiry[al.Lease] = exp
 		}
 	}
+	ps.forgetBlock(block)
+	ob.ba.Reset()
+	now := time.Now()
 	var newest *Allocation
 	for i := range allocs {
-		al := allocs[i]
+		al := &allocs[i]
 		ob.ba.Mark(al.Addr)
 		if al.ContainerID == "" {
 			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
 			continue
 		}
 		if newest == nil || al.Since.After(newest.Since) {
-			newest = &allocs[i]
+			newest = al
 		}
 		if al.Node != a.cfg.Node {
 			a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
 		}
-		ps.remember(&al, expiry[al.Lease])
+		if others := ps.byOwner[al.Owner.Key()]; len(others) > 0 {
+			a.log.Warn("owner holds more than one address", "pool", ps.pool.Name, "owner", al.Owner.Key(), "ip", al.Addr, "also", others[0].Addr)
+		}
+		al.Seen = now
+		ps.remember(al, expiry[al.Lease])
 	}
 	if newest != nil {
 		ob.ba.ResumeAfter(newest.Addr)
@@ -243,62 +264,6 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 
 func (a *NodeAllocator) claimRecord() Claim {
 	return Claim{Node: a.cfg.Node, BootID: a.cfg.BootID, ClaimedAt: a.cfg.Now().UTC()}
-}
-
-// remember indexes al; expires is the reservation expiry if known.
-func (ps *poolState) remember(al *Allocation, expires time.Time) {
-	f := FamilyOf(al.Addr)
-	m := ps.byOwner[al.Owner.Key()]
-	if m == nil {
-		m = map[Family]*Allocation{}
-		ps.byOwner[al.Owner.Key()] = m
-	}
-	m[f] = al
-	ps.byAddr[al.Addr] = al
-	if al.State == StateReserved && !expires.IsZero() {
-		ps.expires[al.Addr] = expires
-	}
-}
-
-// forget drops al from the indexes (not from the block bitmap).
-func (ps *poolState) forget(al *Allocation) {
-	k := al.Owner.Key()
-	if m := ps.byOwner[k]; m != nil && m[FamilyOf(al.Addr)] == al {
-		delete(m, FamilyOf(al.Addr))
-		if len(m) == 0 {
-			delete(ps.byOwner, k)
-		}
-	}
-	if ps.byAddr[al.Addr] == al {
-		delete(ps.byAddr, al.Addr)
-	}
-	delete(ps.expires, al.Addr)
-}
-
-func (ps *poolState) noteOther(b netip.Prefix, node string, nonEmpty bool) {
-	ps.others[b] = otherBlock{node: node, orphaned: node == "" && nonEmpty}
-}
-
-// ownBlockOf returns the own block holding addr.
-func (ps *poolState) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
-	b, ok := ps.pool.BlockFor(addr)
-	if !ok {
-		return netip.Prefix{}, nil
-	}
-	return b, ps.own[b]
-}
-
-// sortedOwn lists own blocks of family f in address order, so allocation
-// fills blocks in a stable order.
-func (ps *poolState) sortedOwn(f Family) []netip.Prefix {
-	out := make([]netip.Prefix, 0, len(ps.own))
-	for b := range ps.own {
-		if FamilyOf(b.Addr()) == f {
-			out = append(out, b)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Addr().Less(out[j].Addr()) })
-	return out
 }
 
 // ready checks that the allocator may write now.

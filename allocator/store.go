@@ -65,6 +65,18 @@ type Allocation struct {
 	Rev   int64
 	// Lease is non-zero for a reservation; it expires with it.
 	Lease int64
+	// Seen is when this node learned of the allocation, on the local
+	// monotonic clock; zero for allocations read by others. GC's grace
+	// period counts from it, so a step of the wall clock cannot make a
+	// fresh allocation look old.
+	Seen time.Time
+}
+
+// IPRef names one allocation key.
+type IPRef struct {
+	Pool  string
+	Block netip.Prefix
+	Addr  netip.Addr
 }
 
 // Claim is the value stored for a node's claim on a block.
@@ -145,6 +157,10 @@ type Store interface {
 	// WriteIPs applies all writes in one transaction or none. It fails with
 	// a *WriteError when a fence or an existence check fails.
 	WriteIPs(ctx context.Context, writes []IPWrite) (WriteResult, error)
+	// GetIPs reads the allocations at refs, at one revision; an address
+	// with no allocation is absent from the map. It is how a write whose
+	// outcome is unknown (a timeout, a lost connection) is resolved.
+	GetIPs(ctx context.Context, refs []IPRef) (map[netip.Addr]Allocation, error)
 	// LeaseExpiry says when a reservation lease ends (now, if it has).
 	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
 	// DeleteIP releases an allocation still at rev. Absent is success.
@@ -161,6 +177,10 @@ var (
 	ErrNotFound        = errors.New("allocator: allocation not found")
 	ErrLeaseLost       = errors.New("allocator: node lease lost, try again")
 	ErrReservationGone = errors.New("allocator: reservation expired")
+	// ErrUnavailable marks a request that could not be served because the
+	// store did not answer, including a write whose outcome could not be
+	// read back yet: try again.
+	ErrUnavailable = errors.New("allocator: store unavailable, try again")
 	// ErrConflict marks a lost race in the store; retry.Do retries it.
 	ErrConflict = retry.ErrConflict
 )
@@ -171,6 +191,11 @@ type ClaimError struct {
 	ClaimedBy string // node holding the claim, if any
 	NonEmpty  bool   // the block still holds allocations
 	HomeNode  string // the block's home, if any
+	// ClaimRev and ClaimLease describe the claim found, if any: a claim
+	// of this node on its current lease is its own earlier write whose
+	// answer was lost.
+	ClaimRev   int64
+	ClaimLease int64
 }
 
 func (e *ClaimError) Error() string {

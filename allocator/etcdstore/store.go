@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -234,8 +235,9 @@ func claimError(b netip.Prefix, resp *clientv3.TxnResponse) error {
 		if v, err := kvstore.Decode[allocator.Claim](kvs[0]); err == nil {
 			ce.ClaimedBy = v.Value.Node
 		} else {
-			ce.ClaimedBy = "?"
+			ce.ClaimedBy = UnknownNode
 		}
+		ce.ClaimRev, ce.ClaimLease = kvs[0].ModRevision, kvs[0].Lease
 	}
 	ce.NonEmpty = resp.Responses[1].GetResponseRange().Count > 0
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -424,33 +426,38 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 
 // explainWrite finds out which checks of a failed WriteIPs failed. It
 // reads after the fact, on the failure path only, so the write itself
-// carries no Else operations (which count against etcd's --max-txn-ops).
+// carries no Else operations (which count against etcd's --max-txn-ops);
+// the reads go in one round trip.
 func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) error {
-	we := &allocator.WriteError{}
-	claims := map[string]int64{}
+	var keys []string
+	seen := map[string]bool{}
 	for _, w := range writes {
-		ck := ClaimKey(w.Pool, w.Block)
-		if _, done := claims[ck]; done {
-			continue
-		}
-		resp, err := s.cli.Get(ctx, ck)
-		if err != nil {
-			return fmt.Errorf("explain failed write: %w", err)
-		}
-		claims[ck] = 0
-		if len(resp.Kvs) > 0 {
-			claims[ck] = resp.Kvs[0].ModRevision
-		}
-		if claims[ck] != w.ClaimRev {
-			we.Fenced = append(we.Fenced, w.Block)
+		for _, k := range []string{ClaimKey(w.Pool, w.Block), IPKey(w.Pool, w.Block, w.Addr)} {
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
 		}
 	}
-	for _, w := range writes {
-		resp, err := s.cli.Get(ctx, IPKey(w.Pool, w.Block, w.Addr))
-		if err != nil {
-			return fmt.Errorf("explain failed write: %w", err)
+	got, _, err := s.getKeys(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("explain failed write: %w", err)
+	}
+	modRev := func(k string) int64 {
+		if kv := got[k]; kv != nil {
+			return kv.ModRevision
 		}
-		if (w.PrevRev == 0 && len(resp.Kvs) > 0) || (w.PrevRev != 0 && (len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != w.PrevRev)) {
+		return 0
+	}
+	we := &allocator.WriteError{}
+	fenced := map[netip.Prefix]bool{}
+	for _, w := range writes {
+		if modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block] {
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		}
+		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
+		if (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev) {
 			we.Taken = append(we.Taken, w.Addr)
 		}
 	}
@@ -459,6 +466,64 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
 	}
 	return we
+}
+
+// maxTxnOps is etcd's default --max-txn-ops: the most operations one
+// transaction may hold in each of its branches.
+const maxTxnOps = 128
+
+// getKeys reads keys in as few transactions as etcd allows (one, for up
+// to maxTxnOps keys), and returns the ones that exist and the revision of
+// the first read.
+func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, int64, error) {
+	out := make(map[string]*mvccpb.KeyValue, len(keys))
+	var rev int64
+	for chunk := range slices.Chunk(keys, maxTxnOps) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, k := range chunk {
+			ops[i] = clientv3.OpGet(k)
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().Kvs {
+				out[string(kv.Key)] = kv
+			}
+		}
+	}
+	return out, rev, nil
+}
+
+// GetIPs implements allocator.Store.
+func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.Addr]allocator.Allocation, error) {
+	keys := make([]string, len(refs))
+	for i, r := range refs {
+		keys[i] = IPKey(r.Pool, r.Block, r.Addr)
+	}
+	got, _, err := s.getKeys(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read %d allocations: %w", len(refs), err)
+	}
+	out := make(map[netip.Addr]allocator.Allocation, len(got))
+	for i, r := range refs {
+		kv := got[keys[i]]
+		if kv == nil {
+			continue
+		}
+		al, err := DecodeAllocation(r.Pool, kv)
+		if err != nil {
+			// Unreadable: an owner nobody can match, so the address is
+			// known taken and never taken for ours.
+			al = allocator.Allocation{Pool: r.Pool, Block: r.Block, Addr: r.Addr, Rev: kv.ModRevision, Lease: kv.Lease}
+		}
+		out[r.Addr] = al
+	}
+	return out, nil
 }
 
 // LeaseExpiry implements allocator.Store.

@@ -17,12 +17,17 @@ var ErrConflict = errors.New("conflict")
 
 // Policy bounds Do. The zero value uses Default.
 type Policy struct {
+	// Attempts bounds the tries; Unlimited leaves only ctx to end them,
+	// for loops that make progress with every conflict.
 	Attempts   int
 	Initial    time.Duration
 	Max        time.Duration
 	Multiplier float64
 	Jitter     float64 // randomization factor, spreads racing nodes apart
 }
+
+// Unlimited is the Attempts of a policy that retries until ctx ends.
+const Unlimited = -1
 
 // Default suits CAS conflicts between agents: a handful of attempts
 // over well under a second.
@@ -41,7 +46,11 @@ func Do(ctx context.Context, p Policy, op func(ctx context.Context) error) error
 	eb.Multiplier = p.Multiplier
 	eb.RandomizationFactor = p.Jitter
 	eb.MaxElapsedTime = 0
-	b := backoff.WithContext(backoff.WithMaxRetries(eb, uint64(p.Attempts-1)), ctx)
+	var bo backoff.BackOff = eb
+	if p.Attempts > 0 {
+		bo = backoff.WithMaxRetries(eb, uint64(p.Attempts-1))
+	}
+	b := backoff.WithContext(bo, ctx)
 	var last error
 	err := backoff.Retry(func() error {
 		last = op(ctx)

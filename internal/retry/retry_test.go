@@ -39,3 +39,18 @@ func TestRetry(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrConflict)
 	require.Equal(t, 4, n, "attempts are bounded")
 }
+
+func TestRetryUnlimitedEndsWithContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var n int
+	err := retry.Do(ctx, retry.Policy{Attempts: retry.Unlimited, Initial: time.Microsecond, Max: time.Microsecond, Multiplier: 1}, func(context.Context) error {
+		n++
+		if n == 500 {
+			cancel()
+		}
+		return retry.ErrConflict
+	})
+	require.ErrorIs(t, err, retry.ErrConflict)
+	require.ErrorIs(t, err, context.Canceled, "only the context ends an unlimited loop")
+	require.GreaterOrEqual(t, n, 500, "well past the default budget")
+}

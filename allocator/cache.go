@@ -1,0 +1,176 @@
+package allocator
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"sort"
+	"time"
+)
+
+// poolState is this node's view of one pool: the blocks it owns with their
+// bitmaps, and an index of the allocations in them. It is a cache of etcd,
+// rebuilt by Restore and corrected whenever a write finds it wrong; it does
+// no I/O. The NodeAllocator's lock guards it.
+type poolState struct {
+	pool Pool
+	own  map[netip.Prefix]*ownBlock
+	// others are blocks the node must not try to claim: claimed by another
+	// node, or orphaned. It is refreshed from the store before each claim.
+	others map[netip.Prefix]otherBlock
+	// byOwner holds every allocation of an owner. An owner normally has
+	// one per family; more is an anomaly that Release must still undo
+	// whole, so the index never drops one.
+	byOwner map[string][]*Allocation
+	byAddr  map[netip.Addr]*Allocation
+	expires map[netip.Addr]time.Time // reservations' expiry
+	// unknown holds writes whose outcome is unknown: the store call failed
+	// without saying whether the transaction committed. Their addresses
+	// stay marked in the bitmap, so no one else gets them, until a read
+	// of etcd settles them (see outcome.go).
+	unknown map[netip.Addr]IPWrite
+}
+
+type ownBlock struct {
+	ba       *BlockAlloc
+	claimRev int64
+}
+
+type otherBlock struct {
+	node     string // claim holder, "" if unclaimed
+	orphaned bool   // unclaimed but holding allocations
+}
+
+func newPoolState(p Pool) *poolState {
+	return &poolState{
+		pool:    p,
+		own:     map[netip.Prefix]*ownBlock{},
+		others:  map[netip.Prefix]otherBlock{},
+		byOwner: map[string][]*Allocation{},
+		byAddr:  map[netip.Addr]*Allocation{},
+		expires: map[netip.Addr]time.Time{},
+		unknown: map[netip.Addr]IPWrite{},
+	}
+}
+
+// remember indexes al; expires is the reservation expiry if known. An
+// allocation already indexed at the same address is replaced.
+func (ps *poolState) remember(al *Allocation, expires time.Time) {
+	if old := ps.byAddr[al.Addr]; old != nil {
+		ps.forget(old)
+	}
+	k := al.Owner.Key()
+	ps.byOwner[k] = append(ps.byOwner[k], al)
+	ps.byAddr[al.Addr] = al
+	if al.State == StateReserved && !expires.IsZero() {
+		ps.expires[al.Addr] = expires
+	}
+}
+
+// forget drops al from the indexes (not from the block bitmap).
+func (ps *poolState) forget(al *Allocation) {
+	k := al.Owner.Key()
+	if i := slices.Index(ps.byOwner[k], al); i >= 0 {
+		ps.byOwner[k] = slices.Delete(ps.byOwner[k], i, i+1)
+		if len(ps.byOwner[k]) == 0 {
+			delete(ps.byOwner, k)
+		}
+	}
+	if ps.byAddr[al.Addr] == al {
+		delete(ps.byAddr, al.Addr)
+		delete(ps.expires, al.Addr)
+	}
+}
+
+// forgetBlock drops every cached allocation and unknown write in b.
+func (ps *poolState) forgetBlock(b netip.Prefix) {
+	for addr, al := range ps.byAddr {
+		if b.Contains(addr) {
+			ps.forget(al)
+		}
+	}
+	for addr := range ps.unknown {
+		if b.Contains(addr) {
+			delete(ps.unknown, addr)
+		}
+	}
+}
+
+// ofOwner returns the owner's allocations of family f, oldest first.
+func (ps *poolState) ofOwner(key string, f Family) []*Allocation {
+	var out []*Allocation
+	for _, al := range ps.byOwner[key] {
+		if FamilyOf(al.Addr) == f {
+			out = append(out, al)
+		}
+	}
+	slices.SortFunc(out, func(x, y *Allocation) int { return cmp.Compare(x.Rev, y.Rev) })
+	return out
+}
+
+// pendingFor reports whether the owner has a write of unknown outcome.
+func (ps *poolState) pendingFor(key string) bool {
+	for _, w := range ps.unknown {
+		if w.Record.Owner.Key() == key {
+			return true
+		}
+	}
+	return false
+}
+
+func (ps *poolState) noteOther(b netip.Prefix, node string, nonEmpty bool) {
+	ps.others[b] = otherBlock{node: node, orphaned: node == "" && nonEmpty}
+}
+
+// ownBlockOf returns the own block holding addr.
+func (ps *poolState) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
+	b, ok := ps.pool.BlockFor(addr)
+	if !ok {
+		return netip.Prefix{}, nil
+	}
+	return b, ps.own[b]
+}
+
+// sortedOwn lists own blocks of family f in address order, so allocation
+// fills blocks in a stable order.
+func (ps *poolState) sortedOwn(f Family) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(ps.own))
+	for b := range ps.own {
+		if FamilyOf(b.Addr()) == f {
+			out = append(out, b)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr().Less(out[j].Addr()) })
+	return out
+}
+
+func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
+	for _, b := range ps.sortedOwn(f) {
+		if ob := ps.own[b]; ob.ba.Free() > 0 {
+			if addr, ok := ob.ba.Next(); ok {
+				return b, addr, true
+			}
+		}
+	}
+	return netip.Prefix{}, netip.Addr{}, false
+}
+
+func (ps *poolState) exhausted(f Family) error {
+	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f)}
+	for b := range ps.own {
+		if FamilyOf(b.Addr()) == f {
+			e.Claimed++
+		}
+	}
+	for b, o := range ps.others {
+		if FamilyOf(b.Addr()) != f {
+			continue
+		}
+		if o.orphaned {
+			e.Orphaned++
+		} else {
+			e.Claimed++
+		}
+	}
+	return e
+}

@@ -1,0 +1,177 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Confirm makes the owner's reservations permanent, in every pool, with
+// one fenced transaction. Confirming what is already permanent is a no-op.
+// A confirm whose outcome is unknown is settled from etcd, so a retried
+// confirm succeeds when the first one landed.
+func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.ready(); err != nil {
+		return nil, err
+	}
+	if err := a.settlePending(ctx); err != nil && a.anyPending(o) {
+		return nil, fmt.Errorf("confirm %s: %w", o.Key(), err)
+	}
+	var writes []IPWrite
+	var done []Allocation
+	for _, ps := range a.pools {
+		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
+			if al.State != StateReserved {
+				done = append(done, *al)
+				continue
+			}
+			if a.dropIfLapsed(ps, al) {
+				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
+			}
+			ob := ps.own[al.Block]
+			rec := al.Record
+			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
+			if o.Namespace != "" || o.Pod != "" {
+				rec.Namespace, rec.Pod = o.Namespace, o.Pod
+			}
+			writes = append(writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: ob.claimRev, Addr: al.Addr, Record: rec, PrevRev: al.Rev})
+		}
+	}
+	if len(writes) == 0 && len(done) == 0 {
+		return nil, fmt.Errorf("confirm %s: %w", o.Key(), ErrNotFound)
+	}
+	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	switch {
+	case err == nil:
+		for _, w := range writes {
+			ps := a.pools[w.Pool]
+			al := ps.byAddr[w.Addr]
+			al.Record, al.Rev, al.Lease = w.Record, res.Rev, 0
+			delete(ps.expires, w.Addr)
+		}
+	case outcomeUnknown(err):
+		for _, w := range writes {
+			a.park(a.pools[w.Pool], []IPWrite{w})
+		}
+		if serr := a.settlePending(ctx); serr != nil {
+			return nil, fmt.Errorf("confirm %s: %w", o.Key(), serr)
+		}
+	default:
+		a.learn(ctx, err)
+		var we *WriteError
+		if errors.As(err, &we) {
+			return nil, fmt.Errorf("confirm %s: %w: %w", o.Key(), ErrReservationGone, err)
+		}
+		return nil, fmt.Errorf("confirm %s: %w", o.Key(), err)
+	}
+	for _, w := range writes {
+		al := a.pools[w.Pool].byAddr[w.Addr]
+		if al == nil || !sameRecord(al.Record, w.Record) {
+			return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), w.Addr, ErrReservationGone)
+		}
+		done = append(done, *al)
+	}
+	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return done, nil
+}
+
+// Release frees every address the owner holds, in every pool. Each delete
+// is guarded by the revision the node last saw, so a stale release cannot
+// free an address that was handed to someone else since. Releasing an
+// owner that holds nothing succeeds; an owner with a write of unknown
+// outcome that cannot be settled yet is refused (try again), since that
+// write may hold an address.
+func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.restored {
+		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
+	}
+	if err := a.settlePending(ctx); err != nil && a.anyPending(o) {
+		return nil, fmt.Errorf("release %s: %w", o.Key(), err)
+	}
+	var out []Allocation
+	var errs []error
+	for _, ps := range a.pools {
+		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
+			if err := a.release(ctx, ps, al); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out = append(out, *al)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// ReleaseAllocation frees al only if etcd still holds it as it was read:
+// same address, same revision, hence same owner. It is how GC releases
+// what it decided on from an earlier snapshot: if the owner was deleted
+// and the address handed to someone else since, nothing is released. It
+// reports whether al is gone from etcd.
+func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.restored {
+		return false, fmt.Errorf("release %s: %w", al.Addr, ErrLeaseLost)
+	}
+	ps, err := a.poolState(al.Pool)
+	if err != nil {
+		return false, err
+	}
+	cur := ps.byAddr[al.Addr]
+	same := cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key()
+	err = a.cfg.Store.DeleteIP(ctx, al.Pool, al.Block, al.Addr, al.Rev)
+	if errors.Is(err, ErrConflict) {
+		if same { // the cache is behind etcd
+			_ = a.reloadBlock(ctx, ps, al.Block)
+		}
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	}
+	if same {
+		a.drop(ps, cur)
+		a.maybeUnclaim(ctx, ps, al.Block)
+	}
+	return true, nil
+}
+
+func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
+	err := a.cfg.Store.DeleteIP(ctx, ps.pool.Name, al.Block, al.Addr, al.Rev)
+	if errors.Is(err, ErrConflict) {
+		// Rewritten since we cached it: reload and report rather than
+		// delete what we have not seen.
+		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+			_ = a.reloadBlock(ctx, ps, al.Block)
+		}
+		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	}
+	a.drop(ps, al)
+	a.maybeUnclaim(ctx, ps, al.Block)
+	return nil
+}
+
+// maybeUnclaim gives an empty block back to the pool when the node has
+// another of the same family, so a node that shrinks does not hoard
+// blocks, yet always keeps one block per family ready for the next pod.
+func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
+	ob := ps.own[b]
+	if ob == nil || ob.ba.Used() > 0 || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
+		return
+	}
+	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {
+		a.log.Debug("keep empty block", "pool", ps.pool.Name, "block", b, "reason", err)
+		return
+	}
+	delete(ps.own, b)
+	a.log.Info("released empty block", "pool", ps.pool.Name, "block", b)
+}
