@@ -12,8 +12,9 @@ import (
 
 // NodeRecord is the value of NodeKey: who a node is while it is alive. It
 // is written on the node's lease, so it disappears when the agent has been
-// gone for longer than the TTL; "no node record" is the evidence that
-// kvipamctl node remove looks for.
+// gone for longer than the TTL. Its absence is not proof that the node is
+// gone (a node cut off from etcd loses it too), which is why kvipamctl node
+// remove also wants the operator's statement.
 type NodeRecord struct {
 	Name      string    `json:"name"`
 	BootID    string    `json:"bootID,omitempty"`

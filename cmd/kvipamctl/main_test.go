@@ -110,6 +110,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad state filter", []string{"ip", "list", "--state", "gone", "--endpoints", "x"}, `state "gone"`},
 		{"unreachable etcd", []string{"pool", "list", "--endpoints", "http://127.0.0.1:1", "--dial-timeout", "200ms"}, "reach etcd"},
 		{"node remove needs a name", []string{"node", "remove"}, "accepts 1 arg"},
+		{"bad last-seen", []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "yesterday", "--endpoints", "x"}, `parse --last-seen "yesterday"`},
+		{"negative last-seen", []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "-2h", "--endpoints", "x"}, `parse --last-seen "-2h"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errs := h.run(tc.args...)
@@ -117,6 +119,26 @@ func TestUsageErrors(t *testing.T) {
 			require.Contains(t, errs, tc.want)
 			require.True(t, strings.HasPrefix(errs, "kvipamctl: "), "one clear line: %q", errs)
 		})
+	}
+}
+
+func TestParseLastSeen(t *testing.T) {
+	now := time.Date(2026, 1, 22, 10, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"2026-01-22T07:40:00Z":      time.Date(2026, 1, 22, 7, 40, 0, 0, time.UTC),
+		"2026-01-22T08:40:00+01:00": time.Date(2026, 1, 22, 7, 40, 0, 0, time.UTC),
+		"2026-01-22T07:40:00.5Z":    time.Date(2026, 1, 22, 7, 40, 0, 5e8, time.UTC),
+		"2h":                        time.Date(2026, 1, 22, 8, 0, 0, 0, time.UTC),
+		"90m":                       time.Date(2026, 1, 22, 8, 30, 0, 0, time.UTC),
+		"0s":                        now,
+	} {
+		got, err := parseLastSeen(in, now)
+		require.NoError(t, err, in)
+		require.True(t, want.Equal(got), "%s: got %s, want %s", in, got, want)
+	}
+	for _, in := range []string{"", "yesterday", "-1h", "2026-01-22 07:40"} {
+		_, err := parseLastSeen(in, now)
+		require.Error(t, err, in)
 	}
 }
 
@@ -333,19 +355,24 @@ func TestNodeRemove(t *testing.T) {
 	n1 := h.agent("n1")
 	n1.Allocate(t, "small", 0, 20, false)
 
-	code, _, errs := h.run("node", "remove", "n1")
+	gone := []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "0s"}
+	code, _, errs := h.run(gone...)
 	require.Equal(t, exitError, code)
-	require.Contains(t, errs, "rerun with --force")
+	require.Contains(t, errs, "rerun with --force", "evidence does not override a live node record")
 
 	n1.Kill(t)
 	var rep planReport
-	require.Equal(t, exitOK, h.json(&rep, "node", "remove", "n1", "--dry-run"))
+	require.Equal(t, exitOK, h.json(&rep, append(gone, "--dry-run")...))
 	require.Len(t, rep.Plan.Steps, 22, "20 addresses and 2 homes")
 	require.Equal(t, int64(20), h.count(etcdstore.IPsPrefix("small")), "a dry run changes nothing")
 	require.Equal(t, int64(2), h.count(etcdstore.HomesPrefix("small")))
-	require.Contains(t, h.ok("node", "remove", "n1", "--dry-run"), "nothing changed")
+	require.Equal(t, "n1", rep.Plan.Evidence.ConfirmGone)
+	require.Equal(t, "tester", rep.Plan.Evidence.StatedBy)
+	out := h.ok(append(gone, "--dry-run")...)
+	require.Contains(t, out, "nothing changed")
+	require.Contains(t, out, "evidence: tester states n1 is gone")
 
-	code, out, errs := h.run("node", "remove", "n1", "-o", "json")
+	code, out, errs = h.run(append(gone, "-o", "json")...)
 	require.Equal(t, exitOK, code, errs)
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, 22, rep.Result.Deleted)
