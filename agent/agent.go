@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +60,7 @@ type Agent struct {
 	// restoreErr is why the last restore failed, while not restored.
 	restoreErr error
 	gc         *reconciler
+	lost       []etcdstore.LostEndpoint // found since start; in the node record
 
 	// epMu serializes endpoint create/delete/release per agent: they
 	// touch the datapath and the record together.
@@ -302,12 +304,22 @@ func (a *Agent) newSession(ctx context.Context) (*kvstore.Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: a.nodeAddresses(), StartedAt: time.Now().UTC(), Lease: sess.ID()}
-	if err := a.store.PutNode(ctx, rec, sess.ID()); err != nil {
+	if err := a.putNodeRecord(ctx, sess.ID()); err != nil {
 		sess.Close()
 		return nil, err
 	}
 	return sess, nil
+}
+
+// putNodeRecord writes the node record, with the endpoints found lost so
+// far, on lease.
+func (a *Agent) putNodeRecord(ctx context.Context, lease int64) error {
+	a.mu.Lock()
+	lost := slices.Clone(a.lost)
+	a.mu.Unlock()
+	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: a.nodeAddresses(),
+		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
+	return a.store.PutNode(ctx, rec, lease)
 }
 
 func (a *Agent) setSession(s *kvstore.Session) {
@@ -349,19 +361,11 @@ func (a *Agent) openDatapath() error {
 }
 
 // restoreEndpoints keeps every endpoint whose owner still holds its IPs
-// and lets the datapath adopt them; records whose IPs are gone (released
-// by an operator while the agent was down) are torn down.
+// and lets the datapath adopt them. Endpoints whose IPs are gone (released
+// by an operator while the agent was down, maybe taken by another node
+// since) are reported and torn down (checkEndpoints).
 func (a *Agent) restoreEndpoints(ctx context.Context) error {
-	var keep []api.Endpoint
-	for _, ep := range a.eps.list() {
-		if len(a.alloc.Lookup(toOwner(ep.Owner))) == 0 {
-			a.log.Warn("endpoint has no allocation any more; removing it", "owner", ownerKey(ep.Owner))
-			_ = a.dp.Teardown(ctx, ep)
-			_ = a.eps.remove(ep.Owner)
-			continue
-		}
-		keep = append(keep, ep)
-	}
+	keep := a.checkEndpoints(ctx, a.eps.list())
 	if err := a.dp.Adopt(ctx, keep); err != nil {
 		return fmt.Errorf("adopt endpoints: %w", err)
 	}

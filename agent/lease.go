@@ -12,7 +12,8 @@ import (
 // the TTL, or the lease revoked), allocations fail fast with "try again"
 // until a new lease is granted and the node's blocks are re-claimed on it;
 // running pods keep their addresses throughout, since allocations carry no
-// lease.
+// lease. Pods whose addresses were freed meanwhile (kvipamctl node remove)
+// are reported as lost endpoints (recheckEndpoints).
 func (a *Agent) keepLease(ctx context.Context) {
 	for {
 		sess := a.session()
@@ -54,6 +55,7 @@ func (a *Agent) renewLease(ctx context.Context) bool {
 	}
 	a.setSession(sess)
 	a.log.Info("node lease re-established; blocks re-claimed", "lease", sess.ID())
+	a.recheckEndpoints(rctx)
 	return true
 }
 

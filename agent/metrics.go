@@ -19,6 +19,7 @@ type metrics struct {
 	conflicts  *prometheus.CounterVec
 	batch      prometheus.Histogram
 	leaseHeld  prometheus.Gauge
+	lostEPs    prometheus.Gauge
 	gcReleased *prometheus.CounterVec
 	requests   *prometheus.CounterVec
 }
@@ -40,6 +41,10 @@ func newMetrics(usage func() []allocator.Usage) *metrics {
 		leaseHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvipam_lease_held", Help: "1 while the node holds its etcd lease.",
 		}),
+		lostEPs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvipam_endpoints_lost",
+			Help: "Endpoints found since the agent started whose owner no longer held their addresses after a restore: the node's blocks were freed while it was away.",
+		}),
 		gcReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvipam_gc_released_total", Help: "Allocations released by garbage collection.",
 		}, []string{"source"}),
@@ -47,7 +52,7 @@ func newMetrics(usage func() []allocator.Usage) *metrics {
 			Name: "kvipam_api_requests_total", Help: "API requests by path and status.",
 		}, []string{"path", "code"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.gcReleased, m.requests, usageCollector{usage})
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.gcReleased, m.requests, usageCollector{usage})
 	return m
 }
 

@@ -12,8 +12,9 @@ import (
 
 // NodeRecord is the value of NodeKey: who a node is while it is alive. It
 // is written on the node's lease, so it disappears when the agent has been
-// gone for longer than the TTL; "no node record" is the evidence that
-// kvipamctl node remove looks for.
+// gone for longer than the TTL. Its absence is not proof that the node is
+// gone (a node cut off from etcd loses it too), which is why kvipamctl node
+// remove also wants the operator's statement.
 type NodeRecord struct {
 	Name      string    `json:"name"`
 	BootID    string    `json:"bootID,omitempty"`
@@ -21,6 +22,57 @@ type NodeRecord struct {
 	Addresses []string  `json:"addresses,omitempty"`
 	StartedAt time.Time `json:"startedAt"`
 	Lease     int64     `json:"lease"`
+	// LostEndpoints are the endpoints this agent found, since it started,
+	// whose owner no longer held their addresses after a restore: the
+	// node's blocks were freed while it was away. kvipamctl check reports
+	// each one.
+	LostEndpoints []LostEndpoint `json:"lostEndpoints,omitempty"`
+}
+
+// LostEndpoint is a pod endpoint of a node whose addresses its owner no
+// longer holds in etcd when the node comes back (its blocks were freed
+// with kvipamctl node remove while it was down or cut off). The node never
+// takes such an address back; the pod may still exist without working
+// networking while another pod uses the address.
+type LostEndpoint struct {
+	// Owner is the endpoint's containerID/ifName.
+	Owner     string `json:"owner"`
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	// IPs are the endpoint's addresses its owner no longer holds.
+	IPs []LostIP `json:"ips"`
+	// Kept is set when the owner still holds some of the endpoint's
+	// addresses, so the endpoint was kept; otherwise it was torn down.
+	Kept    bool      `json:"kept,omitempty"`
+	FoundAt time.Time `json:"foundAt"`
+}
+
+// LostIP is one lost address and who holds it now.
+type LostIP struct {
+	IP   string `json:"ip"`
+	Pool string `json:"pool,omitempty"`
+	// HeldBy is the owner (containerID/ifName) holding the address now,
+	// and HeldByNode the node its allocation names; both empty when the
+	// address is free, or when Unknown.
+	HeldBy     string `json:"heldBy,omitempty"`
+	HeldByNode string `json:"heldByNode,omitempty"`
+	// Unknown is set when the holder could not be read.
+	Unknown bool `json:"unknown,omitempty"`
+}
+
+// Holder describes who holds the address now, for people: an owner and
+// its node, "nobody", or "unknown".
+func (ip LostIP) Holder() string {
+	switch {
+	case ip.Unknown:
+		return "unknown"
+	case ip.HeldBy == "":
+		return "nobody"
+	case ip.HeldByNode == "":
+		return ip.HeldBy
+	default:
+		return ip.HeldBy + " on " + ip.HeldByNode
+	}
 }
 
 // NodesPrefix lists every live node.

@@ -180,3 +180,31 @@ func distinctAddrs(ips []IP) int {
 	}
 	return len(seen)
 }
+
+// lostEndpoints reports every endpoint a live node listed in its node
+// record as lost, with the keys of the allocations that hold its
+// addresses now.
+func (c *checker) lostEndpoints() {
+	held := map[netip.Addr][]string{}
+	for _, ip := range c.s.IPs {
+		held[ip.Addr.Unmap()] = append(held[ip.Addr.Unmap()], ip.Key)
+	}
+	for name, n := range c.s.Nodes {
+		for _, le := range n.LostEndpoints {
+			keys := []string{n.Key}
+			parts := make([]string, 0, len(le.IPs))
+			for _, ip := range le.IPs {
+				parts = append(parts, ip.IP+" held by "+ip.Holder())
+				if a, err := netip.ParseAddr(ip.IP); err == nil {
+					keys = append(keys, held[a.Unmap()]...)
+				}
+			}
+			pod := ""
+			if le.Pod != "" {
+				pod = " (pod " + le.Namespace + "/" + le.Pod + ")"
+			}
+			c.add(KindLostEndpoint, keys, "node %s came back to find endpoint %s%s without its addresses: %s; delete the pod, it must not keep using them",
+				name, le.Owner, pod, strings.Join(parts, ", "))
+		}
+	}
+}

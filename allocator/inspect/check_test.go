@@ -143,6 +143,22 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 			return key
 		},
 		want: []inspect.Kind{inspect.KindMisplaced},
+	}, {
+		name: "endpoint a node found lost when it came back",
+		plant: func(t *testing.T, b *baseline) string {
+			var taken inspect.IP // n2's address, which n1's pod used to have
+			for _, ip := range b.snapshot(t).IPs {
+				if ip.Node == "n2" {
+					taken = ip
+				}
+			}
+			rec := etcdstore.NodeRecord{Name: "n1", StartedAt: time.Now().UTC(), Lease: b.n1.Session.ID(),
+				LostEndpoints: []etcdstore.LostEndpoint{{Owner: "old/eth0", Namespace: "default", Pod: "web-0", FoundAt: time.Now().UTC(),
+					IPs: []etcdstore.LostIP{{IP: taken.Addr.String(), Pool: "small", HeldBy: taken.Owner.Key(), HeldByNode: "n2"}}}}}
+			b.put(t, etcdstore.NodeKey("n1"), rec, clientv3.WithLease(clientv3.LeaseID(b.n1.Session.ID())))
+			return taken.Key
+		},
+		want: []inspect.Kind{inspect.KindLostEndpoint},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBaseline(t)

@@ -127,6 +127,13 @@ func record(o allocator.Owner, node string, state allocator.State) allocator.Rec
 	return allocator.Record{Owner: o, Node: node, State: state, Since: time.Now().UTC()}
 }
 
+// gone is an operator's statement that node is gone, last seen now: after
+// every record the test wrote.
+func gone(node string) inspect.Evidence {
+	now := time.Now().UTC()
+	return inspect.Evidence{ConfirmGone: node, LastSeen: now, StatedBy: "tester", StatedAt: now}
+}
+
 // kinds is the set of finding kinds in r.
 func kinds(r inspect.Report) map[inspect.Kind]bool {
 	out := map[inspect.Kind]bool{}

@@ -9,7 +9,12 @@ import (
 
 // PlanNodeRemove plans the audited release of a node that is gone
 // (invariant 3: "an explicit, audited release may free an orphaned
-// block"). Unless forced it refuses a node whose node record exists.
+// block"). Unless forced it refuses a node whose node record exists. It
+// always requires ev, the operator's statement that the node is gone
+// (ErrNoEvidence without it: a node cut off from etcd looks just like a
+// dead one), and refuses it with ErrEvidenceContradicted when a record of
+// the node in s is newer than ev.LastSeen. The plan carries ev for the
+// audit trail.
 //
 // For every block the node claims, or whose home it is while no other node
 // claims it, the plan deletes in order:
@@ -27,7 +32,7 @@ import (
 //
 // Addresses of the node that sit in other nodes' blocks are left alone;
 // Check reports them and PlanReleaseNode releases them.
-func PlanNodeRemove(s *Snapshot, node string, force bool) (Plan, error) {
+func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, error) {
 	action := "node remove " + node
 	if node == "" {
 		return Plan{}, fmt.Errorf("plan node remove: %w: empty node name", ErrBadRequest)
@@ -35,7 +40,10 @@ func PlanNodeRemove(s *Snapshot, node string, force bool) (Plan, error) {
 	if err := refuseLive(s, force, node); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
 	}
-	p := Plan{Action: action, Revision: s.Revision, Force: force, Steps: []Step{}}
+	if err := checkEvidence(s, node, ev); err != nil {
+		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
+	}
+	p := Plan{Action: action, Revision: s.Revision, Force: force, Evidence: &ev, Steps: []Step{}}
 	var others []string // other nodes named by allocations in these blocks
 	for _, v := range s.blockViews() {
 		steps, nodes := removeBlock(v, node, force)

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,7 +43,7 @@ func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
 	require.Len(t, r.Findings, 2)
 
 	before := v.snapshot(t)
-	p, err := inspect.PlanNodeRemove(before, "n1", false)
+	p, err := inspect.PlanNodeRemove(before, "n1", gone("n1"), false)
 	require.NoError(t, err)
 	var kindsInOrder []string
 	for _, st := range p.Steps {
@@ -90,7 +91,7 @@ func TestNodeRemoveDeadNodeClaim(t *testing.T) {
 	v.put(t, etcdstore.HomeKey("small", empty), allocator.Home{Node: "ghost"})
 	require.Equal(t, map[inspect.Kind]bool{inspect.KindDeadNodeClaim: true}, kinds(v.check(t)))
 
-	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", false)
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", gone("ghost"), false)
 	require.NoError(t, err)
 	var order []string
 	for _, st := range p.Steps {
@@ -113,7 +114,7 @@ func TestNodeRemoveFencedWhenNodeReturns(t *testing.T) {
 	n1 := startAgent(t, v.e, "n1", 0)
 	held := allocate(t, n1, 0, 5, false)
 	n1.Kill(t)
-	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", false)
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
 	require.NoError(t, err)
 	require.Len(t, p.Steps, 6)
 
@@ -140,10 +141,73 @@ func TestNodeRemoveRefusesOtherLiveNodesAddresses(t *testing.T) {
 	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
 	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), record(owner(1), "ghost", allocator.StateAllocated))
 	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.Name, allocator.StateAllocated))
-	_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", false)
+	_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", gone("ghost"), false)
 	require.ErrorIs(t, err, inspect.ErrNodeAlive)
 	require.ErrorContains(t, err, "other nodes")
-	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", true)
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", gone("ghost"), true)
 	require.NoError(t, err)
 	require.Len(t, p.Steps, 3)
+}
+
+// TestNodeRemoveEvidenceCrossCheck: each kind of record a node writes with
+// a time is a sign of life that a stated last-seen must not precede.
+func TestNodeRemoveEvidenceCrossCheck(t *testing.T) {
+	lastSeen := time.Date(2026, 1, 22, 8, 0, 0, 0, time.UTC)
+	later := lastSeen.Add(time.Minute)
+	blk := netip.MustParsePrefix("10.20.0.64/28")
+	ev := inspect.Evidence{ConfirmGone: "ghost", LastSeen: lastSeen, StatedAt: lastSeen.Add(time.Hour)}
+	for _, tc := range []struct {
+		name  string
+		plant func(v *env)
+		force bool
+		key   string
+	}{
+		{"allocation", func(v *env) {
+			rec := record(owner(1), "ghost", allocator.StateAllocated)
+			rec.Since = later
+			v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), rec)
+		}, false, etcdstore.IPKey("small", blk, addrAt(t, blk, 1))},
+		{"claim", func(v *env) {
+			v.put(t, etcdstore.ClaimKey("small", blk), allocator.Claim{Node: "ghost", ClaimedAt: later}, clientv3.WithLease(v.lease(t)))
+		}, false, etcdstore.ClaimKey("small", blk)},
+		{"home", func(v *env) {
+			v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost", Since: later})
+		}, false, etcdstore.HomeKey("small", blk)},
+		{"node record, forced", func(v *env) {
+			v.put(t, etcdstore.NodeKey("ghost"), etcdstore.NodeRecord{Name: "ghost", StartedAt: later}, clientv3.WithLease(v.lease(t)))
+		}, true, etcdstore.NodeKey("ghost")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newEnv(t)
+			// An older sign of life, which the stated time does not contradict.
+			v.put(t, etcdstore.HomeKey("small", netip.MustParsePrefix("10.20.0.0/28")), allocator.Home{Node: "ghost", Since: lastSeen.Add(-time.Hour)})
+			tc.plant(v)
+			_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", ev, tc.force)
+			require.ErrorIs(t, err, inspect.ErrEvidenceContradicted)
+			require.ErrorContains(t, err, tc.key)
+			require.ErrorContains(t, err, later.Format(time.RFC3339Nano))
+
+			atLast := ev
+			atLast.LastSeen = later
+			p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", atLast, tc.force)
+			require.NoError(t, err, "last seen at the newest sign of life")
+			require.Equal(t, &atLast, p.Evidence, "the plan carries the evidence")
+		})
+	}
+	t.Run("bad evidence", func(t *testing.T) {
+		s := newEnv(t).snapshot(t)
+		for _, bad := range []struct {
+			ev   inspect.Evidence
+			want error
+		}{
+			{inspect.Evidence{}, inspect.ErrNoEvidence},
+			{inspect.Evidence{ConfirmGone: "ghost"}, inspect.ErrNoEvidence},
+			{inspect.Evidence{LastSeen: lastSeen}, inspect.ErrNoEvidence},
+			{inspect.Evidence{ConfirmGone: "other", LastSeen: lastSeen}, inspect.ErrNoEvidence},
+			{inspect.Evidence{ConfirmGone: "ghost", LastSeen: later, StatedAt: lastSeen}, inspect.ErrBadRequest},
+		} {
+			_, err := inspect.PlanNodeRemove(s, "ghost", bad.ev, true)
+			require.ErrorIs(t, err, bad.want, "%+v", bad.ev)
+		}
+	})
 }

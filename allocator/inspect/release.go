@@ -76,7 +76,10 @@ type Plan struct {
 	Action   string `json:"action"`
 	Revision int64  `json:"revision"`
 	Force    bool   `json:"force"`
-	Steps    []Step `json:"steps"`
+	// Evidence is the operator's statement that the node is gone, for a
+	// node remove; nil for other plans.
+	Evidence *Evidence `json:"evidence,omitempty"`
+	Steps    []Step    `json:"steps"`
 }
 
 // ipStep deletes one allocation. Unless forced it is fenced by "the node

@@ -31,7 +31,7 @@ func TestReleaseRefusesLiveNodeUnlessForced(t *testing.T) {
 		"owner": func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseOwner(s, owner(0).ContainerID, "", f) },
 		"node":  func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseNode(s, "n1", f) },
 		"node remove": func(f bool) (inspect.Plan, error) {
-			return inspect.PlanNodeRemove(s, "n1", f)
+			return inspect.PlanNodeRemove(s, "n1", gone("n1"), f)
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -45,6 +45,7 @@ type globalFlags struct {
 type app struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	now            func() time.Time
 	flags          globalFlags
 	cli            *clientv3.Client
 	cancel         context.CancelFunc

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -43,7 +44,7 @@ func (c exitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) 
 // environment through getenv. It returns the process exit code. Tests call
 // it in-process.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now}
 	defer a.close()
 	root := a.rootCmd()
 	root.SetArgs(args)

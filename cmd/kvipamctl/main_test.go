@@ -110,6 +110,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad state filter", []string{"ip", "list", "--state", "gone", "--endpoints", "x"}, `state "gone"`},
 		{"unreachable etcd", []string{"pool", "list", "--endpoints", "http://127.0.0.1:1", "--dial-timeout", "200ms"}, "reach etcd"},
 		{"node remove needs a name", []string{"node", "remove"}, "accepts 1 arg"},
+		{"bad last-seen", []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "yesterday", "--endpoints", "x"}, `parse --last-seen "yesterday"`},
+		{"negative last-seen", []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "-2h", "--endpoints", "x"}, `parse --last-seen "-2h"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, _, errs := h.run(tc.args...)
@@ -117,6 +119,26 @@ func TestUsageErrors(t *testing.T) {
 			require.Contains(t, errs, tc.want)
 			require.True(t, strings.HasPrefix(errs, "kvipamctl: "), "one clear line: %q", errs)
 		})
+	}
+}
+
+func TestParseLastSeen(t *testing.T) {
+	now := time.Date(2026, 1, 22, 10, 0, 0, 0, time.UTC)
+	for in, want := range map[string]time.Time{
+		"2026-01-22T07:40:00Z":      time.Date(2026, 1, 22, 7, 40, 0, 0, time.UTC),
+		"2026-01-22T08:40:00+01:00": time.Date(2026, 1, 22, 7, 40, 0, 0, time.UTC),
+		"2026-01-22T07:40:00.5Z":    time.Date(2026, 1, 22, 7, 40, 0, 5e8, time.UTC),
+		"2h":                        time.Date(2026, 1, 22, 8, 0, 0, 0, time.UTC),
+		"90m":                       time.Date(2026, 1, 22, 8, 30, 0, 0, time.UTC),
+		"0s":                        now,
+	} {
+		got, err := parseLastSeen(in, now)
+		require.NoError(t, err, in)
+		require.True(t, want.Equal(got), "%s: got %s, want %s", in, got, want)
+	}
+	for _, in := range []string{"", "yesterday", "-1h", "2026-01-22 07:40"} {
+		_, err := parseLastSeen(in, now)
+		require.Error(t, err, in)
 	}
 }
 
@@ -333,19 +355,24 @@ func TestNodeRemove(t *testing.T) {
 	n1 := h.agent("n1")
 	n1.Allocate(t, "small", 0, 20, false)
 
-	code, _, errs := h.run("node", "remove", "n1")
+	gone := []string{"node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "0s"}
+	code, _, errs := h.run(gone...)
 	require.Equal(t, exitError, code)
-	require.Contains(t, errs, "rerun with --force")
+	require.Contains(t, errs, "rerun with --force", "evidence does not override a live node record")
 
 	n1.Kill(t)
 	var rep planReport
-	require.Equal(t, exitOK, h.json(&rep, "node", "remove", "n1", "--dry-run"))
+	require.Equal(t, exitOK, h.json(&rep, append(gone, "--dry-run")...))
 	require.Len(t, rep.Plan.Steps, 22, "20 addresses and 2 homes")
 	require.Equal(t, int64(20), h.count(etcdstore.IPsPrefix("small")), "a dry run changes nothing")
 	require.Equal(t, int64(2), h.count(etcdstore.HomesPrefix("small")))
-	require.Contains(t, h.ok("node", "remove", "n1", "--dry-run"), "nothing changed")
+	require.Equal(t, "n1", rep.Plan.Evidence.ConfirmGone)
+	require.Equal(t, "tester", rep.Plan.Evidence.StatedBy)
+	out := h.ok(append(gone, "--dry-run")...)
+	require.Contains(t, out, "nothing changed")
+	require.Contains(t, out, "evidence: tester states n1 is gone")
 
-	code, out, errs := h.run("node", "remove", "n1", "-o", "json")
+	code, out, errs = h.run(append(gone, "-o", "json")...)
 	require.Equal(t, exitOK, code, errs)
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, 22, rep.Result.Deleted)
@@ -379,4 +406,91 @@ func TestProgress(t *testing.T) {
 	require.Contains(t, errs, "kvipamctl: scanned 10000 keys")
 	_, _, errs = h.run("block", "list", "--page-size", "3000")
 	require.NotContains(t, errs, "scanned", "auto: no progress when stderr is no terminal")
+}
+
+// TestNodeRemoveNeedsEvidence: a node whose lease expired (here revoked,
+// as after a partition from etcd longer than its TTL) looks exactly like a
+// dead one, so node remove frees its blocks only on the operator's
+// positive statement that the node is gone, which etcd must not
+// contradict. And when the node does come back after another node took the
+// freed block, it does not take the block or the address back.
+func TestNodeRemoveNeedsEvidence(t *testing.T) {
+	h := newHarness(t)
+	h.withSmallPool()
+	n1 := h.agent("n1")
+	held := n1.Allocate(t, "small", 0, 5, false)
+	n1.Kill(t) // its node record and claim go; its pods may still run
+	lastSeen := time.Now().UTC().Format(time.RFC3339Nano)
+	unchanged := func() {
+		t.Helper()
+		require.Equal(t, int64(5), h.count(etcdstore.IPsPrefix("small")), "nothing was released")
+		require.Equal(t, int64(1), h.count(etcdstore.HomesPrefix("small")))
+	}
+
+	// "No node record" alone is not evidence.
+	for _, dry := range [][]string{nil, {"--dry-run"}} {
+		code, _, errs := h.run(append([]string{"node", "remove", "n1"}, dry...)...)
+		require.Equal(t, exitError, code)
+		require.Contains(t, errs, "lease TTL", "the refusal says why a missing record is no proof")
+		require.Contains(t, errs, "--confirm-gone n1 --last-seen")
+		unchanged()
+	}
+	// Half the evidence is none.
+	code, _, errs := h.run("node", "remove", "n1", "--confirm-gone", "n1")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "--last-seen")
+	unchanged()
+	// The evidence must name the node being removed.
+	code, _, errs = h.run("node", "remove", "n1", "--confirm-gone", "n2", "--last-seen", lastSeen)
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "n2")
+	unchanged()
+	// An hour ago is before n1 wrote its allocations: etcd knows better.
+	code, _, errs = h.run("node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", "1h")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "alive after")
+	require.Contains(t, errs, etcdstore.IPKey("small", held[4].Block, held[4].Addr), "names the newest evidence")
+	unchanged()
+
+	// Correct evidence: a dry run shows it, the run records it.
+	var rep planReport
+	require.Equal(t, exitOK, h.json(&rep, "node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", lastSeen, "--dry-run"))
+	require.Len(t, rep.Plan.Steps, 6, "5 addresses and 1 home")
+	unchanged()
+	code, out, errs := h.run("node", "remove", "n1", "--confirm-gone", "n1", "--last-seen", lastSeen, "-o", "json")
+	require.Equal(t, exitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, 6, rep.Result.Deleted)
+	require.Contains(t, errs, "confirmGone=n1", "the audit trail records the evidence")
+	require.Contains(t, errs, "lastSeen=")
+	require.Contains(t, errs, "operator=tester")
+	require.Zero(t, h.count(etcdstore.IPsPrefix("small")))
+
+	// n2 takes the freed block and n1's first address for its own pod.
+	n2 := h.agent("n2")
+	res, err := n2.Alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: agenttest.Owner(100), IPs: []netip.Addr{held[0].Addr}})
+	require.NoError(t, err)
+	require.Equal(t, held[0].Addr, res.Allocations[0].Addr)
+	ipKey := etcdstore.IPKey("small", held[0].Block, held[0].Addr)
+	before, err := h.cli.Get(context.Background(), ipKey)
+	require.NoError(t, err)
+	require.Len(t, before.Kvs, 1)
+
+	// n1 comes back (a restore on a new lease, as after the partition):
+	// it neither re-claims the block nor touches n2's address.
+	n1b := h.agent("n1")
+	require.Empty(t, n1b.Alloc.Lookup(agenttest.Owner(0)), "n1's old owner holds nothing now")
+	claim, err := h.cli.Get(context.Background(), etcdstore.ClaimKey("small", held[0].Block))
+	require.NoError(t, err)
+	require.Len(t, claim.Kvs, 1)
+	require.Contains(t, string(claim.Kvs[0].Value), `"node":"n2"`)
+	after, err := h.cli.Get(context.Background(), ipKey)
+	require.NoError(t, err)
+	require.Len(t, after.Kvs, 1)
+	require.Equal(t, before.Kvs[0].ModRevision, after.Kvs[0].ModRevision, "n2's allocation key is never re-written")
+	require.Contains(t, string(after.Kvs[0].Value), agenttest.Owner(100).ContainerID)
+	again := n1b.Allocate(t, "small", 0, 1, false)
+	require.NotEqual(t, held[0].Block, again[0].Block, "n1 goes on in another block")
+	var r inspect.Report
+	require.Equal(t, exitOK, h.json(&r, "check"), "%+v", r.Findings)
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,27 +20,40 @@ func (a *app) nodeCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return a.nodeList(cmd.Context(), a.stdout) },
 	}
-	var dryRun, force bool
+	var r nodeRemoveRequest
 	remove := &cobra.Command{
-		Use:   "remove NODE",
+		Use:   "remove NODE --confirm-gone NODE --last-seen TIME",
 		Short: "Free the blocks of a node that is gone",
 		Long: `Free the blocks of a node that is gone for good: delete its claims, the
 allocations in its blocks, then the blocks' homes, so any node can claim
 them again. This is the audited release of orphaned blocks (invariant 3).
 
+A missing node record is not proof that the node is gone: a node cut off
+from etcd for longer than its lease TTL loses its node record and claims
+the same way, while its pods keep using their addresses. So you must state
+it: --confirm-gone repeats the node's name, and --last-seen says when it
+last ran, as an RFC 3339 time or as how long ago (2h, 90m). The command is
+refused when etcd shows the node alive after that time (an allocation it
+wrote, a claim it made, its home or node record), and the statement goes
+into the plan and every audit line.
+
 Refused while the node record exists (the agent is alive) unless --force.
 Every delete is fenced: if the node comes back and re-claims a block while
 this runs, the rest of that block is left alone. --dry-run prints the plan
 and changes nothing. Run it again after a partial failure.`,
-		Example: `  kvipamctl node remove worker-7 --dry-run
-  kvipamctl node remove worker-7`,
+		Example: `  kvipamctl node remove worker-7 --confirm-gone worker-7 --last-seen 2026-01-22T07:40:00Z --dry-run
+  kvipamctl node remove worker-7 --confirm-gone worker-7 --last-seen 3h`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.nodeRemove(cmd.Context(), a.stdout, args[0], dryRun, force)
+			r.node = args[0]
+			return a.nodeRemove(cmd.Context(), a.stdout, r)
 		},
 	}
-	remove.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan, change nothing")
-	remove.Flags().BoolVar(&force, "force", false, "remove a node whose node record exists")
+	f := remove.Flags()
+	f.StringVar(&r.confirmGone, "confirm-gone", "", "the node's name again: you state that it is down for good")
+	f.StringVar(&r.lastSeen, "last-seen", "", "when the node last ran: an RFC 3339 time, or how long ago (2h, 90m)")
+	f.BoolVar(&r.dryRun, "dry-run", false, "print the plan, change nothing")
+	f.BoolVar(&r.force, "force", false, "remove a node whose node record exists")
 	cmd.AddCommand(list, remove)
 	return cmd
 }
@@ -56,14 +72,50 @@ func (a *app) nodeList(ctx context.Context, w io.Writer) error {
 	})
 }
 
-func (a *app) nodeRemove(ctx context.Context, w io.Writer, node string, dryRun, force bool) error {
+// nodeRemoveRequest is what node remove was asked, with the evidence as
+// typed.
+type nodeRemoveRequest struct {
+	node                  string
+	confirmGone, lastSeen string
+	dryRun, force         bool
+}
+
+func (a *app) nodeRemove(ctx context.Context, w io.Writer, r nodeRemoveRequest) error {
+	now := a.now().UTC()
+	ev := inspect.Evidence{ConfirmGone: r.confirmGone, StatedBy: a.getenv("USER"), StatedAt: now}
+	if r.lastSeen != "" {
+		t, err := parseLastSeen(r.lastSeen, now)
+		if err != nil {
+			return err
+		}
+		ev.LastSeen = t
+	}
 	in, s, err := a.snapshot(ctx)
 	if err != nil {
 		return err
 	}
-	p, err := inspect.PlanNodeRemove(s, node, force)
-	if err != nil {
+	p, err := inspect.PlanNodeRemove(s, r.node, ev, r.force)
+	switch {
+	case errors.Is(err, inspect.ErrNoEvidence):
+		return fmt.Errorf("%w; once you know %s is down for good, rerun with --confirm-gone %s --last-seen TIME (RFC 3339, or how long ago, such as 2h)",
+			err, r.node, r.node)
+	case errors.Is(err, inspect.ErrEvidenceContradicted):
+		return fmt.Errorf("%w; %s ran later than stated, so it may still be running: check again, and state a later --last-seen only once you know it is down", err, r.node)
+	case err != nil:
 		return planError(err)
 	}
-	return a.apply(ctx, w, in, p, dryRun)
+	return a.apply(ctx, w, in, p, r.dryRun)
+}
+
+// parseLastSeen reads --last-seen: an RFC 3339 time (fractional seconds
+// allowed), or a duration before now such as 2h or 90m.
+func parseLastSeen(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t.UTC(), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("parse --last-seen %q: want an RFC 3339 time (2026-01-22T07:40:00Z) or how long ago (2h, 90m)", v)
+	}
+	return now.Add(-d), nil
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,7 +35,7 @@ func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p i
 	rep := planReport{DryRun: dryRun, Plan: p}
 	var execErr error
 	if !dryRun && len(p.Steps) > 0 {
-		log := a.auditLogger()
+		log := a.auditLogger().With(evidenceFields(p.Evidence)...)
 		log.Info("executing plan", "action", p.Action, "steps", len(p.Steps), "revision", p.Revision, "force", p.Force)
 		res, err := in.Execute(ctx, p, log)
 		rep.Result, execErr = &res, err
@@ -56,6 +57,10 @@ func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p i
 			}
 			row(tw, i+1, st.Kind, st.Key, st.Rev, status, note)
 		}
+		if ev := p.Evidence; ev != nil {
+			fmt.Fprintf(tw, "evidence: %s states %s is gone, last seen %s (stated %s)\n",
+				cmp.Or(ev.StatedBy, "the operator"), ev.ConfirmGone, ev.LastSeen.Format(time.RFC3339), ev.StatedAt.Format(time.RFC3339))
+		}
 		if rep.Result == nil {
 			fmt.Fprintf(tw, "dry run of %s: %d keys would be deleted (as of revision %d); nothing changed\n", p.Action, len(p.Steps), p.Revision)
 		} else {
@@ -66,6 +71,15 @@ func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p i
 		return err
 	}
 	return execErr
+}
+
+// evidenceFields are the audit log fields of a node remove's evidence;
+// the operator who stated it is already on every line.
+func evidenceFields(ev *inspect.Evidence) []any {
+	if ev == nil {
+		return nil
+	}
+	return []any{"confirmGone", ev.ConfirmGone, "lastSeen", ev.LastSeen.Format(time.RFC3339Nano), "statedAt", ev.StatedAt.Format(time.RFC3339)}
 }
 
 // auditLogger logs every deleted key on stderr, with the operator's login
