@@ -449,11 +449,12 @@ func (a *NodeAllocator) learn(ctx context.Context, err error) {
 	}
 }
 
-// loseBlock forgets an own block whose claim this node no longer holds.
-// Its allocations stay in the store; Restore finds them again if the block
-// is still this node's home.
+// loseBlock gives up an own block whose claim this node no longer holds:
+// nothing more is written into it. Its cached allocations stay known, so a
+// DEL still releases them (a release is guarded by the allocation's own
+// revision, not by the claim) and a retried ADD still finds them; Restore
+// re-claims the block if it is still this node's home.
 func (a *NodeAllocator) loseBlock(ps *poolState, b netip.Prefix) {
-	ps.forgetBlock(b)
 	delete(ps.own, b)
 	ps.others[b] = otherBlock{node: "?"}
 }

@@ -24,11 +24,32 @@ type poolState struct {
 	byOwner map[string][]*Allocation
 	byAddr  map[netip.Addr]*Allocation
 	expires map[netip.Addr]time.Time // reservations' expiry
-	// unknown holds writes whose outcome is unknown: the store call failed
+	// unknown holds store calls whose outcome is unknown: the call failed
 	// without saying whether the transaction committed. Their addresses
 	// stay marked in the bitmap, so no one else gets them, until a read
 	// of etcd settles them (see outcome.go).
-	unknown map[netip.Addr]IPWrite
+	unknown map[netip.Addr]pending
+}
+
+// pending is a store call of unknown outcome: a write (create or confirm)
+// or the delete of a cached allocation.
+type pending struct {
+	write IPWrite
+	del   *Allocation
+}
+
+func (p pending) owner() string {
+	if p.del != nil {
+		return p.del.Owner.Key()
+	}
+	return p.write.Record.Owner.Key()
+}
+
+func (p pending) ref() IPRef {
+	if p.del != nil {
+		return IPRef{Pool: p.del.Pool, Block: p.del.Block, Addr: p.del.Addr}
+	}
+	return IPRef{Pool: p.write.Pool, Block: p.write.Block, Addr: p.write.Addr}
 }
 
 type ownBlock struct {
@@ -49,7 +70,7 @@ func newPoolState(p Pool) *poolState {
 		byOwner: map[string][]*Allocation{},
 		byAddr:  map[netip.Addr]*Allocation{},
 		expires: map[netip.Addr]time.Time{},
-		unknown: map[netip.Addr]IPWrite{},
+		unknown: map[netip.Addr]pending{},
 	}
 }
 
@@ -108,10 +129,10 @@ func (ps *poolState) ofOwner(key string, f Family) []*Allocation {
 	return out
 }
 
-// pendingFor reports whether the owner has a write of unknown outcome.
+// pendingFor reports whether the owner has a store call of unknown outcome.
 func (ps *poolState) pendingFor(key string) bool {
-	for _, w := range ps.unknown {
-		if w.Record.Owner.Key() == key {
+	for _, p := range ps.unknown {
+		if p.owner() == key {
 			return true
 		}
 	}

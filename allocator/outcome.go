@@ -27,9 +27,17 @@ func outcomeUnknown(err error) bool {
 // park records writes of unknown outcome. Their addresses stay marked.
 func (a *NodeAllocator) park(ps *poolState, writes []IPWrite) {
 	for _, w := range writes {
-		ps.unknown[w.Addr] = w
+		ps.unknown[w.Addr] = pending{write: w}
 		a.log.Warn("write outcome unknown; settling it from etcd before the address is reused", "pool", ps.pool.Name, "ip", w.Addr, "owner", w.Record.Owner.Key())
 	}
+}
+
+// parkDelete records the delete of al, of unknown outcome. al stays cached
+// (and its address marked) until settled: an owner's retried ADD must not
+// be answered with an address that may be gone from etcd.
+func (a *NodeAllocator) parkDelete(ps *poolState, al *Allocation) {
+	ps.unknown[al.Addr] = pending{del: al}
+	a.log.Warn("delete outcome unknown; settling it from etcd", "pool", ps.pool.Name, "ip", al.Addr, "owner", al.Owner.Key())
 }
 
 // settlePending reads back every parked write, in one round trip, and
@@ -38,8 +46,8 @@ func (a *NodeAllocator) park(ps *poolState, writes []IPWrite) {
 func (a *NodeAllocator) settlePending(ctx context.Context) error {
 	var refs []IPRef
 	for _, ps := range a.pools {
-		for _, w := range ps.unknown {
-			refs = append(refs, IPRef{Pool: w.Pool, Block: w.Block, Addr: w.Addr})
+		for _, p := range ps.unknown {
+			refs = append(refs, p.ref())
 		}
 	}
 	if len(refs) == 0 {
@@ -50,10 +58,14 @@ func (a *NodeAllocator) settlePending(ctx context.Context) error {
 		return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", ErrUnavailable, len(refs), err)
 	}
 	for _, ps := range a.pools {
-		for addr, w := range ps.unknown {
+		for addr, p := range ps.unknown {
 			delete(ps.unknown, addr)
 			cur, ok := got[addr]
-			a.settle(ctx, ps, w, cur, ok)
+			if p.del != nil {
+				a.settleDelete(ctx, ps, p.del, cur, ok)
+				continue
+			}
+			a.settle(ctx, ps, p.write, cur, ok)
 		}
 	}
 	return nil
@@ -90,6 +102,25 @@ func (a *NodeAllocator) settle(ctx context.Context, ps *poolState, w IPWrite, cu
 		if ob != nil {
 			if err := a.reloadBlock(ctx, ps, b); err != nil {
 				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+			}
+		}
+	}
+}
+
+// settleDelete applies what etcd holds at al's address (cur, if ok) after
+// a delete of al whose outcome was unknown.
+func (a *NodeAllocator) settleDelete(ctx context.Context, ps *poolState, al *Allocation, cur Allocation, ok bool) {
+	if ok && cur.Rev == al.Rev {
+		return // not deleted: the owner still holds it
+	}
+	if ps.byAddr[al.Addr] == al {
+		a.drop(ps, al)
+	}
+	if ok { // rewritten since: the cache does not know by whom
+		if b, ob := ps.ownBlockOf(al.Addr); ob != nil {
+			if err := a.reloadBlock(ctx, ps, b); err != nil {
+				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+				ob.ba.Mark(al.Addr)
 			}
 		}
 	}

@@ -33,6 +33,11 @@ func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, err
 				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
 			}
 			ob := ps.own[al.Block]
+			if ob == nil {
+				// The block's claim was lost (a fenced write): no write is
+				// fenced until Restore re-claims it.
+				return nil, fmt.Errorf("confirm %s: %s: block %s is not claimed by node %s now: %w", o.Key(), al.Addr, al.Block, a.cfg.Node, ErrLeaseLost)
+			}
 			rec := al.Record
 			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
 			if o.Namespace != "" || o.Pod != "" {
@@ -124,38 +129,49 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 		return false, err
 	}
 	cur := ps.byAddr[al.Addr]
-	same := cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key()
+	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() {
+		// Still the cached allocation: release it as a DEL would.
+		if err := a.release(ctx, ps, cur); err != nil {
+			if errors.Is(err, ErrConflict) {
+				return false, nil
+			}
+			return false, err
+		}
+		return true, nil
+	}
+	// Not (or no longer) cached as it was: delete only if etcd still
+	// holds it at that revision; the cache has nothing of it to drop.
 	err = a.cfg.Store.DeleteIP(ctx, al.Pool, al.Block, al.Addr, al.Rev)
 	if errors.Is(err, ErrConflict) {
-		if same { // the cache is behind etcd
-			_ = a.reloadBlock(ctx, ps, al.Block)
-		}
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
-	}
-	if same {
-		a.drop(ps, cur)
-		a.maybeUnclaim(ctx, ps, al.Block)
 	}
 	return true, nil
 }
 
 func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
 	err := a.cfg.Store.DeleteIP(ctx, ps.pool.Name, al.Block, al.Addr, al.Rev)
-	if errors.Is(err, ErrConflict) {
+	switch {
+	case err == nil:
+		a.drop(ps, al)
+	case errors.Is(err, ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen.
 		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
 			_ = a.reloadBlock(ctx, ps, al.Block)
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+	default:
+		a.parkDelete(ps, al)
+		if serr := a.settlePending(ctx); serr != nil {
+			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), serr)
+		}
+		if ps.byAddr[al.Addr] == al {
+			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
+		}
 	}
-	if err != nil {
-		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
-	}
-	a.drop(ps, al)
 	a.maybeUnclaim(ctx, ps, al.Block)
 	return nil
 }
