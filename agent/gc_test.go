@@ -139,3 +139,34 @@ func TestRestoreFailureServesNotReady(t *testing.T) {
 	require.Len(t, held, 1)
 	require.Equal(t, pod.String()+"/32", held[0].Address)
 }
+
+// TestGCGraceIgnoresWallClock restores an allocation whose stored since is
+// two hours old, as after a step of the wall clock (or a node whose clock
+// ran ahead). GC counts the grace period from when this agent learned of
+// it, on the monotonic clock, so it is not collected at once.
+func TestGCGraceIgnoresWallClock(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	_, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, testPool)
+	require.NoError(t, err)
+	block := netip.MustParsePrefix("10.77.0.32/27")
+	since := time.Now().Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
+	for k, v := range map[string]string{
+		etcdstore.HomeKey(testPool.Name, block):                                  `{"node":"node-1"}`,
+		etcdstore.IPKey(testPool.Name, block, netip.MustParseAddr("10.77.0.33")): `{"containerID":"ctr-0007","ifName":"eth0","node":"node-1","state":"allocated","since":"` + since + `"}`,
+	} {
+		_, err := cli.Put(ctx, k, v)
+		require.NoError(t, err)
+	}
+	cfg := testConfig(t, e)
+	cfg.GCGrace = Duration{time.Minute}
+	ta := startAgent(t, cfg, Options{})
+	res, err := ta.c.GC(ctx, api.GCRequest{ValidAttachments: []api.Attachment{}})
+	require.NoError(t, err)
+	require.Empty(t, res.Released, "known to this agent for less than the grace period")
+	require.Equal(t, 1, res.Deferred)
+	later, err := ta.a.collect(ctx, api.GCRequest{}, time.Now().Add(2*time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, []string{"10.77.0.33"}, later.Released, "collected once the grace period has passed here")
+}

@@ -165,6 +165,16 @@ func (ps *poolState) sortedOwn(f Family) []netip.Prefix {
 	return out
 }
 
+// roomy returns an own block of family f with a free address.
+func (ps *poolState) roomy(f Family) (netip.Prefix, bool) {
+	for _, b := range ps.sortedOwn(f) {
+		if ps.own[b].ba.Free() > 0 {
+			return b, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
 func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
 	for _, b := range ps.sortedOwn(f) {
 		if ob := ps.own[b]; ob.ba.Free() > 0 {

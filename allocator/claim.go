@@ -27,6 +27,9 @@ func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family)
 	if err := a.refreshOthers(ctx, ps); err != nil {
 		return netip.Prefix{}, err
 	}
+	if b, ok := ps.roomy(f); ok { // an adopted claim whose answer was lost
+		return b, nil
+	}
 	fresh := true // others was read since the last lost race
 	var got netip.Prefix
 	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
@@ -36,6 +39,10 @@ func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family)
 				return err
 			}
 			fresh = true
+			if b, ok := ps.roomy(f); ok {
+				got = b
+				return nil
+			}
 			cand, ok = a.chooseBlock(ps, f)
 		}
 		if !ok {

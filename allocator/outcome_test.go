@@ -347,3 +347,52 @@ func TestDenseClaimsConverge(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, nodes, resp.Count, "one block per node")
 }
+
+// TestOwnerWithTwoAddressesOfAFamily plants a second allocation of one
+// owner and family in the node's block (what an unknown outcome could
+// leave behind before it was settled). The cache keeps both: Lookup shows
+// both, and Release frees both.
+func TestOwnerWithTwoAddressesOfAFamily(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
+	o := owner(1)
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	require.NoError(t, err)
+	first := r.Allocations[0]
+	second := first.Addr.Next().Next()
+	_, err = n.cli.Put(ctx, etcdstore.IPKey("small", first.Block, second), `{"containerID":"`+o.ContainerID+`","ifName":"eth0","node":"n1","state":"allocated"}`)
+	require.NoError(t, err)
+	sess, err := kvstore.NewSession(ctx, n.cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	require.NoError(t, n.alloc.Restore(ctx, sess))
+	got := n.alloc.Lookup(o)
+	require.Len(t, got, 2, "both addresses are known")
+	rel, err := n.alloc.Release(ctx, o)
+	require.NoError(t, err)
+	require.Len(t, rel, 2)
+	require.Empty(t, storeIPs(t, n.cli, "small"), "both are freed")
+}
+
+// TestLostClaimAnswerIsAdopted makes a claim commit and then report an
+// error. The block is this node's on its current lease: the next attempt
+// adopts it instead of counting it as another node's and claiming a
+// second block.
+func TestLostClaimAnswerIsAdopted(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	h.After("Claim", commitThenFail(1))
+	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	require.ErrorIs(t, err, errUnknown)
+	h.Clear()
+	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	resp, err := n.cli.Get(ctx, etcdstore.ClaimsPrefix("small"), clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "one block claimed, not two")
+	require.Equal(t, etcdstore.ClaimKey("small", r.Allocations[0].Block), string(resp.Kvs[0].Key))
+}
