@@ -16,6 +16,10 @@ test: build
 	$(GO) vet $(PKGS)
 	$(GO) test $(TEST_FLAGS) $(PKGS)
 	KVIPAM_E2E_DATAPATH=bpf $(GO) test $(TEST_FLAGS) ./e2e/
+	$(MAKE) race
+
+# The packages with concurrency, under the race detector (part of test).
+race:
 	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/... ./cni/...
 
 bench:
