@@ -70,7 +70,7 @@ func (a *Agent) handleConfig(w http.ResponseWriter, r *http.Request) {
 		pools = append(pools, p.Name)
 	}
 	a.writeJSON(w, r, http.StatusOK, api.Config{
-		Node: a.cfg.Node, MTU: a.podMTU, DefaultPool: a.cfg.defaultPool(), Pools: pools,
+		Node: a.cfg.Node, MTU: a.podMTU, DefaultPool: a.cfg.PoolForRequest(), Pools: pools,
 		Datapath: a.dp.Name(), GatewayV4: GatewayV4, GatewayV6: GatewayV6,
 		ReservationTTL: a.cfg.ReservationTTL.String(),
 	})
@@ -109,7 +109,7 @@ func (a *Agent) toRequest(req api.AllocateRequest) (allocator.Request, *api.Erro
 	}
 	out := allocator.Request{Pool: req.Pool, Owner: toOwner(req.Owner), Reserve: !req.Permanent}
 	if out.Pool == "" {
-		out.Pool = a.cfg.defaultPool()
+		out.Pool = a.cfg.PoolForRequest()
 	}
 	if !slices.ContainsFunc(a.cfg.Pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
 		return out, badField("pool", fmt.Sprintf("pool %q is not served by node %s", out.Pool, a.cfg.Node))

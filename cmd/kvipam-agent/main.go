@@ -24,9 +24,9 @@ func main() {
 }
 
 func run(args []string, getenv func(string) string) int {
-	cfg, err := agent.Load(args, getenv)
+	cfg, err := loadConfig(args, getenv)
 	switch {
-	case errors.Is(err, agent.ErrShowVersion):
+	case errors.Is(err, errShowVersion):
 		fmt.Println("kvipam-agent", version)
 		return 0
 	case errors.Is(err, flag.ErrHelp):

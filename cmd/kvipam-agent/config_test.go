@@ -1,4 +1,4 @@
-package agent
+package main
 
 import (
 	"os"
@@ -26,19 +26,19 @@ pools:
   blockSizeV6: 120
 `), 0o600))
 
-	c, err := Load([]string{"--config", file}, env(nil))
+	c, err := loadConfig([]string{"--config", file}, env(nil))
 	require.NoError(t, err)
 	require.Equal(t, "from-file", c.Node)
 	require.Equal(t, 20*time.Second, c.LeaseTTL.Duration)
 	require.Equal(t, []string{"http://10.0.0.1:2379"}, c.Etcd.Endpoints)
 	require.Len(t, c.Pools, 1)
 
-	c, err = Load([]string{"--config", file, "--node", "from-flag"}, env(map[string]string{"KVIPAM_NODE": "from-env", "KVIPAM_MTU": "9000"}))
+	c, err = loadConfig([]string{"--config", file, "--node", "from-flag"}, env(map[string]string{"KVIPAM_NODE": "from-env", "KVIPAM_MTU": "9000"}))
 	require.NoError(t, err)
 	require.Equal(t, "from-flag", c.Node, "flags beat the environment")
 	require.Equal(t, 9000, c.MTU, "the environment beats the file")
 
-	c, err = Load(nil, env(map[string]string{"KVIPAM_CONFIG": file}))
+	c, err = loadConfig(nil, env(map[string]string{"KVIPAM_CONFIG": file}))
 	require.NoError(t, err)
 	require.Equal(t, "from-file", c.Node, "KVIPAM_CONFIG names the file")
 }
@@ -62,7 +62,7 @@ func TestLoadErrors(t *testing.T) {
 		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Load(tc.args, env(tc.env))
+			_, err := loadConfig(tc.args, env(tc.env))
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
@@ -70,7 +70,7 @@ func TestLoadErrors(t *testing.T) {
 
 // The example configuration shipped in deploy/ must load.
 func TestShippedConfigLoads(t *testing.T) {
-	c, err := Load([]string{"--config", "../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
+	c, err := loadConfig([]string{"--config", "../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
 	require.NoError(t, err)
 	require.Equal(t, "default", c.Pools[0].Name)
 	require.Len(t, c.Etcd.Endpoints, 3)

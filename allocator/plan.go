@@ -1,0 +1,200 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// plan is a request whose addresses are chosen (and marked in the block
+// bitmaps) but not yet written.
+type plan struct {
+	ps     *poolState
+	req    Request
+	reused []*Allocation
+	writes []IPWrite
+}
+
+// plan chooses the request's addresses and marks them. pendErr is the
+// error of the last attempt to settle writes of unknown outcome: an owner
+// with such a write is refused until it is settled, since the write may
+// hold its address.
+func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*plan, error) {
+	if err := r.Owner.Validate(); err != nil {
+		return nil, err
+	}
+	ps, err := a.poolState(r.Pool)
+	if err != nil {
+		return nil, err
+	}
+	if ps.pendingFor(r.Owner.Key()) {
+		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(ErrUnavailable, pendErr))
+	}
+	fams, static, err := requestFamilies(ps.pool, r)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{ps: ps, req: r}
+	for _, f := range fams {
+		want, isStatic := static[f]
+		if al := a.live(ps, r.Owner, f); al != nil {
+			if isStatic && want != al.Addr {
+				a.undo(p)
+				return nil, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want)
+			}
+			p.reused = append(p.reused, al)
+			continue
+		}
+		var addr netip.Addr
+		var block netip.Prefix
+		if isStatic {
+			block, err = a.pickStatic(ctx, ps, want)
+			addr = want
+		} else {
+			block, addr, err = a.pickFree(ctx, ps, f)
+		}
+		if err != nil {
+			a.undo(p)
+			return nil, err
+		}
+		ob := ps.own[block]
+		ob.ba.Mark(addr)
+		state := StateAllocated
+		if r.Reserve {
+			state = StateReserved
+		}
+		p.writes = append(p.writes, IPWrite{
+			Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Reserve: r.Reserve,
+			Record: Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC()},
+		})
+	}
+	return p, nil
+}
+
+// requestFamilies resolves which families a request wants and its static
+// addresses by family, rejecting anything the pool cannot serve.
+func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error) {
+	static := map[Family]netip.Addr{}
+	for _, ip := range r.IPs {
+		ip = ip.Unmap()
+		f := FamilyOf(ip)
+		if _, dup := static[f]; dup {
+			return nil, nil, fmt.Errorf("%w: two %s addresses requested", ErrBadRequest, f)
+		}
+		if !p.Contains(ip) {
+			return nil, nil, fmt.Errorf("%w: requested ip %s is not in pool %s", ErrBadRequest, ip, p.Name)
+		}
+		static[f] = ip
+	}
+	fams := slices.Clone(r.Families)
+	if len(fams) == 0 {
+		for f := range static {
+			fams = append(fams, f)
+		}
+		if len(fams) == 0 {
+			fams = p.Families()
+		}
+	}
+	slices.Sort(fams)
+	if len(slices.Compact(fams)) != len(fams) {
+		return nil, nil, fmt.Errorf("%w: a family is requested twice", ErrBadRequest)
+	}
+	for _, f := range fams {
+		if p.BlockSize(f) == 0 {
+			return nil, nil, fmt.Errorf("%w: pool %s has no %s range", ErrBadRequest, p.Name, f)
+		}
+	}
+	for f, ip := range static {
+		if !slices.Contains(fams, f) {
+			return nil, nil, fmt.Errorf("%w: requested ip %s but family %s not requested", ErrBadRequest, ip, f)
+		}
+	}
+	return fams, static, nil
+}
+
+// live returns the owner's (oldest) allocation of family f, dropping
+// reservations that have lapsed. A dropped one may still be in the store
+// for a moment; the write that reuses its address then fails and reloads
+// the block.
+func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
+	for _, al := range ps.ofOwner(o.Key(), f) {
+		if !a.dropIfLapsed(ps, al) {
+			return al
+		}
+	}
+	return nil
+}
+
+// dropIfLapsed drops al from the cache if it is a reservation whose lease
+// has ended, and reports whether it did. Every path that looks at a
+// cached reservation (by owner, by address, or to make room) goes
+// through it.
+func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
+	exp, ok := ps.expires[al.Addr]
+	if !ok || al.State != StateReserved || !a.cfg.Now().After(exp) {
+		return false
+	}
+	a.drop(ps, al)
+	return true
+}
+
+// drop removes al from the cache and frees its address in the bitmap.
+func (a *NodeAllocator) drop(ps *poolState, al *Allocation) {
+	ps.forget(al)
+	if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+		ob.ba.Unmark(al.Addr)
+	}
+}
+
+func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (netip.Prefix, netip.Addr, error) {
+	if b, addr, ok := ps.nextFree(f); ok {
+		return b, addr, nil
+	}
+	// Lapsed reservations free room before a new block is claimed.
+	for addr := range ps.expires {
+		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f {
+			a.dropIfLapsed(ps, al)
+		}
+	}
+	if b, addr, ok := ps.nextFree(f); ok {
+		return b, addr, nil
+	}
+	b, err := a.claimBlock(ctx, ps, f)
+	if err != nil {
+		return netip.Prefix{}, netip.Addr{}, err
+	}
+	addr, ok := ps.own[b].ba.Next()
+	if !ok {
+		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("claimed block %s has no free address", b)
+	}
+	return b, addr, nil
+}
+
+func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {
+	b, ob := ps.ownBlockOf(addr)
+	if ob == nil {
+		if other, ok := ps.others[b]; ok && other.node != "" {
+			return b, fmt.Errorf("requested ip %s is in block %s of node %s: %w", addr, b, other.node, ErrNotOwned)
+		}
+		if err := a.claimSpecific(ctx, ps, b); err != nil {
+			return b, fmt.Errorf("requested ip %s: %w", addr, err)
+		}
+		ob = ps.own[b]
+	}
+	if slices.Contains(ps.pool.Excluded(b), addr) {
+		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
+	}
+	if al := ps.byAddr[addr]; al != nil {
+		a.dropIfLapsed(ps, al) // the create-if-absent write guards the rest
+	}
+	if ob.ba.IsUsed(addr) {
+		holder := "another owner"
+		if al := ps.byAddr[addr]; al != nil {
+			holder = al.Owner.Key()
+		}
+		return b, fmt.Errorf("requested ip %s is held by %s: %w", addr, holder, ErrIPInUse)
+	}
+	return b, nil
+}
