@@ -10,9 +10,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore"
@@ -34,41 +33,36 @@ type Options struct {
 	Version string
 }
 
-// Agent is one node's daemon. Run it once; it is safe for concurrent use
+// Agent is one node's daemon: the composition root that builds the parts
+// (allocator, batcher, datapath, endpoint manager, lease keeper, etcd
+// probe, reconciler, GC collector, peer router, API server) and wires each
+// to the few things it needs. Run it once; it is safe for concurrent use
 // by its API handlers.
 type Agent struct {
 	cfg  Config
 	opts Options
 	log  hclog.Logger
+	m    *metrics
 
-	embedded *kvstore.Embedded
-	cli      *clientv3.Client
-	store    *etcdstore.Store
-	alloc    *allocator.NodeAllocator
-	eps      *endpointStore
-	dp       Datapath
-	m        *metrics
-	batch    *batcher
-	bootID   string
-	podMTU   int
+	embedded  *kvstore.Embedded
+	cli       *clientv3.Client
+	store     *etcdstore.Store
+	alloc     *allocator.NodeAllocator
+	batch     *batcher
+	dp        Datapath
+	endpoints *endpointManager
+	lease     *leaseKeeper
+	probe     *etcdProbe
+	recorder  *nodeRecorder
+	rec       *reconciler
+	gc        *collector
+	exhausted *exhaustion
+	podMTU    int
 
-	mu        sync.Mutex
-	sess      *kvstore.Session
-	etcdErr   error
-	exhausted map[string]bool // pool/family whose last claim found no block
-	restored  bool
+	mu       sync.Mutex
+	restored bool
 	// restoreErr is why the last restore failed, while not restored.
 	restoreErr error
-	gc         *reconciler
-	lost       []etcdstore.LostEndpoint // found since start; in the node record
-
-	// epMu serializes endpoint create/delete/release per agent: they
-	// touch the datapath and the record together.
-	epMu sync.Mutex
-
-	// testHookGCDecided, if set, runs between GC's choice of what to
-	// release and the releases, so a test can interleave a DEL and an ADD.
-	testHookGCDecided func()
 }
 
 // New checks cfg and prepares an agent; Run starts it.
@@ -82,7 +76,14 @@ func New(cfg Config, o Options) (*Agent, error) {
 	if o.Version == "" {
 		o.Version = "dev"
 	}
-	return &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: map[string]bool{}}, nil
+	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
+	a.m = newMetrics(func() []allocator.Usage {
+		if a.alloc == nil {
+			return nil
+		}
+		return a.alloc.Usage()
+	})
+	return a, nil
 }
 
 // Run starts the agent and blocks until ctx ends, then shuts down. Every
@@ -98,7 +99,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	tasks := []func(context.Context){a.batch.run, a.probeEtcd, a.maintain}
+	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain}
 	if a.cfg.PeerRoutes {
 		tasks = append(tasks, newPeerRouter(a).run)
 	}
@@ -144,12 +145,10 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	return err
 }
 
-// start does everything before serving: etcd, lease, node record,
-// datapath, and the first attempt to restore blocks and endpoints. A
-// failed restore does not stop the agent: it serves not-ready, saying
-// why, and maintain retries.
+// start builds and wires the parts, then makes the first attempt to
+// restore blocks and endpoints. A failed restore does not stop the agent:
+// it serves not-ready, saying why, and maintain retries.
 func (a *Agent) start(ctx context.Context) error {
-	a.bootID = readBootID()
 	if err := a.openEtcd(ctx); err != nil {
 		return err
 	}
@@ -161,28 +160,48 @@ func (a *Agent) start(ctx context.Context) error {
 		}
 		names = append(names, p.Name)
 	}
+	bootID := readBootID()
 	var err error
 	a.alloc, err = allocator.NewNodeAllocator(allocator.NodeConfig{
-		Node: a.cfg.Node, BootID: a.bootID, Pools: names, Logger: a.log,
-		Store: instrumentedStore{Store: a.store, m: a.metrics()},
+		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log,
+		Store: instrumentedStore{Store: a.store, m: a.m},
 	})
 	if err != nil {
 		return err
 	}
-	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.metrics())
-	if err := a.openDatapath(); err != nil {
+	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.m)
+	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
 	}
-	a.podMTU = a.detectMTU()
-	if a.eps, err = openEndpointStore(filepath.Join(a.cfg.StateDir, "endpoints")); err != nil {
+	a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
+	records, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
+	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	a.gc = newReconciler(a)
-	sess, err := a.newSession(ctx)
+	a.recorder = &nodeRecorder{put: a.store.PutNode, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: a.nodeAddresses()}
+	a.lease = &leaseKeeper{
+		grant: a.grant, restore: func(ctx context.Context, s *kvstore.Session) error { return a.alloc.Restore(ctx, s) }, timeout: a.cfg.RequestTimeout.Duration,
+		held: a.m.leaseHeld, log: a.log,
+	}
+	a.endpoints = &endpointManager{
+		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost,
+		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log,
+	}
+	a.lease.renewed = a.endpoints.recheck
+	a.probe = &etcdProbe{ping: a.ping, log: a.log}
+	a.rec = &reconciler{
+		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain,
+		grace: a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
+		released: a.m.gcReleased.WithLabelValues("reconciler"), log: a.log,
+	}
+	a.gc = &collector{
+		allocations: a.alloc.Allocations, release: a.endpoints.releaseAllocations, grace: a.cfg.GCGrace.Duration,
+		released: a.m.gcReleased.WithLabelValues("gc_request"), log: a.log,
+	}
+	sess, err := a.lease.ensure(ctx)
 	if err != nil {
 		return err
 	}
-	a.setSession(sess)
 	if err := a.restore(ctx, sess); err != nil {
 		a.log.Error("restore failed; serving not-ready and retrying", "error", err)
 		a.mu.Lock()
@@ -190,6 +209,19 @@ func (a *Agent) start(ctx context.Context) error {
 		a.mu.Unlock()
 	}
 	return nil
+}
+
+// grant takes a new node lease and writes the node record on it.
+func (a *Agent) grant(ctx context.Context) (*kvstore.Session, error) {
+	sess, err := kvstore.NewSession(ctx, a.cli, int64(a.cfg.LeaseTTL.Seconds()))
+	if err != nil {
+		return nil, err
+	}
+	if err := a.recorder.write(ctx, sess.ID()); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	return sess, nil
 }
 
 // restore rebuilds the allocator's cache on sess, then the endpoints: the
@@ -200,10 +232,10 @@ func (a *Agent) restore(ctx context.Context, sess *kvstore.Session) error {
 	if err := a.alloc.Restore(ctx, sess); err != nil {
 		return fmt.Errorf("restore allocations: %w", err)
 	}
-	if err := a.drainDelQueue(ctx); err != nil {
+	if err := a.endpoints.drain(ctx); err != nil {
 		a.log.Warn("queued DELs left for a later pass", "error", err)
 	}
-	if err := a.restoreEndpoints(ctx); err != nil {
+	if err := a.endpoints.restore(ctx); err != nil {
 		return err
 	}
 	a.mu.Lock()
@@ -223,7 +255,12 @@ func (a *Agent) maintain(ctx context.Context) {
 			return
 		case <-time.After(b.NextBackOff()):
 		}
-		err := a.retryRestore(ctx)
+		rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
+		sess, err := a.lease.ensure(rctx)
+		if err == nil {
+			err = a.restore(rctx, sess)
+		}
+		cancel()
 		if err == nil {
 			a.log.Info("restore succeeded; agent ready", "node", a.cfg.Node)
 			break
@@ -235,29 +272,9 @@ func (a *Agent) maintain(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); a.gc.run(ctx) }()
-	a.keepLease(ctx)
+	go func() { defer wg.Done(); a.rec.run(ctx) }()
+	a.lease.run(ctx)
 	wg.Wait()
-}
-
-// retryRestore is one more restore attempt, on a new lease if the last
-// one was lost meanwhile.
-func (a *Agent) retryRestore(ctx context.Context) error {
-	rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
-	defer cancel()
-	sess := a.session()
-	if sess == nil || sess.Lost() {
-		ns, err := a.newSession(rctx)
-		if err != nil {
-			return err
-		}
-		if sess != nil {
-			sess.Close()
-		}
-		a.setSession(ns)
-		sess = ns
-	}
-	return a.restore(rctx, sess)
 }
 
 func (a *Agent) isRestored() bool {
@@ -266,16 +283,35 @@ func (a *Agent) isRestored() bool {
 	return a.restored
 }
 
-func (a *Agent) metrics() *metrics {
-	if a.m == nil {
-		a.m = newMetrics(func() []allocator.Usage {
-			if a.alloc == nil {
-				return nil
-			}
-			return a.alloc.Usage()
-		})
+// holder finds the pool of addr and who holds it in etcd now.
+func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *allocator.Allocation, error) {
+	for _, p := range a.cfg.Pools {
+		if p.Contains(addr) {
+			al, err := a.store.Holder(ctx, p, addr)
+			return p.Name, al, err
+		}
 	}
-	return a.m
+	return "", nil, nil
+}
+
+// reportLost publishes endpoints found lost: the gauge, and the node
+// record rewritten on the current lease (a later lease's record carries
+// them too).
+func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
+	a.m.lostEPs.Set(float64(a.recorder.addLost(lost)))
+	sess := a.lease.session()
+	if sess == nil {
+		return
+	}
+	if err := a.recorder.write(ctx, sess.ID()); err != nil {
+		a.log.Warn("cannot list lost endpoints in the node record", "error", err)
+	}
+}
+
+// ping is the etcd probe's read.
+func (a *Agent) ping(ctx context.Context) error {
+	_, err := a.cli.Get(ctx, "/kvipam/v1/health", clientv3.WithCountOnly())
+	return err
 }
 
 func (a *Agent) openEtcd(ctx context.Context) error {
@@ -294,82 +330,6 @@ func (a *Agent) openEtcd(ctx context.Context) error {
 		return err
 	}
 	a.cli = cli
-	return nil
-}
-
-// newSession grants the node lease and writes the node record on it.
-func (a *Agent) newSession(ctx context.Context) (*kvstore.Session, error) {
-	ttl := int64(a.cfg.LeaseTTL.Seconds())
-	sess, err := kvstore.NewSession(ctx, a.cli, ttl)
-	if err != nil {
-		return nil, err
-	}
-	if err := a.putNodeRecord(ctx, sess.ID()); err != nil {
-		sess.Close()
-		return nil, err
-	}
-	return sess, nil
-}
-
-// putNodeRecord writes the node record, with the endpoints found lost so
-// far, on lease.
-func (a *Agent) putNodeRecord(ctx context.Context, lease int64) error {
-	a.mu.Lock()
-	lost := slices.Clone(a.lost)
-	a.mu.Unlock()
-	rec := etcdstore.NodeRecord{Name: a.cfg.Node, BootID: a.bootID, Version: a.opts.Version, Addresses: a.nodeAddresses(),
-		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
-	return a.store.PutNode(ctx, rec, lease)
-}
-
-func (a *Agent) setSession(s *kvstore.Session) {
-	a.mu.Lock()
-	a.sess = s
-	a.mu.Unlock()
-	held := 0.0
-	if s != nil {
-		held = 1
-	}
-	a.metrics().leaseHeld.Set(held)
-}
-
-func (a *Agent) session() *kvstore.Session {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.sess
-}
-
-func (a *Agent) openDatapath() error {
-	mode := a.cfg.Datapath
-	if mode == DatapathBPF || mode == DatapathAuto {
-		dp, err := newBPFDatapath(a.cfg.BPFPinDir, a.cfg.NetNS, a.log)
-		if err == nil {
-			a.dp = dp
-			return nil
-		}
-		if mode == DatapathBPF {
-			return fmt.Errorf("datapath bpf: %w", err)
-		}
-		a.log.Warn("eBPF datapath unavailable, using routes mode", "reason", err)
-	}
-	dp, err := newRoutesDatapath(a.cfg.NetNS)
-	if err != nil {
-		return err
-	}
-	a.dp = dp
-	return nil
-}
-
-// restoreEndpoints keeps every endpoint whose owner still holds its IPs
-// and lets the datapath adopt them. Endpoints whose IPs are gone (released
-// by an operator while the agent was down, maybe taken by another node
-// since) are reported and torn down (checkEndpoints).
-func (a *Agent) restoreEndpoints(ctx context.Context) error {
-	keep := a.checkEndpoints(ctx, a.eps.list())
-	if err := a.dp.Adopt(ctx, keep); err != nil {
-		return fmt.Errorf("adopt endpoints: %w", err)
-	}
-	a.log.Info("restored endpoints", "count", len(keep))
 	return nil
 }
 
@@ -403,8 +363,8 @@ func (a *Agent) serveMetrics() (*http.Server, error) {
 }
 
 func (a *Agent) shutdown() {
-	if s := a.session(); s != nil {
-		s.Close() // no revoke: claims live out their TTL for a quick restart
+	if a.lease != nil {
+		a.lease.close() // no revoke: claims live out their TTL for a quick restart
 	}
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
@@ -425,10 +385,6 @@ func readBootID() string {
 	return strings.TrimSpace(string(b))
 }
 
-func toOwner(o api.Owner) allocator.Owner {
-	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, Network: o.Network}
-}
-
 // ready reports whether the agent can allocate now, and why not.
 func (a *Agent) readyErr() error {
 	a.mu.Lock()
@@ -438,9 +394,11 @@ func (a *Agent) readyErr() error {
 		return fmt.Errorf("restore failed, retrying: %w", a.restoreErr)
 	case !a.restored:
 		return errors.New("agent is restoring its state")
-	case a.etcdErr != nil:
-		return fmt.Errorf("etcd unreachable: %w", a.etcdErr)
-	case a.sess == nil || a.sess.Lost():
+	}
+	if err := a.probe.lastErr(); err != nil {
+		return fmt.Errorf("etcd unreachable: %w", err)
+	}
+	if !a.lease.live() {
 		return errors.New("node lease lost; re-establishing")
 	}
 	return nil

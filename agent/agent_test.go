@@ -293,7 +293,7 @@ func TestGCRequest(t *testing.T) {
 	require.Equal(t, 2, res.Deferred)
 
 	// An hour later (the agent's clock, driven by the test) they go.
-	out, err := ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid}, time.Now().Add(2*time.Hour))
+	out, err := ta.a.gc.collect(ctx, api.GCRequest{ValidAttachments: valid}, time.Now().Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Len(t, out.Released, 2)
 	left := storeIPs(t, etcdtest.Client(t, e))
@@ -306,10 +306,10 @@ func TestGCRequest(t *testing.T) {
 	other := api.Owner{ContainerID: "other-net", IfName: "net1", Network: "net-b"}
 	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: other, Permanent: true, Families: []string{"ipv4"}})
 	require.NoError(t, err)
-	out, err = ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-a"}, time.Now().Add(2*time.Hour))
+	out, err = ta.a.gc.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-a"}, time.Now().Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, out.Released, "net-a's GC leaves net-b's attachment alone")
-	out, err = ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-b"}, time.Now().Add(2*time.Hour))
+	out, err = ta.a.gc.collect(ctx, api.GCRequest{ValidAttachments: valid, Network: "net-b"}, time.Now().Add(2*time.Hour))
 	require.NoError(t, err)
 	require.Len(t, out.Released, 1, "net-b's own GC collects it")
 
@@ -338,9 +338,9 @@ func TestReconcilerReleasesVanishedEndpoint(t *testing.T) {
 	require.NoError(t, h.LinkDel(gone)) // as when the pod netns is deleted without DEL
 
 	now := time.Now()
-	require.Zero(t, ta.a.gc.pass(ctx, now), "the first pass only suspects")
-	require.Zero(t, ta.a.gc.pass(ctx, now.Add(30*time.Second)), "still within the grace period")
-	require.Equal(t, 1, ta.a.gc.pass(ctx, now.Add(61*time.Second)), "released after the grace period and a re-check")
+	require.Zero(t, ta.a.rec.pass(ctx, now), "the first pass only suspects")
+	require.Zero(t, ta.a.rec.pass(ctx, now.Add(30*time.Second)), "still within the grace period")
+	require.Equal(t, 1, ta.a.rec.pass(ctx, now.Add(61*time.Second)), "released after the grace period and a re-check")
 	eps, err := ta.c.Endpoints(ctx)
 	require.NoError(t, err)
 	require.Len(t, eps, 1)
@@ -376,7 +376,7 @@ func TestEtcdOutageLongerThanLease(t *testing.T) {
 		require.NoError(t, err)
 		before = append(before, r.IPs...)
 	}
-	lease := ta.a.session()
+	lease := ta.a.lease.session()
 	e.Close()
 	<-lease.Done() // the keepalive gives up once the TTL has passed
 

@@ -192,4 +192,3 @@ func (c *Config) delQueueDir() string {
 	}
 	return filepath.Join(c.StateDir, "del-queue")
 }
-

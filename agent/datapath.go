@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
@@ -112,4 +113,47 @@ func (d *routesDatapath) Counters() (map[uint32]api.Counters, error) { return ni
 func (d *routesDatapath) Close() error {
 	d.nl.Close()
 	return nil
+}
+
+// openDatapath opens the configured datapath; auto prefers eBPF and falls
+// back to routes when the kernel cannot run it.
+func openDatapath(cfg Config, log hclog.Logger) (Datapath, error) {
+	mode := cfg.Datapath
+	if mode == DatapathBPF || mode == DatapathAuto {
+		dp, err := newBPFDatapath(cfg.BPFPinDir, cfg.NetNS, log)
+		if err == nil {
+			return dp, nil
+		}
+		if mode == DatapathBPF {
+			return nil, fmt.Errorf("datapath bpf: %w", err)
+		}
+		log.Warn("eBPF datapath unavailable, using routes mode", "reason", err)
+	}
+	return newRoutesDatapath(cfg.NetNS)
+}
+
+// detectMTU is the pod MTU: configured, else the MTU of the link of the
+// default route in the datapath's namespace, else 1500. It runs once at
+// start, not on every ADD.
+func detectMTU(configured int, netnsPath string) int {
+	if configured != 0 {
+		return configured
+	}
+	h, err := openNetlink(netnsPath)
+	if err != nil {
+		return 1500
+	}
+	defer h.Close()
+	routes, err := h.RouteList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return 1500
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.Dst.IP.IsUnspecified() {
+			if l, err := h.LinkByIndex(r.LinkIndex); err == nil && l.Attrs().MTU > 0 {
+				return l.Attrs().MTU
+			}
+		}
+	}
+	return 1500
 }

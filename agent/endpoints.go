@@ -1,121 +1,220 @@
 package agent
 
 import (
-	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"net/netip"
 	"slices"
 	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/internal/atomicfile"
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
-// endpointStore keeps the node's endpoint records on local disk, one JSON
-// file per endpoint, written atomically. Endpoints are node-local (a veth,
-// an eBPF attachment), so they live next to the datapath, not in etcd; the
-// IPs they use are in etcd. It is safe for concurrent use.
-type endpointStore struct {
-	dir    string
-	mu     sync.Mutex
-	eps    map[string]api.Endpoint // by owner key
-	nextID uint32
+// endpointManager owns the node's endpoints: the datapath state and the
+// on-disk record of each attachment, and the release of its allocations.
+// One lock serializes create, delete and release, since each touches the
+// datapath, the record and etcd together. It is safe for concurrent use.
+type endpointManager struct {
+	alloc   endpointAllocator
+	dp      Datapath
+	records *endpointRecords
+	// holder reads who holds addr now, for reports of lost endpoints.
+	holder func(ctx context.Context, addr netip.Addr) (pool string, al *allocator.Allocation, err error)
+	// reportLost publishes endpoints found lost (metrics, node record).
+	reportLost func(ctx context.Context, lost []etcdstore.LostEndpoint)
+	// freed runs after a release freed addresses.
+	freed       func()
+	delQueueDir string
+	log         hclog.Logger
+
+	mu sync.Mutex
 }
 
-func ownerKey(o api.Owner) string { return o.ContainerID + "/" + o.IfName }
+// endpointAllocator is what the endpoint manager needs of the allocator.
+type endpointAllocator interface {
+	Lookup(o allocator.Owner) []allocator.Allocation
+	Confirm(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
+	Release(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
+	ReleaseAllocation(ctx context.Context, al allocator.Allocation) (bool, error)
+}
 
-// openEndpointStore loads every record in dir.
-func openEndpointStore(dir string) (*endpointStore, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create endpoint dir: %w", err)
+// create finishes an ADD: the owner's reservation becomes permanent (a
+// fenced etcd write), then the datapath is programmed, then the record is
+// saved, all before the answer. A failure leaves the allocation for the
+// plugin's rollback (release) to undo.
+func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	owner := toOwner(req.Owner)
+	held := m.alloc.Lookup(owner)
+	if len(held) == 0 {
+		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
 	}
-	s := &endpointStore{dir: dir, eps: map[string]api.Endpoint{}, nextID: 1}
-	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
-	if err != nil {
+	var ips []string
+	for _, al := range held {
+		ips = append(ips, al.Addr.String())
+	}
+	for i, s := range req.IPs {
+		addr, err := parseAddrOrPrefix(s)
+		if err != nil || !slices.Contains(ips, addr.String()) {
+			field := fmt.Sprintf("ips[%d]", i)
+			return api.Endpoint{}, &FieldError{Field: field, Msg: fmt.Sprintf("%s %q is not held by %s (holds %v)", field, s, owner.Key(), ips)}
+		}
+	}
+	if _, err := m.alloc.Confirm(ctx, owner); err != nil {
+		return api.Endpoint{}, err
+	}
+	ep := api.Endpoint{
+		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
+		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, Datapath: m.dp.Name(), Created: time.Now().UTC(),
+	}
+	m.records.assignID(&ep)
+	if err := m.dp.Setup(ctx, &ep); err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return api.Endpoint{}, &FieldError{Field: "hostIfName", Msg: err.Error()}
+		}
+		return api.Endpoint{}, fmt.Errorf("program datapath: %w", err)
+	}
+	if err := m.records.put(ep); err != nil {
+		_ = m.dp.Teardown(ctx, ep)
+		return api.Endpoint{}, err
+	}
+	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
+	return ep, nil
+}
+
+func parseAddrOrPrefix(s string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a, nil
+	}
+	p, err := netip.ParsePrefix(s)
+	return p.Addr(), err
+}
+
+// list returns every endpoint ordered by ID.
+func (m *endpointManager) list() []api.Endpoint { return m.records.list() }
+
+// delete removes an endpoint's datapath state and record, keeping its
+// IPs. Deleting what does not exist succeeds.
+func (m *endpointManager) delete(ctx context.Context, o api.Owner) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.deleteLocked(ctx, o)
+}
+
+func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
+	ep, ok := m.records.get(o)
+	if !ok {
+		return nil
+	}
+	if err := m.dp.Teardown(ctx, ep); err != nil {
+		return fmt.Errorf("tear down endpoint %s: %w", o.Key(), err)
+	}
+	return m.records.remove(o)
+}
+
+// release tears the owner's endpoint down and frees its IPs; idempotent.
+func (m *endpointManager) release(ctx context.Context, o api.Owner) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.releaseLocked(ctx, o)
+}
+
+func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]string, error) {
+	if err := m.deleteLocked(ctx, o); err != nil {
 		return nil, err
 	}
+	rel, err := m.alloc.Release(ctx, toOwner(o))
+	out := make([]string, 0, len(rel))
+	for _, al := range rel {
+		out = append(out, al.Addr.String())
+	}
+	if len(rel) > 0 && m.freed != nil {
+		m.freed()
+	}
+	return out, err
+}
+
+// releaseEndpoint releases ep's owner as release does, but only if ep is
+// still the owner's endpoint (same ID and creation time): the reconciler
+// judged that one, not a later ADD of the same attachment. same reports
+// whether it was.
+func (m *endpointManager) releaseEndpoint(ctx context.Context, ep api.Endpoint) (ips []string, same bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ok := m.records.get(ep.Owner)
+	if !ok || cur.ID != ep.ID || !cur.Created.Equal(ep.Created) {
+		return nil, false, nil
+	}
+	ips, err = m.releaseLocked(ctx, ep.Owner)
+	return ips, true, err
+}
+
+// releaseAllocations frees allocations GC decided on from a snapshot. Each
+// is released only if etcd still holds it at the snapshot's revision, so
+// an address that was deleted and handed to a new owner since is left
+// alone. The owner's endpoint is torn down once it holds nothing more.
+func (m *endpointManager) releaseAllocations(ctx context.Context, als []allocator.Allocation) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
 	var errs []error
-	for _, f := range files {
-		data, err := os.ReadFile(f)
+	for _, al := range als {
+		gone, err := m.alloc.ReleaseAllocation(ctx, al)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		var ep api.Endpoint
-		if err := json.Unmarshal(data, &ep); err != nil {
-			errs = append(errs, fmt.Errorf("endpoint record %s: %w", f, err))
+		if !gone {
+			m.log.Info("gc: allocation changed since GC decided; left alone", "ip", al.Addr, "owner", al.Owner.Key())
 			continue
 		}
-		s.eps[ownerKey(ep.Owner)] = ep
-		s.nextID = max(s.nextID, ep.ID+1)
+		out = append(out, al.Addr.String())
+		o := api.Owner{ContainerID: al.ContainerID, IfName: al.IfName}
+		if len(m.alloc.Lookup(al.Owner)) == 0 {
+			if err := m.deleteLocked(ctx, o); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
-	return s, errors.Join(errs...)
+	if len(out) > 0 && m.freed != nil {
+		m.freed()
+	}
+	return out, errors.Join(errs...)
 }
 
-func (s *endpointStore) file(o api.Owner) string {
-	h := sha256.Sum256([]byte(ownerKey(o)))
-	return filepath.Join(s.dir, hex.EncodeToString(h[:12])+".json")
-}
-
-// get returns the endpoint of an owner.
-func (s *endpointStore) get(o api.Owner) (api.Endpoint, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ep, ok := s.eps[ownerKey(o)]
-	return ep, ok
-}
-
-// assignID gives ep its ID: the existing one for a known owner, else a new one.
-func (s *endpointStore) assignID(ep *api.Endpoint) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.eps[ownerKey(ep.Owner)]; ok {
-		ep.ID = old.ID
-		return
+// restore keeps every endpoint whose owner still holds its IPs and lets
+// the datapath adopt them. Endpoints whose IPs are gone (released by an
+// operator while the agent was down, maybe taken by another node since)
+// are reported and torn down (checkEndpoints).
+func (m *endpointManager) restore(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	keep := m.checkEndpoints(ctx, m.records.list())
+	if err := m.dp.Adopt(ctx, keep); err != nil {
+		return fmt.Errorf("adopt endpoints: %w", err)
 	}
-	ep.ID = s.nextID
-	s.nextID++
-}
-
-// put writes ep durably, then indexes it.
-func (s *endpointStore) put(ep api.Endpoint) error {
-	data, err := json.MarshalIndent(ep, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode endpoint: %w", err)
-	}
-	if err := atomicfile.Write(s.dir, filepath.Base(s.file(ep.Owner)), data, 0o600); err != nil {
-		return fmt.Errorf("save endpoint record: %w", err)
-	}
-	s.mu.Lock()
-	s.eps[ownerKey(ep.Owner)] = ep
-	s.mu.Unlock()
+	m.log.Info("restored endpoints", "count", len(keep))
 	return nil
 }
 
-// remove deletes the owner's record; absent is fine.
-func (s *endpointStore) remove(o api.Owner) error {
-	if err := os.Remove(s.file(o)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove endpoint record: %w", err)
-	}
-	s.mu.Lock()
-	delete(s.eps, ownerKey(o))
-	s.mu.Unlock()
-	return nil
+// recheck runs checkEndpoints over every endpoint after the lease was
+// re-established: the node's blocks may have been freed and taken while
+// it was cut off, with its pods still running.
+func (m *endpointManager) recheck(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.checkEndpoints(ctx, m.records.list())
 }
 
-// list returns every endpoint ordered by ID.
-func (s *endpointStore) list() []api.Endpoint {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]api.Endpoint, 0, len(s.eps))
-	for _, ep := range s.eps {
-		out = append(out, ep)
-	}
-	slices.SortFunc(out, func(a, b api.Endpoint) int { return cmp.Compare(a.ID, b.ID) })
-	return out
+func toOwner(o api.Owner) allocator.Owner {
+	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, Network: o.Network}
 }

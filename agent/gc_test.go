@@ -43,7 +43,7 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 			if tc.reserve {
 				waitDeleted(t, cli, key)
 			}
-			ta.a.testHookGCDecided = func() {
+			ta.a.gc.testHookDecided = func() {
 				if !tc.reserve {
 					_, err := ta.c.Release(ctx, doomed)
 					require.NoError(t, err)
@@ -53,7 +53,7 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 				require.Equal(t, r.IPs[0].Address, got.IPs[0].Address)
 			}
 			valid := []api.Attachment{{ContainerID: fresh.ContainerID, IfName: fresh.IfName}}
-			res, err := ta.a.collect(ctx, api.GCRequest{ValidAttachments: valid}, time.Now().Add(time.Hour))
+			res, err := ta.a.gc.collect(ctx, api.GCRequest{ValidAttachments: valid}, time.Now().Add(time.Hour))
 			require.NoError(t, err)
 			require.NotContains(t, res.Released, addr.String(), "GC released the new owner's address")
 
@@ -166,7 +166,7 @@ func TestGCGraceIgnoresWallClock(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, res.Released, "known to this agent for less than the grace period")
 	require.Equal(t, 1, res.Deferred)
-	later, err := ta.a.collect(ctx, api.GCRequest{}, time.Now().Add(2*time.Minute))
+	later, err := ta.a.gc.collect(ctx, api.GCRequest{}, time.Now().Add(2*time.Minute))
 	require.NoError(t, err)
 	require.Equal(t, []string{"10.77.0.33"}, later.Released, "collected once the grace period has passed here")
 }

@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"net/netip"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -41,18 +38,17 @@ func (a *Agent) status() api.Status {
 	if err != nil {
 		st.Message = err.Error()
 	}
-	a.mu.Lock()
-	st.Restored = a.restored
-	st.Etcd = api.EtcdStatus{Reachable: a.etcdErr == nil, Embedded: a.embedded != nil, Endpoints: a.cli.Endpoints()}
-	if a.etcdErr != nil {
-		st.Etcd.Error = a.etcdErr.Error()
+	st.Restored = a.isRestored()
+	etcdErr := a.probe.lastErr()
+	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: a.embedded != nil, Endpoints: a.cli.Endpoints()}
+	if etcdErr != nil {
+		st.Etcd.Error = etcdErr.Error()
 	}
 	st.Lease = api.LeaseStatus{State: "lost"}
-	if a.sess != nil && !a.sess.Lost() {
-		st.Lease = api.LeaseStatus{ID: a.sess.ID(), TTL: a.sess.TTL(), State: "held"}
+	if s := a.lease.session(); s != nil && !s.Lost() {
+		st.Lease = api.LeaseStatus{ID: s.ID(), TTL: s.TTL(), State: "held"}
 	}
-	exhausted := maps.Clone(a.exhausted)
-	a.mu.Unlock()
+	exhausted := a.exhausted.snapshot()
 	for _, u := range a.alloc.Usage() {
 		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
 		for _, b := range u.Blocks {
@@ -94,7 +90,7 @@ func (a *Agent) handleAllocate(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
 	res, err := a.batch.allocate(ctx, areq)
-	a.noteExhaustion(areq, err)
+	a.exhausted.note(areq, err)
 	if err != nil {
 		a.writeError(w, r, apiError(err))
 		return
@@ -159,25 +155,6 @@ func (a *Agent) allocateResponse(res allocator.Result) api.AllocateResponse {
 	return out
 }
 
-// noteExhaustion remembers which pool families last failed to find a
-// block, for STATUS; a success clears it.
-func (a *Agent) noteExhaustion(req allocator.Request, err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var ee *allocator.ExhaustedError
-	if errors.As(err, &ee) {
-		a.exhausted[ee.Pool+"/"+ee.Family.String()] = true
-		return
-	}
-	if err == nil {
-		for k := range a.exhausted {
-			if strings.HasPrefix(k, req.Pool+"/") {
-				delete(a.exhausted, k)
-			}
-		}
-	}
-}
-
 func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
 	var req api.ReleaseRequest
 	if e := decode(w, r, &req); e != nil {
@@ -196,7 +173,7 @@ func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
-	released, err := a.release(ctx, req.Owner)
+	released, err := a.endpoints.release(ctx, req.Owner)
 	if err != nil {
 		a.writeError(w, r, apiError(err))
 		return
@@ -224,16 +201,16 @@ func (a *Agent) handleEndpointCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
-	ep, e := a.createEndpoint(ctx, req)
-	if e != nil {
-		a.writeError(w, r, e)
+	ep, err := a.endpoints.create(ctx, req)
+	if err != nil {
+		a.writeError(w, r, apiError(err))
 		return
 	}
 	a.writeJSON(w, r, http.StatusCreated, ep)
 }
 
 func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) {
-	eps := a.eps.list()
+	eps := a.endpoints.list()
 	if r.URL.Query().Get("stats") != "" {
 		counters, err := a.dp.Counters()
 		if err != nil {
@@ -257,7 +234,7 @@ func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
-	if err := a.deleteEndpoint(ctx, o); err != nil {
+	if err := a.endpoints.delete(ctx, o); err != nil {
 		a.writeError(w, r, apiError(err))
 		return
 	}
@@ -286,7 +263,7 @@ func (a *Agent) handleGC(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.requestContext(r)
 	defer cancel()
-	res, err := a.collect(ctx, req, time.Now())
+	res, err := a.gc.collect(ctx, req, time.Now())
 	if err != nil {
 		a.writeError(w, r, apiError(err))
 		return

@@ -2,35 +2,96 @@ package agent
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvipam/kvipam/kvstore"
 )
 
-// keepLease watches the node lease. When it is lost (etcd unreachable past
-// the TTL, or the lease revoked), allocations fail fast with "try again"
-// until a new lease is granted and the node's blocks are re-claimed on it;
-// running pods keep their addresses throughout, since allocations carry no
-// lease. Pods whose addresses were freed meanwhile (kvipamctl node remove)
-// are reported as lost endpoints (recheckEndpoints).
-func (a *Agent) keepLease(ctx context.Context) {
+// leaseKeeper holds the node's etcd lease. When it is lost (etcd
+// unreachable past the TTL, or the lease revoked), allocations fail fast
+// with "try again" until a new lease is granted and the node's blocks are
+// re-claimed on it; running pods keep their addresses throughout, since
+// allocations carry no lease. It is safe for concurrent use.
+type leaseKeeper struct {
+	// grant takes a new lease and writes the node record on it.
+	grant func(ctx context.Context) (*kvstore.Session, error)
+	// restore re-claims the node's blocks on a new lease.
+	restore func(ctx context.Context, s *kvstore.Session) error
+	// renewed runs after a lost lease was replaced and the blocks
+	// re-claimed (pods whose addresses went elsewhere meanwhile are
+	// reported then).
+	renewed func(ctx context.Context)
+	timeout time.Duration
+	held    prometheus.Gauge
+	log     hclog.Logger
+
+	mu   sync.Mutex
+	sess *kvstore.Session
+}
+
+// session is the current lease, nil while none is held.
+func (k *leaseKeeper) session() *kvstore.Session {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.sess
+}
+
+func (k *leaseKeeper) set(s *kvstore.Session) {
+	k.mu.Lock()
+	k.sess = s
+	k.mu.Unlock()
+	held := 0.0
+	if s != nil {
+		held = 1
+	}
+	k.held.Set(held)
+}
+
+// live reports whether a live lease is held now.
+func (k *leaseKeeper) live() bool {
+	s := k.session()
+	return s != nil && !s.Lost()
+}
+
+// ensure returns a live session, granting a new one if the last was lost.
+func (k *leaseKeeper) ensure(ctx context.Context) (*kvstore.Session, error) {
+	if s := k.session(); s != nil && !s.Lost() {
+		return s, nil
+	}
+	s, err := k.grant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if old := k.session(); old != nil {
+		old.Close()
+	}
+	k.set(s)
+	return s, nil
+}
+
+// run watches the lease until ctx ends, replacing it whenever it is lost.
+func (k *leaseKeeper) run(ctx context.Context) {
 	for {
-		sess := a.session()
+		sess := k.session()
+		if sess == nil {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-sess.Done():
 		}
-		a.log.Warn("node lease lost; allocations answer try-again until it is re-established", "lease", sess.ID())
-		a.setSession(nil)
+		k.log.Warn("node lease lost; allocations answer try-again until it is re-established", "lease", sess.ID())
+		k.set(nil)
 		sess.Close()
 		b := backoff.NewExponentialBackOff()
 		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 5*time.Second, 0
-		for {
-			if ok := a.renewLease(ctx); ok {
-				break
-			}
+		for !k.renew(ctx) {
 			select {
 			case <-ctx.Done():
 				return
@@ -40,45 +101,63 @@ func (a *Agent) keepLease(ctx context.Context) {
 	}
 }
 
-func (a *Agent) renewLease(ctx context.Context) bool {
-	rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
+func (k *leaseKeeper) renew(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
-	sess, err := a.newSession(rctx)
+	sess, err := k.grant(rctx)
 	if err != nil {
-		a.log.Debug("renew lease", "error", err)
+		k.log.Debug("renew lease", "error", err)
 		return false
 	}
-	if err := a.alloc.Restore(rctx, sess); err != nil {
-		a.log.Warn("re-claim blocks on the new lease", "error", err)
+	if err := k.restore(rctx, sess); err != nil {
+		k.log.Warn("re-claim blocks on the new lease", "error", err)
 		sess.Close()
 		return false
 	}
-	a.setSession(sess)
-	a.log.Info("node lease re-established; blocks re-claimed", "lease", sess.ID())
-	a.recheckEndpoints(rctx)
+	k.set(sess)
+	k.log.Info("node lease re-established; blocks re-claimed", "lease", sess.ID())
+	if k.renewed != nil {
+		k.renewed(rctx)
+	}
 	return true
 }
 
-// probeEtcd checks etcd once a second, so a request can be refused at once
+// close ends the lease keeper's hold without revoking: claims live out
+// their TTL, so a quick restart finds them.
+func (k *leaseKeeper) close() {
+	if s := k.session(); s != nil {
+		s.Close()
+	}
+}
+
+// etcdProbe checks etcd once a second, so a request can be refused at once
 // when etcd is known to be down instead of waiting out its timeout.
-func (a *Agent) probeEtcd(ctx context.Context) {
+type etcdProbe struct {
+	ping func(ctx context.Context) error
+	log  hclog.Logger
+
+	mu  sync.Mutex
+	err error
+}
+
+func (p *etcdProbe) run(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := a.cli.Get(pctx, "/kvipam/v1/health", clientv3.WithCountOnly())
+		err := p.ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		a.mu.Lock()
-		changed := (a.etcdErr == nil) != (err == nil)
-		a.etcdErr = err
-		a.mu.Unlock()
+		p.mu.Lock()
+		changed := (p.err == nil) != (err == nil)
+		p.err = err
+		p.mu.Unlock()
 		if changed && err != nil {
-			a.log.Warn("etcd unreachable", "error", err)
+			p.log.Warn("etcd unreachable", "error", err)
 		} else if changed {
-			a.log.Info("etcd reachable again")
+			p.log.Info("etcd reachable again")
 		}
 		select {
 		case <-ctx.Done():
@@ -86,4 +165,11 @@ func (a *Agent) probeEtcd(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// lastErr is the last probe's error; nil when etcd answered.
+func (p *etcdProbe) lastErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }

@@ -25,12 +25,12 @@ import (
 // address after a restore. An endpoint with an address its owner no longer
 // holds is reported; one whose owner holds none of its addresses is torn
 // down (its record is removed), as it can no longer be served. The caller
-// holds epMu, or is the only user of the endpoints.
-func (a *Agent) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.Endpoint {
+// holds m.mu.
+func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.Endpoint {
 	var keep []api.Endpoint
 	var lost []etcdstore.LostEndpoint
 	for _, ep := range eps {
-		held := a.alloc.Lookup(toOwner(ep.Owner))
+		held := m.alloc.Lookup(toOwner(ep.Owner))
 		mine := map[netip.Addr]bool{}
 		for _, al := range held {
 			mine[al.Addr] = true
@@ -47,7 +47,7 @@ func (a *Agent) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.En
 		if len(gone) == 0 && len(held) > 0 {
 			continue
 		}
-		le := a.lostEndpoint(ctx, ep, gone)
+		le := m.lostEndpoint(ctx, ep, gone)
 		le.Kept = len(held) > 0
 		lost = append(lost, le)
 		holders := make([]string, len(le.IPs))
@@ -58,69 +58,37 @@ func (a *Agent) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.En
 		if le.Kept {
 			action = "endpoint kept for its other addresses"
 		}
-		a.log.Warn("endpoint lost its addresses while this node was away; they are not taken back, delete the pod",
+		m.log.Warn("endpoint lost its addresses while this node was away; they are not taken back, delete the pod",
 			"owner", le.Owner, "pod", le.Namespace+"/"+le.Pod, "ips", holders, "action", action)
 		if !le.Kept {
-			_ = a.dp.Teardown(ctx, ep)
-			_ = a.eps.remove(ep.Owner)
+			_ = m.dp.Teardown(ctx, ep)
+			_ = m.records.remove(ep.Owner)
 		}
 	}
-	if len(lost) > 0 {
-		a.noteLost(ctx, lost)
+	if len(lost) > 0 && m.reportLost != nil {
+		m.reportLost(ctx, lost)
 	}
 	return keep
 }
 
 // lostEndpoint describes ep with its lost addresses and, read from etcd,
 // who holds each one now.
-func (a *Agent) lostEndpoint(ctx context.Context, ep api.Endpoint, gone []netip.Addr) etcdstore.LostEndpoint {
-	le := etcdstore.LostEndpoint{Owner: ownerKey(ep.Owner), Namespace: ep.Owner.Namespace, Pod: ep.Owner.Pod,
+func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gone []netip.Addr) etcdstore.LostEndpoint {
+	le := etcdstore.LostEndpoint{Owner: ep.Owner.Key(), Namespace: ep.Owner.Namespace, Pod: ep.Owner.Pod,
 		IPs: []etcdstore.LostIP{}, FoundAt: time.Now().UTC()}
 	for _, addr := range gone {
 		ip := etcdstore.LostIP{IP: addr.String(), Unknown: true}
-		for _, p := range a.cfg.Pools {
-			if !p.Contains(addr) {
-				continue
-			}
-			ip.Pool = p.Name
-			al, err := a.store.Holder(ctx, p, addr)
-			if err != nil {
-				a.log.Warn("cannot read who holds a lost address", "ip", addr, "error", err)
-				break
-			}
-			ip.Unknown = false
+		pool, al, err := m.holder(ctx, addr)
+		switch {
+		case err != nil:
+			m.log.Warn("cannot read who holds a lost address", "ip", addr, "error", err)
+		case pool != "":
+			ip.Pool, ip.Unknown = pool, false
 			if al != nil {
 				ip.HeldBy, ip.HeldByNode = al.Owner.Key(), al.Node
 			}
-			break
 		}
 		le.IPs = append(le.IPs, ip)
 	}
 	return le
-}
-
-// noteLost adds lost to the node's report: the gauge and the node record,
-// rewritten on the current lease (a later lease's record carries it too).
-func (a *Agent) noteLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
-	a.mu.Lock()
-	a.lost = append(a.lost, lost...)
-	n := len(a.lost)
-	a.mu.Unlock()
-	a.metrics().lostEPs.Set(float64(n))
-	sess := a.session()
-	if sess == nil {
-		return // the next lease's node record carries the list
-	}
-	if err := a.putNodeRecord(ctx, sess.ID()); err != nil {
-		a.log.Warn("cannot list lost endpoints in the node record", "error", err)
-	}
-}
-
-// recheckEndpoints runs checkEndpoints over every endpoint after the lease
-// was re-established: the node's blocks may have been freed and taken
-// while it was cut off, with its pods still running.
-func (a *Agent) recheckEndpoints(ctx context.Context) {
-	a.epMu.Lock()
-	defer a.epMu.Unlock()
-	a.checkEndpoints(ctx, a.eps.list())
 }

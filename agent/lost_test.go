@@ -59,7 +59,7 @@ func TestLostEndpointsReported(t *testing.T) {
 		{"restart", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncBuffer, taken func()) *testAgent {
 			ta := startAgent(t, cfg, Options{})
 			withEndpoint(t, ta)
-			lease := ta.a.session().ID()
+			lease := ta.a.lease.session().ID()
 			ta.shutdown()
 			_, err := etcdtest.Client(t, e).Revoke(context.Background(), clientv3.LeaseID(lease))
 			require.NoError(t, err)
@@ -75,7 +75,7 @@ func TestLostEndpointsReported(t *testing.T) {
 			cfg.RequestTimeout = Duration{time.Second}
 			ta := startAgent(t, cfg, Options{Logger: warnLog(logs)})
 			withEndpoint(t, ta)
-			lease := ta.a.session()
+			lease := ta.a.lease.session()
 			proxy.partition()
 			<-lease.Done()
 			cli := etcdtest.Client(t, e)
@@ -190,7 +190,7 @@ func warnLog(w *syncBuffer) hclog.Logger {
 // lostGauge reads kvipam_endpoints_lost from the agent's registry.
 func lostGauge(t testing.TB, ta *testAgent) float64 {
 	t.Helper()
-	mfs, err := ta.a.metrics().reg.Gather()
+	mfs, err := ta.a.m.reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() == "kvipam_endpoints_lost" {

@@ -108,7 +108,7 @@ func TestPartitionedAgent(t *testing.T) {
 		held = append(held, r.IPs...)
 	}
 
-	lease := a.a.session()
+	lease := a.a.lease.session()
 	proxy.partition()
 	<-lease.Done()
 	cli := etcdtest.Client(t, e) // etcd itself is fine for everyone else

@@ -93,10 +93,19 @@ func tryAgain(err error) *api.Error {
 	return &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeTryAgain, Message: err.Error()}
 }
 
-// apiError maps an allocator or etcd error to an API error.
+// apiError maps a domain, allocator or etcd error to an API error.
 func apiError(err error) *api.Error {
 	var ee *allocator.ExhaustedError
+	var fe *FieldError
 	switch {
+	case errors.As(err, &fe):
+		return badField(fe.Field, fe.Msg)
+	case errors.Is(err, ErrBadRequest):
+		return badField("", err.Error())
+	case errors.Is(err, ErrNotFound):
+		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
+	case errors.Is(err, ErrNotReady), errors.Is(err, allocator.ErrUnavailable):
+		return tryAgain(err)
 	case errors.As(err, &ee):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeExhausted, Message: ee.Error()}
 	case errors.Is(err, allocator.ErrBadRequest):

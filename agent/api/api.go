@@ -64,6 +64,9 @@ type Owner struct {
 	Network string `json:"network,omitempty"`
 }
 
+// Key is the identity of an attachment: container ID and interface name.
+func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
+
 // AllocateRequest asks for one IP per family for an owner.
 type AllocateRequest struct {
 	Owner Owner `json:"owner"`

@@ -1,0 +1,32 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/kvipam/kvipam/cni/delqueue"
+)
+
+// drain applies the DELs plugins queued while the agent was unreachable:
+// a DEL the agent never saw would otherwise leak its IPs until GC. It runs
+// at start and on every reconciler pass. An entry older than the owner's
+// current allocation is dropped without releasing: the runtime reused the
+// container ID and interface for a new attachment.
+func (m *endpointManager) drain(ctx context.Context) error {
+	n, err := delqueue.DrainEntries(ctx, m.delQueueDir, func(ctx context.Context, e delqueue.Entry) error {
+		for _, al := range m.alloc.Lookup(toOwner(e.Owner)) {
+			if !e.QueuedAt.IsZero() && al.Since.After(e.QueuedAt) {
+				m.log.Info("dropping a queued DEL older than the owner's allocation", "owner", e.Owner.Key(), "queued", e.QueuedAt, "allocated", al.Since)
+				return nil
+			}
+		}
+		ips, err := m.release(ctx, e.Owner)
+		if err == nil {
+			m.log.Info("applied queued DEL", "owner", e.Owner.Key(), "released", ips)
+		}
+		return err
+	})
+	if n > 0 {
+		m.log.Info("drained DEL queue", "applied", n)
+	}
+	return err
+}

@@ -1,0 +1,119 @@
+package agent
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/internal/atomicfile"
+)
+
+// endpointRecords keeps the node's endpoint records on local disk, one JSON
+// file per endpoint, written atomically. Endpoints are node-local (a veth,
+// an eBPF attachment), so they live next to the datapath, not in etcd; the
+// IPs they use are in etcd. It is safe for concurrent use.
+type endpointRecords struct {
+	dir    string
+	mu     sync.Mutex
+	eps    map[string]api.Endpoint // by owner key
+	nextID uint32
+}
+
+// openEndpointRecords loads every record in dir.
+func openEndpointRecords(dir string) (*endpointRecords, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create endpoint dir: %w", err)
+	}
+	s := &endpointRecords{dir: dir, eps: map[string]api.Endpoint{}, nextID: 1}
+	files, err := filepath.Glob(filepath.Join(dir, "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var ep api.Endpoint
+		if err := json.Unmarshal(data, &ep); err != nil {
+			errs = append(errs, fmt.Errorf("endpoint record %s: %w", f, err))
+			continue
+		}
+		s.eps[ep.Owner.Key()] = ep
+		s.nextID = max(s.nextID, ep.ID+1)
+	}
+	return s, errors.Join(errs...)
+}
+
+func (s *endpointRecords) file(o api.Owner) string {
+	h := sha256.Sum256([]byte(o.Key()))
+	return filepath.Join(s.dir, hex.EncodeToString(h[:12])+".json")
+}
+
+// get returns the endpoint of an owner.
+func (s *endpointRecords) get(o api.Owner) (api.Endpoint, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ep, ok := s.eps[o.Key()]
+	return ep, ok
+}
+
+// assignID gives ep its ID: the existing one for a known owner, else a new one.
+func (s *endpointRecords) assignID(ep *api.Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.eps[ep.Owner.Key()]; ok {
+		ep.ID = old.ID
+		return
+	}
+	ep.ID = s.nextID
+	s.nextID++
+}
+
+// put writes ep durably, then indexes it.
+func (s *endpointRecords) put(ep api.Endpoint) error {
+	data, err := json.MarshalIndent(ep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode endpoint: %w", err)
+	}
+	if err := atomicfile.Write(s.dir, filepath.Base(s.file(ep.Owner)), data, 0o600); err != nil {
+		return fmt.Errorf("save endpoint record: %w", err)
+	}
+	s.mu.Lock()
+	s.eps[ep.Owner.Key()] = ep
+	s.mu.Unlock()
+	return nil
+}
+
+// remove deletes the owner's record; absent is fine.
+func (s *endpointRecords) remove(o api.Owner) error {
+	if err := os.Remove(s.file(o)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove endpoint record: %w", err)
+	}
+	s.mu.Lock()
+	delete(s.eps, o.Key())
+	s.mu.Unlock()
+	return nil
+}
+
+// list returns every endpoint ordered by ID.
+func (s *endpointRecords) list() []api.Endpoint {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]api.Endpoint, 0, len(s.eps))
+	for _, ep := range s.eps {
+		out = append(out, ep)
+	}
+	slices.SortFunc(out, func(a, b api.Endpoint) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
