@@ -70,7 +70,7 @@ func TestLoadErrors(t *testing.T) {
 
 // The example configuration shipped in deploy/ must load.
 func TestShippedConfigLoads(t *testing.T) {
-	c, err := loadConfig([]string{"--config", "../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
+	c, err := loadConfig([]string{"--config", "../../deploy/config/agent.yaml", "--node", "n1"}, env(nil))
 	require.NoError(t, err)
 	require.Equal(t, "default", c.Pools[0].Name)
 	require.Len(t, c.Etcd.Endpoints, 3)
