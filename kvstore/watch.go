@@ -22,12 +22,19 @@ type WatchHandler interface {
 	Apply(ev *clientv3.Event)
 }
 
+// WatchClient is the part of an etcd client Watch uses; *clientv3.Client
+// satisfies it.
+type WatchClient interface {
+	clientv3.KV
+	clientv3.Watcher
+}
+
 // Watch follows prefix from revision from (a revision returned by the list
 // the caller started with, plus one) until ctx ends, and returns ctx's error.
 // A broken stream is resumed from the last revision seen; when that
 // revision was compacted, Watch re-lists the prefix and calls Reset, so the
 // handler never silently misses a change.
-func Watch(ctx context.Context, cli *clientv3.Client, prefix string, from int64, h WatchHandler) error {
+func Watch(ctx context.Context, cli WatchClient, prefix string, from int64, h WatchHandler) error {
 	next := from
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -65,7 +72,7 @@ func Watch(ctx context.Context, cli *clientv3.Client, prefix string, from int64,
 	}
 }
 
-func relist(ctx context.Context, cli *clientv3.Client, prefix string, h WatchHandler) (int64, error) {
+func relist(ctx context.Context, cli WatchClient, prefix string, h WatchHandler) (int64, error) {
 	for {
 		resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 		if err == nil {
