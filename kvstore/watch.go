@@ -45,10 +45,19 @@ func Watch(ctx context.Context, cli WatchClient, prefix string, from int64, h Wa
 				werr = err
 				break
 			}
+			// Resume after the last event delivered. A response's header
+			// carries the store's current revision, not the last event's: a
+			// watcher catching up gets its events in batches that all name
+			// the current revision, and the created notice names it too, so
+			// only a progress notice (sent once the watcher is in sync)
+			// vouches for everything up to its header.
 			for _, ev := range resp.Events {
 				h.Apply(ev)
+				next = max(next, ev.Kv.ModRevision+1)
 			}
-			next = resp.Header.Revision + 1
+			if resp.IsProgressNotify() {
+				next = max(next, resp.Header.Revision+1)
+			}
 		}
 		cancel()
 		if ctx.Err() != nil {
