@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench fuzz demo lint generate check-generate clean
+.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean
 
 all: build
 
@@ -37,9 +37,13 @@ fuzz:
 demo:
 	$(GO) run ./cmd/kvipam-demo
 
-lint:
+lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet $(PKGS)
+
+# Import directions, one home for the etcd keys, small files, no binaries in git.
+check-layout:
+	./scripts/check-layout.sh
 
 # Installs clang/llvm/libbpf-dev from Debian when missing, then runs bpf2go.
 generate:
