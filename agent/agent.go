@@ -346,7 +346,14 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		ln.Close()
 		return nil, nil, fmt.Errorf("restrict socket: %w", err)
 	}
-	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
+	h := &handlers{
+		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), podMTU: a.podMTU,
+		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
+		allocateFn: a.batch.allocate, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp.Counters,
+		collect: a.gc.collect, lookup: a.alloc.Lookup, statusFn: a.status,
+	}
+	as := &apiServer{ready: a.readyErr, restored: a.isRestored, timeout: a.cfg.RequestTimeout.Duration, requests: a.m.requests, log: a.log, h: h}
+	srv := &http.Server{Handler: as.routes(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
 	return srv, ln, nil
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -19,122 +20,99 @@ const (
 	GatewayV6 = "fe80::ecee:eeff:feee:eeee"
 )
 
-func (a *Agent) handleHealth(w http.ResponseWriter, r *http.Request) {
-	if err := a.readyErr(); err != nil {
-		a.writeError(w, r, tryAgain(err))
-		return
+// handlers are the API's routes as domain calls: each takes a decoded,
+// checked request and returns an answer or a domain error; apiServer does
+// the HTTP around them.
+type handlers struct {
+	node        string
+	pools       []allocator.Pool
+	defaultPool string
+	podMTU      int
+	datapath    string
+	resTTL      time.Duration
+
+	allocateFn func(ctx context.Context, req allocator.Request) (allocator.Result, error)
+	exhausted  *exhaustion
+	endpoints  interface {
+		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
+		release(ctx context.Context, o api.Owner) ([]string, error)
+		delete(ctx context.Context, o api.Owner) error
+		list() []api.Endpoint
 	}
-	a.writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
+	counters func() (map[uint32]api.Counters, error)
+	collect  func(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error)
+	lookup   func(o allocator.Owner) []allocator.Allocation
+	statusFn func() api.Status
 }
 
-func (a *Agent) handleStatus(w http.ResponseWriter, r *http.Request) {
-	a.writeJSON(w, r, http.StatusOK, a.status())
+func (h *handlers) health(context.Context, struct{}) (map[string]string, error) {
+	return map[string]string{"status": "ok"}, nil
 }
 
-func (a *Agent) status() api.Status {
-	st := api.Status{Node: a.cfg.Node, Version: a.opts.Version, Datapath: a.dp.Name()}
-	err := a.readyErr()
-	st.Ready = err == nil
-	if err != nil {
-		st.Message = err.Error()
-	}
-	st.Restored = a.isRestored()
-	etcdErr := a.probe.lastErr()
-	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: a.embedded != nil, Endpoints: a.cli.Endpoints()}
-	if etcdErr != nil {
-		st.Etcd.Error = etcdErr.Error()
-	}
-	st.Lease = api.LeaseStatus{State: "lost"}
-	if s := a.lease.session(); s != nil && !s.Lost() {
-		st.Lease = api.LeaseStatus{ID: s.ID(), TTL: s.TTL(), State: "held"}
-	}
-	exhausted := a.exhausted.snapshot()
-	for _, u := range a.alloc.Usage() {
-		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
-		for _, b := range u.Blocks {
-			ps.Blocks = append(ps.Blocks, b.String())
-		}
-		ps.Exhausted = ps.Free == 0 && exhausted[u.Pool+"/"+u.Family.String()]
-		st.Pools = append(st.Pools, ps)
-	}
-	return st
-}
+func (h *handlers) status(context.Context, struct{}) (api.Status, error) { return h.statusFn(), nil }
 
-func (a *Agent) handleConfig(w http.ResponseWriter, r *http.Request) {
+func (h *handlers) config(context.Context, struct{}) (api.Config, error) {
 	var pools []string
-	for _, p := range a.cfg.Pools {
+	for _, p := range h.pools {
 		pools = append(pools, p.Name)
 	}
-	a.writeJSON(w, r, http.StatusOK, api.Config{
-		Node: a.cfg.Node, MTU: a.podMTU, DefaultPool: a.cfg.PoolForRequest(), Pools: pools,
-		Datapath: a.dp.Name(), GatewayV4: GatewayV4, GatewayV6: GatewayV6,
-		ReservationTTL: a.cfg.ReservationTTL.String(),
-	})
+	return api.Config{
+		Node: h.node, MTU: h.podMTU, DefaultPool: h.defaultPool, Pools: pools,
+		Datapath: h.datapath, GatewayV4: GatewayV4, GatewayV6: GatewayV6,
+		ReservationTTL: h.resTTL.String(),
+	}, nil
 }
 
-func (a *Agent) handleAllocate(w http.ResponseWriter, r *http.Request) {
-	var req api.AllocateRequest
-	if e := decode(w, r, &req); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	areq, e := a.toRequest(req)
-	if e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	if err := a.readyErr(); err != nil {
-		a.writeError(w, r, tryAgain(err))
-		return
-	}
-	ctx, cancel := a.requestContext(r)
-	defer cancel()
-	res, err := a.batch.allocate(ctx, areq)
-	a.exhausted.note(areq, err)
+// checkAllocate names the field at fault in an allocate request.
+func (h *handlers) checkAllocate(req api.AllocateRequest) error {
+	_, err := h.toRequest(req)
+	return err
+}
+
+func (h *handlers) allocate(ctx context.Context, req api.AllocateRequest) (api.AllocateResponse, error) {
+	areq, err := h.toRequest(req)
 	if err != nil {
-		a.writeError(w, r, apiError(err))
-		return
+		return api.AllocateResponse{}, err
 	}
-	a.writeJSON(w, r, http.StatusOK, a.allocateResponse(res))
+	res, err := h.allocateFn(ctx, areq)
+	h.exhausted.note(areq, err)
+	if err != nil {
+		return api.AllocateResponse{}, err
+	}
+	return h.allocateResponse(res), nil
 }
 
 // toRequest validates an allocate request, naming the field at fault.
-func (a *Agent) toRequest(req api.AllocateRequest) (allocator.Request, *api.Error) {
-	if e := validOwner(req.Owner); e != nil {
-		return allocator.Request{}, e
+func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error) {
+	if err := validOwner(req.Owner); err != nil {
+		return allocator.Request{}, err
 	}
 	out := allocator.Request{Pool: req.Pool, Owner: toOwner(req.Owner), Reserve: !req.Permanent}
 	if out.Pool == "" {
-		out.Pool = a.cfg.PoolForRequest()
+		out.Pool = h.defaultPool
 	}
-	if !slices.ContainsFunc(a.cfg.Pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
-		return out, badField("pool", fmt.Sprintf("pool %q is not served by node %s", out.Pool, a.cfg.Node))
+	if !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
+		return out, &FieldError{Field: "pool", Msg: fmt.Sprintf("pool %q is not served by node %s", out.Pool, h.node)}
 	}
 	for i, f := range req.Families {
 		fam, err := allocator.ParseFamily(f)
 		if err != nil {
-			return out, badField(fmt.Sprintf("families[%d]", i), err.Error())
+			return out, &FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: err.Error()}
 		}
 		out.Families = append(out.Families, fam)
 	}
 	for i, s := range req.IPs {
-		ip, err := netip.ParseAddr(s)
+		ip, err := parseAddrOrPrefix(s) // the CNI "ips" capability's CIDR form too
 		if err != nil {
-			// Accept the CNI "ips" capability's CIDR form too.
-			if pfx, perr := netip.ParsePrefix(s); perr == nil {
-				ip, err = pfx.Addr(), nil
-			}
-		}
-		if err != nil {
-			return out, badField(fmt.Sprintf("ips[%d]", i), fmt.Sprintf("ips[%d]: %q is not an IP address", i, s))
+			return out, &FieldError{Field: fmt.Sprintf("ips[%d]", i), Msg: fmt.Sprintf("ips[%d]: %q is not an IP address", i, s)}
 		}
 		out.IPs = append(out.IPs, ip)
 	}
 	return out, nil
 }
 
-func (a *Agent) allocateResponse(res allocator.Result) api.AllocateResponse {
-	out := api.AllocateResponse{Pool: res.Pool, MTU: a.podMTU, State: string(allocator.StateAllocated)}
+func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {
+	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(allocator.StateAllocated)}
 	for _, al := range res.Allocations {
 		gw := GatewayV4
 		if al.Addr.Is6() {
@@ -155,67 +133,43 @@ func (a *Agent) allocateResponse(res allocator.Result) api.AllocateResponse {
 	return out
 }
 
-func (a *Agent) handleRelease(w http.ResponseWriter, r *http.Request) {
-	var req api.ReleaseRequest
-	if e := decode(w, r, &req); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	if e := validOwner(req.Owner); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	if !a.isRestored() {
-		// Until the node knows its allocations, a release would free
-		// nothing and tear down a running pod's datapath for nothing.
-		a.writeError(w, r, tryAgain(a.readyErr()))
-		return
-	}
-	ctx, cancel := a.requestContext(r)
-	defer cancel()
-	released, err := a.endpoints.release(ctx, req.Owner)
+func checkRelease(req api.ReleaseRequest) error { return validOwner(req.Owner) }
+
+func (h *handlers) release(ctx context.Context, req api.ReleaseRequest) (api.ReleaseResponse, error) {
+	released, err := h.endpoints.release(ctx, req.Owner)
 	if err != nil {
-		a.writeError(w, r, apiError(err))
-		return
+		return api.ReleaseResponse{}, err
 	}
-	a.writeJSON(w, r, http.StatusOK, api.ReleaseResponse{Released: released})
+	return api.ReleaseResponse{Released: released}, nil
 }
 
-func (a *Agent) handleEndpointCreate(w http.ResponseWriter, r *http.Request) {
-	var req api.EndpointRequest
-	if e := decode(w, r, &req); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	if e := validOwner(req.Owner); e != nil {
-		a.writeError(w, r, e)
-		return
+func checkEndpoint(req api.EndpointRequest) error {
+	if err := validOwner(req.Owner); err != nil {
+		return err
 	}
 	if req.HostIfName == "" || len(req.HostIfName) > 15 {
-		a.writeError(w, r, badField("hostIfName", fmt.Sprintf("hostIfName %q is not a valid interface name", req.HostIfName)))
-		return
+		return &FieldError{Field: "hostIfName", Msg: fmt.Sprintf("hostIfName %q is not a valid interface name", req.HostIfName)}
 	}
-	if err := a.readyErr(); err != nil {
-		a.writeError(w, r, tryAgain(err))
-		return
-	}
-	ctx, cancel := a.requestContext(r)
-	defer cancel()
-	ep, err := a.endpoints.create(ctx, req)
-	if err != nil {
-		a.writeError(w, r, apiError(err))
-		return
-	}
-	a.writeJSON(w, r, http.StatusCreated, ep)
+	return nil
 }
 
-func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) {
-	eps := a.endpoints.list()
-	if r.URL.Query().Get("stats") != "" {
-		counters, err := a.dp.Counters()
+func (h *handlers) createEndpoint(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
+	return h.endpoints.create(ctx, req)
+}
+
+// listQuery is GET /v1/endpoints?stats=1.
+type listQuery struct{ stats bool }
+
+func statsQuery(_ http.ResponseWriter, r *http.Request) (listQuery, error) {
+	return listQuery{stats: r.URL.Query().Get("stats") != ""}, nil
+}
+
+func (h *handlers) listEndpoints(_ context.Context, q listQuery) (api.EndpointList, error) {
+	eps := h.endpoints.list()
+	if q.stats {
+		counters, err := h.counters()
 		if err != nil {
-			a.writeError(w, r, &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: "read datapath counters: " + err.Error()})
-			return
+			return api.EndpointList{}, fmt.Errorf("read datapath counters: %w", err)
 		}
 		for i := range eps {
 			if c, ok := counters[eps[i].ID]; ok {
@@ -223,65 +177,38 @@ func (a *Agent) handleEndpointList(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	a.writeJSON(w, r, http.StatusOK, api.EndpointList{Endpoints: eps})
+	return api.EndpointList{Endpoints: eps}, nil
 }
 
-func (a *Agent) handleEndpointDelete(w http.ResponseWriter, r *http.Request) {
-	o := api.Owner{ContainerID: r.URL.Query().Get("containerID"), IfName: r.URL.Query().Get("ifName")}
-	if e := validOwner(o); e != nil {
-		a.writeError(w, r, e)
-		return
+func (h *handlers) deleteEndpoint(ctx context.Context, o api.Owner) (map[string]string, error) {
+	if err := h.endpoints.delete(ctx, o); err != nil {
+		return nil, err
 	}
-	ctx, cancel := a.requestContext(r)
-	defer cancel()
-	if err := a.endpoints.delete(ctx, o); err != nil {
-		a.writeError(w, r, apiError(err))
-		return
-	}
-	a.writeJSON(w, r, http.StatusOK, map[string]string{"status": "deleted"})
+	return map[string]string{"status": "deleted"}, nil
 }
 
-func (a *Agent) handleGC(w http.ResponseWriter, r *http.Request) {
-	var req api.GCRequest
-	if e := decode(w, r, &req); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
-	if req.Pool != "" && !slices.ContainsFunc(a.cfg.Pools, func(p allocator.Pool) bool { return p.Name == req.Pool }) {
-		a.writeError(w, r, badField("pool", fmt.Sprintf("pool %q is not served by node %s", req.Pool, a.cfg.Node)))
-		return
+func (h *handlers) checkGC(req api.GCRequest) error {
+	if req.Pool != "" && !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == req.Pool }) {
+		return &FieldError{Field: "pool", Msg: fmt.Sprintf("pool %q is not served by node %s", req.Pool, h.node)}
 	}
 	for i, at := range req.ValidAttachments {
 		if at.ContainerID == "" || at.IfName == "" {
-			a.writeError(w, r, badField(fmt.Sprintf("validAttachments[%d]", i), "an attachment needs containerID and ifname"))
-			return
+			return &FieldError{Field: fmt.Sprintf("validAttachments[%d]", i), Msg: "an attachment needs containerID and ifname"}
 		}
 	}
-	if err := a.readyErr(); err != nil {
-		a.writeError(w, r, tryAgain(err))
-		return
-	}
-	ctx, cancel := a.requestContext(r)
-	defer cancel()
-	res, err := a.gc.collect(ctx, req, time.Now())
-	if err != nil {
-		a.writeError(w, r, apiError(err))
-		return
-	}
-	a.writeJSON(w, r, http.StatusOK, res)
+	return nil
 }
 
-func (a *Agent) handleAllocations(w http.ResponseWriter, r *http.Request) {
-	o := api.Owner{ContainerID: r.URL.Query().Get("containerID"), IfName: r.URL.Query().Get("ifName")}
-	if e := validOwner(o); e != nil {
-		a.writeError(w, r, e)
-		return
-	}
+func (h *handlers) gc(ctx context.Context, req api.GCRequest) (api.GCResponse, error) {
+	return h.collect(ctx, req, time.Now())
+}
+
+func (h *handlers) allocations(_ context.Context, o api.Owner) (api.AllocationList, error) {
 	out := api.AllocationList{Allocations: []api.Allocation{}}
-	for _, al := range a.alloc.Lookup(toOwner(o)) {
+	for _, al := range h.lookup(toOwner(o)) {
 		out.Allocations = append(out.Allocations, api.Allocation{
 			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Block: al.Block.String(), State: string(al.State),
 		})
 	}
-	a.writeJSON(w, r, http.StatusOK, out)
+	return out, nil
 }

@@ -9,47 +9,142 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
+// apiServer is the HTTP adapter of the agent's API, and its only place
+// that knows HTTP: every route decodes its request, validates it, checks
+// the agent's readiness, bounds the work with a context, calls the domain
+// parts, maps their errors to API errors (apiError) and writes JSON. It is
+// safe for concurrent use.
+type apiServer struct {
+	// ready is nil when the agent can serve everything; restored when it
+	// knows its allocations (enough to release).
+	ready    func() error
+	restored func() bool
+	timeout  time.Duration
+	requests *prometheus.CounterVec
+	log      hclog.Logger
+	h        *handlers
+}
+
+// need is what a route needs of the agent's state.
+type need int
+
+const (
+	needNothing  need = iota // reads of local state
+	needRestored             // releases: the allocations must be known
+	needReady                // writes: restored, lease held, etcd reachable
+)
+
+// input reads a route's request: a JSON body, the query, or nothing.
+type input[Req any] func(w http.ResponseWriter, r *http.Request) (Req, error)
+
+// jsonBody decodes a size-limited JSON body that has no unknown fields.
+func jsonBody[Req any](w http.ResponseWriter, r *http.Request) (Req, error) {
+	var req Req
+	if e := decode(w, r, &req); e != nil {
+		return req, e
+	}
+	return req, nil
+}
+
+func noInput(http.ResponseWriter, *http.Request) (struct{}, error) { return struct{}{}, nil }
+
+// ownerQuery reads ?containerID=&ifName=.
+func ownerQuery(_ http.ResponseWriter, r *http.Request) (api.Owner, error) {
+	o := api.Owner{ContainerID: r.URL.Query().Get("containerID"), IfName: r.URL.Query().Get("ifName")}
+	return o, validOwner(o)
+}
+
+// route adapts one domain call to HTTP: read and check the request (a 4xx
+// names the field), check readiness (503 try-again), call f with the
+// request's context bounded by the agent's timeout, map its error, write
+// the answer with status.
+func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check func(Req) error, f func(ctx context.Context, req Req) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, err := in(w, r)
+		if err == nil && check != nil {
+			err = check(req)
+		}
+		if err != nil {
+			s.writeError(w, r, apiError(err))
+			return
+		}
+		if err := s.check(n); err != nil {
+			s.writeError(w, r, tryAgain(err))
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+		defer cancel()
+		resp, err := f(ctx, req)
+		if err != nil {
+			s.writeError(w, r, apiError(err))
+			return
+		}
+		s.writeJSON(w, r, status, resp)
+	}
+}
+
+func (s *apiServer) check(n need) error {
+	switch n {
+	case needReady:
+		return s.ready()
+	case needRestored:
+		if !s.restored() {
+			// Until the node knows its allocations, a release would free
+			// nothing and tear down a running pod's datapath for nothing.
+			if err := s.ready(); err != nil {
+				return err
+			}
+			return ErrNotReady
+		}
+	}
+	return nil
+}
+
 // routes is the API's mux. Every handler answers JSON; errors are api.Error.
-func (a *Agent) routes() http.Handler {
+func (s *apiServer) routes() http.Handler {
+	h := s.h
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+api.PathHealth, a.handleHealth)
-	mux.HandleFunc("GET "+api.PathStatus, a.handleStatus)
-	mux.HandleFunc("GET "+api.PathConfig, a.handleConfig)
-	mux.HandleFunc("POST "+api.PathAllocate, a.handleAllocate)
-	mux.HandleFunc("POST "+api.PathRelease, a.handleRelease)
-	mux.HandleFunc("POST "+api.PathEndpoints, a.handleEndpointCreate)
-	mux.HandleFunc("GET "+api.PathEndpoints, a.handleEndpointList)
-	mux.HandleFunc("DELETE "+api.PathEndpoints, a.handleEndpointDelete)
-	mux.HandleFunc("POST "+api.PathGC, a.handleGC)
-	mux.HandleFunc("GET "+api.PathAllocations, a.handleAllocations)
+	mux.HandleFunc("GET "+api.PathHealth, route(s, needReady, http.StatusOK, noInput, nil, h.health))
+	mux.HandleFunc("GET "+api.PathStatus, route(s, needNothing, http.StatusOK, noInput, nil, h.status))
+	mux.HandleFunc("GET "+api.PathConfig, route(s, needNothing, http.StatusOK, noInput, nil, h.config))
+	mux.HandleFunc("POST "+api.PathAllocate, route(s, needReady, http.StatusOK, jsonBody[api.AllocateRequest], h.checkAllocate, h.allocate))
+	mux.HandleFunc("POST "+api.PathRelease, route(s, needRestored, http.StatusOK, jsonBody[api.ReleaseRequest], checkRelease, h.release))
+	mux.HandleFunc("POST "+api.PathEndpoints, route(s, needReady, http.StatusCreated, jsonBody[api.EndpointRequest], checkEndpoint, h.createEndpoint))
+	mux.HandleFunc("GET "+api.PathEndpoints, route(s, needNothing, http.StatusOK, statsQuery, nil, h.listEndpoints))
+	mux.HandleFunc("DELETE "+api.PathEndpoints, route(s, needNothing, http.StatusOK, ownerQuery, nil, h.deleteEndpoint))
+	mux.HandleFunc("POST "+api.PathGC, route(s, needReady, http.StatusOK, jsonBody[api.GCRequest], h.checkGC, h.gc))
+	mux.HandleFunc("GET "+api.PathAllocations, route(s, needNothing, http.StatusOK, ownerQuery, nil, h.allocations))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		a.writeError(w, r, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
+		s.writeError(w, r, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
 	})
 	return mux
 }
 
-func (a *Agent) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
+func (s *apiServer) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
-	a.m.requests.WithLabelValues(r.URL.Path, strconv.Itoa(status)).Inc()
+	s.requests.WithLabelValues(r.URL.Path, strconv.Itoa(status)).Inc()
 }
 
-func (a *Agent) writeError(w http.ResponseWriter, r *http.Request, e *api.Error) {
+func (s *apiServer) writeError(w http.ResponseWriter, r *http.Request, e *api.Error) {
 	if e.Status >= 500 {
-		a.log.Warn("request failed", "path", r.URL.Path, "code", e.Code, "error", e.Message)
+		s.log.Warn("request failed", "path", r.URL.Path, "code", e.Code, "error", e.Message)
 	} else {
-		a.log.Debug("request refused", "path", r.URL.Path, "code", e.Code, "error", e.Message, "field", e.Field)
+		s.log.Debug("request refused", "path", r.URL.Path, "code", e.Code, "error", e.Message, "field", e.Field)
 	}
-	a.writeJSON(w, r, e.Status, e)
+	s.writeJSON(w, r, e.Status, e)
 }
 
 // decode reads a size-limited JSON body into v, refusing unknown fields,
@@ -93,11 +188,15 @@ func tryAgain(err error) *api.Error {
 	return &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeTryAgain, Message: err.Error()}
 }
 
-// apiError maps a domain, allocator or etcd error to an API error.
+// apiError maps a domain, allocator or etcd error to an API error. It is
+// the one place where errors become statuses and API codes.
 func apiError(err error) *api.Error {
+	var ae *api.Error
 	var ee *allocator.ExhaustedError
 	var fe *FieldError
 	switch {
+	case errors.As(err, &ae):
+		return ae
 	case errors.As(err, &fe):
 		return badField(fe.Field, fe.Msg)
 	case errors.Is(err, ErrBadRequest):
@@ -137,20 +236,17 @@ func isUnavailable(err error) bool {
 }
 
 // validOwner checks the fields that identify an attachment.
-func validOwner(o api.Owner) *api.Error {
+func validOwner(o api.Owner) error {
+	field := func(f, msg string) error { return &FieldError{Field: f, Msg: msg} }
 	switch {
 	case o.ContainerID == "":
-		return badField("owner.containerID", "owner.containerID is empty")
+		return field("owner.containerID", "owner.containerID is empty")
 	case len(o.ContainerID) > 256:
-		return badField("owner.containerID", "owner.containerID is longer than 256 characters")
+		return field("owner.containerID", "owner.containerID is longer than 256 characters")
 	case o.IfName == "":
-		return badField("owner.ifName", "owner.ifName is empty")
+		return field("owner.ifName", "owner.ifName is empty")
 	case len(o.IfName) > 15 || strings.ContainsAny(o.IfName, "/ \t\n:"):
-		return badField("owner.ifName", fmt.Sprintf("owner.ifName %q is not a valid interface name", o.IfName))
+		return field("owner.ifName", fmt.Sprintf("owner.ifName %q is not a valid interface name", o.IfName))
 	}
 	return nil
-}
-
-func (a *Agent) requestContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.Context(), a.cfg.RequestTimeout.Duration)
 }

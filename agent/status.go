@@ -1,0 +1,36 @@
+package agent
+
+import (
+	"github.com/kvipam/kvipam/agent/api"
+)
+
+// status is the answer to GET /v1/status: readiness and why not, etcd,
+// the lease, and each pool family's use on this node.
+func (a *Agent) status() api.Status {
+	st := api.Status{Node: a.cfg.Node, Version: a.opts.Version, Datapath: a.dp.Name()}
+	err := a.readyErr()
+	st.Ready = err == nil
+	if err != nil {
+		st.Message = err.Error()
+	}
+	st.Restored = a.isRestored()
+	etcdErr := a.probe.lastErr()
+	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: a.embedded != nil, Endpoints: a.cli.Endpoints()}
+	if etcdErr != nil {
+		st.Etcd.Error = etcdErr.Error()
+	}
+	st.Lease = api.LeaseStatus{State: "lost"}
+	if s := a.lease.session(); s != nil && !s.Lost() {
+		st.Lease = api.LeaseStatus{ID: s.ID(), TTL: s.TTL(), State: "held"}
+	}
+	exhausted := a.exhausted.snapshot()
+	for _, u := range a.alloc.Usage() {
+		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
+		for _, b := range u.Blocks {
+			ps.Blocks = append(ps.Blocks, b.String())
+		}
+		ps.Exhausted = ps.Free == 0 && exhausted[u.Pool+"/"+u.Family.String()]
+		st.Pools = append(st.Pools, ps)
+	}
+	return st
+}
