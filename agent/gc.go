@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/cni/delqueue"
 )
 
 // collect serves a GC request: this node's allocations (in req.Pool, or

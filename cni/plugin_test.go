@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/cni/delqueue"
+	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
 type pluginEnv struct {

@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/cni"
-	"github.com/kvipam/kvipam/cni/delqueue"
 )
 
 // cniCode is the CNI error code of a libcni error.

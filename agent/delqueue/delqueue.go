@@ -8,6 +8,10 @@
 // a reader never sees half a file and a repeated DEL of the same
 // attachment collapses into one entry. Enqueue and Drain are safe to call
 // from separate processes at once.
+//
+// The file format is a contract between the plugins, which write it, and
+// the agent, which drains it; like the API in agent/api it lives with the
+// agent, and the plugins import it.
 package delqueue
 
 import (
