@@ -57,7 +57,7 @@ func (a *Agent) createEndpoint(ctx context.Context, req api.EndpointRequest) (ap
 		_ = a.dp.Teardown(ctx, ep)
 		return api.Endpoint{}, &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: err.Error()}
 	}
-	a.log.Debug("endpoint created", "owner", ownerKey(ep.Owner), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
+	a.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
 	return ep, nil
 }
 
@@ -83,7 +83,7 @@ func (a *Agent) deleteEndpointLocked(ctx context.Context, o api.Owner) error {
 		return nil
 	}
 	if err := a.dp.Teardown(ctx, ep); err != nil {
-		return fmt.Errorf("tear down endpoint %s: %w", ownerKey(o), err)
+		return fmt.Errorf("tear down endpoint %s: %w", o.Key(), err)
 	}
 	return a.eps.remove(o)
 }

@@ -27,8 +27,6 @@ type endpointStore struct {
 	nextID uint32
 }
 
-func ownerKey(o api.Owner) string { return o.ContainerID + "/" + o.IfName }
-
 // openEndpointStore loads every record in dir.
 func openEndpointStore(dir string) (*endpointStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -51,14 +49,14 @@ func openEndpointStore(dir string) (*endpointStore, error) {
 			errs = append(errs, fmt.Errorf("endpoint record %s: %w", f, err))
 			continue
 		}
-		s.eps[ownerKey(ep.Owner)] = ep
+		s.eps[ep.Owner.Key()] = ep
 		s.nextID = max(s.nextID, ep.ID+1)
 	}
 	return s, errors.Join(errs...)
 }
 
 func (s *endpointStore) file(o api.Owner) string {
-	h := sha256.Sum256([]byte(ownerKey(o)))
+	h := sha256.Sum256([]byte(o.Key()))
 	return filepath.Join(s.dir, hex.EncodeToString(h[:12])+".json")
 }
 
@@ -66,7 +64,7 @@ func (s *endpointStore) file(o api.Owner) string {
 func (s *endpointStore) get(o api.Owner) (api.Endpoint, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ep, ok := s.eps[ownerKey(o)]
+	ep, ok := s.eps[o.Key()]
 	return ep, ok
 }
 
@@ -74,7 +72,7 @@ func (s *endpointStore) get(o api.Owner) (api.Endpoint, bool) {
 func (s *endpointStore) assignID(ep *api.Endpoint) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.eps[ownerKey(ep.Owner)]; ok {
+	if old, ok := s.eps[ep.Owner.Key()]; ok {
 		ep.ID = old.ID
 		return
 	}
@@ -92,7 +90,7 @@ func (s *endpointStore) put(ep api.Endpoint) error {
 		return fmt.Errorf("save endpoint record: %w", err)
 	}
 	s.mu.Lock()
-	s.eps[ownerKey(ep.Owner)] = ep
+	s.eps[ep.Owner.Key()] = ep
 	s.mu.Unlock()
 	return nil
 }
@@ -103,7 +101,7 @@ func (s *endpointStore) remove(o api.Owner) error {
 		return fmt.Errorf("remove endpoint record: %w", err)
 	}
 	s.mu.Lock()
-	delete(s.eps, ownerKey(o))
+	delete(s.eps, o.Key())
 	s.mu.Unlock()
 	return nil
 }

@@ -79,7 +79,7 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 	released := 0
 	seen := map[string]bool{}
 	for _, ep := range r.a.eps.list() {
-		k := ownerKey(ep.Owner)
+		k := ep.Owner.Key()
 		seen[k] = true
 		exists, err := r.a.dp.HostLinkExists(ep)
 		if err != nil {
@@ -134,13 +134,13 @@ func (a *Agent) drainDelQueue(ctx context.Context) error {
 	n, err := delqueue.DrainEntries(ctx, a.cfg.delQueueDir(), func(ctx context.Context, e delqueue.Entry) error {
 		for _, al := range a.alloc.Lookup(toOwner(e.Owner)) {
 			if !e.QueuedAt.IsZero() && al.Since.After(e.QueuedAt) {
-				a.log.Info("dropping a queued DEL older than the owner's allocation", "owner", ownerKey(e.Owner), "queued", e.QueuedAt, "allocated", al.Since)
+				a.log.Info("dropping a queued DEL older than the owner's allocation", "owner", e.Owner.Key(), "queued", e.QueuedAt, "allocated", al.Since)
 				return nil
 			}
 		}
 		ips, err := a.release(ctx, e.Owner)
 		if err == nil {
-			a.log.Info("applied queued DEL", "owner", ownerKey(e.Owner), "released", ips)
+			a.log.Info("applied queued DEL", "owner", e.Owner.Key(), "released", ips)
 		}
 		return err
 	})

@@ -14,14 +14,6 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 )
 
-const (
-	// GatewayV4 and GatewayV6 are the pods' link-local next hops: the host
-	// veth answers ARP for the IPv4 one (proxy ARP), and has the IPv6 one
-	// as its link-local address (from its fixed MAC ee:ee:ee:ee:ee:ee).
-	GatewayV4 = "169.254.1.1"
-	GatewayV6 = "fe80::ecee:eeff:feee:eeee"
-)
-
 func (a *Agent) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if err := a.readyErr(); err != nil {
 		a.writeError(w, r, tryAgain(err))
@@ -71,7 +63,7 @@ func (a *Agent) handleConfig(w http.ResponseWriter, r *http.Request) {
 	}
 	a.writeJSON(w, r, http.StatusOK, api.Config{
 		Node: a.cfg.Node, MTU: a.podMTU, DefaultPool: a.cfg.defaultPool(), Pools: pools,
-		Datapath: a.dp.Name(), GatewayV4: GatewayV4, GatewayV6: GatewayV6,
+		Datapath: a.dp.Name(), GatewayV4: api.GatewayV4.String(), GatewayV6: api.GatewayV6.String(),
 		ReservationTTL: a.cfg.ReservationTTL.String(),
 	})
 }
@@ -140,9 +132,9 @@ func (a *Agent) toRequest(req api.AllocateRequest) (allocator.Request, *api.Erro
 func (a *Agent) allocateResponse(res allocator.Result) api.AllocateResponse {
 	out := api.AllocateResponse{Pool: res.Pool, MTU: a.podMTU, State: string(allocator.StateAllocated)}
 	for _, al := range res.Allocations {
-		gw := GatewayV4
+		gw := api.GatewayV4.String()
 		if al.Addr.Is6() {
-			gw = GatewayV6
+			gw = api.GatewayV6.String()
 		}
 		out.IPs = append(out.IPs, api.IPConfig{
 			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Family: allocator.FamilyOf(al.Addr).String(),

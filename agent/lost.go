@@ -74,7 +74,7 @@ func (a *Agent) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.En
 // lostEndpoint describes ep with its lost addresses and, read from etcd,
 // who holds each one now.
 func (a *Agent) lostEndpoint(ctx context.Context, ep api.Endpoint, gone []netip.Addr) etcdstore.LostEndpoint {
-	le := etcdstore.LostEndpoint{Owner: ownerKey(ep.Owner), Namespace: ep.Owner.Namespace, Pod: ep.Owner.Pod,
+	le := etcdstore.LostEndpoint{Owner: ep.Owner.Key(), Namespace: ep.Owner.Namespace, Pod: ep.Owner.Pod,
 		IPs: []etcdstore.LostIP{}, FoundAt: time.Now().UTC()}
 	for _, addr := range gone {
 		ip := etcdstore.LostIP{IP: addr.String(), Unknown: true}

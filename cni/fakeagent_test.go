@@ -55,8 +55,6 @@ func (f *fakeAgent) Calls() []string {
 	return append([]string(nil), f.calls...)
 }
 
-func key(o api.Owner) string { return o.ContainerID + "/" + o.IfName }
-
 func (f *fakeAgent) WaitReady(context.Context) error { f.record("wait"); return f.errWait }
 
 func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
@@ -76,41 +74,41 @@ func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
 }
 
 func (f *fakeAgent) Allocate(_ context.Context, req api.AllocateRequest) (*api.AllocateResponse, error) {
-	f.record("allocate %s pool=%q permanent=%v ips=%v ns=%s pod=%s", key(req.Owner), req.Pool, req.Permanent, req.IPs, req.Owner.Namespace, req.Owner.Pod)
+	f.record("allocate %s pool=%q permanent=%v ips=%v ns=%s pod=%s", req.Owner.Key(), req.Pool, req.Permanent, req.IPs, req.Owner.Namespace, req.Owner.Pod)
 	if f.errAllocate != nil {
 		return nil, f.errAllocate
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, ip := range f.ips {
-		f.held[key(req.Owner)] = append(f.held[key(req.Owner)], ip.Address)
+		f.held[req.Owner.Key()] = append(f.held[req.Owner.Key()], ip.Address)
 	}
 	exp := time.Now().Add(time.Minute)
 	return &api.AllocateResponse{Pool: "default", IPs: f.ips, State: "reserved", Expires: &exp, MTU: f.cfg.MTU}, nil
 }
 
 func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (*api.Endpoint, error) {
-	f.record("endpoint %s host=%s ips=%v", key(req.Owner), req.HostIfName, req.IPs)
+	f.record("endpoint %s host=%s ips=%v", req.Owner.Key(), req.HostIfName, req.IPs)
 	if f.errEndpoint != nil {
 		return nil, f.errEndpoint
 	}
 	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, IPs: req.IPs, Datapath: "routes"}
 	f.mu.Lock()
-	f.eps[key(req.Owner)] = ep
+	f.eps[req.Owner.Key()] = ep
 	f.mu.Unlock()
 	return &ep, nil
 }
 
 func (f *fakeAgent) Release(_ context.Context, o api.Owner) (*api.ReleaseResponse, error) {
-	f.record("release %s", key(o))
+	f.record("release %s", o.Key())
 	if f.errRelease != nil {
 		return nil, f.errRelease
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := f.held[key(o)]
-	delete(f.held, key(o))
-	delete(f.eps, key(o))
+	out := f.held[o.Key()]
+	delete(f.held, o.Key())
+	delete(f.eps, o.Key())
 	return &api.ReleaseResponse{Released: append([]string{}, out...)}, nil
 }
 
@@ -129,14 +127,14 @@ func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {
 }
 
 func (f *fakeAgent) Allocations(_ context.Context, o api.Owner) ([]api.Allocation, error) {
-	f.record("allocations %s", key(o))
+	f.record("allocations %s", o.Key())
 	if f.errStatus != nil {
 		return nil, f.errStatus
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []api.Allocation
-	for _, a := range f.held[key(o)] {
+	for _, a := range f.held[o.Key()] {
 		out = append(out, api.Allocation{Pool: "default", Address: a, State: "allocated"})
 	}
 	return out, nil

@@ -50,7 +50,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
+		return fmt.Errorf("allocate for %s: %w", o.Key(), err)
 	}
 	als, err := parseAllocation(alloc)
 	if err != nil {
@@ -61,7 +61,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}
-	log.Info("allocated", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs)
+	log.Info("allocated", "owner", o.Key(), "ips", alloc.IPs)
 	return nil
 }
 
@@ -90,8 +90,8 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
-	ag := p.agent(c)
-	held, err := ag.Allocations(ctx, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName})
+	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	held, err := p.agent(c).Allocations(ctx, o)
 	if err != nil {
 		return fmt.Errorf("check: agent allocations: %w", err)
 	}
@@ -106,7 +106,7 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("check: %s no longer held by %s/%s", strings.Join(missing, ", "), args.ContainerID, args.IfName)
+		return fmt.Errorf("check: %s no longer held by %s", strings.Join(missing, ", "), o.Key())
 	}
 	return nil
 }

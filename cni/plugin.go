@@ -106,9 +106,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	ready := time.Now()
 	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs)})
 	if err != nil {
-		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
+		return fmt.Errorf("allocate for %s: %w", o.Key(), err)
 	}
-	log.Debug("reserved", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs, "expires", alloc.Expires,
+	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires,
 		"wait_config", ready.Sub(start), "allocate", time.Since(ready))
 
 	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc, log)
@@ -118,7 +118,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, HostVethName(o.ContainerID, o.IfName), log, err)
 	}
-	log.Info("added", "owner", o.ContainerID+"/"+o.IfName, "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
+	log.Info("added", "owner", o.Key(), "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
 	return nil
 }
 
@@ -148,9 +148,9 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config
 		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: prefixStrings(spec.Addrs),
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
-		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s/%s: %w", o.ContainerID, o.IfName, err)
+		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
 	}
-	log.Debug("set up", "owner", o.ContainerID+"/"+o.IfName, "veth", setup, "endpoint", time.Since(start)-setup)
+	log.Debug("set up", "owner", o.Key(), "veth", setup, "endpoint", time.Since(start)-setup)
 	return podResult(spec, links, c.DNS), links.HostIfName, nil
 }
 
@@ -176,7 +176,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	log.Info("deleted", "owner", o.ContainerID+"/"+o.IfName, "veth_removed", removed, "release_queued", queued)
+	log.Info("deleted", "owner", o.Key(), "veth_removed", removed, "release_queued", queued)
 	return nil
 }
 

@@ -98,11 +98,10 @@ func checkEndpoint(ctx context.Context, ag Agent, args *skel.CmdArgs, addrs []ne
 	if err != nil {
 		return fmt.Errorf("check: list agent endpoints: %w", err)
 	}
-	i := slices.IndexFunc(eps, func(ep api.Endpoint) bool {
-		return ep.Owner.ContainerID == args.ContainerID && ep.Owner.IfName == args.IfName
-	})
+	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	i := slices.IndexFunc(eps, func(ep api.Endpoint) bool { return ep.Owner.Key() == o.Key() })
 	if i < 0 {
-		return fmt.Errorf("check: the agent has no endpoint for %s/%s: its IPs were released", args.ContainerID, args.IfName)
+		return fmt.Errorf("check: the agent has no endpoint for %s: its IPs were released", o.Key())
 	}
 	var want, got []string
 	for _, a := range addrs {
@@ -118,8 +117,8 @@ func checkEndpoint(ctx context.Context, ag Agent, args *skel.CmdArgs, addrs []ne
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(want, got) {
-		return fmt.Errorf("check: the agent's endpoint for %s/%s holds %s, the result says %s",
-			args.ContainerID, args.IfName, strings.Join(got, ","), strings.Join(want, ","))
+		return fmt.Errorf("check: the agent's endpoint for %s holds %s, the result says %s",
+			o.Key(), strings.Join(got, ","), strings.Join(want, ","))
 	}
 	return nil
 }

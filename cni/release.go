@@ -32,17 +32,17 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, log hclog.Logger) (queued 
 	var ae *api.Error
 	switch {
 	case err == nil:
-		log.Debug("released", "owner", o.ContainerID+"/"+o.IfName, "ips", res.Released)
+		log.Debug("released", "owner", o.Key(), "ips", res.Released)
 		return false, nil
 	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
 		return false, nil
 	case !errors.Is(err, client.ErrUnreachable):
-		return false, fmt.Errorf("release %s/%s: %w", o.ContainerID, o.IfName, err)
+		return false, fmt.Errorf("release %s: %w", o.Key(), err)
 	}
 	if qerr := delqueue.Enqueue(c.DelQueueDir, api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}); qerr != nil {
-		return false, fmt.Errorf("release %s/%s: %w; and could not queue it: %w", o.ContainerID, o.IfName, err, qerr)
+		return false, fmt.Errorf("release %s: %w; and could not queue it: %w", o.Key(), err, qerr)
 	}
-	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.ContainerID+"/"+o.IfName, "queue", c.DelQueueDir, "error", err)
+	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.Key(), "queue", c.DelQueueDir, "error", err)
 	return true, nil
 }
 
@@ -59,7 +59,7 @@ func rollback(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger,
 	if _, err := releaseOrQueue(ag, c, o, log); err != nil {
 		errs = append(errs, fmt.Errorf("roll back: %w", err))
 	}
-	log.Info("add rolled back", "owner", o.ContainerID+"/"+o.IfName, "cause", cause, "cleanup_errors", len(errs))
+	log.Info("add rolled back", "owner", o.Key(), "cause", cause, "cleanup_errors", len(errs))
 	if len(errs) == 0 {
 		return cause
 	}

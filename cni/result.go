@@ -56,7 +56,7 @@ func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 }
 
 // gateways picks the pod's gateways: the configuration's, else the
-// allocation's, else the agent's configuration's, else kvipam's defaults.
+// allocation's, else the agent's configuration's, else api.GatewayV4/V6.
 func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, gw6 netip.Addr) {
 	gw4, gw6 = conf4, conf6
 	for _, al := range als {
@@ -76,10 +76,10 @@ func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, g
 		}
 	}
 	if !gw4.IsValid() {
-		gw4 = DefaultGatewayV4
+		gw4 = api.GatewayV4
 	}
 	if !gw6.IsValid() {
-		gw6 = DefaultGatewayV6
+		gw6 = api.GatewayV6
 	}
 	return gw4, gw6
 }

@@ -19,7 +19,7 @@ func dualStackSpec() (PodSpec, *PodLinks) {
 	s := PodSpec{
 		Netns: "/run/netns/p1", IfName: "eth0", HostIfName: "kv0123456789a", MTU: 1500,
 		Addrs:     []netip.Prefix{netip.MustParsePrefix("10.1.0.5/32"), netip.MustParsePrefix("fd00::5/128")},
-		GatewayV4: DefaultGatewayV4, GatewayV6: DefaultGatewayV6,
+		GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 	}
 	l := &PodLinks{HostIfName: s.HostIfName, HostMAC: HostVethMAC, PodIfName: "eth0", PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
 	return s, l
@@ -66,7 +66,7 @@ func TestPodResultInEveryVersion(t *testing.T) {
 }
 
 func TestIPAMResult(t *testing.T) {
-	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: DefaultGatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
+	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
 	routes := func(r *current.Result) []string {
 		var out []string
 		for _, rt := range r.Routes {
@@ -75,7 +75,7 @@ func TestIPAMResult(t *testing.T) {
 		return out
 	}
 	t.Run("link-local gateway", func(t *testing.T) {
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock}, api.GatewayV4, api.GatewayV6)
 		require.Nil(t, r.Interfaces)
 		require.Len(t, r.IPs, 1)
 		require.Nil(t, r.IPs[0].Interface, "the main plugin assigns the interface")
@@ -85,7 +85,7 @@ func TestIPAMResult(t *testing.T) {
 	})
 	t.Run("configured gateway", func(t *testing.T) {
 		gw := netip.MustParseAddr("10.22.0.1")
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixHost, GatewayV4: gw}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixHost, GatewayV4: gw}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, "10.22.0.1", r.IPs[0].Gateway.String())
 		require.Equal(t, "10.22.0.7/32", r.IPs[0].Address.String(), "addressPrefix host")
 		require.Equal(t, []string{"0.0.0.0/0 via 10.22.0.1"}, routes(r))
@@ -93,11 +93,11 @@ func TestIPAMResult(t *testing.T) {
 	t.Run("configured routes", func(t *testing.T) {
 		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
 		want := []*types.Route{{Dst: *dst}}
-		r := ipamResult(als, &Config{Routes: want}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{Routes: want}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, want, r.Routes)
 	})
 	t.Run("a LAN's prefix length", func(t *testing.T) {
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock, PrefixLengthV4: 16}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock, PrefixLengthV4: 16}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, "10.22.0.7/16", r.IPs[0].Address.String())
 	})
 }
@@ -151,6 +151,6 @@ func TestGatewaysPrecedence(t *testing.T) {
 	gw4, _ = gateways(als, netip.Addr{}, netip.Addr{}, cfg)
 	require.Equal(t, a4, gw4, "then the allocation's")
 	gw4, gw6 = gateways(nil, netip.Addr{}, netip.Addr{}, &api.Config{})
-	require.Equal(t, DefaultGatewayV4, gw4, "then kvipam's constants")
-	require.Equal(t, DefaultGatewayV6, gw6)
+	require.Equal(t, api.GatewayV4, gw4, "then kvipam's constants")
+	require.Equal(t, api.GatewayV6, gw6)
 }

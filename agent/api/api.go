@@ -64,6 +64,12 @@ type Owner struct {
 	Network string `json:"network,omitempty"`
 }
 
+// Key identifies the attachment: container ID and interface name,
+// "containerID/ifName", as allocator.Owner.Key. Names on disk are made
+// from it (endpoint records, DEL queue entries, the host veth's name is a
+// hash of it), so its text must not change.
+func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
+
 // AllocateRequest asks for one IP per family for an owner.
 type AllocateRequest struct {
 	Owner Owner `json:"owner"`
