@@ -28,14 +28,13 @@ func (a *Agent) createEndpoint(ctx context.Context, req api.EndpointRequest) (ap
 		return api.Endpoint{}, &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound,
 			Message: fmt.Sprintf("no reservation for %s: allocate first, or it expired", owner.Key())}
 	}
-	var ips []string
+	var ips []netip.Addr
 	for _, al := range held {
-		ips = append(ips, al.Addr.String())
+		ips = append(ips, al.Addr)
 	}
-	for i, s := range req.IPs {
-		addr, err := parseAddrOrPrefix(s)
-		if err != nil || !slices.Contains(ips, addr.String()) {
-			return api.Endpoint{}, badField(fmt.Sprintf("ips[%d]", i), fmt.Sprintf("ips[%d] %q is not held by %s (holds %v)", i, s, owner.Key(), ips))
+	for i, p := range req.IPs {
+		if !slices.Contains(ips, p.Addr()) {
+			return api.Endpoint{}, badField(fmt.Sprintf("ips[%d]", i), fmt.Sprintf("ips[%d] %q is not held by %s (holds %v)", i, p, owner.Key(), ips))
 		}
 	}
 	if _, err := a.alloc.Confirm(ctx, owner); err != nil {
@@ -59,14 +58,6 @@ func (a *Agent) createEndpoint(ctx context.Context, req api.EndpointRequest) (ap
 	}
 	a.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
 	return ep, nil
-}
-
-func parseAddrOrPrefix(s string) (netip.Addr, error) {
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a, nil
-	}
-	p, err := netip.ParsePrefix(s)
-	return p.Addr(), err
 }
 
 // deleteEndpoint removes an endpoint's datapath state and record, keeping

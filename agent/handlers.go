@@ -47,9 +47,7 @@ func (a *Agent) status() api.Status {
 	a.mu.Unlock()
 	for _, u := range a.alloc.Usage() {
 		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
-		for _, b := range u.Blocks {
-			ps.Blocks = append(ps.Blocks, b.String())
-		}
+		ps.Blocks = append(ps.Blocks, u.Blocks...)
 		ps.Exhausted = ps.Free == 0 && exhausted[u.Pool+"/"+u.Family.String()]
 		st.Pools = append(st.Pools, ps)
 	}
@@ -63,7 +61,7 @@ func (a *Agent) handleConfig(w http.ResponseWriter, r *http.Request) {
 	}
 	a.writeJSON(w, r, http.StatusOK, api.Config{
 		Node: a.cfg.Node, MTU: a.podMTU, DefaultPool: a.cfg.defaultPool(), Pools: pools,
-		Datapath: a.dp.Name(), GatewayV4: api.GatewayV4.String(), GatewayV6: api.GatewayV6.String(),
+		Datapath: a.dp.Name(), GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 		ReservationTTL: a.cfg.ReservationTTL.String(),
 	})
 }
@@ -113,32 +111,20 @@ func (a *Agent) toRequest(req api.AllocateRequest) (allocator.Request, *api.Erro
 		}
 		out.Families = append(out.Families, fam)
 	}
-	for i, s := range req.IPs {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			// Accept the CNI "ips" capability's CIDR form too.
-			if pfx, perr := netip.ParsePrefix(s); perr == nil {
-				ip, err = pfx.Addr(), nil
-			}
-		}
-		if err != nil {
-			return out, badField(fmt.Sprintf("ips[%d]", i), fmt.Sprintf("ips[%d]: %q is not an IP address", i, s))
-		}
-		out.IPs = append(out.IPs, ip)
-	}
+	out.IPs = req.IPs // decoding refused a malformed one
 	return out, nil
 }
 
 func (a *Agent) allocateResponse(res allocator.Result) api.AllocateResponse {
 	out := api.AllocateResponse{Pool: res.Pool, MTU: a.podMTU, State: string(allocator.StateAllocated)}
 	for _, al := range res.Allocations {
-		gw := api.GatewayV4.String()
+		gw := api.GatewayV4
 		if al.Addr.Is6() {
-			gw = api.GatewayV6.String()
+			gw = api.GatewayV6
 		}
 		out.IPs = append(out.IPs, api.IPConfig{
-			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Family: allocator.FamilyOf(al.Addr).String(),
-			Gateway: gw, Block: al.Block.String(),
+			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Family: allocator.FamilyOf(al.Addr).String(),
+			Gateway: gw, Block: al.Block,
 		})
 		if al.State == allocator.StateReserved {
 			out.State = string(allocator.StateReserved)
@@ -295,7 +281,7 @@ func (a *Agent) handleAllocations(w http.ResponseWriter, r *http.Request) {
 	out := api.AllocationList{Allocations: []api.Allocation{}}
 	for _, al := range a.alloc.Lookup(toOwner(o)) {
 		out.Allocations = append(out.Allocations, api.Allocation{
-			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Block: al.Block.String(), State: string(al.State),
+			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Block: al.Block, State: string(al.State),
 		})
 	}
 	a.writeJSON(w, r, http.StatusOK, out)

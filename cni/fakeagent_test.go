@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -20,7 +21,7 @@ type fakeAgent struct {
 	ips    []api.IPConfig
 	status api.Status
 	eps    map[string]api.Endpoint
-	held   map[string][]string
+	held   map[string][]netip.Prefix
 
 	errWait, errConfig, errAllocate, errEndpoint, errRelease, errStatus, errGC error
 	// configDown is how many Config calls fail as unreachable first.
@@ -34,12 +35,12 @@ var _ Agent = (*fakeAgent)(nil)
 func newFakeAgent() *fakeAgent {
 	return &fakeAgent{
 		cfg: api.Config{Node: "n1", MTU: 1450, DefaultPool: "default", Pools: []string{"default"}, Datapath: "routes",
-			GatewayV4: "169.254.1.1", GatewayV6: "fe80::ecee:eeff:feee:eeee"},
-		ips: []api.IPConfig{{Address: "10.1.0.5/32", Family: "ipv4", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}},
+			GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6},
+		ips: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Family: "ipv4", Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.1.0.0/26")}},
 		status: api.Status{Node: "n1", Ready: true, Restored: true, Etcd: api.EtcdStatus{Reachable: true},
-			Lease: api.LeaseStatus{State: "held"}, Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []string{"10.1.0.0/26"}, Capacity: 64, Free: 64}}},
+			Lease: api.LeaseStatus{State: "held"}, Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/26")}, Capacity: 64, Free: 64}}},
 		eps:  map[string]api.Endpoint{},
-		held: map[string][]string{},
+		held: map[string][]netip.Prefix{},
 	}
 }
 
@@ -92,7 +93,10 @@ func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (
 	if f.errEndpoint != nil {
 		return nil, f.errEndpoint
 	}
-	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, IPs: req.IPs, Datapath: "routes"}
+	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, Datapath: "routes"}
+	for _, p := range req.IPs {
+		ep.IPs = append(ep.IPs, p.Addr())
+	}
 	f.mu.Lock()
 	f.eps[req.Owner.Key()] = ep
 	f.mu.Unlock()
@@ -106,10 +110,13 @@ func (f *fakeAgent) Release(_ context.Context, o api.Owner) (*api.ReleaseRespons
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := f.held[o.Key()]
+	out := []string{}
+	for _, p := range f.held[o.Key()] {
+		out = append(out, p.Addr().String())
+	}
 	delete(f.held, o.Key())
 	delete(f.eps, o.Key())
-	return &api.ReleaseResponse{Released: append([]string{}, out...)}, nil
+	return &api.ReleaseResponse{Released: out}, nil
 }
 
 func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {

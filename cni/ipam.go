@@ -45,7 +45,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	var alloc *api.AllocateResponse
 	err = retryUnreachable(ctx, ag, c, func() (err error) {
 		alloc, err = ag.Allocate(ctx, api.AllocateRequest{
-			Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs), Permanent: true,
+			Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true,
 		})
 		return err
 	})
@@ -98,10 +98,7 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 	var missing []string
 	for _, ipc := range c.PrevResult.IPs {
 		a := prefixOf(&ipc.Address).Addr()
-		if !slices.ContainsFunc(held, func(h api.Allocation) bool {
-			hp, err := netip.ParsePrefix(h.Address)
-			return err == nil && hp.Addr() == a
-		}) {
+		if !slices.ContainsFunc(held, func(h api.Allocation) bool { return h.Address.Addr() == a }) {
 			missing = append(missing, a.String())
 		}
 	}

@@ -104,7 +104,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 	ready := time.Now()
-	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs)})
+	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
 	if err != nil {
 		return fmt.Errorf("allocate for %s: %w", o.Key(), err)
 	}
@@ -145,7 +145,7 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config
 	setup := time.Since(start)
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
-		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: prefixStrings(spec.Addrs),
+		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: spec.Addrs,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
 		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
@@ -219,20 +219,4 @@ func podMTU(choices ...int) int {
 		}
 	}
 	return 1500
-}
-
-func addrStrings(as []netip.Addr) []string {
-	var out []string
-	for _, a := range as {
-		out = append(out, a.String())
-	}
-	return out
-}
-
-func prefixStrings(ps []netip.Prefix) []string {
-	var out []string
-	for _, p := range ps {
-		out = append(out, p.String())
-	}
-	return out
 }

@@ -107,12 +107,8 @@ func checkEndpoint(ctx context.Context, ag Agent, args *skel.CmdArgs, addrs []ne
 	for _, a := range addrs {
 		want = append(want, a.Addr().String())
 	}
-	for _, s := range eps[i].IPs {
-		if a, err := netip.ParseAddr(s); err == nil {
-			got = append(got, a.String())
-		} else if p, err := netip.ParsePrefix(s); err == nil {
-			got = append(got, p.Addr().String())
-		}
+	for _, a := range eps[i].IPs {
+		got = append(got, a.String())
 	}
 	slices.Sort(want)
 	slices.Sort(got)
@@ -161,7 +157,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	var errs []error
 	for _, ep := range eps {
-		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip string) bool { return releasedIP(res.Released, ip) }) {
+		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip netip.Addr) bool { return slices.Contains(res.Released, ip.String()) }) {
 			continue
 		}
 		if _, err := DeleteHostVeth(ep.HostIfName); err != nil {
@@ -170,16 +166,4 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	}
 	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
 	return errors.Join(errs...)
-}
-
-func releasedIP(released []string, ip string) bool {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		p, perr := netip.ParsePrefix(ip)
-		if perr != nil {
-			return false
-		}
-		a = p.Addr()
-	}
-	return slices.Contains(released, a.String())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,7 @@ func (e *pluginEnv) run(t *testing.T, f func(*skel.CmdArgs) error, a *skel.CmdAr
 
 func TestPluginAddCheckDel(t *testing.T) {
 	e := newPluginEnv(t, true)
-	e.ag.ips = append(e.ag.ips, api.IPConfig{Address: "fd00::5/128", Family: "ipv6", Gateway: "fe80::ecee:eeff:feee:eeee"})
+	e.ag.ips = append(e.ag.ips, api.IPConfig{Address: netip.MustParsePrefix("fd00::5/128"), Family: "ipv6", Gateway: api.GatewayV6})
 
 	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(`,"dns":{"nameservers":["10.96.0.10"]}`))))
 	require.Equal(t, []string{
@@ -152,9 +153,9 @@ func TestPluginAddFailures(t *testing.T) {
 		{
 			name: "bad allocation answer",
 			prepare: func(e *pluginEnv, _ *skel.CmdArgs) {
-				e.ag.ips = []api.IPConfig{{Address: "nonsense"}}
+				e.ag.ips = []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: api.GatewayV6}}
 			},
-			wantCode: types.ErrInternal, wantMsg: `agent answered address "nonsense"`, wantRelease: true,
+			wantCode: types.ErrInternal, wantMsg: "agent answered gateway fe80::ecee:eeff:feee:eeee for 10.1.0.5/32", wantRelease: true,
 		},
 		{
 			name:     "netns missing: nothing is allocated",

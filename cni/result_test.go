@@ -114,17 +114,20 @@ func TestParseAllocation(t *testing.T) {
 		{
 			name: "dual stack",
 			in: &api.AllocateResponse{IPs: []api.IPConfig{
-				{Address: "10.1.0.5/32", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}, {Address: "fd00::5", Gateway: "", Block: "fd00:9::/120"},
+				{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.1.0.0/26")},
+				{Address: netip.MustParsePrefix("fd00::5/128"), Block: netip.MustParsePrefix("fd00:9::/120")},
 			}},
 			want: []Allocated{
 				{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("169.254.1.1"), Block: netip.MustParsePrefix("10.1.0.0/26")},
 				{Addr: netip.MustParsePrefix("fd00::5/128")},
 			},
 		},
-		{name: "block prefix becomes a host prefix", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "10.1.0.5/26"}}},
+		{name: "block prefix becomes a host prefix", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/26")}}},
 			want: []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32")}}},
-		{name: "garbage", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "ten"}}}, wantErr: `"ten"`},
-		{name: "gateway of the other family", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "10.1.0.5/32", Gateway: "fe80::1"}}}, wantErr: "gateway"},
+		{name: "no address", in: &api.AllocateResponse{IPs: []api.IPConfig{{Family: "ipv4"}}}, wantErr: "invalid address"},
+		{name: "gateway of the other family", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("fe80::1")}}}, wantErr: "gateway"},
+		{name: "block not holding the address", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Block: netip.MustParsePrefix("10.2.0.0/26")}}},
+			want: []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32")}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,7 +146,7 @@ func TestGatewaysPrecedence(t *testing.T) {
 	a4 := netip.MustParseAddr("169.254.9.9")
 	conf4 := netip.MustParseAddr("10.0.0.1")
 	als := []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: a4}}
-	cfg := &api.Config{GatewayV4: "169.254.7.7", GatewayV6: "fe80::7"}
+	cfg := &api.Config{GatewayV4: netip.MustParseAddr("169.254.7.7"), GatewayV6: netip.MustParseAddr("fe80::7")}
 
 	gw4, gw6 := gateways(als, conf4, netip.Addr{}, cfg)
 	require.Equal(t, conf4, gw4, "configuration first")

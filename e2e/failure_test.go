@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -125,7 +124,7 @@ func TestAgentKilledBetweenReservationAndEndpoint(t *testing.T) {
 	waitFor(t, 30*time.Second, "the reservation's lease to expire", func() bool { return len(n.ipKeys(a.rt.ContainerID)) == 0 })
 
 	// The address is free: another pod can have it.
-	ip := netip.MustParsePrefix(proxy.alloc.IPs[0].Address).Addr()
+	ip := proxy.alloc.IPs[0].Address.Addr()
 	b := newPod(t, "b")
 	b.rt.CapabilityArgs = map[string]any{"ips": []string{ip.String()}}
 	withIPs := n.kvipamList("pods", "1.1.0", `,"capabilities":{"ips":true}`)
