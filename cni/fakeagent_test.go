@@ -24,10 +24,11 @@ type fakeAgent struct {
 	held   map[string][]netip.Prefix
 
 	errWait, errConfig, errAllocate, errEndpoint, errRelease, errStatus, errGC error
-	// configDown is how many Config calls fail as unreachable first.
-	configDown int
-	gcReq      *api.GCRequest
-	gcReleased []string
+	// allocateDown is how many Allocate calls fail as unreachable first,
+	// as when the agent restarts.
+	allocateDown int
+	gcReq        *api.GCRequest
+	gcReleased   []string
 }
 
 var _ Agent = (*fakeAgent)(nil)
@@ -63,13 +64,6 @@ func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
 	if f.errConfig != nil {
 		return nil, f.errConfig
 	}
-	f.mu.Lock()
-	down := f.configDown > 0
-	f.configDown--
-	f.mu.Unlock()
-	if down {
-		return nil, unreachable()
-	}
 	c := f.cfg
 	return &c, nil
 }
@@ -81,6 +75,10 @@ func (f *fakeAgent) Allocate(_ context.Context, req api.AllocateRequest) (*api.A
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.allocateDown > 0 {
+		f.allocateDown--
+		return nil, unreachable()
+	}
 	for _, ip := range f.ips {
 		f.held[req.Owner.Key()] = append(f.held[req.Owner.Key()], ip.Address)
 	}
@@ -167,5 +165,5 @@ func (f *fakeAgent) GC(_ context.Context, req api.GCRequest) (*api.GCResponse, e
 
 // unreachable is what the client returns when no agent listens.
 func unreachable() error {
-	return fmt.Errorf("POST /v1/release via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
+	return fmt.Errorf("POST /v1/... via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
 }

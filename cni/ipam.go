@@ -42,21 +42,15 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	o := owner(args, ka, c.Name)
 	ag := p.agent(c)
 	ctx := context.Background() // each call is bounded by the client's timeout
-	var alloc *api.AllocateResponse
-	err = retryUnreachable(ctx, ag, c, func() (err error) {
-		alloc, err = ag.Allocate(ctx, api.AllocateRequest{
-			Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true,
-		})
-		return err
-	})
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true})
 	if err != nil {
-		return fmt.Errorf("allocate for %s: %w", o.Key(), err)
+		return err
 	}
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}
-	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, nil)
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	res := ipamResult(als, c, gw4, gw6)
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, "", log, err)

@@ -2,7 +2,6 @@ package cni
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -10,12 +9,10 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/agent/client"
 )
 
 // IO is a plugin's I/O: where results and logs go and how the node agent
@@ -71,12 +68,12 @@ func NewPlugin() *Plugin { return &Plugin{ProcessIO()} }
 // Funcs are the plugin's commands for skel.PluginMainFuncs.
 func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 
-// Add sets a pod up: get the agent's config (waiting for the agent if it
-// is restarting), reserve IPs, create and
-// configure the veth, have the agent create the endpoint (which confirms
-// the reservation and programs the datapath before it answers), then
-// print the result. Any failure after the reservation removes the veth
-// and releases the IPs.
+// Add sets a pod up with two calls to the agent: reserve IPs (waiting
+// for the agent if it is restarting; the answer carries the gateways and
+// the MTU), create and configure the veth, have the agent create the
+// endpoint (which confirms the reservation and programs the datapath
+// before it answers), then print the result. Any failure after the
+// reservation removes the veth and releases the IPs.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	c, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -99,19 +96,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
-	cfg, err := agentConfig(ctx, ag, c)
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
 	if err != nil {
 		return err
 	}
-	ready := time.Now()
-	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
-	if err != nil {
-		return fmt.Errorf("allocate for %s: %w", o.Key(), err)
-	}
-	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires,
-		"wait_config", ready.Sub(start), "allocate", time.Since(ready))
+	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires, "allocate", time.Since(start))
 
-	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc, log)
+	res, hostIf, err := p.setUp(ctx, ag, c, o, args, alloc, log)
 	if err != nil {
 		return rollback(ag, c, o, hostIf, log, err)
 	}
@@ -124,15 +115,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 
 // setUp is ADD after the reservation. It returns the host veth's name
 // once the veth exists, so a rollback knows to remove it.
-func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return nil, "", err
 	}
-	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, cfg)
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	spec := PodSpec{
 		Netns: args.Netns, IfName: args.IfName, HostIfName: HostVethName(o.ContainerID, o.IfName),
-		MTU: podMTU(c.MTU, alloc.MTU, cfg.MTU), GatewayV4: gw4, GatewayV6: gw6,
+		MTU: podMTU(c.MTU, alloc.MTU), GatewayV4: gw4, GatewayV6: gw6,
 	}
 	for _, al := range als {
 		spec.Addrs = append(spec.Addrs, al.Addr)
@@ -178,38 +169,6 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	}
 	log.Info("deleted", "owner", o.Key(), "veth_removed", removed, "release_queued", queued)
 	return nil
-}
-
-// agentConfig gets the agent's configuration, waiting for a restarting
-// agent (see retryUnreachable).
-func agentConfig(ctx context.Context, ag Agent, c *Config) (*api.Config, error) {
-	var cfg *api.Config
-	err := retryUnreachable(ctx, ag, c, func() (err error) {
-		cfg, err = ag.Config(ctx)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("get agent config: %w", err)
-	}
-	return cfg, nil
-}
-
-// retryUnreachable runs call; when the agent cannot be reached
-// (restarting), it waits up to agentTimeout for the socket to answer and
-// runs call once more, else gives up with code 11. Calling first and
-// waiting only on failure saves a round trip on every ADD. call must be
-// safe to repeat: the agent's calls for one owner are idempotent.
-func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
-	err := call()
-	if !errors.Is(err, client.ErrUnreachable) {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, c.AgentTimeout)
-	defer cancel()
-	if werr := ag.WaitReady(wctx); werr != nil {
-		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, werr))
-	}
-	return call()
 }
 
 func podMTU(choices ...int) int {

@@ -79,7 +79,7 @@ func expected(r *current.Result, args *skel.CmdArgs) (PodSpec, string, []*types.
 	if len(s.Addrs) == 0 {
 		return s, "", nil, withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("check: prevResult has no address on %s", args.IfName))
 	}
-	gw4, gw6 := gateways(nil, s.GatewayV4, s.GatewayV6, nil)
+	gw4, gw6 := gateways(nil, s.GatewayV4, s.GatewayV6)
 	s.GatewayV4, s.GatewayV6 = gw4, gw6
 	// Only the routes kvipam makes and the result still lists.
 	var routes []*types.Route

@@ -53,8 +53,8 @@ func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 }
 
 // gateways picks the pod's gateways: the configuration's, else the
-// allocation's, else the agent's configuration's, else api.GatewayV4/V6.
-func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, gw6 netip.Addr) {
+// allocation's, else api.GatewayV4/V6.
+func gateways(als []Allocated, conf4, conf6 netip.Addr) (gw4, gw6 netip.Addr) {
 	gw4, gw6 = conf4, conf6
 	for _, al := range als {
 		if al.Addr.Addr().Is4() && !gw4.IsValid() {
@@ -62,14 +62,6 @@ func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, g
 		}
 		if al.Addr.Addr().Is6() && !gw6.IsValid() {
 			gw6 = al.Gateway
-		}
-	}
-	if cfg != nil {
-		if cfg.GatewayV4.Is4() && !gw4.IsValid() {
-			gw4 = cfg.GatewayV4
-		}
-		if cfg.GatewayV6.Is6() && !gw6.IsValid() {
-			gw6 = cfg.GatewayV6
 		}
 	}
 	if !gw4.IsValid() {

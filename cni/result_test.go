@@ -146,14 +146,13 @@ func TestGatewaysPrecedence(t *testing.T) {
 	a4 := netip.MustParseAddr("169.254.9.9")
 	conf4 := netip.MustParseAddr("10.0.0.1")
 	als := []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: a4}}
-	cfg := &api.Config{GatewayV4: netip.MustParseAddr("169.254.7.7"), GatewayV6: netip.MustParseAddr("fe80::7")}
 
-	gw4, gw6 := gateways(als, conf4, netip.Addr{}, cfg)
+	gw4, gw6 := gateways(als, conf4, netip.Addr{})
 	require.Equal(t, conf4, gw4, "configuration first")
-	require.Equal(t, netip.MustParseAddr("fe80::7"), gw6, "then the agent's config")
-	gw4, _ = gateways(als, netip.Addr{}, netip.Addr{}, cfg)
+	require.Equal(t, api.GatewayV6, gw6, "kvipam's constant for a family the allocation has no gateway of")
+	gw4, _ = gateways(als, netip.Addr{}, netip.Addr{})
 	require.Equal(t, a4, gw4, "then the allocation's")
-	gw4, gw6 = gateways(nil, netip.Addr{}, netip.Addr{}, &api.Config{})
+	gw4, gw6 = gateways(nil, netip.Addr{}, netip.Addr{})
 	require.Equal(t, api.GatewayV4, gw4, "then kvipam's constants")
 	require.Equal(t, api.GatewayV6, gw6)
 }

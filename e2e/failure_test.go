@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -206,6 +207,42 @@ func TestStatusAndAgentDown(t *testing.T) {
 	require.GreaterOrEqual(t, took, 2*time.Second, "it waited for the agent")
 	require.Less(t, took, 10*time.Second, "a bounded time")
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
+}
+
+// TestAddWaitsForARestartingAgent: an ADD that finds the agent down waits
+// for its socket (up to agentTimeout) on its allocate call, and succeeds
+// once the agent is back.
+func TestAddWaitsForARestartingAgent(t *testing.T) {
+	n := newNode(t, "node-r")
+	n.startAgent(agentOpts{pools: []string{dualStackPool}})
+	l := n.kvipamList("pods", "1.1.0", `,"agentTimeout":"60s"`)
+	a, b := newPod(t, "a"), newPod(t, "b")
+	n.mustAdd(l, a)
+
+	n.stopAgent()
+	const down = time.Second
+	type added struct {
+		res *current.Result
+		err error
+	}
+	done := make(chan added, 1)
+	start := time.Now()
+	go func() {
+		res, err := n.add(l, b)
+		done <- added{res, err}
+	}()
+	time.Sleep(down)
+	n.startAgent(n.agentArgs)
+	got := <-done
+	require.NoError(t, got.err, "the ADD waited for the agent")
+	require.GreaterOrEqual(t, time.Since(start), down, "it was under way while the agent was down")
+	v4, v6 := podAddrs(t, got.res)
+	require.True(t, v4.IsValid() && v6.IsValid(), "a dual-stack result: %v", got.res)
+	require.Len(t, n.ipKeys(b.rt.ContainerID), 2, "both addresses are held")
+	require.NoError(t, ping(b.ns, hostAddrV4))
+	require.NoError(t, n.check(l, a), "the first pod kept its endpoint through the restart")
+	require.NoError(t, n.del(l, a))
+	require.NoError(t, n.del(l, b))
 }
 
 // TestPodVethVanishesWithoutDel: the pod's veth disappears without a DEL
