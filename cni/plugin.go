@@ -2,10 +2,13 @@ package cni
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -178,4 +181,53 @@ func podMTU(choices ...int) int {
 		}
 	}
 	return 1500
+}
+
+// Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	return checkStatus(ctx, p.agent(c), c)
+}
+
+// GC releases this network's pool's allocations on the node whose
+// attachments are not in cni.dev/valid-attachments, and removes the host
+// veths of the endpoints it released.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	log, closeLog := newLogger("kvipam", c, p.Stderr)
+	defer closeLog()
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	ag := p.agent(c)
+	if c.ValidAttachments == nil {
+		log.Info("gc without a valid-attachments list: nothing to do")
+		return nil
+	}
+	eps, err := ag.Endpoints(ctx)
+	if err != nil {
+		return fmt.Errorf("gc: list agent endpoints: %w", err)
+	}
+	res, err := gcPool(ctx, ag, c)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ep := range eps {
+		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip netip.Addr) bool { return slices.Contains(res.Released, ip.String()) }) {
+			continue
+		}
+		if _, err := DeleteHostVeth(ep.HostIfName); err != nil {
+			errs = append(errs, fmt.Errorf("gc: %w", err))
+		}
+	}
+	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
+	return errors.Join(errs...)
 }

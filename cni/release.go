@@ -5,19 +5,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/agent/delqueue"
 )
-
-// owner is the attachment's identity at the agent, with the pod's names
-// when the runtime sent them.
-func owner(args *skel.CmdArgs, a Args, network string) api.Owner {
-	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}
-}
 
 // releaseOrQueue releases an owner's IPs. When the agent cannot be reached
 // at all, the release goes to the DEL queue, which the agent drains when
@@ -64,13 +57,4 @@ func rollback(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger,
 		return cause
 	}
 	return withCode(Code(cause), errors.Join(append([]error{cause}, errs...)...))
-}
-
-// result turns a command's error into what skel prints: a *types.Error,
-// or a nil error (not a typed nil).
-func result(err error) error {
-	if err == nil {
-		return nil
-	}
-	return ToCNIError(err)
 }
