@@ -19,9 +19,9 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/cni/delqueue"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -114,8 +114,7 @@ func TestAPIRefusesBadInput(t *testing.T) {
 		{"bad ifname", api.AllocateRequest{Owner: api.Owner{ContainerID: "c", IfName: "a/b"}}, 400, "owner.ifName"},
 		{"unknown pool", api.AllocateRequest{Owner: owner(1), Pool: "nope"}, 400, "pool"},
 		{"bad family", api.AllocateRequest{Owner: owner(1), Families: []string{"ipv5"}}, 400, "families[0]"},
-		{"bad ip", api.AllocateRequest{Owner: owner(1), IPs: []string{"10.77.0.300"}}, 400, "ips[0]"},
-		{"ip outside pool", api.AllocateRequest{Owner: owner(1), IPs: []string{"192.0.2.1"}}, 400, ""},
+		{"ip outside pool", api.AllocateRequest{Owner: owner(1), IPs: api.Addrs{netip.MustParseAddr("192.0.2.1")}}, 400, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ta.c.Allocate(ctx, tc.req)
@@ -125,8 +124,27 @@ func TestAPIRefusesBadInput(t *testing.T) {
 			require.Equal(t, tc.field, ae.Field, ae.Message)
 		})
 	}
+	// A malformed address cannot be sent through the typed client: its
+	// JSON is refused while decoding, naming the entry.
+	for _, tc := range []struct {
+		name, path, body, field string
+	}{
+		{"bad ip", api.PathAllocate, `{"owner":{"containerID":"c","ifName":"eth0"},"ips":["10.77.0.300"]}`, "ips[0]"},
+		{"bad second ip", api.PathAllocate, `{"owner":{"containerID":"c","ifName":"eth0"},"ips":["10.77.0.5","nope"]}`, "ips[1]"},
+		{"empty ip", api.PathAllocate, `{"owner":{"containerID":"c","ifName":"eth0"},"ips":[""]}`, "ips[0]"},
+		{"cidr ip: the plugin sends the address alone", api.PathAllocate, `{"owner":{"containerID":"c","ifName":"eth0"},"ips":["10.77.0.5/24"]}`, "ips[0]"},
+		{"ip not a string", api.PathAllocate, `{"owner":{"containerID":"c","ifName":"eth0"},"ips":[5]}`, "ips"},
+		{"bad endpoint ip", api.PathEndpoints, `{"owner":{"containerID":"c","ifName":"eth0"},"hostIfName":"kvx","ips":["10.77.0.5/33"]}`, "ips[0]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, ae := rawPost(t, ta.a.cfg.Socket, tc.path, tc.body)
+			require.Equal(t, 400, status, ae.Message)
+			require.Equal(t, api.CodeBadRequest, ae.Code)
+			require.Equal(t, tc.field, ae.Field, ae.Message)
+		})
+	}
 	t.Run("endpoint without reservation", func(t *testing.T) {
-		_, err := ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: owner(9), HostIfName: "kvx", IPs: []string{"10.77.0.5"}})
+		_, err := ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: owner(9), HostIfName: "kvx", IPs: api.Prefixes{netip.MustParsePrefix("10.77.0.5/32")}})
 		require.Equal(t, api.CodeNotFound, apiErr(t, err).Code)
 	})
 	// Nothing was written by any refused request.
@@ -188,7 +206,7 @@ func TestAllocateEndpointRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, none)
 
-	var ips []string
+	var ips api.Prefixes
 	for _, ip := range res.IPs {
 		ips = append(ips, ip.Address)
 	}
@@ -243,7 +261,7 @@ func TestGroupCommit(t *testing.T) {
 
 	const n = 200
 	var wg sync.WaitGroup
-	addrs := make([]string, n)
+	addrs := make([]netip.Prefix, n)
 	errs := make([]error, n)
 	for i := range n {
 		wg.Add(1)
@@ -257,7 +275,7 @@ func TestGroupCommit(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	seen := map[string]bool{}
+	seen := map[netip.Prefix]bool{}
 	for i := range n {
 		require.NoError(t, errs[i])
 		require.False(t, seen[addrs[i]], "duplicate %s", addrs[i])

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,10 +93,9 @@ func (d *bpfDatapath) toBPF(ep api.Endpoint) (bpf.Endpoint, error) {
 		}
 		out.MAC = mac
 	}
-	for _, s := range ep.IPs {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return out, fmt.Errorf("endpoint address %q: %w", s, err)
+	for _, a := range ep.IPs {
+		if !a.IsValid() {
+			return out, fmt.Errorf("endpoint %d has an invalid address", ep.ID)
 		}
 		out.IPs = append(out.IPs, a)
 	}

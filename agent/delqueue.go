@@ -3,7 +3,7 @@ package agent
 import (
 	"context"
 
-	"github.com/kvipam/kvipam/cni/delqueue"
+	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
 // drain applies the DELs plugins queued while the agent was unreachable:

@@ -57,15 +57,14 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	if len(held) == 0 {
 		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
 	}
-	var ips []string
+	var ips []netip.Addr
 	for _, al := range held {
-		ips = append(ips, al.Addr.String())
+		ips = append(ips, al.Addr)
 	}
-	for i, s := range req.IPs {
-		addr, err := parseAddrOrPrefix(s)
-		if err != nil || !slices.Contains(ips, addr.String()) {
+	for i, p := range req.IPs {
+		if !slices.Contains(ips, p.Addr()) {
 			field := fmt.Sprintf("ips[%d]", i)
-			return api.Endpoint{}, &FieldError{Field: field, Msg: fmt.Sprintf("%s %q is not held by %s (holds %v)", field, s, owner.Key(), ips)}
+			return api.Endpoint{}, &FieldError{Field: field, Msg: fmt.Sprintf("%s %q is not held by %s (holds %v)", field, p, owner.Key(), ips)}
 		}
 	}
 	if _, err := m.alloc.Confirm(ctx, owner); err != nil {
@@ -89,14 +88,6 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	}
 	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
 	return ep, nil
-}
-
-func parseAddrOrPrefix(s string) (netip.Addr, error) {
-	if a, err := netip.ParseAddr(s); err == nil {
-		return a, nil
-	}
-	p, err := netip.ParsePrefix(s)
-	return p.Addr(), err
 }
 
 // list returns every endpoint ordered by ID.

@@ -37,8 +37,8 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 			doomed, fresh := owner(1), owner(2)
 			r, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: doomed, Permanent: !tc.reserve, Families: []string{"ipv4"}})
 			require.NoError(t, err)
-			addr := netip.MustParsePrefix(r.IPs[0].Address).Addr()
-			block := netip.MustParsePrefix(r.IPs[0].Block)
+			addr := r.IPs[0].Address.Addr()
+			block := r.IPs[0].Block
 			key := etcdstore.IPKey(testPool.Name, block, addr)
 			if tc.reserve {
 				waitDeleted(t, cli, key)
@@ -48,7 +48,7 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 					_, err := ta.c.Release(ctx, doomed)
 					require.NoError(t, err)
 				}
-				got, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: fresh, Permanent: !tc.reserve, IPs: []string{addr.String()}})
+				got, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: fresh, Permanent: !tc.reserve, IPs: api.Addrs{addr}})
 				require.NoError(t, err, "the address is free for a new owner")
 				require.Equal(t, r.IPs[0].Address, got.IPs[0].Address)
 			}
@@ -69,7 +69,7 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 				require.NoError(t, err, "the new owner's ADD completes")
 			}
 			// A third owner cannot get the address while the second has it.
-			_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(3), Permanent: true, IPs: []string{addr.String()}})
+			_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(3), Permanent: true, IPs: api.Addrs{addr}})
 			require.Equal(t, api.CodeInUse, apiErr(t, err).Code)
 		})
 	}
@@ -137,7 +137,7 @@ func TestRestoreFailureServesNotReady(t *testing.T) {
 	held, err := ta.c.Allocations(ctx, owner(7))
 	require.NoError(t, err)
 	require.Len(t, held, 1)
-	require.Equal(t, pod.String()+"/32", held[0].Address)
+	require.Equal(t, netip.PrefixFrom(pod, 32), held[0].Address)
 }
 
 // TestGCGraceIgnoresWallClock restores an allocation whose stored since is

@@ -12,14 +12,6 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 )
 
-const (
-	// GatewayV4 and GatewayV6 are the pods' link-local next hops: the host
-	// veth answers ARP for the IPv4 one (proxy ARP), and has the IPv6 one
-	// as its link-local address (from its fixed MAC ee:ee:ee:ee:ee:ee).
-	GatewayV4 = "169.254.1.1"
-	GatewayV6 = "fe80::ecee:eeff:feee:eeee"
-)
-
 // handlers are the API's routes as domain calls: each takes a decoded,
 // checked request and returns an answer or a domain error; apiServer does
 // the HTTP around them.
@@ -58,7 +50,7 @@ func (h *handlers) config(context.Context, struct{}) (api.Config, error) {
 	}
 	return api.Config{
 		Node: h.node, MTU: h.podMTU, DefaultPool: h.defaultPool, Pools: pools,
-		Datapath: h.datapath, GatewayV4: GatewayV4, GatewayV6: GatewayV6,
+		Datapath: h.datapath, GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 		ReservationTTL: h.resTTL.String(),
 	}, nil
 }
@@ -101,26 +93,20 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 		}
 		out.Families = append(out.Families, fam)
 	}
-	for i, s := range req.IPs {
-		ip, err := parseAddrOrPrefix(s) // the CNI "ips" capability's CIDR form too
-		if err != nil {
-			return out, &FieldError{Field: fmt.Sprintf("ips[%d]", i), Msg: fmt.Sprintf("ips[%d]: %q is not an IP address", i, s)}
-		}
-		out.IPs = append(out.IPs, ip)
-	}
+	out.IPs = req.IPs // decoding refused a malformed one, naming it
 	return out, nil
 }
 
 func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {
 	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(allocator.StateAllocated)}
 	for _, al := range res.Allocations {
-		gw := GatewayV4
+		gw := api.GatewayV4
 		if al.Addr.Is6() {
-			gw = GatewayV6
+			gw = api.GatewayV6
 		}
 		out.IPs = append(out.IPs, api.IPConfig{
-			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Family: allocator.FamilyOf(al.Addr).String(),
-			Gateway: gw, Block: al.Block.String(),
+			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Family: allocator.FamilyOf(al.Addr).String(),
+			Gateway: gw, Block: al.Block,
 		})
 		if al.State == allocator.StateReserved {
 			out.State = string(allocator.StateReserved)
@@ -207,7 +193,7 @@ func (h *handlers) allocations(_ context.Context, o api.Owner) (api.AllocationLi
 	out := api.AllocationList{Allocations: []api.Allocation{}}
 	for _, al := range h.lookup(toOwner(o)) {
 		out.Allocations = append(out.Allocations, api.Allocation{
-			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()).String(), Block: al.Block.String(), State: string(al.State),
+			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Block: al.Block, State: string(al.State),
 		})
 	}
 	return out, nil

@@ -36,8 +36,8 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 			mine[al.Addr] = true
 		}
 		var gone []netip.Addr
-		for _, s := range ep.IPs {
-			if addr, err := parseAddrOrPrefix(s); err == nil && !mine[addr.Unmap()] {
+		for _, addr := range ep.IPs {
+			if addr.IsValid() && !mine[addr.Unmap()] {
 				gone = append(gone, addr.Unmap())
 			}
 		}

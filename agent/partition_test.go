@@ -127,7 +127,7 @@ func TestPartitionedAgent(t *testing.T) {
 	cfgB := testConfig(t, e)
 	cfgB.Node, cfgB.Pools = "node-b", []allocator.Pool{small}
 	b := startAgent(t, cfgB, Options{})
-	heldByA := map[string]bool{}
+	heldByA := map[netip.Prefix]bool{}
 	for _, ip := range held {
 		heldByA[ip.Block] = true
 	}

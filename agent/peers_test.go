@@ -54,8 +54,8 @@ func TestPeerRoutes(t *testing.T) {
 		rb, err = b.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
 		require.NoError(t, err)
 	}
-	blockA := netip.MustParsePrefix(ra.IPs[0].Block)
-	lastB := netip.MustParsePrefix(rb.IPs[0].Block)
+	blockA := ra.IPs[0].Block
+	lastB := rb.IPs[0].Block
 
 	require.Eventually(t, func() bool { return routeVia(t, hB, blockA) == "10.254.0.1" }, 10*time.Second, 20*time.Millisecond, "node-b routes node-a's block")
 	require.Eventually(t, func() bool { return routeVia(t, hA, lastB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
@@ -66,7 +66,7 @@ func TestPeerRoutes(t *testing.T) {
 	for i := 2; i < 20; i++ {
 		r, err := b.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
 		require.NoError(t, err)
-		if r.IPs[0].Block == lastB.String() {
+		if r.IPs[0].Block == lastB {
 			_, err := b.c.Release(ctx, owner(i))
 			require.NoError(t, err)
 		}

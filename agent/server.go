@@ -167,7 +167,10 @@ func decode(w http.ResponseWriter, r *http.Request, v any) *api.Error {
 	case errors.As(err, &mbe):
 		return &api.Error{Status: http.StatusRequestEntityTooLarge, Code: api.CodeTooLarge, Message: fmt.Sprintf("request body over %d bytes", mbe.Limit)}
 	case errors.As(err, &ute):
-		return badField(ute.Field, fmt.Sprintf("field %s: want %s, got %s", ute.Field, ute.Type, ute.Value))
+		// encoding/json joins the path with dots; a list entry that
+		// names its index (api.Addrs) reads ips[0], not ips.[0].
+		field := strings.ReplaceAll(ute.Field, ".[", "[")
+		return badField(field, fmt.Sprintf("field %s: want %s, got %s", field, ute.Type, ute.Value))
 	case errors.As(err, &se):
 		return badField("", fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, err))
 	case errors.Is(err, io.EOF):

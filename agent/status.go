@@ -26,9 +26,7 @@ func (a *Agent) status() api.Status {
 	exhausted := a.exhausted.snapshot()
 	for _, u := range a.alloc.Usage() {
 		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
-		for _, b := range u.Blocks {
-			ps.Blocks = append(ps.Blocks, b.String())
-		}
+		ps.Blocks = append(ps.Blocks, u.Blocks...)
 		ps.Exhausted = ps.Free == 0 && exhausted[u.Pool+"/"+u.Family.String()]
 		st.Pools = append(st.Pools, ps)
 	}

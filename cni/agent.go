@@ -2,7 +2,11 @@ package cni
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
@@ -27,3 +31,37 @@ var _ Agent = (*client.Client)(nil)
 // NewAgentClient returns the client for the agent at socket; timeout
 // bounds each call.
 func NewAgentClient(socket string, timeout time.Duration) Agent { return client.New(socket, timeout) }
+
+// allocate is ADD's first call to the agent, for both plugins: it waits
+// for a restarting agent (see retryUnreachable), which is safe because
+// the agent gives a retried allocate of the same owner the same
+// addresses.
+func allocate(ctx context.Context, ag Agent, c *Config, req api.AllocateRequest) (*api.AllocateResponse, error) {
+	var alloc *api.AllocateResponse
+	err := retryUnreachable(ctx, ag, c, func() (err error) {
+		alloc, err = ag.Allocate(ctx, req)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("allocate for %s: %w", req.Owner.Key(), err)
+	}
+	return alloc, nil
+}
+
+// retryUnreachable runs call; when the agent cannot be reached
+// (restarting), it waits up to agentTimeout for the socket to answer and
+// runs call once more, else gives up with code 11. Calling first and
+// waiting only on failure saves a round trip on every ADD. call must be
+// safe to repeat: the agent's calls for one owner are idempotent.
+func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
+	err := call()
+	if !errors.Is(err, client.ErrUnreachable) {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, c.AgentTimeout)
+	defer cancel()
+	if werr := ag.WaitReady(wctx); werr != nil {
+		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, werr))
+	}
+	return call()
+}

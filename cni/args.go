@@ -5,7 +5,10 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/kvipam/kvipam/agent/api"
 )
 
 // Args are the CNI_ARGS a Kubernetes runtime sends. Every field may be
@@ -59,4 +62,10 @@ func ParseArgs(s string) (Args, error) {
 		}
 	}
 	return a, nil
+}
+
+// owner is the attachment's identity at the agent, with the pod's names
+// when the runtime sent them.
+func owner(args *skel.CmdArgs, a Args, network string) api.Owner {
+	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}
 }

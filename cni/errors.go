@@ -100,3 +100,12 @@ func ToCNIError(err error) *types.Error {
 	}
 	return e
 }
+
+// result turns a command's error into what skel prints: a *types.Error,
+// or a nil error (not a typed nil).
+func result(err error) error {
+	if err == nil {
+		return nil
+	}
+	return ToCNIError(err)
+}

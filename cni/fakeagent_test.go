@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -20,13 +21,14 @@ type fakeAgent struct {
 	ips    []api.IPConfig
 	status api.Status
 	eps    map[string]api.Endpoint
-	held   map[string][]string
+	held   map[string][]netip.Prefix
 
 	errWait, errConfig, errAllocate, errEndpoint, errRelease, errStatus, errGC error
-	// configDown is how many Config calls fail as unreachable first.
-	configDown int
-	gcReq      *api.GCRequest
-	gcReleased []string
+	// allocateDown is how many Allocate calls fail as unreachable first,
+	// as when the agent restarts.
+	allocateDown int
+	gcReq        *api.GCRequest
+	gcReleased   []string
 }
 
 var _ Agent = (*fakeAgent)(nil)
@@ -34,12 +36,12 @@ var _ Agent = (*fakeAgent)(nil)
 func newFakeAgent() *fakeAgent {
 	return &fakeAgent{
 		cfg: api.Config{Node: "n1", MTU: 1450, DefaultPool: "default", Pools: []string{"default"}, Datapath: "routes",
-			GatewayV4: "169.254.1.1", GatewayV6: "fe80::ecee:eeff:feee:eeee"},
-		ips: []api.IPConfig{{Address: "10.1.0.5/32", Family: "ipv4", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}},
+			GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6},
+		ips: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Family: "ipv4", Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.1.0.0/26")}},
 		status: api.Status{Node: "n1", Ready: true, Restored: true, Etcd: api.EtcdStatus{Reachable: true},
-			Lease: api.LeaseStatus{State: "held"}, Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []string{"10.1.0.0/26"}, Capacity: 64, Free: 64}}},
+			Lease: api.LeaseStatus{State: "held"}, Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/26")}, Capacity: 64, Free: 64}}},
 		eps:  map[string]api.Endpoint{},
-		held: map[string][]string{},
+		held: map[string][]netip.Prefix{},
 	}
 }
 
@@ -55,8 +57,6 @@ func (f *fakeAgent) Calls() []string {
 	return append([]string(nil), f.calls...)
 }
 
-func key(o api.Owner) string { return o.ContainerID + "/" + o.IfName }
-
 func (f *fakeAgent) WaitReady(context.Context) error { f.record("wait"); return f.errWait }
 
 func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
@@ -64,54 +64,57 @@ func (f *fakeAgent) Config(context.Context) (*api.Config, error) {
 	if f.errConfig != nil {
 		return nil, f.errConfig
 	}
-	f.mu.Lock()
-	down := f.configDown > 0
-	f.configDown--
-	f.mu.Unlock()
-	if down {
-		return nil, unreachable()
-	}
 	c := f.cfg
 	return &c, nil
 }
 
 func (f *fakeAgent) Allocate(_ context.Context, req api.AllocateRequest) (*api.AllocateResponse, error) {
-	f.record("allocate %s pool=%q permanent=%v ips=%v ns=%s pod=%s", key(req.Owner), req.Pool, req.Permanent, req.IPs, req.Owner.Namespace, req.Owner.Pod)
+	f.record("allocate %s pool=%q permanent=%v ips=%v ns=%s pod=%s", req.Owner.Key(), req.Pool, req.Permanent, req.IPs, req.Owner.Namespace, req.Owner.Pod)
 	if f.errAllocate != nil {
 		return nil, f.errAllocate
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.allocateDown > 0 {
+		f.allocateDown--
+		return nil, unreachable()
+	}
 	for _, ip := range f.ips {
-		f.held[key(req.Owner)] = append(f.held[key(req.Owner)], ip.Address)
+		f.held[req.Owner.Key()] = append(f.held[req.Owner.Key()], ip.Address)
 	}
 	exp := time.Now().Add(time.Minute)
 	return &api.AllocateResponse{Pool: "default", IPs: f.ips, State: "reserved", Expires: &exp, MTU: f.cfg.MTU}, nil
 }
 
 func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (*api.Endpoint, error) {
-	f.record("endpoint %s host=%s ips=%v", key(req.Owner), req.HostIfName, req.IPs)
+	f.record("endpoint %s host=%s ips=%v", req.Owner.Key(), req.HostIfName, req.IPs)
 	if f.errEndpoint != nil {
 		return nil, f.errEndpoint
 	}
-	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, IPs: req.IPs, Datapath: "routes"}
+	ep := api.Endpoint{Owner: req.Owner, HostIfName: req.HostIfName, Datapath: "routes"}
+	for _, p := range req.IPs {
+		ep.IPs = append(ep.IPs, p.Addr())
+	}
 	f.mu.Lock()
-	f.eps[key(req.Owner)] = ep
+	f.eps[req.Owner.Key()] = ep
 	f.mu.Unlock()
 	return &ep, nil
 }
 
 func (f *fakeAgent) Release(_ context.Context, o api.Owner) (*api.ReleaseResponse, error) {
-	f.record("release %s", key(o))
+	f.record("release %s", o.Key())
 	if f.errRelease != nil {
 		return nil, f.errRelease
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := f.held[key(o)]
-	delete(f.held, key(o))
-	delete(f.eps, key(o))
-	return &api.ReleaseResponse{Released: append([]string{}, out...)}, nil
+	out := []string{}
+	for _, p := range f.held[o.Key()] {
+		out = append(out, p.Addr().String())
+	}
+	delete(f.held, o.Key())
+	delete(f.eps, o.Key())
+	return &api.ReleaseResponse{Released: out}, nil
 }
 
 func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {
@@ -129,14 +132,14 @@ func (f *fakeAgent) Endpoints(context.Context) ([]api.Endpoint, error) {
 }
 
 func (f *fakeAgent) Allocations(_ context.Context, o api.Owner) ([]api.Allocation, error) {
-	f.record("allocations %s", key(o))
+	f.record("allocations %s", o.Key())
 	if f.errStatus != nil {
 		return nil, f.errStatus
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var out []api.Allocation
-	for _, a := range f.held[key(o)] {
+	for _, a := range f.held[o.Key()] {
 		out = append(out, api.Allocation{Pool: "default", Address: a, State: "allocated"})
 	}
 	return out, nil
@@ -162,5 +165,5 @@ func (f *fakeAgent) GC(_ context.Context, req api.GCRequest) (*api.GCResponse, e
 
 // unreachable is what the client returns when no agent listens.
 func unreachable() error {
-	return fmt.Errorf("POST /v1/release via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
+	return fmt.Errorf("POST /v1/... via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
 }

@@ -42,26 +42,20 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	o := owner(args, ka, c.Name)
 	ag := p.agent(c)
 	ctx := context.Background() // each call is bounded by the client's timeout
-	var alloc *api.AllocateResponse
-	err = retryUnreachable(ctx, ag, c, func() (err error) {
-		alloc, err = ag.Allocate(ctx, api.AllocateRequest{
-			Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs), Permanent: true,
-		})
-		return err
-	})
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true})
 	if err != nil {
-		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
+		return err
 	}
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}
-	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, nil)
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	res := ipamResult(als, c, gw4, gw6)
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, "", log, err)
 	}
-	log.Info("allocated", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs)
+	log.Info("allocated", "owner", o.Key(), "ips", alloc.IPs)
 	return nil
 }
 
@@ -90,23 +84,20 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
-	ag := p.agent(c)
-	held, err := ag.Allocations(ctx, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName})
+	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	held, err := p.agent(c).Allocations(ctx, o)
 	if err != nil {
 		return fmt.Errorf("check: agent allocations: %w", err)
 	}
 	var missing []string
 	for _, ipc := range c.PrevResult.IPs {
 		a := prefixOf(&ipc.Address).Addr()
-		if !slices.ContainsFunc(held, func(h api.Allocation) bool {
-			hp, err := netip.ParsePrefix(h.Address)
-			return err == nil && hp.Addr() == a
-		}) {
+		if !slices.ContainsFunc(held, func(h api.Allocation) bool { return h.Address.Addr() == a }) {
 			missing = append(missing, a.String())
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("check: %s no longer held by %s/%s", strings.Join(missing, ", "), args.ContainerID, args.IfName)
+		return fmt.Errorf("check: %s no longer held by %s", strings.Join(missing, ", "), o.Key())
 	}
 	return nil
 }

@@ -7,15 +7,15 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/agent/client"
 )
 
 // IO is a plugin's I/O: where results and logs go and how the node agent
@@ -71,12 +71,12 @@ func NewPlugin() *Plugin { return &Plugin{ProcessIO()} }
 // Funcs are the plugin's commands for skel.PluginMainFuncs.
 func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 
-// Add sets a pod up: get the agent's config (waiting for the agent if it
-// is restarting), reserve IPs, create and
-// configure the veth, have the agent create the endpoint (which confirms
-// the reservation and programs the datapath before it answers), then
-// print the result. Any failure after the reservation removes the veth
-// and releases the IPs.
+// Add sets a pod up with two calls to the agent: reserve IPs (waiting
+// for the agent if it is restarting; the answer carries the gateways and
+// the MTU), create and configure the veth, have the agent create the
+// endpoint (which confirms the reservation and programs the datapath
+// before it answers), then print the result. Any failure after the
+// reservation removes the veth and releases the IPs.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	c, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -99,40 +99,34 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
-	cfg, err := agentConfig(ctx, ag, c)
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
 	if err != nil {
 		return err
 	}
-	ready := time.Now()
-	alloc, err := ag.Allocate(ctx, api.AllocateRequest{Owner: o, Pool: c.Pool, Families: c.Families, IPs: addrStrings(c.IPs)})
-	if err != nil {
-		return fmt.Errorf("allocate for %s/%s: %w", o.ContainerID, o.IfName, err)
-	}
-	log.Debug("reserved", "owner", o.ContainerID+"/"+o.IfName, "ips", alloc.IPs, "expires", alloc.Expires,
-		"wait_config", ready.Sub(start), "allocate", time.Since(ready))
+	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires, "allocate", time.Since(start))
 
-	res, hostIf, err := p.setUp(ctx, ag, c, cfg, o, args, alloc, log)
+	res, hostIf, err := p.setUp(ctx, ag, c, o, args, alloc, log)
 	if err != nil {
 		return rollback(ag, c, o, hostIf, log, err)
 	}
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
 		return rollback(ag, c, o, HostVethName(o.ContainerID, o.IfName), log, err)
 	}
-	log.Info("added", "owner", o.ContainerID+"/"+o.IfName, "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
+	log.Info("added", "owner", o.Key(), "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
 	return nil
 }
 
 // setUp is ADD after the reservation. It returns the host veth's name
 // once the veth exists, so a rollback knows to remove it.
-func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return nil, "", err
 	}
-	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{}, cfg)
+	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	spec := PodSpec{
 		Netns: args.Netns, IfName: args.IfName, HostIfName: HostVethName(o.ContainerID, o.IfName),
-		MTU: podMTU(c.MTU, alloc.MTU, cfg.MTU), GatewayV4: gw4, GatewayV6: gw6,
+		MTU: podMTU(c.MTU, alloc.MTU), GatewayV4: gw4, GatewayV6: gw6,
 	}
 	for _, al := range als {
 		spec.Addrs = append(spec.Addrs, al.Addr)
@@ -145,12 +139,12 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, cfg *api.Config
 	setup := time.Since(start)
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
-		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: prefixStrings(spec.Addrs),
+		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: spec.Addrs,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
-		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s/%s: %w", o.ContainerID, o.IfName, err)
+		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
 	}
-	log.Debug("set up", "owner", o.ContainerID+"/"+o.IfName, "veth", setup, "endpoint", time.Since(start)-setup)
+	log.Debug("set up", "owner", o.Key(), "veth", setup, "endpoint", time.Since(start)-setup)
 	return podResult(spec, links, c.DNS), links.HostIfName, nil
 }
 
@@ -176,40 +170,8 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	log.Info("deleted", "owner", o.ContainerID+"/"+o.IfName, "veth_removed", removed, "release_queued", queued)
+	log.Info("deleted", "owner", o.Key(), "veth_removed", removed, "release_queued", queued)
 	return nil
-}
-
-// agentConfig gets the agent's configuration, waiting for a restarting
-// agent (see retryUnreachable).
-func agentConfig(ctx context.Context, ag Agent, c *Config) (*api.Config, error) {
-	var cfg *api.Config
-	err := retryUnreachable(ctx, ag, c, func() (err error) {
-		cfg, err = ag.Config(ctx)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("get agent config: %w", err)
-	}
-	return cfg, nil
-}
-
-// retryUnreachable runs call; when the agent cannot be reached
-// (restarting), it waits up to agentTimeout for the socket to answer and
-// runs call once more, else gives up with code 11. Calling first and
-// waiting only on failure saves a round trip on every ADD. call must be
-// safe to repeat: the agent's calls for one owner are idempotent.
-func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
-	err := call()
-	if !errors.Is(err, client.ErrUnreachable) {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, c.AgentTimeout)
-	defer cancel()
-	if werr := ag.WaitReady(wctx); werr != nil {
-		return withCode(types.ErrTryAgainLater, fmt.Errorf("kvipam agent not ready after %s: %w", c.AgentTimeout, werr))
-	}
-	return call()
 }
 
 func podMTU(choices ...int) int {
@@ -221,18 +183,51 @@ func podMTU(choices ...int) int {
 	return 1500
 }
 
-func addrStrings(as []netip.Addr) []string {
-	var out []string
-	for _, a := range as {
-		out = append(out, a.String())
+// Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
 	}
-	return out
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	return checkStatus(ctx, p.agent(c), c)
 }
 
-func prefixStrings(ps []netip.Prefix) []string {
-	var out []string
-	for _, p := range ps {
-		out = append(out, p.String())
+// GC releases this network's pool's allocations on the node whose
+// attachments are not in cni.dev/valid-attachments, and removes the host
+// veths of the endpoints it released.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
 	}
-	return out
+	log, closeLog := newLogger("kvipam", c, p.Stderr)
+	defer closeLog()
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	defer cancel()
+	ag := p.agent(c)
+	if c.ValidAttachments == nil {
+		log.Info("gc without a valid-attachments list: nothing to do")
+		return nil
+	}
+	eps, err := ag.Endpoints(ctx)
+	if err != nil {
+		return fmt.Errorf("gc: list agent endpoints: %w", err)
+	}
+	res, err := gcPool(ctx, ag, c)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, ep := range eps {
+		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip netip.Addr) bool { return slices.Contains(res.Released, ip.String()) }) {
+			continue
+		}
+		if _, err := DeleteHostVeth(ep.HostIfName); err != nil {
+			errs = append(errs, fmt.Errorf("gc: %w", err))
+		}
+	}
+	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
+	return errors.Join(errs...)
 }

@@ -79,7 +79,7 @@ func expected(r *current.Result, args *skel.CmdArgs) (PodSpec, string, []*types.
 	if len(s.Addrs) == 0 {
 		return s, "", nil, withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("check: prevResult has no address on %s", args.IfName))
 	}
-	gw4, gw6 := gateways(nil, s.GatewayV4, s.GatewayV6, nil)
+	gw4, gw6 := gateways(nil, s.GatewayV4, s.GatewayV6)
 	s.GatewayV4, s.GatewayV6 = gw4, gw6
 	// Only the routes kvipam makes and the result still lists.
 	var routes []*types.Route
@@ -98,89 +98,23 @@ func checkEndpoint(ctx context.Context, ag Agent, args *skel.CmdArgs, addrs []ne
 	if err != nil {
 		return fmt.Errorf("check: list agent endpoints: %w", err)
 	}
-	i := slices.IndexFunc(eps, func(ep api.Endpoint) bool {
-		return ep.Owner.ContainerID == args.ContainerID && ep.Owner.IfName == args.IfName
-	})
+	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	i := slices.IndexFunc(eps, func(ep api.Endpoint) bool { return ep.Owner.Key() == o.Key() })
 	if i < 0 {
-		return fmt.Errorf("check: the agent has no endpoint for %s/%s: its IPs were released", args.ContainerID, args.IfName)
+		return fmt.Errorf("check: the agent has no endpoint for %s: its IPs were released", o.Key())
 	}
 	var want, got []string
 	for _, a := range addrs {
 		want = append(want, a.Addr().String())
 	}
-	for _, s := range eps[i].IPs {
-		if a, err := netip.ParseAddr(s); err == nil {
-			got = append(got, a.String())
-		} else if p, err := netip.ParsePrefix(s); err == nil {
-			got = append(got, p.Addr().String())
-		}
+	for _, a := range eps[i].IPs {
+		got = append(got, a.String())
 	}
 	slices.Sort(want)
 	slices.Sort(got)
 	if !slices.Equal(want, got) {
-		return fmt.Errorf("check: the agent's endpoint for %s/%s holds %s, the result says %s",
-			args.ContainerID, args.IfName, strings.Join(got, ","), strings.Join(want, ","))
+		return fmt.Errorf("check: the agent's endpoint for %s holds %s, the result says %s",
+			o.Key(), strings.Join(got, ","), strings.Join(want, ","))
 	}
 	return nil
-}
-
-// Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
-func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	return checkStatus(ctx, p.agent(c), c)
-}
-
-// GC releases this network's pool's allocations on the node whose
-// attachments are not in cni.dev/valid-attachments, and removes the host
-// veths of the endpoints it released.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	log, closeLog := newLogger("kvipam", c, p.Stderr)
-	defer closeLog()
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	ag := p.agent(c)
-	if c.ValidAttachments == nil {
-		log.Info("gc without a valid-attachments list: nothing to do")
-		return nil
-	}
-	eps, err := ag.Endpoints(ctx)
-	if err != nil {
-		return fmt.Errorf("gc: list agent endpoints: %w", err)
-	}
-	res, err := gcPool(ctx, ag, c)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, ep := range eps {
-		if !strings.HasPrefix(ep.HostIfName, HostVethPrefix) || !slices.ContainsFunc(ep.IPs, func(ip string) bool { return releasedIP(res.Released, ip) }) {
-			continue
-		}
-		if _, err := DeleteHostVeth(ep.HostIfName); err != nil {
-			errs = append(errs, fmt.Errorf("gc: %w", err))
-		}
-	}
-	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
-	return errors.Join(errs...)
-}
-
-func releasedIP(released []string, ip string) bool {
-	a, err := netip.ParseAddr(ip)
-	if err != nil {
-		p, perr := netip.ParsePrefix(ip)
-		if perr != nil {
-			return false
-		}
-		a = p.Addr()
-	}
-	return slices.Contains(released, a.String())
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/cni/delqueue"
+	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
 type pluginEnv struct {
@@ -63,11 +64,11 @@ func (e *pluginEnv) run(t *testing.T, f func(*skel.CmdArgs) error, a *skel.CmdAr
 
 func TestPluginAddCheckDel(t *testing.T) {
 	e := newPluginEnv(t, true)
-	e.ag.ips = append(e.ag.ips, api.IPConfig{Address: "fd00::5/128", Family: "ipv6", Gateway: "fe80::ecee:eeff:feee:eeee"})
+	e.ag.ips = append(e.ag.ips, api.IPConfig{Address: netip.MustParsePrefix("fd00::5/128"), Family: "ipv6", Gateway: api.GatewayV6})
 
 	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(`,"dns":{"nameservers":["10.96.0.10"]}`))))
 	require.Equal(t, []string{
-		"config", "allocate c1/eth0 pool=\"\" permanent=false ips=[] ns=default pod=web-0",
+		"allocate c1/eth0 pool=\"\" permanent=false ips=[] ns=default pod=web-0",
 		"endpoint c1/eth0 host=" + HostVethName("c1", "eth0") + " ips=[10.1.0.5/32 fd00::5/128]",
 	}, e.ag.Calls())
 	var res current.Result
@@ -110,7 +111,7 @@ func TestPluginAddFailures(t *testing.T) {
 	}{
 		{
 			name:     "agent never ready",
-			prepare:  func(e *pluginEnv, _ *skel.CmdArgs) { e.ag.configDown, e.ag.errWait = 1, unreachable() },
+			prepare:  func(e *pluginEnv, _ *skel.CmdArgs) { e.ag.allocateDown, e.ag.errWait = 1, unreachable() },
 			wantCode: types.ErrTryAgainLater, wantMsg: "kvipam agent not ready after 10s",
 		},
 		{
@@ -152,9 +153,9 @@ func TestPluginAddFailures(t *testing.T) {
 		{
 			name: "bad allocation answer",
 			prepare: func(e *pluginEnv, _ *skel.CmdArgs) {
-				e.ag.ips = []api.IPConfig{{Address: "nonsense"}}
+				e.ag.ips = []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: api.GatewayV6}}
 			},
-			wantCode: types.ErrInternal, wantMsg: `agent answered address "nonsense"`, wantRelease: true,
+			wantCode: types.ErrInternal, wantMsg: "agent answered gateway fe80::ecee:eeff:feee:eeee for 10.1.0.5/32", wantRelease: true,
 		},
 		{
 			name:     "netns missing: nothing is allocated",
@@ -197,12 +198,45 @@ func TestPluginAddFailures(t *testing.T) {
 	}
 }
 
-// An ADD while the agent restarts waits for its socket, then goes on.
+// ADD calls the agent twice: allocate, whose answer carries all the pod
+// needs (addresses, their gateways, the MTU), and endpoint create. It
+// does not ask for the agent's config.
+func TestPluginAddCallsTheAgentTwice(t *testing.T) {
+	e := newPluginEnv(t, true)
+	gw4, gw6 := netip.MustParseAddr("169.254.7.7"), netip.MustParseAddr("fe80::7")
+	e.ag.ips = []api.IPConfig{
+		{Address: netip.MustParsePrefix("10.1.0.5/32"), Family: "ipv4", Gateway: gw4, Block: netip.MustParsePrefix("10.1.0.0/26")},
+		{Address: netip.MustParsePrefix("fd00::5/128"), Family: "ipv6", Gateway: gw6, Block: netip.MustParsePrefix("fd00::/120")},
+	}
+	e.ag.errConfig = fmt.Errorf("ADD must not ask for the config")
+
+	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(""))))
+	calls := e.ag.Calls()
+	require.Len(t, calls, 2, "calls: %q", calls)
+	require.True(t, strings.HasPrefix(calls[0], "allocate c1/eth0 "), calls[0])
+	require.True(t, strings.HasPrefix(calls[1], "endpoint c1/eth0 "), calls[1])
+
+	var res current.Result
+	require.NoError(t, json.Unmarshal(e.out.Bytes(), &res))
+	require.Len(t, res.IPs, 2)
+	require.Equal(t, gw4.String(), res.IPs[0].Gateway.String(), "the allocate answer's gateway")
+	require.Equal(t, gw6.String(), res.IPs[1].Gateway.String())
+	l, err := handle(t, e.pod).LinkByName("eth0")
+	require.NoError(t, err)
+	require.Equal(t, 1450, l.Attrs().MTU, "the allocate answer's MTU")
+}
+
+// An ADD while the agent restarts waits for its socket, then allocates
+// again: still two calls that do something.
 func TestPluginAddWaitsForARestartingAgent(t *testing.T) {
 	e := newPluginEnv(t, true)
-	e.ag.configDown = 1
+	e.ag.allocateDown = 1
 	require.NoError(t, e.run(t, e.p.Add, e.args("c1", e.conf(""))))
-	require.Equal(t, []string{"config", "wait", "config"}, e.ag.Calls()[:3])
+	calls := e.ag.Calls()
+	require.Len(t, calls, 4, "calls: %q", calls)
+	require.Equal(t, []string{"allocate", "wait", "allocate", "endpoint"}, []string{
+		strings.Fields(calls[0])[0], calls[1], strings.Fields(calls[2])[0], strings.Fields(calls[3])[0],
+	})
 }
 
 func TestPluginDel(t *testing.T) {

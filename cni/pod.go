@@ -15,14 +15,8 @@ import (
 
 // HostVethMAC is the MAC of every host-side veth. The pod's gateways
 // resolve to it, and its EUI-64 link-local address is the IPv6 gateway
-// fe80::ecee:eeff:feee:eeee (the Calico scheme).
+// api.GatewayV6 (the Calico scheme).
 var HostVethMAC = net.HardwareAddr{0xee, 0xee, 0xee, 0xee, 0xee, 0xee}
-
-// Default link-local gateways, used when the agent names none.
-var (
-	DefaultGatewayV4 = netip.MustParseAddr("169.254.1.1")
-	DefaultGatewayV6 = netip.MustParseAddr("fe80::ecee:eeff:feee:eeee")
-)
 
 // PodSpec is one pod attachment to set up in routes mode.
 type PodSpec struct {

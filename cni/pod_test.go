@@ -13,12 +13,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/agent/api"
 )
 
 func podSpec(pod ns.NetNS, addrs ...string) PodSpec {
 	s := PodSpec{
 		Netns: pod.Path(), IfName: "eth0", HostIfName: HostVethName("c1", "eth0"), MTU: 1400,
-		GatewayV4: DefaultGatewayV4, GatewayV6: DefaultGatewayV6,
+		GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 	}
 	for _, a := range addrs {
 		s.Addrs = append(s.Addrs, netip.MustParsePrefix(a))

@@ -5,19 +5,12 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
-	"github.com/kvipam/kvipam/cni/delqueue"
+	"github.com/kvipam/kvipam/agent/delqueue"
 )
-
-// owner is the attachment's identity at the agent, with the pod's names
-// when the runtime sent them.
-func owner(args *skel.CmdArgs, a Args, network string) api.Owner {
-	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}
-}
 
 // releaseOrQueue releases an owner's IPs. When the agent cannot be reached
 // at all, the release goes to the DEL queue, which the agent drains when
@@ -32,17 +25,17 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, log hclog.Logger) (queued 
 	var ae *api.Error
 	switch {
 	case err == nil:
-		log.Debug("released", "owner", o.ContainerID+"/"+o.IfName, "ips", res.Released)
+		log.Debug("released", "owner", o.Key(), "ips", res.Released)
 		return false, nil
 	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
 		return false, nil
 	case !errors.Is(err, client.ErrUnreachable):
-		return false, fmt.Errorf("release %s/%s: %w", o.ContainerID, o.IfName, err)
+		return false, fmt.Errorf("release %s: %w", o.Key(), err)
 	}
 	if qerr := delqueue.Enqueue(c.DelQueueDir, api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}); qerr != nil {
-		return false, fmt.Errorf("release %s/%s: %w; and could not queue it: %w", o.ContainerID, o.IfName, err, qerr)
+		return false, fmt.Errorf("release %s: %w; and could not queue it: %w", o.Key(), err, qerr)
 	}
-	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.ContainerID+"/"+o.IfName, "queue", c.DelQueueDir, "error", err)
+	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.Key(), "queue", c.DelQueueDir, "error", err)
 	return true, nil
 }
 
@@ -59,18 +52,9 @@ func rollback(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger,
 	if _, err := releaseOrQueue(ag, c, o, log); err != nil {
 		errs = append(errs, fmt.Errorf("roll back: %w", err))
 	}
-	log.Info("add rolled back", "owner", o.ContainerID+"/"+o.IfName, "cause", cause, "cleanup_errors", len(errs))
+	log.Info("add rolled back", "owner", o.Key(), "cause", cause, "cleanup_errors", len(errs))
 	if len(errs) == 0 {
 		return cause
 	}
 	return withCode(Code(cause), errors.Join(append([]error{cause}, errs...)...))
-}
-
-// result turns a command's error into what skel prints: a *types.Error,
-// or a nil error (not a typed nil).
-func result(err error) error {
-	if err == nil {
-		return nil
-	}
-	return ToCNIError(err)
 }

@@ -25,7 +25,7 @@ type Allocated struct {
 	Block netip.Prefix
 }
 
-// parseAllocation reads the agent's answer; an answer the plugin cannot
+// parseAllocation checks the agent's answer; an answer the plugin cannot
 // use is an internal error, not the user's.
 func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 	if r == nil || len(r.IPs) == 0 {
@@ -33,22 +33,19 @@ func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 	}
 	out := make([]Allocated, 0, len(r.IPs))
 	for _, ipc := range r.IPs {
-		p, err := netip.ParsePrefix(ipc.Address)
-		if err != nil {
-			a, aerr := netip.ParseAddr(ipc.Address)
-			if aerr != nil {
-				return nil, fmt.Errorf("agent answered address %q: %w", ipc.Address, err)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
+		a := ipc.Address.Addr()
+		if !a.IsValid() {
+			return nil, fmt.Errorf("agent answered an invalid address (%s)", ipc.Address)
 		}
-		al := Allocated{Addr: netip.PrefixFrom(p.Addr(), p.Addr().BitLen())}
-		if ipc.Gateway != "" {
-			if al.Gateway, err = netip.ParseAddr(ipc.Gateway); err != nil || al.Gateway.Is4() != p.Addr().Is4() {
-				return nil, fmt.Errorf("agent answered gateway %q for %s", ipc.Gateway, ipc.Address)
+		al := Allocated{Addr: netip.PrefixFrom(a, a.BitLen())}
+		if ipc.Gateway.IsValid() {
+			if ipc.Gateway.Is4() != a.Is4() {
+				return nil, fmt.Errorf("agent answered gateway %s for %s", ipc.Gateway, ipc.Address)
 			}
+			al.Gateway = ipc.Gateway
 		}
-		if b, err := netip.ParsePrefix(ipc.Block); err == nil && b.Contains(al.Addr.Addr()) {
-			al.Block = b
+		if ipc.Block.Contains(a) {
+			al.Block = ipc.Block
 		}
 		out = append(out, al)
 	}
@@ -56,8 +53,8 @@ func parseAllocation(r *api.AllocateResponse) ([]Allocated, error) {
 }
 
 // gateways picks the pod's gateways: the configuration's, else the
-// allocation's, else the agent's configuration's, else kvipam's defaults.
-func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, gw6 netip.Addr) {
+// allocation's, else api.GatewayV4/V6.
+func gateways(als []Allocated, conf4, conf6 netip.Addr) (gw4, gw6 netip.Addr) {
 	gw4, gw6 = conf4, conf6
 	for _, al := range als {
 		if al.Addr.Addr().Is4() && !gw4.IsValid() {
@@ -67,19 +64,11 @@ func gateways(als []Allocated, conf4, conf6 netip.Addr, cfg *api.Config) (gw4, g
 			gw6 = al.Gateway
 		}
 	}
-	if cfg != nil {
-		if a, err := netip.ParseAddr(cfg.GatewayV4); err == nil && a.Is4() && !gw4.IsValid() {
-			gw4 = a
-		}
-		if a, err := netip.ParseAddr(cfg.GatewayV6); err == nil && a.Is6() && !gw6.IsValid() {
-			gw6 = a
-		}
-	}
 	if !gw4.IsValid() {
-		gw4 = DefaultGatewayV4
+		gw4 = api.GatewayV4
 	}
 	if !gw6.IsValid() {
-		gw6 = DefaultGatewayV6
+		gw6 = api.GatewayV6
 	}
 	return gw4, gw6
 }

@@ -19,7 +19,7 @@ func dualStackSpec() (PodSpec, *PodLinks) {
 	s := PodSpec{
 		Netns: "/run/netns/p1", IfName: "eth0", HostIfName: "kv0123456789a", MTU: 1500,
 		Addrs:     []netip.Prefix{netip.MustParsePrefix("10.1.0.5/32"), netip.MustParsePrefix("fd00::5/128")},
-		GatewayV4: DefaultGatewayV4, GatewayV6: DefaultGatewayV6,
+		GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 	}
 	l := &PodLinks{HostIfName: s.HostIfName, HostMAC: HostVethMAC, PodIfName: "eth0", PodMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}
 	return s, l
@@ -66,7 +66,7 @@ func TestPodResultInEveryVersion(t *testing.T) {
 }
 
 func TestIPAMResult(t *testing.T) {
-	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: DefaultGatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
+	als := []Allocated{{Addr: netip.MustParsePrefix("10.22.0.7/32"), Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.22.0.0/26")}}
 	routes := func(r *current.Result) []string {
 		var out []string
 		for _, rt := range r.Routes {
@@ -75,7 +75,7 @@ func TestIPAMResult(t *testing.T) {
 		return out
 	}
 	t.Run("link-local gateway", func(t *testing.T) {
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock}, api.GatewayV4, api.GatewayV6)
 		require.Nil(t, r.Interfaces)
 		require.Len(t, r.IPs, 1)
 		require.Nil(t, r.IPs[0].Interface, "the main plugin assigns the interface")
@@ -85,7 +85,7 @@ func TestIPAMResult(t *testing.T) {
 	})
 	t.Run("configured gateway", func(t *testing.T) {
 		gw := netip.MustParseAddr("10.22.0.1")
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixHost, GatewayV4: gw}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixHost, GatewayV4: gw}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, "10.22.0.1", r.IPs[0].Gateway.String())
 		require.Equal(t, "10.22.0.7/32", r.IPs[0].Address.String(), "addressPrefix host")
 		require.Equal(t, []string{"0.0.0.0/0 via 10.22.0.1"}, routes(r))
@@ -93,11 +93,11 @@ func TestIPAMResult(t *testing.T) {
 	t.Run("configured routes", func(t *testing.T) {
 		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
 		want := []*types.Route{{Dst: *dst}}
-		r := ipamResult(als, &Config{Routes: want}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{Routes: want}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, want, r.Routes)
 	})
 	t.Run("a LAN's prefix length", func(t *testing.T) {
-		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock, PrefixLengthV4: 16}, DefaultGatewayV4, DefaultGatewayV6)
+		r := ipamResult(als, &Config{AddressPrefix: AddressPrefixBlock, PrefixLengthV4: 16}, api.GatewayV4, api.GatewayV6)
 		require.Equal(t, "10.22.0.7/16", r.IPs[0].Address.String())
 	})
 }
@@ -114,17 +114,20 @@ func TestParseAllocation(t *testing.T) {
 		{
 			name: "dual stack",
 			in: &api.AllocateResponse{IPs: []api.IPConfig{
-				{Address: "10.1.0.5/32", Gateway: "169.254.1.1", Block: "10.1.0.0/26"}, {Address: "fd00::5", Gateway: "", Block: "fd00:9::/120"},
+				{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: api.GatewayV4, Block: netip.MustParsePrefix("10.1.0.0/26")},
+				{Address: netip.MustParsePrefix("fd00::5/128"), Block: netip.MustParsePrefix("fd00:9::/120")},
 			}},
 			want: []Allocated{
 				{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("169.254.1.1"), Block: netip.MustParsePrefix("10.1.0.0/26")},
 				{Addr: netip.MustParsePrefix("fd00::5/128")},
 			},
 		},
-		{name: "block prefix becomes a host prefix", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "10.1.0.5/26"}}},
+		{name: "block prefix becomes a host prefix", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/26")}}},
 			want: []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32")}}},
-		{name: "garbage", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "ten"}}}, wantErr: `"ten"`},
-		{name: "gateway of the other family", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: "10.1.0.5/32", Gateway: "fe80::1"}}}, wantErr: "gateway"},
+		{name: "no address", in: &api.AllocateResponse{IPs: []api.IPConfig{{Family: "ipv4"}}}, wantErr: "invalid address"},
+		{name: "gateway of the other family", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Gateway: netip.MustParseAddr("fe80::1")}}}, wantErr: "gateway"},
+		{name: "block not holding the address", in: &api.AllocateResponse{IPs: []api.IPConfig{{Address: netip.MustParsePrefix("10.1.0.5/32"), Block: netip.MustParsePrefix("10.2.0.0/26")}}},
+			want: []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32")}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,14 +146,13 @@ func TestGatewaysPrecedence(t *testing.T) {
 	a4 := netip.MustParseAddr("169.254.9.9")
 	conf4 := netip.MustParseAddr("10.0.0.1")
 	als := []Allocated{{Addr: netip.MustParsePrefix("10.1.0.5/32"), Gateway: a4}}
-	cfg := &api.Config{GatewayV4: "169.254.7.7", GatewayV6: "fe80::7"}
 
-	gw4, gw6 := gateways(als, conf4, netip.Addr{}, cfg)
+	gw4, gw6 := gateways(als, conf4, netip.Addr{})
 	require.Equal(t, conf4, gw4, "configuration first")
-	require.Equal(t, netip.MustParseAddr("fe80::7"), gw6, "then the agent's config")
-	gw4, _ = gateways(als, netip.Addr{}, netip.Addr{}, cfg)
+	require.Equal(t, api.GatewayV6, gw6, "kvipam's constant for a family the allocation has no gateway of")
+	gw4, _ = gateways(als, netip.Addr{}, netip.Addr{})
 	require.Equal(t, a4, gw4, "then the allocation's")
-	gw4, gw6 = gateways(nil, netip.Addr{}, netip.Addr{}, &api.Config{})
-	require.Equal(t, DefaultGatewayV4, gw4, "then kvipam's constants")
-	require.Equal(t, DefaultGatewayV6, gw6)
+	gw4, gw6 = gateways(nil, netip.Addr{}, netip.Addr{})
+	require.Equal(t, api.GatewayV4, gw4, "then kvipam's constants")
+	require.Equal(t, api.GatewayV6, gw6)
 }

@@ -10,18 +10,18 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"net/netip"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/cni"
-	"github.com/kvipam/kvipam/cni/delqueue"
 )
 
 // cniCode is the CNI error code of a libcni error.
@@ -125,7 +125,7 @@ func TestAgentKilledBetweenReservationAndEndpoint(t *testing.T) {
 	waitFor(t, 30*time.Second, "the reservation's lease to expire", func() bool { return len(n.ipKeys(a.rt.ContainerID)) == 0 })
 
 	// The address is free: another pod can have it.
-	ip := netip.MustParsePrefix(proxy.alloc.IPs[0].Address).Addr()
+	ip := proxy.alloc.IPs[0].Address.Addr()
 	b := newPod(t, "b")
 	b.rt.CapabilityArgs = map[string]any{"ips": []string{ip.String()}}
 	withIPs := n.kvipamList("pods", "1.1.0", `,"capabilities":{"ips":true}`)
@@ -207,6 +207,42 @@ func TestStatusAndAgentDown(t *testing.T) {
 	require.GreaterOrEqual(t, took, 2*time.Second, "it waited for the agent")
 	require.Less(t, took, 10*time.Second, "a bounded time")
 	require.False(t, errors.Is(err, context.DeadlineExceeded))
+}
+
+// TestAddWaitsForARestartingAgent: an ADD that finds the agent down waits
+// for its socket (up to agentTimeout) on its allocate call, and succeeds
+// once the agent is back.
+func TestAddWaitsForARestartingAgent(t *testing.T) {
+	n := newNode(t, "node-r")
+	n.startAgent(agentOpts{pools: []string{dualStackPool}})
+	l := n.kvipamList("pods", "1.1.0", `,"agentTimeout":"60s"`)
+	a, b := newPod(t, "a"), newPod(t, "b")
+	n.mustAdd(l, a)
+
+	n.stopAgent()
+	const down = time.Second
+	type added struct {
+		res *current.Result
+		err error
+	}
+	done := make(chan added, 1)
+	start := time.Now()
+	go func() {
+		res, err := n.add(l, b)
+		done <- added{res, err}
+	}()
+	time.Sleep(down)
+	n.startAgent(n.agentArgs)
+	got := <-done
+	require.NoError(t, got.err, "the ADD waited for the agent")
+	require.GreaterOrEqual(t, time.Since(start), down, "it was under way while the agent was down")
+	v4, v6 := podAddrs(t, got.res)
+	require.True(t, v4.IsValid() && v6.IsValid(), "a dual-stack result: %v", got.res)
+	require.Len(t, n.ipKeys(b.rt.ContainerID), 2, "both addresses are held")
+	require.NoError(t, ping(b.ns, hostAddrV4))
+	require.NoError(t, n.check(l, a), "the first pod kept its endpoint through the restart")
+	require.NoError(t, n.del(l, a))
+	require.NoError(t, n.del(l, b))
 }
 
 // TestPodVethVanishesWithoutDel: the pod's veth disappears without a DEL

@@ -4,9 +4,17 @@
 //
 // Every error answer has a 4xx/5xx status and an Error body whose Code is
 // one of the Code* constants, so callers map it without parsing messages.
+//
+// Addresses are netip.Addr and prefixes netip.Prefix, which marshal as
+// their usual text ("10.0.0.5", "10.0.0.5/32"), so neither side parses
+// strings. Decoding refuses a malformed address; request lists (Addrs,
+// Prefixes) name the index of the one at fault.
 package api
 
-import "time"
+import (
+	"net/netip"
+	"time"
+)
 
 // Paths of the v1 API.
 const (
@@ -64,7 +72,10 @@ type Owner struct {
 	Network string `json:"network,omitempty"`
 }
 
-// Key is the identity of an attachment: container ID and interface name.
+// Key identifies the attachment: container ID and interface name,
+// "containerID/ifName", as allocator.Owner.Key. Names on disk are made
+// from it (endpoint records, DEL queue entries, the host veth's name is a
+// hash of it), so its text must not change.
 func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
 
 // AllocateRequest asks for one IP per family for an owner.
@@ -74,8 +85,10 @@ type AllocateRequest struct {
 	Pool string `json:"pool,omitempty"`
 	// Families: "ipv4", "ipv6"; default every family of the pool.
 	Families []string `json:"families,omitempty"`
-	// IPs are requested static addresses.
-	IPs []string `json:"ips,omitempty"`
+	// IPs are requested static addresses. The CNI "ips" capability's
+	// CIDR form ("10.1.0.5/24") is the plugin's to convert: only the
+	// address is sent.
+	IPs Addrs `json:"ips,omitempty"`
 	// Permanent skips the reservation step (IPAM-only plugins, whose
 	// endpoint the agent does not create). Default: a reservation that
 	// the endpoint create confirms.
@@ -85,15 +98,18 @@ type AllocateRequest struct {
 // IPConfig is one allocated address and how to reach the node from it.
 type IPConfig struct {
 	// Address is the pod address with its host prefix: 10.0.0.5/32.
-	Address string `json:"address"`
-	Family  string `json:"family"`
-	// Gateway is the link-local next hop the pod routes through.
-	Gateway string `json:"gateway"`
+	Address netip.Prefix `json:"address"`
+	Family  string       `json:"family"`
+	// Gateway is the link-local next hop the pod routes through
+	// (GatewayV4 or GatewayV6).
+	Gateway netip.Addr `json:"gateway"`
 	// Block is the node block the address came from: 10.0.0.0/26.
-	Block string `json:"block"`
+	Block netip.Prefix `json:"block"`
 }
 
-// AllocateResponse is what an owner holds after an allocate.
+// AllocateResponse is what an owner holds after an allocate, and all a
+// plugin needs to set the pod up: each address with its gateway, and the
+// pod MTU.
 type AllocateResponse struct {
 	Pool  string     `json:"pool"`
 	IPs   []IPConfig `json:"ips"`
@@ -108,7 +124,8 @@ type ReleaseRequest struct {
 	Owner Owner `json:"owner"`
 }
 
-// ReleaseResponse lists the addresses released (empty if none were held).
+// ReleaseResponse lists the addresses released, as text ("10.0.0.5");
+// empty if none were held.
 type ReleaseResponse struct {
 	Released []string `json:"released"`
 }
@@ -116,26 +133,30 @@ type ReleaseResponse struct {
 // EndpointRequest asks the agent to finish an ADD: make the reservation
 // permanent and program the datapath for the pod, before it answers.
 type EndpointRequest struct {
-	Owner           Owner    `json:"owner"`
-	HostIfName      string   `json:"hostIfName"`
-	ContainerIfName string   `json:"containerIfName,omitempty"`
-	ContainerMAC    string   `json:"containerMAC,omitempty"`
-	Netns           string   `json:"netns,omitempty"`
-	IPs             []string `json:"ips"`
+	Owner           Owner  `json:"owner"`
+	HostIfName      string `json:"hostIfName"`
+	ContainerIfName string `json:"containerIfName,omitempty"`
+	ContainerMAC    string `json:"containerMAC,omitempty"`
+	Netns           string `json:"netns,omitempty"`
+	// IPs are the pod's addresses with their host prefix (10.0.0.5/32),
+	// as the allocate answer gave them; each must be held by Owner.
+	IPs Prefixes `json:"ips"`
 }
 
 // Endpoint is a pod attachment the agent has programmed.
 type Endpoint struct {
-	ID              uint32    `json:"id"`
-	Owner           Owner     `json:"owner"`
-	HostIfName      string    `json:"hostIfName"`
-	HostIfIndex     int       `json:"hostIfIndex,omitempty"`
-	ContainerIfName string    `json:"containerIfName,omitempty"`
-	ContainerMAC    string    `json:"containerMAC,omitempty"`
-	Netns           string    `json:"netns,omitempty"`
-	IPs             []string  `json:"ips"`
-	Datapath        string    `json:"datapath"`
-	Created         time.Time `json:"created"`
+	ID              uint32 `json:"id"`
+	Owner           Owner  `json:"owner"`
+	HostIfName      string `json:"hostIfName"`
+	HostIfIndex     int    `json:"hostIfIndex,omitempty"`
+	ContainerIfName string `json:"containerIfName,omitempty"`
+	ContainerMAC    string `json:"containerMAC,omitempty"`
+	Netns           string `json:"netns,omitempty"`
+	// IPs are the endpoint's addresses, without prefix: 10.0.0.5. The
+	// agent's endpoint records on disk hold the same text.
+	IPs      []netip.Addr `json:"ips"`
+	Datapath string       `json:"datapath"`
+	Created  time.Time    `json:"created"`
 	// Counters are the datapath's per-endpoint counters (bpf mode only),
 	// filled when the list is asked for with ?stats=1.
 	Counters *Counters `json:"counters,omitempty"`
@@ -171,21 +192,25 @@ type GCRequest struct {
 }
 
 // GCResponse says what a GC released and what it left for a later pass
-// (allocations younger than the grace period).
+// (allocations younger than the grace period). Released is as in
+// ReleaseResponse.
 type GCResponse struct {
 	Released []string `json:"released"`
 	Deferred int      `json:"deferred"`
 }
 
-// Config is what a plugin needs to set a pod up.
+// Config is the agent's settings that clients may need: the default pool
+// (STATUS and GC of a configuration that names none), the MTU and the
+// gateways. ADD does not ask for it: the allocate answer carries what
+// the pod needs.
 type Config struct {
-	Node        string   `json:"node"`
-	MTU         int      `json:"mtu"`
-	DefaultPool string   `json:"defaultPool"`
-	Pools       []string `json:"pools"`
-	Datapath    string   `json:"datapath"` // "routes" or "bpf"
-	GatewayV4   string   `json:"gatewayV4"`
-	GatewayV6   string   `json:"gatewayV6"`
+	Node        string     `json:"node"`
+	MTU         int        `json:"mtu"`
+	DefaultPool string     `json:"defaultPool"`
+	Pools       []string   `json:"pools"`
+	Datapath    string     `json:"datapath"` // "routes" or "bpf"
+	GatewayV4   netip.Addr `json:"gatewayV4"`
+	GatewayV6   netip.Addr `json:"gatewayV6"`
 	// ReservationTTL is how long a reservation waits for its endpoint.
 	ReservationTTL string `json:"reservationTTL"`
 }
@@ -220,13 +245,13 @@ type LeaseStatus struct {
 
 // PoolStatus is this node's share of one pool family.
 type PoolStatus struct {
-	Pool     string   `json:"pool"`
-	Family   string   `json:"family"`
-	Blocks   []string `json:"blocks"`
-	Capacity int      `json:"capacity"`
-	Used     int      `json:"used"`
-	Reserved int      `json:"reserved"`
-	Free     int      `json:"free"`
+	Pool     string         `json:"pool"`
+	Family   string         `json:"family"`
+	Blocks   []netip.Prefix `json:"blocks"`
+	Capacity int            `json:"capacity"`
+	Used     int            `json:"used"`
+	Reserved int            `json:"reserved"`
+	Free     int            `json:"free"`
 	// Exhausted: no free address in this node's blocks and the last
 	// attempt to claim a block found none.
 	Exhausted bool `json:"exhausted"`
@@ -234,10 +259,10 @@ type PoolStatus struct {
 
 // Allocation is one address an owner holds.
 type Allocation struct {
-	Pool    string `json:"pool"`
-	Address string `json:"address"` // 10.0.0.5/32
-	Block   string `json:"block"`
-	State   string `json:"state"` // reserved or allocated
+	Pool    string       `json:"pool"`
+	Address netip.Prefix `json:"address"` // 10.0.0.5/32
+	Block   netip.Prefix `json:"block"`
+	State   string       `json:"state"` // reserved or allocated
 }
 
 // AllocationList is the answer of GET /v1/allocations.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,7 +125,7 @@ func TestSIGKILLRestartKeepsEverything(t *testing.T) {
 	agent := start()
 	waitUp()
 	const pods = 10
-	held := map[string][]string{}
+	held := map[string][]netip.Prefix{}
 	for i := range pods {
 		name := fmt.Sprintf("kvk%d", i)
 		nstest.AddLink(t, h, name)
@@ -158,7 +159,7 @@ func TestSIGKILLRestartKeepsEverything(t *testing.T) {
 		o := api.Owner{ContainerID: fmt.Sprintf("pod-%d", i), IfName: "eth0"}
 		r, err := c.Allocate(ctx, api.AllocateRequest{Owner: o})
 		require.NoError(t, err)
-		var got []string
+		var got []netip.Prefix
 		for _, ip := range r.IPs {
 			got = append(got, ip.Address)
 		}

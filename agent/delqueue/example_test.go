@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/cni/delqueue"
+	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
 // A plugin whose agent is down queues the DEL; the agent drains the queue

@@ -8,6 +8,10 @@
 // a reader never sees half a file and a repeated DEL of the same
 // attachment collapses into one entry. Enqueue and Drain are safe to call
 // from separate processes at once.
+//
+// The file format is a contract between the plugins, which write it, and
+// the agent, which drains it; like the API in agent/api it lives with the
+// agent, and the plugins import it.
 package delqueue
 
 import (
@@ -50,7 +54,7 @@ const (
 // FileName is the queue file of an owner: the same (container ID,
 // interface name) always gives the same name.
 func FileName(o api.Owner) string {
-	h := sha256.Sum256([]byte(o.ContainerID + "/" + o.IfName))
+	h := sha256.Sum256([]byte(o.Key()))
 	return hex.EncodeToString(h[:16]) + suffix
 }
 
@@ -68,7 +72,7 @@ func Enqueue(dir string, o api.Owner) error {
 		return fmt.Errorf("queue DEL: encode: %w", err)
 	}
 	if err := atomicfile.Write(dir, FileName(o), data, 0o600); err != nil {
-		return fmt.Errorf("queue DEL of %s/%s: %w", o.ContainerID, o.IfName, err)
+		return fmt.Errorf("queue DEL of %s: %w", o.Key(), err)
 	}
 	return nil
 }
@@ -169,7 +173,7 @@ func drainOne(ctx context.Context, path string, release func(context.Context, En
 		if rerr := unix.Renameat2(unix.AT_FDCWD, claimed, unix.AT_FDCWD, orig, unix.RENAME_NOREPLACE); errors.Is(rerr, unix.EEXIST) {
 			_ = os.Remove(claimed)
 		}
-		return false, fmt.Errorf("release queued %s/%s: %w", e.Owner.ContainerID, e.Owner.IfName, err)
+		return false, fmt.Errorf("release queued %s: %w", e.Owner.Key(), err)
 	}
 	if err := os.Remove(claimed); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return false, fmt.Errorf("remove queued DEL %s: %w", claimed, err)

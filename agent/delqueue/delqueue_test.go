@@ -44,7 +44,7 @@ func TestEnqueueCollapsesRepeatsOfAnAttachment(t *testing.T) {
 	var keys []string
 	for _, e := range entries {
 		require.False(t, e.QueuedAt.IsZero())
-		keys = append(keys, e.Owner.ContainerID+"/"+e.Owner.IfName)
+		keys = append(keys, e.Owner.Key())
 	}
 	slices.Sort(keys)
 	require.Equal(t, []string{"c1/eth0", "c1/net1", "c2/eth0"}, keys)
