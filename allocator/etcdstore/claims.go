@@ -1,0 +1,199 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// ListBlocks implements allocator.Store. Claims and homes are read in one
+// transaction so they describe the same revision.
+func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
+		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("list blocks of pool %s: %w", pool, err)
+	}
+	byBlock := map[netip.Prefix]*allocator.BlockInfo{}
+	var order []netip.Prefix
+	get := func(b netip.Prefix) *allocator.BlockInfo {
+		bi, ok := byBlock[b]
+		if !ok {
+			bi = &allocator.BlockInfo{Block: b}
+			byBlock[b] = bi
+			order = append(order, b)
+		}
+		return bi
+	}
+	// An undecodable claim or home counts as another node's, so the block
+	// is left alone; a key that names no block cannot collide with one.
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		b, c, err := decodeBlockKV[allocator.Claim](kv, ClaimsPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
+		if err != nil {
+			c = allocator.Claim{Node: UnknownNode}
+		}
+		bi := get(b)
+		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
+	}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		b, h, err := decodeBlockKV[allocator.Home](kv, HomesPrefix(pool))
+		if errors.Is(err, errBadBlockKey) {
+			continue
+		}
+		if err != nil {
+			h = allocator.Home{Node: UnknownNode}
+		}
+		bi := get(b)
+		bi.Home, bi.HomeRev = &h, kv.ModRevision
+	}
+	out := make([]allocator.BlockInfo, 0, len(order))
+	for _, b := range order {
+		out = append(out, *byBlock[b])
+	}
+	return out, nil
+}
+
+// UnknownNode stands for the owner of a claim or home whose value cannot
+// be decoded.
+const UnknownNode = "?"
+
+var errBadBlockKey = errors.New("key names no block")
+
+func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, error) {
+	var zero T
+	name, err := lastSegment(string(kv.Key), prefix)
+	if err != nil {
+		return netip.Prefix{}, zero, fmt.Errorf("%w: %w", errBadBlockKey, err)
+	}
+	b, err := allocator.ParseBlockName(name)
+	if err != nil {
+		return netip.Prefix{}, zero, fmt.Errorf("key %s: %w: %w", kv.Key, errBadBlockKey, err)
+	}
+	v, err := kvstore.Decode[T](kv)
+	return b, v.Value, err
+}
+
+// Claim implements allocator.Store: one transaction, "claim absent and
+// block empty", that writes the claim on the node's lease and the home.
+func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
+	claim, err := kvstore.EncodeJSON(c)
+	if err != nil {
+		return 0, err
+	}
+	home, err := kvstore.EncodeJSON(allocator.Home{Node: c.Node, Since: c.ClaimedAt})
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(kvstore.Absent(ck), kvstore.PrefixEmpty(ips)).
+		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)).
+		Else(claimReads(pool, b)...).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(err))
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, nil
+	}
+	return 0, claimError(b, resp)
+}
+
+// claimReads are a claim transaction's Else reads, which claimError
+// explains: the claim, the block's allocation count, the home.
+func claimReads(pool string, b netip.Prefix) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(ClaimKey(pool, b)),
+		clientv3.OpGet(BlockIPsPrefix(pool, b), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(HomeKey(pool, b)),
+	}
+}
+
+// claimError explains a failed claim from claimReads.
+func claimError(b netip.Prefix, resp *clientv3.TxnResponse) error {
+	ce := &allocator.ClaimError{Block: b}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		if v, err := kvstore.Decode[allocator.Claim](kvs[0]); err == nil {
+			ce.ClaimedBy = v.Value.Node
+		} else {
+			ce.ClaimedBy = UnknownNode
+		}
+		ce.ClaimRev, ce.ClaimLease = kvs[0].ModRevision, kvs[0].Lease
+	}
+	ce.NonEmpty = resp.Responses[1].GetResponseRange().Count > 0
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		if v, err := kvstore.Decode[allocator.Home](kvs[0]); err == nil {
+			ce.HomeNode = v.Value.Node
+		}
+	}
+	return ce
+}
+
+// Reclaim implements allocator.Store. The home must still be c.Node's at
+// prev.HomeRev; the claim must be absent (orphaned block) or unchanged since
+// prev (this node's claim on an older lease).
+func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+	b := prev.Block
+	if prev.Home == nil || prev.Home.Node != c.Node {
+		return 0, fmt.Errorf("reclaim block %s: home is not node %s: %w", b, c.Node, allocator.ErrNotOwned)
+	}
+	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
+	claim, err := kvstore.EncodeJSON(c)
+	if err != nil {
+		return 0, err
+	}
+	claimCmp := kvstore.Absent(ck)
+	if prev.Claim != nil {
+		claimCmp = kvstore.Unchanged(ck, prev.ClaimRev)
+	}
+	resp, err := s.cli.Txn(ctx).
+		If(claimCmp, kvstore.Unchanged(hk, prev.HomeRev)).
+		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease)))).
+		Else(claimReads(pool, b)...).
+		Commit()
+	if err != nil {
+		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, leaseErr(err))
+	}
+	if resp.Succeeded {
+		return resp.Header.Revision, nil
+	}
+	return 0, claimError(b, resp)
+}
+
+// leaseErr marks a write refused for a lease etcd no longer has: the node
+// lease expired before the node noticed.
+func leaseErr(err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errors.Join(allocator.ErrLeaseLost, err)
+	}
+	return err
+}
+
+// Unclaim implements allocator.Store.
+func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimRev int64) error {
+	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
+	resp, err := s.cli.Txn(ctx).
+		If(kvstore.Unchanged(ck, claimRev), kvstore.PrefixEmpty(BlockIPsPrefix(pool, b))).
+		Then(clientv3.OpDelete(ck), clientv3.OpDelete(hk)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("release block %s of pool %s: %w", b, pool, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, allocator.ErrConflict)
+	}
+	return nil
+}

@@ -1,0 +1,243 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// ListIPs implements allocator.Store.
+func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
+	resp, err := s.cli.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list allocations of block %s: %w", b, err)
+	}
+	out := make([]allocator.Allocation, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		al, err := DecodeAllocation(pool, kv)
+		if err != nil {
+			// A key an operator wrote by hand must not stop the node: an
+			// address it names is reported as taken by an unknown owner,
+			// so it is never handed out; anything else under the prefix
+			// only makes the block non-empty.
+			_, addr, perr := ParseIPKey(pool, string(kv.Key))
+			if perr != nil {
+				continue
+			}
+			al = allocator.Allocation{Pool: pool, Block: b, Addr: addr, Rev: kv.ModRevision, Lease: kv.Lease}
+		}
+		out = append(out, al)
+	}
+	return out, nil
+}
+
+// DecodeAllocations turns allocation key-values of pool into Allocations.
+func DecodeAllocations(pool string, kvs []*mvccpb.KeyValue) ([]allocator.Allocation, error) {
+	out := make([]allocator.Allocation, 0, len(kvs))
+	for _, kv := range kvs {
+		a, err := DecodeAllocation(pool, kv)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// DecodeAllocation turns one allocation key-value of pool into an Allocation.
+func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (allocator.Allocation, error) {
+	b, a, err := ParseIPKey(pool, string(kv.Key))
+	if err != nil {
+		return allocator.Allocation{}, err
+	}
+	v, err := kvstore.Decode[allocator.Record](kv)
+	if err != nil {
+		return allocator.Allocation{}, err
+	}
+	return allocator.Allocation{Record: v.Value, Pool: pool, Block: b, Addr: a, Rev: kv.ModRevision, Lease: kv.Lease}, nil
+}
+
+// WriteIPs implements allocator.Store. Every write is fenced by its block's
+// claim revision (invariant 2); a create also requires the address to be
+// free and a confirm requires the reservation to be unchanged.
+func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+	var res allocator.WriteResult
+	var resLease clientv3.LeaseID
+	reserve := false
+	for _, w := range writes {
+		reserve = reserve || (w.Reserve && w.PrevRev == 0)
+	}
+	if len(writes) == 0 {
+		return res, nil
+	}
+	if reserve {
+		lease, expires, err := s.res.get(ctx)
+		if err != nil {
+			return res, err
+		}
+		resLease = lease
+		res.Expires = expires
+	}
+	type fence struct {
+		pool  string
+		block netip.Prefix
+	}
+	fenced := map[fence]bool{}
+	var cmps []clientv3.Cmp
+	var puts []clientv3.Op
+	for _, w := range writes {
+		f := fence{w.Pool, w.Block}
+		if !fenced[f] {
+			fenced[f] = true
+			cmps = append(cmps, kvstore.Unchanged(ClaimKey(w.Pool, w.Block), w.ClaimRev))
+		}
+		key := IPKey(w.Pool, w.Block, w.Addr)
+		if w.PrevRev == 0 {
+			cmps = append(cmps, kvstore.Absent(key))
+		} else {
+			cmps = append(cmps, kvstore.Unchanged(key, w.PrevRev))
+		}
+		val, err := kvstore.EncodeJSON(w.Record)
+		if err != nil {
+			return res, err
+		}
+		// A put without a lease detaches any, so confirming a reservation
+		// makes it permanent.
+		var opts []clientv3.OpOption
+		if w.Reserve && w.PrevRev == 0 {
+			opts = append(opts, clientv3.WithLease(resLease))
+		}
+		puts = append(puts, clientv3.OpPut(key, val, opts...))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The shared reservation lease expired or was revoked: a retry
+		// grants a new one.
+		s.res.drop(resLease)
+		return res, fmt.Errorf("reservation lease gone: %w", allocator.ErrConflict)
+	}
+	if err != nil {
+		return res, fmt.Errorf("write %d allocations: %w", len(writes), err)
+	}
+	if resp.Succeeded {
+		res.Rev = resp.Header.Revision
+		return res, nil
+	}
+	return res, s.explainWrite(ctx, writes)
+}
+
+// explainWrite finds out which checks of a failed WriteIPs failed. It
+// reads after the fact, on the failure path only, so the write itself
+// carries no Else operations (which count against etcd's --max-txn-ops);
+// the reads go in one round trip.
+func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) error {
+	var keys []string
+	seen := map[string]bool{}
+	for _, w := range writes {
+		for _, k := range []string{ClaimKey(w.Pool, w.Block), IPKey(w.Pool, w.Block, w.Addr)} {
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	got, _, err := s.getKeys(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("explain failed write: %w", err)
+	}
+	modRev := func(k string) int64 {
+		if kv := got[k]; kv != nil {
+			return kv.ModRevision
+		}
+		return 0
+	}
+	we := &allocator.WriteError{}
+	fenced := map[netip.Prefix]bool{}
+	for _, w := range writes {
+		if modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block] {
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		}
+		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
+		if (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev) {
+			we.Taken = append(we.Taken, w.Addr)
+		}
+	}
+	if len(we.Fenced) == 0 && len(we.Taken) == 0 {
+		// Changed back between the write and the reads: still a lost race.
+		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
+	}
+	return we
+}
+
+// maxTxnOps is etcd's default --max-txn-ops: the most operations one
+// transaction may hold in each of its branches.
+const maxTxnOps = 128
+
+// getKeys reads keys in as few transactions as etcd allows (one, for up
+// to maxTxnOps keys), and returns the ones that exist and the revision of
+// the first read.
+func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, int64, error) {
+	out := make(map[string]*mvccpb.KeyValue, len(keys))
+	var rev int64
+	for chunk := range slices.Chunk(keys, maxTxnOps) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, k := range chunk {
+			ops[i] = clientv3.OpGet(k)
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, 0, err
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().Kvs {
+				out[string(kv.Key)] = kv
+			}
+		}
+	}
+	return out, rev, nil
+}
+
+// GetIPs implements allocator.Store.
+func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.Addr]allocator.Allocation, error) {
+	keys := make([]string, len(refs))
+	for i, r := range refs {
+		keys[i] = IPKey(r.Pool, r.Block, r.Addr)
+	}
+	got, _, err := s.getKeys(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read %d allocations: %w", len(refs), err)
+	}
+	out := make(map[netip.Addr]allocator.Allocation, len(got))
+	for i, r := range refs {
+		kv := got[keys[i]]
+		if kv == nil {
+			continue
+		}
+		al, err := DecodeAllocation(r.Pool, kv)
+		if err != nil {
+			// Unreadable: an owner nobody can match, so the address is
+			// known taken and never taken for ours.
+			al = allocator.Allocation{Pool: r.Pool, Block: r.Block, Addr: r.Addr, Rev: kv.ModRevision, Lease: kv.Lease}
+		}
+		out[r.Addr] = al
+	}
+	return out, nil
+}
+
+// DeleteIP implements allocator.Store.
+func (s *Store) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
+	return kvstore.DeleteAt(ctx, s.cli, IPKey(pool, b, a), rev)
+}

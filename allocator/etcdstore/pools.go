@@ -1,0 +1,98 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// EnsurePool implements allocator.Store. The pool is written only if no
+// pool changed since the pools were read, so two pools with overlapping
+// CIDRs cannot be created at once: overlapping pools would hand the same
+// address out twice, once under each pool's keys.
+func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
+	if err := p.Validate(); err != nil {
+		return allocator.Pool{}, err
+	}
+	var out allocator.Pool
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+		if err != nil {
+			return err
+		}
+		var others []allocator.Pool
+		for _, v := range pools {
+			if v.Value.Name != p.Name {
+				others = append(others, v.Value)
+				continue
+			}
+			if err := allocator.CheckPoolUpdate(v.Value, p); err != nil {
+				return err
+			}
+			if poolEqual(v.Value, p) {
+				out = v.Value
+				return nil
+			}
+		}
+		if err := allocator.CheckDisjoint(p, others); err != nil {
+			return err
+		}
+		val, err := kvstore.EncodeJSON(p)
+		if err != nil {
+			return err
+		}
+		resp, err := s.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
+			Then(clientv3.OpPut(PoolKey(p.Name), val)).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("write pool %s: %w", p.Name, err)
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
+		}
+		out = p
+		return nil
+	})
+	return out, err
+}
+
+func poolEqual(a, b allocator.Pool) bool {
+	if a.Name != b.Name || a.BlockSizeV4 != b.BlockSizeV4 || a.BlockSizeV6 != b.BlockSizeV6 || len(a.CIDRs) != len(b.CIDRs) {
+		return false
+	}
+	for i := range a.CIDRs {
+		if a.CIDRs[i] != b.CIDRs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// GetPool implements allocator.Store.
+func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error) {
+	v, err := kvstore.GetJSON[allocator.Pool](ctx, s.cli, PoolKey(name))
+	if errors.Is(err, kvstore.ErrNotFound) {
+		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+	}
+	return v.Value, err
+}
+
+// ListPools implements allocator.Store.
+func (s *Store) ListPools(ctx context.Context) ([]allocator.Pool, error) {
+	vs, _, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]allocator.Pool, len(vs))
+	for i, v := range vs {
+		out[i] = v.Value
+	}
+	return out, nil
+}
