@@ -11,9 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
@@ -219,23 +216,11 @@ func apiError(err error) *api.Error {
 	case errors.Is(err, allocator.ErrNotFound), errors.Is(err, allocator.ErrReservationGone):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
 	case errors.Is(err, allocator.ErrLeaseLost), errors.Is(err, allocator.ErrConflict),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), isUnavailable(err):
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return tryAgain(err)
 	default:
 		return &api.Error{Status: http.StatusInternalServerError, Code: api.CodeInternal, Message: err.Error()}
 	}
-}
-
-func isUnavailable(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if s, ok := status.FromError(e); ok {
-			switch s.Code() {
-			case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Aborted:
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // validOwner checks the fields that identify an attachment.

@@ -180,7 +180,7 @@ var (
 	// ErrUnavailable marks a request that could not be served because the
 	// store did not answer, including a write whose outcome could not be
 	// read back yet: try again.
-	ErrUnavailable = errors.New("allocator: store unavailable, try again")
+	ErrUnavailable = retry.ErrUnavailable
 	// ErrConflict marks a lost race in the store; retry.Do retries it.
 	ErrConflict = retry.ErrConflict
 )

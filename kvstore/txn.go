@@ -51,7 +51,7 @@ func EncodeJSON(v any) (string, error) {
 func GetJSON[T any](ctx context.Context, kv clientv3.KV, key string) (Versioned[T], error) {
 	resp, err := kv.Get(ctx, key)
 	if err != nil {
-		return Versioned[T]{}, fmt.Errorf("get %s: %w", key, err)
+		return Versioned[T]{}, fmt.Errorf("get %s: %w", key, Unavailable(err))
 	}
 	if len(resp.Kvs) == 0 {
 		return Versioned[T]{Key: key}, fmt.Errorf("%s: %w", key, ErrNotFound)
@@ -65,7 +65,7 @@ func GetJSON[T any](ctx context.Context, kv clientv3.KV, key string) (Versioned[
 func ListJSON[T any](ctx context.Context, kv clientv3.KV, prefix string) ([]Versioned[T], int64, error) {
 	resp, err := kv.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, 0, fmt.Errorf("list %s: %w", prefix, err)
+		return nil, 0, fmt.Errorf("list %s: %w", prefix, Unavailable(err))
 	}
 	out := make([]Versioned[T], 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -104,7 +104,7 @@ func CreateJSON(ctx context.Context, kv clientv3.KV, key string, v any, opts ...
 	}
 	resp, err := kv.Txn(ctx).If(Absent(key)).Then(clientv3.OpPut(key, val, opts...)).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("create %s: %w", key, err)
+		return 0, fmt.Errorf("create %s: %w", key, Unavailable(err))
 	}
 	if !resp.Succeeded {
 		return 0, fmt.Errorf("create %s: exists: %w", key, ErrConflict)
@@ -121,7 +121,7 @@ func SwapJSON(ctx context.Context, kv clientv3.KV, key string, rev int64, v any,
 	}
 	resp, err := kv.Txn(ctx).If(Unchanged(key, rev)).Then(clientv3.OpPut(key, val, opts...)).Commit()
 	if err != nil {
-		return 0, fmt.Errorf("swap %s: %w", key, err)
+		return 0, fmt.Errorf("swap %s: %w", key, Unavailable(err))
 	}
 	if !resp.Succeeded {
 		return 0, fmt.Errorf("swap %s at revision %d: changed: %w", key, rev, ErrConflict)
@@ -139,7 +139,7 @@ func DeleteAt(ctx context.Context, kv clientv3.KV, key string, rev int64) error 
 		Else(clientv3.OpGet(key, clientv3.WithCountOnly())).
 		Commit()
 	if err != nil {
-		return fmt.Errorf("delete %s: %w", key, err)
+		return fmt.Errorf("delete %s: %w", key, Unavailable(err))
 	}
 	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
 		return nil

@@ -22,7 +22,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("list blocks of pool %s: %w", pool, err)
+		return nil, fmt.Errorf("list blocks of pool %s: %w", pool, kvstore.Unavailable(err))
 	}
 	byBlock := map[netip.Prefix]*allocator.BlockInfo{}
 	var order []netip.Prefix
@@ -104,7 +104,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 		Else(claimReads(pool, b)...).
 		Commit()
 	if err != nil {
-		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(err))
+		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(kvstore.Unavailable(err)))
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -165,7 +165,7 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 		Else(claimReads(pool, b)...).
 		Commit()
 	if err != nil {
-		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, leaseErr(err))
+		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, leaseErr(kvstore.Unavailable(err)))
 	}
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
@@ -190,7 +190,7 @@ func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimR
 		Then(clientv3.OpDelete(ck), clientv3.OpDelete(hk)).
 		Commit()
 	if err != nil {
-		return fmt.Errorf("release block %s of pool %s: %w", b, pool, err)
+		return fmt.Errorf("release block %s of pool %s: %w", b, pool, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
 		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, allocator.ErrConflict)

@@ -19,7 +19,7 @@ import (
 func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
 	resp, err := s.cli.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("list allocations of block %s: %w", b, err)
+		return nil, fmt.Errorf("list allocations of block %s: %w", b, kvstore.Unavailable(err))
 	}
 	out := make([]allocator.Allocation, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -126,7 +126,7 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		return res, fmt.Errorf("reservation lease gone: %w", allocator.ErrConflict)
 	}
 	if err != nil {
-		return res, fmt.Errorf("write %d allocations: %w", len(writes), err)
+		return res, fmt.Errorf("write %d allocations: %w", len(writes), kvstore.Unavailable(err))
 	}
 	if resp.Succeeded {
 		res.Rev = resp.Header.Revision
@@ -196,7 +196,7 @@ func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.
 		}
 		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, kvstore.Unavailable(err)
 		}
 		if rev == 0 {
 			rev = resp.Header.Revision

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
 )
 
 // Holder reads who holds addr in pool p now: the allocation under the
@@ -19,7 +20,7 @@ func (s *Store) Holder(ctx context.Context, p allocator.Pool, addr netip.Addr) (
 	}
 	resp, err := s.cli.Get(ctx, IPKey(p.Name, b, addr.Unmap()))
 	if err != nil {
-		return nil, fmt.Errorf("holder of %s: %w", addr, err)
+		return nil, fmt.Errorf("holder of %s: %w", addr, kvstore.Unavailable(err))
 	}
 	if len(resp.Kvs) == 0 {
 		return nil, nil

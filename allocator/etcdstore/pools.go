@@ -52,7 +52,7 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 			Then(clientv3.OpPut(PoolKey(p.Name), val)).
 			Commit()
 		if err != nil {
-			return fmt.Errorf("write pool %s: %w", p.Name, err)
+			return fmt.Errorf("write pool %s: %w", p.Name, kvstore.Unavailable(err))
 		}
 		if !resp.Succeeded {
 			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvipam/kvipam/kvstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -13,7 +14,7 @@ import (
 func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
 	resp, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(lease))
 	if err != nil {
-		return time.Time{}, fmt.Errorf("read lease %x: %w", lease, err)
+		return time.Time{}, fmt.Errorf("read lease %x: %w", lease, kvstore.Unavailable(err))
 	}
 	return s.now().Add(time.Duration(max(resp.TTL, 0)) * time.Second), nil
 }
@@ -41,7 +42,7 @@ func (r *reservationLeases) get(ctx context.Context) (clientv3.LeaseID, time.Tim
 	secs := int64((r.ttl + window + time.Second - 1) / time.Second)
 	resp, err := r.cli.Grant(ctx, secs)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("grant reservation lease: %w", err)
+		return 0, time.Time{}, fmt.Errorf("grant reservation lease: %w", kvstore.Unavailable(err))
 	}
 	r.id, r.granted, r.expires = resp.ID, now, now.Add(time.Duration(resp.TTL)*time.Second)
 	return r.id, r.expires, nil

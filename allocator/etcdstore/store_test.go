@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -91,5 +92,31 @@ func TestConcurrentOverlappingPools(t *testing.T) {
 		}
 		e1, e2 := <-errs, <-errs
 		require.True(t, (e1 == nil) != (e2 == nil), "round %d: exactly one of two overlapping pools is created (%v, %v)", round, e1, e2)
+	}
+}
+
+// TestStoppedEtcdIsUnavailable stops etcd under a store: its calls fail with
+// an error that matches allocator.ErrUnavailable (try again), whatever gRPC
+// or etcd said underneath.
+func TestStoppedEtcdIsUnavailable(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	s := etcdstore.New(cli, etcdstore.Options{})
+	ctx := context.Background()
+	_, err := s.EnsurePool(ctx, allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24")}, BlockSizeV4: 28})
+	require.NoError(t, err)
+	e.Close()
+	for name, call := range map[string]func(ctx context.Context) error{
+		"ListBlocks": func(ctx context.Context) error { _, err := s.ListBlocks(ctx, "p"); return err },
+		"GetPool":    func(ctx context.Context) error { _, err := s.GetPool(ctx, "p"); return err },
+		"ListIPs": func(ctx context.Context) error {
+			_, err := s.ListIPs(ctx, "p", netip.MustParsePrefix("10.9.0.0/28"))
+			return err
+		},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := call(cctx)
+		cancel()
+		require.ErrorIs(t, err, allocator.ErrUnavailable, "%s: %v", name, err)
 	}
 }

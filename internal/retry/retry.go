@@ -15,6 +15,11 @@ import (
 // retries only errors that wrap it.
 var ErrConflict = errors.New("conflict")
 
+// ErrUnavailable marks a request that could not be served because the
+// store did not answer in time (unreachable, no leader, a timeout): try
+// again later. Do does not retry it; callers decide how long to wait.
+var ErrUnavailable = errors.New("store unavailable, try again")
+
 // Policy bounds Do. The zero value uses Default.
 type Policy struct {
 	// Attempts bounds the tries; Unlimited leaves only ctx to end them,

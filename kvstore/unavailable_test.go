@@ -1,0 +1,45 @@
+package kvstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+func TestUnavailableClassifies(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{rpctypes.ErrTimeout, true},
+		{rpctypes.ErrTimeoutDueToLeaderFail, true},
+		{rpctypes.ErrTimeoutDueToConnectionLost, true},
+		{rpctypes.ErrNoLeader, true},
+		{rpctypes.ErrLeaderChanged, true},
+		{rpctypes.ErrGRPCTimeout, true},
+		{status.Error(codes.Unavailable, "connection refused"), true},
+		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), true},
+		{fmt.Errorf("get /x: %w", context.DeadlineExceeded), true},
+		{rpctypes.ErrPermissionDenied, false},
+		{rpctypes.ErrLeaseNotFound, false},
+		{rpctypes.ErrAuthFailed, false},
+		{kvstore.ErrConflict, false},
+		{context.Canceled, false},
+		{errors.New("boom"), false},
+	} {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			err := kvstore.Unavailable(fmt.Errorf("op: %w", tc.err))
+			require.Equal(t, tc.want, errors.Is(err, kvstore.ErrUnavailable))
+			require.ErrorIs(t, err, tc.err, "the original error stays in the chain")
+		})
+	}
+	require.NoError(t, kvstore.Unavailable(nil))
+}
