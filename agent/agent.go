@@ -101,7 +101,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	defer func() { stop(); wg.Wait() }()
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain}
 	if a.cfg.PeerRoutes {
-		tasks = append(tasks, newPeerRouter(a).run)
+		tasks = append(tasks, newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, a.log).run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)
@@ -178,7 +178,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	a.recorder = &nodeRecorder{put: a.store.PutNode, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: a.nodeAddresses()}
+	a.recorder = &nodeRecorder{put: a.store.PutNode, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS)}
 	a.lease = &leaseKeeper{
 		grant: a.grant, restore: func(ctx context.Context, s *kvstore.Session) error { return a.alloc.Restore(ctx, s) }, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
@@ -310,8 +310,7 @@ func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
 
 // ping is the etcd probe's read.
 func (a *Agent) ping(ctx context.Context) error {
-	_, err := a.cli.Get(ctx, "/kvipam/v1/health", clientv3.WithCountOnly())
-	return err
+	return a.store.Ping(ctx)
 }
 
 func (a *Agent) openEtcd(ctx context.Context) error {

@@ -2,23 +2,18 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/kvstore"
 )
 
 // routeProtocol marks the routes the agent owns, so it removes only its own.
@@ -31,43 +26,36 @@ const routeProtocol = netlink.RouteProtocol(0x6b) // 'k'
 // the pods on an orphaned block stay reachable. A node's last known
 // address is kept while its node record is gone for the same reason.
 type peerRouter struct {
-	a     *Agent
+	node   string // this node: its own blocks are not routed
+	netns  string // where the routes go; "" is the agent's own
+	source peerSource
+	log    hclog.Logger
+
 	mu    sync.Mutex
-	homes map[string]netip.Prefix // home key -> block
-	owner map[netip.Prefix]string // block -> node
+	owner map[netip.Prefix]string // block -> home node
 	addrs map[string][]netip.Addr // node -> addresses
 	kick  chan struct{}
 }
 
-func newPeerRouter(a *Agent) *peerRouter {
-	return &peerRouter{a: a, homes: map[string]netip.Prefix{}, owner: map[netip.Prefix]string{}, addrs: map[string][]netip.Addr{}, kick: make(chan struct{}, 1)}
+// peerSource is where the peer router learns block homes and node
+// addresses (etcdstore.Store).
+type peerSource interface {
+	WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error
+	WatchNodes(ctx context.Context, h etcdstore.NodesHandler) error
+}
+
+func newPeerRouter(node, netns string, source peerSource, log hclog.Logger) *peerRouter {
+	return &peerRouter{node: node, netns: netns, source: source, log: log,
+		owner: map[netip.Prefix]string{}, addrs: map[string][]netip.Addr{}, kick: make(chan struct{}, 1)}
 }
 
 // run watches homes and node records and keeps the routes in step until
 // ctx ends. Its owner (the agent) waits for it.
 func (p *peerRouter) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	for _, w := range []struct {
-		prefix string
-		h      kvstore.WatchHandler
-	}{{etcdstore.Prefix + "homes/", homeWatch{p}}, {etcdstore.NodesPrefix(), nodeWatch{p}}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				resp, err := p.a.cli.Get(ctx, w.prefix, clientv3.WithPrefix())
-				if err == nil {
-					w.h.Reset(resp.Kvs, resp.Header.Revision)
-					_ = kvstore.Watch(ctx, p.a.cli, w.prefix, resp.Header.Revision+1, w.h)
-					continue
-				}
-				select {
-				case <-ctx.Done():
-				case <-time.After(time.Second):
-				}
-			}
-		}()
-	}
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = p.source.WatchHomes(ctx, homeWatch{p}) }()
+	go func() { defer wg.Done(); _ = p.source.WatchNodes(ctx, nodeWatch{p}) }()
 	t := time.NewTicker(30 * time.Second) // repair routes someone else removed
 	defer t.Stop()
 	for {
@@ -79,7 +67,7 @@ func (p *peerRouter) run(ctx context.Context) {
 		case <-t.C:
 		}
 		if err := p.sync(); err != nil {
-			p.a.log.Warn("peer routes", "error", err)
+			p.log.Warn("peer routes", "error", err)
 		}
 	}
 }
@@ -97,7 +85,7 @@ func (p *peerRouter) desired() map[netip.Prefix]netip.Addr {
 	defer p.mu.Unlock()
 	out := map[netip.Prefix]netip.Addr{}
 	for b, node := range p.owner {
-		if node == p.a.cfg.Node {
+		if node == p.node {
 			continue
 		}
 		for _, a := range p.addrs[node] {
@@ -112,7 +100,7 @@ func (p *peerRouter) desired() map[netip.Prefix]netip.Addr {
 
 // sync makes the kernel's kvipam routes equal the desired set.
 func (p *peerRouter) sync() error {
-	h, err := openNetlink(p.a.cfg.NetNS)
+	h, err := openNetlink(p.netns)
 	if err != nil {
 		return err
 	}
@@ -140,7 +128,7 @@ func (p *peerRouter) sync() error {
 			errs = append(errs, err) // a peer not on our segment: no host-gw route to it
 			continue
 		}
-		p.a.log.Debug("route to peer block", "block", b, "via", gw)
+		p.log.Debug("route to peer block", "block", b, "via", gw)
 	}
 	return errors.Join(errs...)
 }
@@ -149,93 +137,60 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-// homeWatch mirrors /kvipam/v1/homes/<pool>/<block>.
+// homeWatch mirrors the block homes of every pool.
 type homeWatch struct{ p *peerRouter }
 
-func (w homeWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+func (w homeWatch) ResetHomes(homes []etcdstore.BlockHome) {
 	w.p.mu.Lock()
-	clear(w.p.homes)
 	clear(w.p.owner)
+	for _, h := range homes {
+		w.p.owner[h.Block] = h.Node
+	}
 	w.p.mu.Unlock()
-	for _, kv := range kvs {
-		w.put(kv)
-	}
 	w.p.changed()
 }
 
-func (w homeWatch) Apply(ev *clientv3.Event) {
-	if ev.Type == clientv3.EventTypeDelete {
-		w.p.mu.Lock()
-		if b, ok := w.p.homes[string(ev.Kv.Key)]; ok {
-			delete(w.p.owner, b)
-			delete(w.p.homes, string(ev.Kv.Key))
-		}
-		w.p.mu.Unlock()
-	} else {
-		w.put(ev.Kv)
-	}
-	w.p.changed()
-}
-
-func (w homeWatch) put(kv *mvccpb.KeyValue) {
-	key := string(kv.Key)
-	i := strings.LastIndexByte(key, '/')
-	b, err := allocator.ParseBlockName(key[i+1:])
-	if err != nil {
-		return
-	}
-	var h allocator.Home
-	if json.Unmarshal(kv.Value, &h) != nil {
-		return
-	}
+func (w homeWatch) PutHome(h etcdstore.BlockHome) {
 	w.p.mu.Lock()
-	w.p.homes[key] = b
-	w.p.owner[b] = h.Node
+	w.p.owner[h.Block] = h.Node
 	w.p.mu.Unlock()
+	w.p.changed()
+}
+
+func (w homeWatch) DeleteHome(_ string, b netip.Prefix) {
+	w.p.mu.Lock()
+	delete(w.p.owner, b)
+	w.p.mu.Unlock()
+	w.p.changed()
 }
 
 // nodeWatch learns node addresses from node records; a deleted record
 // (lease expired) keeps the last known addresses.
 type nodeWatch struct{ p *peerRouter }
 
-func (w nodeWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
-	for _, kv := range kvs {
-		w.put(kv)
+func (w nodeWatch) ResetNodes(nodes []etcdstore.NodeInfo) {
+	for _, n := range nodes {
+		w.PutNode(n)
 	}
+}
+
+func (w nodeWatch) PutNode(n etcdstore.NodeInfo) {
+	w.p.mu.Lock()
+	w.p.addrs[n.Name] = n.Addresses
+	w.p.mu.Unlock()
 	w.p.changed()
 }
 
-func (w nodeWatch) Apply(ev *clientv3.Event) {
-	if ev.Type != clientv3.EventTypeDelete {
-		w.put(ev.Kv)
-		w.p.changed()
-	}
-}
-
-func (w nodeWatch) put(kv *mvccpb.KeyValue) {
-	var r etcdstore.NodeRecord
-	if json.Unmarshal(kv.Value, &r) != nil {
-		return
-	}
-	var addrs []netip.Addr
-	for _, s := range r.Addresses {
-		if a, err := netip.ParseAddr(s); err == nil {
-			addrs = append(addrs, a)
-		}
-	}
-	w.p.mu.Lock()
-	w.p.addrs[strings.TrimPrefix(string(kv.Key), etcdstore.NodesPrefix())] = addrs
-	w.p.mu.Unlock()
-}
+func (nodeWatch) DeleteNode(string) {}
 
 // nodeAddresses are the addresses peers route this node's blocks to: the
 // configured ones, else, per family, the first global unicast address of
 // the link that carries the default route in the datapath's namespace.
-func (a *Agent) nodeAddresses() []string {
-	if len(a.cfg.NodeAddresses) > 0 {
-		return a.cfg.NodeAddresses
+func nodeAddresses(configured []string, netnsPath string) []string {
+	if len(configured) > 0 {
+		return configured
 	}
-	h, err := openNetlink(a.cfg.NetNS)
+	h, err := openNetlink(netnsPath)
 	if err != nil {
 		return nil
 	}

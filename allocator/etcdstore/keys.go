@@ -23,8 +23,21 @@ func PoolsPrefix() string { return Prefix + "pools/" }
 // NodeKey is the node record, on the node's lease.
 func NodeKey(node string) string { return Prefix + "nodes/" + node }
 
+// AllClaimsPrefix lists every pool's claims.
+func AllClaimsPrefix() string { return Prefix + "claims/" }
+
+// AllHomesPrefix lists every pool's block homes.
+func AllHomesPrefix() string { return Prefix + "homes/" }
+
+// AllIPsPrefix lists every pool's allocations.
+func AllIPsPrefix() string { return Prefix + "ips/" }
+
+// HealthKey is the key agents read to check that etcd answers. Nothing
+// writes it; reading it needs only the role on the kvipam prefix.
+func HealthKey() string { return Prefix + "health" }
+
 // ClaimsPrefix lists a pool's claims.
-func ClaimsPrefix(pool string) string { return Prefix + "claims/" + pool + "/" }
+func ClaimsPrefix(pool string) string { return AllClaimsPrefix() + pool + "/" }
 
 // ClaimKey is a node's claim on a block, on the node's lease.
 func ClaimKey(pool string, b netip.Prefix) string {
@@ -32,7 +45,7 @@ func ClaimKey(pool string, b netip.Prefix) string {
 }
 
 // HomesPrefix lists a pool's block homes.
-func HomesPrefix(pool string) string { return Prefix + "homes/" + pool + "/" }
+func HomesPrefix(pool string) string { return AllHomesPrefix() + pool + "/" }
 
 // HomeKey records which node a block belongs to; no lease.
 func HomeKey(pool string, b netip.Prefix) string {
@@ -40,7 +53,7 @@ func HomeKey(pool string, b netip.Prefix) string {
 }
 
 // IPsPrefix lists every allocation of a pool.
-func IPsPrefix(pool string) string { return Prefix + "ips/" + pool + "/" }
+func IPsPrefix(pool string) string { return AllIPsPrefix() + pool + "/" }
 
 // BlockIPsPrefix lists the allocations of one block. The trailing slash
 // keeps 10.0.0.0-26 from matching 10.0.0.0-260-like siblings.

@@ -4,11 +4,13 @@
 package etcdstore
 
 import (
+	"context"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
 )
 
 // Store is the etcd-backed allocator.Store. It is safe for concurrent use.
@@ -33,4 +35,10 @@ func New(cli *clientv3.Client, o Options) *Store {
 		o.ReservationTTL = 2 * time.Minute
 	}
 	return &Store{cli: cli, res: reservationLeases{cli: cli, ttl: o.ReservationTTL}, now: time.Now}
+}
+
+// Ping checks that etcd answers, with a count-only read of HealthKey.
+func (s *Store) Ping(ctx context.Context) error {
+	_, err := s.cli.Get(ctx, HealthKey(), clientv3.WithCountOnly())
+	return kvstore.Unavailable(err)
 }

@@ -214,8 +214,8 @@ func TestCheckDuplicateIPv6Spelling(t *testing.T) {
 		Claims: map[inspect.BlockKey]inspect.ClaimRec{{Pool: "v6", Block: blk}: {Claim: allocator.Claim{Node: "n1"}, Pool: "v6", Block: blk, Lease: 1}},
 		Homes:  map[inspect.BlockKey]inspect.HomeRec{},
 		IPs: []inspect.IP{
-			{Record: rec, Pool: "v6", Block: blk, Addr: netip.MustParseAddr("fd00::5"), Key: "/kvipam/v1/ips/v6/fd00--120/fd00::5"},
-			{Record: rec, Pool: "v6", Block: blk, Addr: netip.MustParseAddr("fd00:0::5"), Key: "/kvipam/v1/ips/v6/fd00--120/fd00:0::5"},
+			{Record: rec, Pool: "v6", Block: blk, Addr: netip.MustParseAddr("fd00::5"), Key: etcdstore.IPKey("v6", blk, netip.MustParseAddr("fd00::5"))},
+			{Record: rec, Pool: "v6", Block: blk, Addr: netip.MustParseAddr("fd00:0::5"), Key: etcdstore.BlockIPsPrefix("v6", blk) + "fd00:0::5"}, // the same address, spelled otherwise
 		},
 	}
 	r := inspect.CheckSnapshot(s, nil)

@@ -103,9 +103,9 @@ func TestNodeRemoveDeadNodeClaim(t *testing.T) {
 	}, order)
 	_, err = v.in.Execute(t.Context(), p, nil)
 	require.NoError(t, err)
-	require.Zero(t, v.count(t, etcdstore.Prefix+"claims/"))
-	require.Zero(t, v.count(t, etcdstore.Prefix+"homes/"))
-	require.Zero(t, v.count(t, etcdstore.Prefix+"ips/"))
+	require.Zero(t, v.count(t, etcdstore.AllClaimsPrefix()))
+	require.Zero(t, v.count(t, etcdstore.AllHomesPrefix()))
+	require.Zero(t, v.count(t, etcdstore.AllIPsPrefix()))
 	require.Empty(t, v.check(t).Findings)
 }
 

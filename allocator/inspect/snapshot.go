@@ -56,9 +56,9 @@ func New(cli Client, o Options) *Inspector {
 var (
 	poolsPrefix  = etcdstore.PoolsPrefix()
 	nodesPrefix  = etcdstore.NodesPrefix()
-	claimsPrefix = etcdstore.Prefix + "claims/"
-	homesPrefix  = etcdstore.Prefix + "homes/"
-	ipsPrefix    = etcdstore.Prefix + "ips/"
+	claimsPrefix = etcdstore.AllClaimsPrefix()
+	homesPrefix  = etcdstore.AllHomesPrefix()
+	ipsPrefix    = etcdstore.AllIPsPrefix()
 )
 
 // Snapshot reads every kvipam record: one range read per record kind, the

@@ -1,0 +1,165 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// BlockHome is one block's home: the node the block belongs to.
+type BlockHome struct {
+	Pool  string
+	Block netip.Prefix
+	Node  string
+}
+
+// HomesHandler follows the block homes of every pool. Calls come from one
+// goroutine.
+type HomesHandler interface {
+	// ResetHomes replaces everything known with homes: at start, and
+	// whenever the watch had to list again (a compaction, a restore).
+	ResetHomes(homes []BlockHome)
+	// PutHome records a home written or changed.
+	PutHome(h BlockHome)
+	// DeleteHome forgets the home of a block.
+	DeleteHome(pool string, block netip.Prefix)
+}
+
+// NodeInfo is a node record as other nodes use it.
+type NodeInfo struct {
+	Name      string
+	Addresses []netip.Addr
+}
+
+// NodesHandler follows the node records. Calls come from one goroutine.
+type NodesHandler interface {
+	ResetNodes(nodes []NodeInfo)
+	PutNode(n NodeInfo)
+	// DeleteNode is called when a record goes (its lease ended).
+	DeleteNode(name string)
+}
+
+// WatchHomes lists every block home, then follows the changes until ctx
+// ends, listing again whenever the watch cannot resume. It returns ctx's
+// error. Homes whose key or value cannot be read are skipped.
+func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
+	return s.follow(ctx, AllHomesPrefix(), homesWatch{h})
+}
+
+// WatchNodes lists the node records, then follows the changes until ctx
+// ends, as WatchHomes does.
+func (s *Store) WatchNodes(ctx context.Context, h NodesHandler) error {
+	return s.follow(ctx, NodesPrefix(), nodesWatch{h})
+}
+
+// follow lists prefix and watches it from the list's revision, again and
+// again until ctx ends; a failed list is retried after a second.
+func (s *Store) follow(ctx context.Context, prefix string, h kvstore.WatchHandler) error {
+	for ctx.Err() == nil {
+		resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix())
+		if err == nil {
+			h.Reset(resp.Kvs, resp.Header.Revision)
+			_ = kvstore.Watch(ctx, s.cli, prefix, resp.Header.Revision+1, h)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return ctx.Err()
+}
+
+type homesWatch struct{ h HomesHandler }
+
+func (w homesWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	var homes []BlockHome
+	for _, kv := range kvs {
+		if bh, ok := decodeHome(kv); ok {
+			homes = append(homes, bh)
+		}
+	}
+	w.h.ResetHomes(homes)
+}
+
+func (w homesWatch) Apply(ev *clientv3.Event) {
+	if ev.Type == clientv3.EventTypeDelete {
+		if pool, b, ok := parseHomeKey(string(ev.Kv.Key)); ok {
+			w.h.DeleteHome(pool, b)
+		}
+		return
+	}
+	if bh, ok := decodeHome(ev.Kv); ok {
+		w.h.PutHome(bh)
+	}
+}
+
+// parseHomeKey splits <AllHomesPrefix><pool>/<block>.
+func parseHomeKey(key string) (string, netip.Prefix, bool) {
+	rest, ok := strings.CutPrefix(key, AllHomesPrefix())
+	if !ok {
+		return "", netip.Prefix{}, false
+	}
+	pool, name, ok := strings.Cut(rest, "/")
+	if !ok {
+		return "", netip.Prefix{}, false
+	}
+	b, err := allocator.ParseBlockName(name)
+	return pool, b, err == nil
+}
+
+func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
+	pool, b, ok := parseHomeKey(string(kv.Key))
+	if !ok {
+		return BlockHome{}, false
+	}
+	var h allocator.Home
+	if json.Unmarshal(kv.Value, &h) != nil {
+		return BlockHome{}, false
+	}
+	return BlockHome{Pool: pool, Block: b, Node: h.Node}, true
+}
+
+type nodesWatch struct{ h NodesHandler }
+
+func (w nodesWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	var nodes []NodeInfo
+	for _, kv := range kvs {
+		if n, ok := decodeNodeInfo(kv); ok {
+			nodes = append(nodes, n)
+		}
+	}
+	w.h.ResetNodes(nodes)
+}
+
+func (w nodesWatch) Apply(ev *clientv3.Event) {
+	if ev.Type == clientv3.EventTypeDelete {
+		w.h.DeleteNode(strings.TrimPrefix(string(ev.Kv.Key), NodesPrefix()))
+		return
+	}
+	if n, ok := decodeNodeInfo(ev.Kv); ok {
+		w.h.PutNode(n)
+	}
+}
+
+func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
+	var r NodeRecord
+	if json.Unmarshal(kv.Value, &r) != nil {
+		return NodeInfo{}, false
+	}
+	n := NodeInfo{Name: strings.TrimPrefix(string(kv.Key), NodesPrefix())}
+	for _, s := range r.Addresses {
+		if a, err := netip.ParseAddr(s); err == nil {
+			n.Addresses = append(n.Addresses, a)
+		}
+	}
+	return n, true
+}
