@@ -352,14 +352,8 @@ func (m *model) verifyOwner(ctx context.Context, fail func(string, ...any), cli 
 	if m.isUnsure(o.Key()) {
 		return
 	}
-	resp, err := cli.Get(ctx, etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
-	if err != nil {
-		fail("read etcd: %v", err)
-		return
-	}
-	als, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
-	if err != nil {
-		fail("decode etcd: %v", err)
+	als, ok := readPool(ctx, fail, cli, pool)
+	if !ok {
 		return
 	}
 	var held []netip.Addr
@@ -380,14 +374,8 @@ func (m *model) verifyOwner(ctx context.Context, fail func(string, ...any), cli 
 // family (one key per address makes two owners of one address impossible
 // in etcd itself; the model checks what callers were told).
 func (m *model) verifyStore(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) {
-	resp, err := cli.Get(ctx, etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
-	if err != nil {
-		fail("read etcd: %v", err)
-		return
-	}
-	als, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
-	if err != nil {
-		fail("decode etcd: %v", err)
+	als, ok := readPool(ctx, fail, cli, pool)
+	if !ok {
 		return
 	}
 	seen := map[string]netip.Addr{}
@@ -398,4 +386,19 @@ func (m *model) verifyStore(ctx context.Context, fail func(string, ...any), cli 
 		}
 		seen[k] = al.Addr
 	}
+}
+
+// readPool reads every allocation of pool from etcd.
+func readPool(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) ([]allocator.Allocation, bool) {
+	resp, err := cli.Get(ctx, etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
+	if err != nil {
+		fail("read etcd: %v", err)
+		return nil, false
+	}
+	als, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
+	if err != nil {
+		fail("decode etcd: %v", err)
+		return nil, false
+	}
+	return als, true
 }
