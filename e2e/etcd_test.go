@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -34,7 +35,7 @@ func (n *node) ipKeys(containerID string) map[string]string {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, "/kvipam/v1/ips/", clientv3.WithPrefix())
+	resp, err := cli.Get(ctx, etcdstore.AllIPsPrefix(), clientv3.WithPrefix())
 	require.NoError(n.t, err)
 	out := map[string]string{}
 	for _, kv := range resp.Kvs {

@@ -397,7 +397,7 @@ func TestProgress(t *testing.T) {
 	for i := 0; i < 10000; i += 125 {
 		var ops []clientv3.Op
 		for j := i; j < i+125; j++ {
-			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sbulk/10.99.0.0-16/10.99.%d.%d", etcdstore.Prefix+"ips/", j/256, j%256), val))
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sbulk/10.99.0.0-16/10.99.%d.%d", etcdstore.AllIPsPrefix(), j/256, j%256), val))
 		}
 		_, err := h.cli.Txn(context.Background()).Then(ops...).Commit()
 		require.NoError(t, err)
