@@ -324,7 +324,7 @@ func (a *Agent) openEtcd(ctx context.Context) error {
 		cfg = e.Config()
 		a.log.Info("started embedded etcd", "endpoints", cfg.Endpoints, "dir", filepath.Join(a.cfg.StateDir, "etcd"))
 	}
-	cli, err := kvstore.Connect(ctx, cfg)
+	cli, err := kvstore.Connect(ctx, cfg, etcdstore.HealthKey())
 	if err != nil {
 		return err
 	}

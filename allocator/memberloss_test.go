@@ -26,7 +26,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 	ctx := context.Background()
 	c := etcdtest.StartCluster(t, 3)
 	pool := allocator.Pool{Name: "ha", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.50.0.0/22")}, BlockSizeV4: 27}
-	admin, err := kvstore.Connect(ctx, c.Config())
+	admin, err := kvstore.Connect(ctx, c.Config(), etcdstore.HealthKey())
 	require.NoError(t, err)
 	defer admin.Close()
 	_, err = etcdstore.New(admin, etcdstore.Options{}).EnsurePool(ctx, pool)
@@ -38,7 +38,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 	stopLeader := make(chan struct{})
 	var wg sync.WaitGroup
 	for n := range 4 {
-		cli, err := kvstore.Connect(ctx, c.Config())
+		cli, err := kvstore.Connect(ctx, c.Config(), etcdstore.HealthKey())
 		require.NoError(t, err)
 		t.Cleanup(func() { cli.Close() })
 		sess, err := kvstore.NewSession(ctx, cli, 10)

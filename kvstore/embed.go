@@ -120,7 +120,7 @@ func (e *Embedded) Config() Config { return Config{Endpoints: e.endpoints} }
 
 // Client is a convenience that connects to this server.
 func (e *Embedded) Client(ctx context.Context) (*clientv3.Client, error) {
-	return Connect(ctx, e.Config())
+	return Connect(ctx, e.Config(), "/")
 }
 
 // Close stops the server and waits for it to release its data dir. A

@@ -43,7 +43,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestConnectUnreachable(t *testing.T) {
 	ctx := context.Background()
-	_, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: 300 * time.Millisecond})
+	_, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: []string{"http://127.0.0.1:1"}, DialTimeout: 300 * time.Millisecond}, "/health")
 	require.ErrorContains(t, err, "reach etcd")
 }
 

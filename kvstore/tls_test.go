@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -65,7 +66,7 @@ func TestConnectTLS(t *testing.T) {
 	defer e.Close()
 
 	good := kvstore.Config{Endpoints: e.Endpoints(), CAFile: p("ca.pem"), CertFile: p("client.pem"), KeyFile: p("client-key.pem"), DialTimeout: 2 * time.Second}
-	cli, err := kvstore.Connect(ctx, good)
+	cli, err := kvstore.Connect(ctx, good, "/app/health")
 	require.NoError(t, err)
 	_, err = cli.Put(ctx, "/tls", "ok")
 	require.NoError(t, err)
@@ -74,18 +75,27 @@ func TestConnectTLS(t *testing.T) {
 	good.DialTimeout = 500 * time.Millisecond // the refusals below wait it out
 	noClientCert := good
 	noClientCert.CertFile, noClientCert.KeyFile = "", ""
-	_, err = kvstore.Connect(ctx, noClientCert)
+	_, err = kvstore.Connect(ctx, noClientCert, "/app/health")
 	require.ErrorContains(t, err, "reach etcd")
+	require.ErrorContains(t, err, "requires a client certificate", "the cause is named, not only a deadline")
+	t.Logf("no client certificate: %v", err)
 
 	noCA := good
 	noCA.CAFile = ""
-	_, err = kvstore.Connect(ctx, noCA)
+	_, err = kvstore.Connect(ctx, noCA, "/app/health")
 	require.ErrorContains(t, err, "reach etcd")
+	require.ErrorContains(t, err, "does not trust etcd's certificate")
+	t.Logf("no CA: %v", err)
 
 	missing := good
 	missing.CAFile = p("nope.pem")
-	_, err = kvstore.Connect(ctx, missing)
+	_, err = kvstore.Connect(ctx, missing, "/app/health")
 	require.ErrorContains(t, err, "load etcd tls files")
+
+	nobody := good
+	nobody.Endpoints = []string{"https://" + freeLoopback(t)}
+	_, err = kvstore.Connect(ctx, nobody, "/app/health")
+	require.ErrorContains(t, err, "connection refused")
 }
 
 // TestConnectAuth: etcd with authentication on accepts the configured
@@ -107,13 +117,50 @@ func TestConnectAuth(t *testing.T) {
 
 	cfg := e.Config()
 	cfg.Username, cfg.Password = "root", "s3cret"
-	cli, err := kvstore.Connect(ctx, cfg)
+	cli, err := kvstore.Connect(ctx, cfg, "/app/health")
 	require.NoError(t, err)
 	_, err = cli.Put(ctx, "/auth", "ok")
+	require.NoError(t, err)
+	// A user whose role covers only /app/ connects (its probe key is
+	// inside the prefix) and is refused elsewhere.
+	_, err = cli.RoleAdd(ctx, "app")
+	require.NoError(t, err)
+	_, err = cli.RoleGrantPermission(ctx, "app", "/app/", clientv3.GetPrefixRangeEnd("/app/"), clientv3.PermissionType(clientv3.PermReadWrite))
+	require.NoError(t, err)
+	for _, u := range []string{"app", "norole"} {
+		_, err = cli.UserAdd(ctx, u, "pw-"+u)
+		require.NoError(t, err)
+	}
+	_, err = cli.UserGrantRole(ctx, "app", "app")
 	require.NoError(t, err)
 	cli.Close()
 
 	cfg.Password = "wrong"
-	_, err = kvstore.Connect(ctx, cfg)
+	_, err = kvstore.Connect(ctx, cfg, "/app/health")
 	require.ErrorContains(t, err, "authentication failed")
+
+	cfg.Username, cfg.Password = "app", "pw-app"
+	app, err := kvstore.Connect(ctx, cfg, "/app/health")
+	require.NoError(t, err, "a role on the prefix is all a client needs")
+	_, err = app.Put(ctx, "/app/x", "ok")
+	require.NoError(t, err)
+	_, err = app.Put(ctx, "/other", "no")
+	require.ErrorContains(t, err, "permission denied")
+	app.Close()
+
+	cfg.Username, cfg.Password = "norole", "pw-norole"
+	_, err = kvstore.Connect(ctx, cfg, "/app/health")
+	require.ErrorContains(t, err, "permission denied")
+	require.ErrorContains(t, err, `user "norole" may not read /app/health`, "the refusal names the user and the key")
+	t.Logf("no role: %v", err)
+}
+
+// freeLoopback is a loopback address nothing listens on.
+func freeLoopback(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
 }

@@ -3,6 +3,7 @@ package kvstore
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -25,7 +26,7 @@ func Unavailable(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) || !transient(err) {
 		return err
 	}
-	return errors.Join(ErrUnavailable, err)
+	return fmt.Errorf("%w (%w)", err, ErrUnavailable)
 }
 
 func transient(err error) bool {

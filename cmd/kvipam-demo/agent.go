@@ -69,7 +69,7 @@ func runAgent(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cli, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: st.Etcd.Endpoints})
+	cli, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: st.Etcd.Endpoints}, etcdstore.HealthKey())
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -144,7 +145,7 @@ func (a *app) client(ctx context.Context) (*clientv3.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cli, err := kvstore.Connect(ctx, cfg)
+	cli, err := kvstore.Connect(ctx, cfg, etcdstore.HealthKey())
 	if err != nil {
 		return nil, err
 	}
