@@ -57,6 +57,7 @@ type Agent struct {
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
+	peers     *peerRouter // nil without --peer-routes
 	podMTU    int
 
 	mu       sync.Mutex
@@ -101,7 +102,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	defer func() { stop(); wg.Wait() }()
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain}
 	if a.cfg.PeerRoutes {
-		tasks = append(tasks, newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, a.log).run)
+		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, a.log)
+		tasks = append(tasks, a.peers.run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)

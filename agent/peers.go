@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,9 @@ type peerRouter struct {
 	owner map[netip.Prefix]string // block -> home node
 	addrs map[string][]netip.Addr // node -> addresses
 	kick  chan struct{}
+	// passes counts the loop's passes (a sync, or a wait for the first
+	// lists); tests wait on it.
+	passes atomic.Int64
 }
 
 // peerSource is where the peer router learns block homes and node
@@ -69,6 +73,7 @@ func (p *peerRouter) run(ctx context.Context) {
 		if err := p.sync(); err != nil {
 			p.log.Warn("peer routes", "error", err)
 		}
+		p.passes.Add(1)
 	}
 }
 

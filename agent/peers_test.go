@@ -7,11 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -84,4 +88,146 @@ func routeVia(t testing.TB, h *netlink.Handle, dst netip.Prefix) string {
 		}
 	}
 	return ""
+}
+
+// TestPeerRoutesSurviveRestart restarts one agent while watching its node
+// namespace's routes: the routes to the other node's blocks must stay as
+// they are. A restarted agent used to sync before it had read the other
+// nodes' addresses, delete those routes and add them back a moment later,
+// dropping pod traffic across nodes.
+func TestPeerRoutesSurviveRestart(t *testing.T) {
+	nsA, nsB := nstest.NewNS(t), nstest.NewNS(t)
+	hA, hB := nstest.Handle(t, nsA), nstest.Handle(t, nsB)
+	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))}
+	require.NoError(t, hA.LinkAdd(underlay))
+	for _, side := range []struct {
+		h    *netlink.Handle
+		addr string
+	}{{hA, "10.254.0.1/24"}, {hB, "10.254.0.2/24"}} {
+		l, err := side.h.LinkByName("ul0")
+		require.NoError(t, err)
+		ad, err := netlink.ParseAddr(side.addr)
+		require.NoError(t, err)
+		require.NoError(t, side.h.AddrAdd(l, ad))
+		require.NoError(t, side.h.LinkSetUp(l))
+	}
+	e := etcdtest.Start(t)
+	pool := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.80.0.0/24")}}
+	cfgA := testConfig(t, e)
+	cfgA.Node, cfgA.NetNS, cfgA.NodeAddresses, cfgA.PeerRoutes, cfgA.Pools = "node-a", nsA.Path(), []string{"10.254.0.1"}, true, []allocator.Pool{pool}
+	cfgB := testConfig(t, e)
+	cfgB.Node, cfgB.NetNS, cfgB.NodeAddresses, cfgB.PeerRoutes, cfgB.Pools = "node-b", nsB.Path(), []string{"10.254.0.2"}, true, []allocator.Pool{pool}
+	a := startAgent(t, cfgA, Options{})
+	b := startAgent(t, cfgB, Options{})
+	ctx := context.Background()
+	rb, err := b.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true})
+	require.NoError(t, err)
+	blockB := rb.IPs[0].Block
+	require.Eventually(t, func() bool { return routeVia(t, hA, blockB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
+
+	updates := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	nsh, err := netns.GetFromPath(nsA.Path())
+	require.NoError(t, err)
+	defer nsh.Close()
+	require.NoError(t, netlink.RouteSubscribeAt(nsh, updates, done))
+	a.shutdown()
+	a2 := startAgent(t, cfgA, Options{})
+	require.Eventually(t, func() bool { return a2.a.peers.passes.Load() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
+	require.Equal(t, "10.254.0.2", routeVia(t, hA, blockB))
+	requireNoDelete(t, hA, updates, blockB)
+}
+
+// requireNoDelete reads route updates up to a marker route it adds, so
+// every earlier update has arrived, and fails on a delete of dst.
+func requireNoDelete(t *testing.T, h *netlink.Handle, updates <-chan netlink.RouteUpdate, dst netip.Prefix) {
+	t.Helper()
+	marker := &netlink.Route{Dst: prefixNet(netip.MustParsePrefix("192.0.2.77/32")), Type: unix.RTN_BLACKHOLE}
+	require.NoError(t, h.RouteAdd(marker))
+	defer h.RouteDel(marker)
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case u := <-updates:
+			if u.Dst == nil {
+				continue
+			}
+			if u.Dst.String() == dst.String() {
+				require.NotEqual(t, uint16(unix.RTM_DELROUTE), u.Type, "the route to %s was removed", dst)
+			}
+			if u.Dst.String() == "192.0.2.77/32" {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the marker route's update never came")
+		}
+	}
+}
+
+// scriptedPeers delivers block homes at once and node records only when
+// the test says, as a real etcd may when one list answers before the other.
+type scriptedPeers struct {
+	homes []etcdstore.BlockHome
+	nodes []etcdstore.NodeInfo
+	go_   chan struct{}
+}
+
+func (s *scriptedPeers) WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error {
+	h.ResetHomes(s.homes)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *scriptedPeers) WatchNodes(ctx context.Context, h etcdstore.NodesHandler) error {
+	select {
+	case <-s.go_:
+		h.ResetNodes(s.nodes)
+	case <-ctx.Done():
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestPeerRouterWaitsForBothLists starts a peer router over a namespace
+// that already has its route to a peer's block (as after an agent
+// restart), with the homes listed but the node records not yet: it must
+// not touch the route until it knows the peers' addresses.
+func TestPeerRouterWaitsForBothLists(t *testing.T) {
+	ns := nstest.NewNS(t)
+	h := nstest.Handle(t, ns)
+	nstest.AddLink(t, h, "ul0")
+	l, err := h.LinkByName("ul0")
+	require.NoError(t, err)
+	ad, err := netlink.ParseAddr("10.254.0.1/24")
+	require.NoError(t, err)
+	require.NoError(t, h.AddrAdd(l, ad))
+	require.NoError(t, h.LinkSetUp(l))
+	block := netip.MustParsePrefix("10.80.0.16/28")
+	require.NoError(t, h.RouteAdd(&netlink.Route{Dst: prefixNet(block), Gw: net.ParseIP("10.254.0.2"), Protocol: routeProtocol}))
+
+	updates := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	nsh, err := netns.GetFromPath(ns.Path())
+	require.NoError(t, err)
+	defer nsh.Close()
+	require.NoError(t, netlink.RouteSubscribeAt(nsh, updates, done))
+
+	src := &scriptedPeers{
+		homes: []etcdstore.BlockHome{{Pool: "default", Block: block, Node: "node-b"}},
+		nodes: []etcdstore.NodeInfo{{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("10.254.0.2")}}},
+		go_:   make(chan struct{}),
+	}
+	p := newPeerRouter("node-a", ns.Path(), src, hclog.NewNullLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); p.run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+
+	require.Eventually(t, func() bool { return p.passes.Load() >= 1 }, 10*time.Second, 5*time.Millisecond, "the router woke for the homes")
+	close(src.go_)
+	require.Eventually(t, func() bool { return p.passes.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
+	require.Equal(t, "10.254.0.2", routeVia(t, h, block))
+	requireNoDelete(t, h, updates, block)
 }
