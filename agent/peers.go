@@ -35,6 +35,11 @@ type peerRouter struct {
 	mu    sync.Mutex
 	owner map[netip.Prefix]string // block -> home node
 	addrs map[string][]netip.Addr // node -> addresses
+	// homesListed and nodesListed are set by the first full list of each:
+	// until both are in, the desired routes are not known, and a sync
+	// would delete routes (to every peer whose address is not loaded yet)
+	// that the next sync adds back, cutting pod traffic in between.
+	homesListed, nodesListed bool
 	kick  chan struct{}
 	// passes counts the loop's passes (a sync, or a wait for the first
 	// lists); tests wait on it.
@@ -70,11 +75,20 @@ func (p *peerRouter) run(ctx context.Context) {
 		case <-p.kick:
 		case <-t.C:
 		}
-		if err := p.sync(); err != nil {
-			p.log.Warn("peer routes", "error", err)
+		if p.listed() {
+			if err := p.sync(); err != nil {
+				p.log.Warn("peer routes", "error", err)
+			}
 		}
 		p.passes.Add(1)
 	}
+}
+
+// listed reports whether both first lists are in.
+func (p *peerRouter) listed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.homesListed && p.nodesListed
 }
 
 func (p *peerRouter) changed() {
@@ -151,6 +165,7 @@ func (w homeWatch) ResetHomes(homes []etcdstore.BlockHome) {
 	for _, h := range homes {
 		w.p.owner[h.Block] = h.Node
 	}
+	w.p.homesListed = true
 	w.p.mu.Unlock()
 	w.p.changed()
 }
@@ -174,9 +189,13 @@ func (w homeWatch) DeleteHome(_ string, b netip.Prefix) {
 type nodeWatch struct{ p *peerRouter }
 
 func (w nodeWatch) ResetNodes(nodes []etcdstore.NodeInfo) {
+	w.p.mu.Lock()
 	for _, n := range nodes {
-		w.PutNode(n)
+		w.p.addrs[n.Name] = n.Addresses
 	}
+	w.p.nodesListed = true
+	w.p.mu.Unlock()
+	w.p.changed()
 }
 
 func (w nodeWatch) PutNode(n etcdstore.NodeInfo) {
