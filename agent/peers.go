@@ -40,7 +40,7 @@ type peerRouter struct {
 	// would delete routes (to every peer whose address is not loaded yet)
 	// that the next sync adds back, cutting pod traffic in between.
 	homesListed, nodesListed bool
-	kick  chan struct{}
+	kick                     chan struct{}
 	// passes counts the loop's passes (a sync, or a wait for the first
 	// lists); tests wait on it.
 	passes atomic.Int64
