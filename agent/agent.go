@@ -154,7 +154,11 @@ func (a *Agent) start(ctx context.Context) error {
 	if err := a.openEtcd(ctx); err != nil {
 		return err
 	}
-	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration})
+	hist := a.cfg.HistoryRetention.Duration
+	if hist == 0 {
+		hist = -1 // the store's way to say: no history
+	}
+	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist})
 	var names []string
 	for _, p := range a.cfg.Pools {
 		if _, err := a.store.EnsurePool(ctx, p); err != nil {

@@ -59,6 +59,9 @@ type Config struct {
 	// loopback port). Giving it a node address lets a small lab cluster's
 	// other agents use this node's embedded etcd.
 	EmbeddedListen string `json:"embeddedListen"`
+	// HistoryRetention is how long a record of an ended ownership interval
+	// (IP history) lives in etcd; 0 turns history off.
+	HistoryRetention Duration `json:"historyRetention"`
 	// PeerRoutes routes other nodes' blocks to their addresses (host-gw,
 	// nodes on one L2 segment); off when the network routes pod blocks.
 	PeerRoutes bool `json:"peerRoutes"`
@@ -100,6 +103,9 @@ func DefaultConfig() Config {
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 		PeerRoutes:     true,
+		// A week: kvipamctl ip history answers for it, and etcd holds about
+		// 0.5 KB per release for that long (docs/operations.md).
+		HistoryRetention: Duration{7 * 24 * time.Hour},
 	}
 }
 
@@ -156,6 +162,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BatchWait.Duration < 0 || c.BatchWait.Duration > time.Second {
 		bad("batch-wait: %s out of range 0-1s", c.BatchWait)
+	}
+	if c.HistoryRetention.Duration < 0 {
+		bad("history-retention: %s must not be negative (0 turns history off)", c.HistoryRetention)
 	}
 	if c.MaxBatch < 1 {
 		bad("max-batch: %d must be at least 1", c.MaxBatch)

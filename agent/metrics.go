@@ -120,9 +120,9 @@ func (s instrumentedStore) WriteIPs(ctx context.Context, w []allocator.IPWrite) 
 	return res, err
 }
 
-func (s instrumentedStore) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
+func (s instrumentedStore) DeleteIP(ctx context.Context, al allocator.Allocation) error {
 	start := time.Now()
-	err := s.Store.DeleteIP(ctx, pool, b, a, rev)
+	err := s.Store.DeleteIP(ctx, al)
 	s.observe("delete_ip", start, err)
 	return err
 }

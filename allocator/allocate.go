@@ -193,6 +193,7 @@ func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
 	for _, w := range p.writes {
 		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
 		p.ps.remember(al, res.Expires)
+		a.logAllocated(al)
 	}
 	r, _ := a.landed(p)
 	return r

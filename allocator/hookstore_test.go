@@ -168,9 +168,9 @@ func (h *hookStore) LeaseExpiry(ctx context.Context, lease int64) (time.Time, er
 	return t, h.post(ctx, "LeaseExpiry", err)
 }
 
-func (h *hookStore) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
+func (h *hookStore) DeleteIP(ctx context.Context, al allocator.Allocation) error {
 	if err := h.pre(ctx, "DeleteIP"); err != nil {
 		return err
 	}
-	return h.post(ctx, "DeleteIP", h.Store.DeleteIP(ctx, pool, b, a, rev))
+	return h.post(ctx, "DeleteIP", h.Store.DeleteIP(ctx, al))
 }

@@ -51,8 +51,9 @@ type NodeConfig struct {
 // (AllocateBatch) is the way to get throughput, one transaction for many
 // requests.
 type NodeAllocator struct {
-	cfg NodeConfig
-	log hclog.Logger
+	cfg    NodeConfig
+	log    hclog.Logger
+	events hclog.Logger // one line per allocation and release (events.go)
 
 	mu       sync.Mutex
 	lease    Lease
@@ -80,7 +81,8 @@ func NewNodeAllocator(cfg NodeConfig) (*NodeAllocator, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &NodeAllocator{cfg: cfg, log: cfg.Logger.Named("allocator"), pools: map[string]*poolState{}}, nil
+	log := cfg.Logger.Named("allocator")
+	return &NodeAllocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}}, nil
 }
 
 // Node is the node this allocator serves.

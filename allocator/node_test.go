@@ -177,7 +177,7 @@ func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 	al := r1.Allocations[0]
 	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
 	require.NoError(t, err)
-	err = n.store.DeleteIP(ctx, "small", al.Block, al.Addr, al.Rev)
+	err = n.store.DeleteIP(ctx, al)
 	require.ErrorIs(t, err, allocator.ErrConflict)
 	require.Len(t, storeIPs(t, n.cli, "small"), 1)
 }

@@ -85,6 +85,7 @@ func (a *NodeAllocator) settle(ctx context.Context, ps *poolState, w IPWrite, cu
 		}
 		cur.Seen = time.Now()
 		ps.remember(&cur, exp)
+		a.logAllocated(&cur)
 		a.log.Info("write of unknown outcome had landed", "pool", ps.pool.Name, "ip", w.Addr, "owner", w.Record.Owner.Key())
 	case w.PrevRev == 0 && !ok: // it did not land
 		if ob != nil {
@@ -115,6 +116,7 @@ func (a *NodeAllocator) settleDelete(ctx context.Context, ps *poolState, al *All
 	}
 	if ps.byAddr[al.Addr] == al {
 		a.drop(ps, al)
+		a.logEnded(al, "released")
 	}
 	if ok { // rewritten since: the cache does not know by whom
 		if b, ob := ps.ownBlockOf(al.Addr); ob != nil {

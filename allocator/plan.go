@@ -137,6 +137,7 @@ func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
 		return false
 	}
 	a.drop(ps, al)
+	a.logEnded(al, "reservation lapsed")
 	return true
 }
 

@@ -141,21 +141,23 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 	}
 	// Not (or no longer) cached as it was: delete only if etcd still
 	// holds it at that revision; the cache has nothing of it to drop.
-	err = a.cfg.Store.DeleteIP(ctx, al.Pool, al.Block, al.Addr, al.Rev)
+	err = a.cfg.Store.DeleteIP(ctx, al)
 	if errors.Is(err, ErrConflict) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	}
+	a.logEnded(&al, "released")
 	return true, nil
 }
 
 func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
-	err := a.cfg.Store.DeleteIP(ctx, ps.pool.Name, al.Block, al.Addr, al.Rev)
+	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
 		a.drop(ps, al)
+		a.logEnded(al, "released")
 	case errors.Is(err, ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen.

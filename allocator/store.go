@@ -163,8 +163,10 @@ type Store interface {
 	GetIPs(ctx context.Context, refs []IPRef) (map[netip.Addr]Allocation, error)
 	// LeaseExpiry says when a reservation lease ends (now, if it has).
 	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
-	// DeleteIP releases an allocation still at rev. Absent is success.
-	DeleteIP(ctx context.Context, pool string, block netip.Prefix, addr netip.Addr, rev int64) error
+	// DeleteIP releases al if it is still at al.Rev; absent is success,
+	// a changed key wraps ErrConflict. The store records the ownership
+	// interval that ends (IP history) in the same atomic step.
+	DeleteIP(ctx context.Context, al Allocation) error
 }
 
 // Errors of the allocator. Compare with errors.Is.

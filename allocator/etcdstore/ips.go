@@ -237,7 +237,8 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 	return out, nil
 }
 
-// DeleteIP implements allocator.Store.
-func (s *Store) DeleteIP(ctx context.Context, pool string, b netip.Prefix, a netip.Addr, rev int64) error {
-	return kvstore.DeleteAt(ctx, s.cli, IPKey(pool, b, a), rev)
+// DeleteIP implements allocator.Store: the guarded delete and the history
+// record of the interval it ends, in one transaction.
+func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
+	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), al.Addr)
 }

@@ -15,9 +15,10 @@ import (
 
 // Store is the etcd-backed allocator.Store. It is safe for concurrent use.
 type Store struct {
-	cli *clientv3.Client
-	res reservationLeases
-	now func() time.Time
+	cli  *clientv3.Client
+	res  reservationLeases
+	hist *historyLeases // nil: no IP history
+	now  func() time.Time
 }
 
 var _ allocator.Store = (*Store)(nil)
@@ -27,6 +28,10 @@ type Options struct {
 	// ReservationTTL is the least time a reservation lives before its
 	// lease can expire it. Default 2 minutes.
 	ReservationTTL time.Duration
+	// HistoryRetention is how long a record of an ended ownership interval
+	// is kept (IP history). Zero: DefaultHistoryRetention; negative: no
+	// history is written.
+	HistoryRetention time.Duration
 }
 
 // New returns a Store over cli.
@@ -34,7 +39,14 @@ func New(cli *clientv3.Client, o Options) *Store {
 	if o.ReservationTTL <= 0 {
 		o.ReservationTTL = 2 * time.Minute
 	}
-	return &Store{cli: cli, res: reservationLeases{cli: cli, ttl: o.ReservationTTL}, now: time.Now}
+	s := &Store{cli: cli, res: reservationLeases{cli: cli, ttl: o.ReservationTTL}, now: time.Now}
+	if o.HistoryRetention == 0 {
+		o.HistoryRetention = DefaultHistoryRetention
+	}
+	if o.HistoryRetention > 0 {
+		s.hist = &historyLeases{cli: cli, retention: o.HistoryRetention}
+	}
+	return s
 }
 
 // Ping checks that etcd answers, with a count-only read of HealthKey.

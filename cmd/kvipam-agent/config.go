@@ -62,6 +62,7 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	var nodeAddrs string
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
 	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd, e.g. http://10.0.0.1:2379 (default: a loopback port)")
+	fs.DurationVar(&c.HistoryRetention.Duration, "history-retention", c.HistoryRetention.Duration, "how long etcd keeps a record of each ended address ownership (kvipamctl ip history); 0 turns it off")
 	fs.BoolVar(&c.PeerRoutes, "peer-routes", c.PeerRoutes, "route other nodes' blocks to their node addresses (nodes on one L2 segment)")
 
 	// The config file comes first, so find it before parsing for real.

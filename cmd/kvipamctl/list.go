@@ -66,7 +66,7 @@ func (a *app) ipCmd() *cobra.Command {
 	list.Flags().StringVar(&f.Node, "node", "", "only addresses of this node")
 	list.Flags().StringVar(&f.Owner, "owner", "", "only addresses of this container ID")
 	list.Flags().StringVar(&state, "state", "", "only addresses in this state: allocated or reserved")
-	cmd.AddCommand(list)
+	cmd.AddCommand(list, a.ipHistoryCmd())
 	return cmd
 }
 

@@ -110,12 +110,17 @@ func (a *app) nodeRemove(ctx context.Context, w io.Writer, r nodeRemoveRequest) 
 // parseLastSeen reads --last-seen: an RFC 3339 time (fractional seconds
 // allowed), or a duration before now such as 2h or 90m.
 func parseLastSeen(v string, now time.Time) (time.Time, error) {
+	return parseWhen("--last-seen", v, now)
+}
+
+// parseWhen reads a time flag: an RFC 3339 time, or how long ago.
+func parseWhen(flag, v string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
 		return t.UTC(), nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 0 {
-		return time.Time{}, fmt.Errorf("parse --last-seen %q: want an RFC 3339 time (2026-01-22T07:40:00Z) or how long ago (2h, 90m)", v)
+		return time.Time{}, fmt.Errorf("parse %s %q: want an RFC 3339 time (2026-01-22T07:40:00Z) or how long ago (2h, 90m)", flag, v)
 	}
 	return now.Add(-d), nil
 }

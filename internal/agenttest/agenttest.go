@@ -36,6 +36,8 @@ type Options struct {
 	LeaseTTL int64
 	// ReservationTTL for reservations. Default: the store's.
 	ReservationTTL time.Duration
+	// HistoryRetention of IP history records. Default: the store's.
+	HistoryRetention time.Duration
 }
 
 // Start starts an agent named name on e.
@@ -46,7 +48,7 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 		o.LeaseTTL = 30
 	}
 	cli := etcdtest.Client(tb, e)
-	st := etcdstore.New(cli, etcdstore.Options{ReservationTTL: o.ReservationTTL})
+	st := etcdstore.New(cli, etcdstore.Options{ReservationTTL: o.ReservationTTL, HistoryRetention: o.HistoryRetention})
 	sess, err := kvstore.NewSession(ctx, cli, o.LeaseTTL)
 	if err != nil {
 		tb.Fatalf("agent %s: %v", name, err)

@@ -1,0 +1,213 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// IP history. etcd's own MVCC history cannot answer "who had 10.244.3.17
+// at 14:02 yesterday": an etcd shared with Kubernetes is compacted every
+// five minutes, and a restore rewinds it. So when an ownership interval
+// ends, a record of it is written in the same transaction as the release,
+// under its own prefix, on a retention lease: etcd deletes old records by
+// itself. The live allocation is the interval still open.
+
+// DefaultHistoryRetention is how long history records are kept unless
+// Options.HistoryRetention says otherwise.
+const DefaultHistoryRetention = 7 * 24 * time.Hour
+
+// HistoryRecord is one ended ownership interval of an address.
+type HistoryRecord struct {
+	Pool        string    `json:"pool"`
+	IP          string    `json:"ip"`
+	ContainerID string    `json:"containerID"`
+	IfName      string    `json:"ifName"`
+	Namespace   string    `json:"namespace,omitempty"`
+	Pod         string    `json:"pod,omitempty"`
+	Network     string    `json:"network,omitempty"`
+	Node        string    `json:"node"`
+	Start       time.Time `json:"start"`
+	End         time.Time `json:"end"`
+	// Reason is how the interval ended: released (a DEL or GC by the
+	// owner's node) or node-remove (an operator's audited release).
+	Reason string `json:"reason"`
+}
+
+// Reasons an interval ends.
+const (
+	EndReleased   = "released"
+	EndNodeRemove = "node-remove"
+)
+
+// HistoryOf is the record of al's interval ending at end.
+func HistoryOf(al allocator.Allocation, end time.Time, reason string) HistoryRecord {
+	return HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), ContainerID: al.ContainerID, IfName: al.IfName,
+		Namespace: al.Namespace, Pod: al.Pod, Network: al.Network, Node: al.Node,
+		Start: al.Since.UTC(), End: end.UTC(), Reason: reason}
+}
+
+// HistoryPrefix lists every history record.
+func HistoryPrefix() string { return Prefix + "history/" }
+
+// IPHistoryPrefix lists the history of one address.
+func IPHistoryPrefix(pool string, addr netip.Addr) string {
+	return HistoryPrefix() + pool + "/" + addr.String() + "/"
+}
+
+// HistoryKey is one record: under its address, ordered by end time (a
+// fixed-width number, so that key order is time order), then by owner.
+func HistoryKey(r HistoryRecord, addr netip.Addr) string {
+	return fmt.Sprintf("%s%020d-%s-%s", IPHistoryPrefix(r.Pool, addr), r.End.UnixNano(), r.ContainerID, r.IfName)
+}
+
+// historyLeases shares one retention lease among the records whose
+// intervals ended in the same time bucket (an hour, or the retention if
+// shorter), so that a record costs no extra round trip and etcd deletes a
+// bucket's records together. A lease lives for the retention past the
+// end of its bucket. It is safe for concurrent use.
+type historyLeases struct {
+	cli       *clientv3.Client
+	retention time.Duration
+	mu        sync.Mutex
+	byBucket  map[int64]clientv3.LeaseID
+}
+
+func (h *historyLeases) bucket() time.Duration { return min(time.Hour, h.retention) }
+
+// lease returns the lease for records ending at end.
+func (h *historyLeases) lease(ctx context.Context, end time.Time) (clientv3.LeaseID, error) {
+	b := end.Truncate(h.bucket()).UnixNano()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if id, ok := h.byBucket[b]; ok {
+		return id, nil
+	}
+	ttl := time.Until(time.Unix(0, b).Add(h.bucket())) + h.retention
+	resp, err := h.cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return 0, fmt.Errorf("grant history lease: %w", kvstore.Unavailable(err))
+	}
+	if h.byBucket == nil {
+		h.byBucket = map[int64]clientv3.LeaseID{}
+	}
+	for old := range h.byBucket { // buckets past are no longer written
+		if old < b {
+			delete(h.byBucket, old)
+		}
+	}
+	h.byBucket[b] = resp.ID
+	return resp.ID, nil
+}
+
+// drop forgets lease id (etcd no longer knows it).
+func (h *historyLeases) drop(id clientv3.LeaseID) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for b, l := range h.byBucket {
+		if l == id {
+			delete(h.byBucket, b)
+		}
+	}
+}
+
+// historyPut is the operation that records r, for a release transaction.
+// ok is false when history is off.
+func (s *Store) historyPut(ctx context.Context, r HistoryRecord, addr netip.Addr) (op clientv3.Op, lease clientv3.LeaseID, ok bool, err error) {
+	if s.hist == nil {
+		return clientv3.Op{}, 0, false, nil
+	}
+	lease, err = s.hist.lease(ctx, r.End)
+	if err != nil {
+		return clientv3.Op{}, 0, false, err
+	}
+	val, err := kvstore.EncodeJSON(r)
+	if err != nil {
+		return clientv3.Op{}, 0, false, err
+	}
+	return clientv3.OpPut(HistoryKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
+}
+
+// deleteWithHistory deletes key if it is still at rev and, in the same
+// transaction, records r. A key already gone is success (and records
+// nothing: whoever deleted it recorded it). A key rewritten since rev
+// wraps ErrConflict.
+func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, addr netip.Addr) error {
+	if rev <= 0 {
+		// A compare on revision 0 would match an absent key and record an
+		// interval nobody had.
+		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, allocator.ErrBadRequest)
+	}
+	for attempt := 0; ; attempt++ {
+		put, lease, ok, err := s.historyPut(ctx, r, addr)
+		if err != nil {
+			return err
+		}
+		then := []clientv3.Op{clientv3.OpDelete(key)}
+		if ok {
+			then = append(then, put)
+		}
+		resp, err := s.cli.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
+		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			s.hist.drop(lease) // revoked by hand: grant another and try once more
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("delete %s: %w", key, kvstore.Unavailable(err))
+		}
+		if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
+			return nil
+		}
+		return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+	}
+}
+
+// HistoryFilter selects history records; zero fields match everything.
+type HistoryFilter struct {
+	Pool      string
+	IP        netip.Addr // with Pool unset, in whichever pool holds it
+	Namespace string
+	Pod       string
+	Since     time.Time // intervals that ended at or after
+	Until     time.Time // intervals that started at or before
+}
+
+// History reads the ended intervals that match f, oldest end first. With an
+// address it reads only that address's records; otherwise every record.
+func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryRecord, error) {
+	prefix := HistoryPrefix()
+	if f.IP.IsValid() && f.Pool != "" {
+		prefix = IPHistoryPrefix(f.Pool, f.IP)
+	}
+	vs, _, err := kvstore.ListJSON[HistoryRecord](ctx, s.cli, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("read history: %w", err)
+	}
+	var out []HistoryRecord
+	for _, v := range vs {
+		r := v.Value
+		switch {
+		case f.IP.IsValid() && r.IP != f.IP.String(),
+			f.Pool != "" && r.Pool != f.Pool,
+			f.Namespace != "" && r.Namespace != f.Namespace,
+			f.Pod != "" && r.Pod != f.Pod,
+			!f.Since.IsZero() && r.End.Before(f.Since),
+			!f.Until.IsZero() && r.Start.After(f.Until):
+			continue
+		}
+		out = append(out, r)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].End.Before(out[j].End) })
+	return slices.Clip(out), nil
+}

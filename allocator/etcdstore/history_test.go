@@ -1,0 +1,65 @@
+package etcdstore_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// BenchmarkHistorySpace releases b.N allocations, each leaving one history
+// record, and reports what the records cost etcd: their key and value
+// bytes, and the growth of the database in use, per release.
+//
+//	go test -run '^$' -bench HistorySpace -benchtime 1000x ./allocator/etcdstore/
+func BenchmarkHistorySpace(b *testing.B) {
+	ctx := context.Background()
+	e := etcdtest.Start(b)
+	cli := etcdtest.Client(b, e)
+	s := etcdstore.New(cli, etcdstore.Options{})
+	pool := allocator.Pool{Name: "default", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, BlockSizeV4: 26}
+	_, err := s.EnsurePool(ctx, pool)
+	require.NoError(b, err)
+	block := netip.MustParsePrefix("10.0.0.0/26")
+	sizeInUse := func() int64 {
+		st, err := cli.Status(ctx, e.Endpoints()[0])
+		require.NoError(b, err)
+		return st.DbSizeInUse
+	}
+	before := sizeInUse()
+	b.ResetTimer()
+	require.ErrorIs(b, s.DeleteIP(ctx, allocator.Allocation{Pool: pool.Name, Block: block, Addr: block.Addr()}), allocator.ErrBadRequest, "a delete needs a revision")
+	for i := range b.N {
+		addr := netip.MustParseAddr(fmt.Sprintf("10.0.%d.%d", i/250%250, i%250+1))
+		al := allocator.Allocation{Pool: pool.Name, Block: block, Addr: addr, Rev: 0,
+			Record: allocator.Record{Owner: allocator.Owner{ContainerID: fmt.Sprintf("%064x", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("web-%d-abcde", i), Network: "k8s-pod-network"},
+				Node: "node-0001.example.internal", State: allocator.StateAllocated, Since: time.Now().UTC()}}
+		b.StopTimer()
+		key := etcdstore.IPKey(pool.Name, block, addr)
+		_, err := cli.Put(ctx, key, `{}`)
+		require.NoError(b, err)
+		resp, err := cli.Get(ctx, key)
+		require.NoError(b, err)
+		al.Rev = resp.Kvs[0].ModRevision
+		b.StartTimer()
+		require.NoError(b, s.DeleteIP(ctx, al))
+	}
+	b.StopTimer()
+	resp, err := cli.Get(ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix())
+	require.NoError(b, err)
+	require.EqualValues(b, b.N, resp.Count)
+	var kv int
+	for _, r := range resp.Kvs {
+		kv += len(r.Key) + len(r.Value)
+	}
+	b.ReportMetric(float64(kv)/float64(b.N), "kv-bytes/release")
+	b.ReportMetric(float64(sizeInUse()-before)/float64(b.N), "db-bytes/release")
+}
