@@ -1,0 +1,47 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// sysProcAttr makes the kernel SIGKILL a member when the thread that
+// started it (the launcher's) ends, so a test binary killed by go test's
+// timeout or by hand takes its members along.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// waitStopped waits until /proc shows process pid stopped (state T) or,
+// with stopped false, not stopped; or until done is closed (it ended).
+// Signal delivery is asynchronous; this is the event that says it landed.
+func waitStopped(pid int, stopped bool, done <-chan struct{}) error {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read process state: %w", err)
+		}
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+			if (b[i+2] == 'T') == stopped {
+				return nil
+			}
+		}
+		select {
+		case <-done:
+			return fmt.Errorf("process %d ended", pid)
+		case <-deadline.C:
+			return fmt.Errorf("process %d: not stopped=%v after 5s", pid, stopped)
+		case <-tick.C:
+		}
+	}
+}
