@@ -18,6 +18,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -73,6 +74,7 @@ func TestMain(m *testing.M) {
 	if agentBin != "" {
 		os.RemoveAll(filepath.Dir(agentBin))
 	}
+	cluster.RemoveBinaries()
 	os.Exit(code)
 }
 
