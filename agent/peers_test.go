@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -25,21 +26,7 @@ import (
 // other's blocks via the other's underlay address, and a block given back
 // to the pool loses its route.
 func TestPeerRoutes(t *testing.T) {
-	nsA, nsB := nstest.NewNS(t), nstest.NewNS(t)
-	hA, hB := nstest.Handle(t, nsA), nstest.Handle(t, nsB)
-	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))}
-	require.NoError(t, hA.LinkAdd(underlay))
-	for _, side := range []struct {
-		h    *netlink.Handle
-		addr string
-	}{{hA, "10.254.0.1/24"}, {hB, "10.254.0.2/24"}} {
-		l, err := side.h.LinkByName("ul0")
-		require.NoError(t, err)
-		ad, err := netlink.ParseAddr(side.addr)
-		require.NoError(t, err)
-		require.NoError(t, side.h.AddrAdd(l, ad))
-		require.NoError(t, side.h.LinkSetUp(l))
-	}
+	nsA, nsB, hA, hB := twoNodes(t)
 	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.80.0.0/24")}}
 	start := func(node, netns, addr string) *testAgent {
@@ -96,21 +83,7 @@ func routeVia(t testing.TB, h *netlink.Handle, dst netip.Prefix) string {
 // nodes' addresses, delete those routes and add them back a moment later,
 // dropping pod traffic across nodes.
 func TestPeerRoutesSurviveRestart(t *testing.T) {
-	nsA, nsB := nstest.NewNS(t), nstest.NewNS(t)
-	hA, hB := nstest.Handle(t, nsA), nstest.Handle(t, nsB)
-	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))}
-	require.NoError(t, hA.LinkAdd(underlay))
-	for _, side := range []struct {
-		h    *netlink.Handle
-		addr string
-	}{{hA, "10.254.0.1/24"}, {hB, "10.254.0.2/24"}} {
-		l, err := side.h.LinkByName("ul0")
-		require.NoError(t, err)
-		ad, err := netlink.ParseAddr(side.addr)
-		require.NoError(t, err)
-		require.NoError(t, side.h.AddrAdd(l, ad))
-		require.NoError(t, side.h.LinkSetUp(l))
-	}
+	nsA, nsB, hA, _ := twoNodes(t)
 	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.80.0.0/24")}}
 	cfgA := testConfig(t, e)
@@ -230,4 +203,26 @@ func TestPeerRouterWaitsForBothLists(t *testing.T) {
 	require.Eventually(t, func() bool { return p.passes.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
 	require.Equal(t, "10.254.0.2", routeVia(t, h, block))
 	requireNoDelete(t, h, updates, block)
+}
+
+// twoNodes makes two scratch node namespaces joined by an underlay veth,
+// 10.254.0.1 in the first and 10.254.0.2 in the second.
+func twoNodes(t *testing.T) (nsA, nsB ns.NetNS, hA, hB *netlink.Handle) {
+	t.Helper()
+	nsA, nsB = nstest.NewNS(t), nstest.NewNS(t)
+	hA, hB = nstest.Handle(t, nsA), nstest.Handle(t, nsB)
+	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))}
+	require.NoError(t, hA.LinkAdd(underlay))
+	for _, side := range []struct {
+		h    *netlink.Handle
+		addr string
+	}{{hA, "10.254.0.1/24"}, {hB, "10.254.0.2/24"}} {
+		l, err := side.h.LinkByName("ul0")
+		require.NoError(t, err)
+		ad, err := netlink.ParseAddr(side.addr)
+		require.NoError(t, err)
+		require.NoError(t, side.h.AddrAdd(l, ad))
+		require.NoError(t, side.h.LinkSetUp(l))
+	}
+	return nsA, nsB, hA, hB
 }
