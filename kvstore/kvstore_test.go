@@ -122,6 +122,28 @@ func TestSessionCloseKeepsLease(t *testing.T) {
 	require.Greater(t, ttl.TTL, int64(0), "Close must leave the lease to expire on its own")
 }
 
+// TestSessionUnavailable stops etcd under a client: granting a session and
+// revoking one fail with an error that matches ErrUnavailable, as every
+// other etcd call in kvstore does.
+func TestSessionUnavailable(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	s, err := kvstore.NewSession(ctx, cli, 30)
+	require.NoError(t, err)
+	e.Close() // waits out etcd's graceful stop of the session's keepalive stream (~5 s)
+
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = kvstore.NewSession(cctx, cli, 30)
+	require.ErrorIs(t, err, kvstore.ErrUnavailable, "grant: %v", err)
+
+	rctx, rcancel := context.WithTimeout(ctx, time.Second)
+	defer rcancel()
+	err = s.Revoke(rctx)
+	require.ErrorIs(t, err, kvstore.ErrUnavailable, "revoke: %v", err)
+}
+
 // mirror keeps a map of a prefix from watch events, as the agent does.
 type mirror struct {
 	mu     sync.Mutex

@@ -27,20 +27,21 @@ type Session struct {
 }
 
 // NewSession grants a lease of ttlSeconds and keeps it alive in the
-// background. ctx bounds only the grant.
+// background. ctx bounds only the grant. An etcd that does not answer makes
+// the error wrap ErrUnavailable.
 func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*Session, error) {
 	if ttlSeconds < 1 {
 		return nil, fmt.Errorf("kvstore: lease ttl %ds must be at least 1s", ttlSeconds)
 	}
 	resp, err := cli.Grant(ctx, ttlSeconds)
 	if err != nil {
-		return nil, fmt.Errorf("grant lease: %w", err)
+		return nil, fmt.Errorf("grant lease: %w", Unavailable(err))
 	}
 	kctx, cancel := context.WithCancel(context.Background())
 	ch, err := cli.KeepAlive(kctx, resp.ID)
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("keep lease %x alive: %w", resp.ID, err)
+		return nil, fmt.Errorf("keep lease %x alive: %w", resp.ID, Unavailable(err))
 	}
 	s := &Session{cli: cli, id: resp.ID, ttl: resp.TTL, cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -86,7 +87,7 @@ func (s *Session) Revoke(ctx context.Context) error {
 	s.cancel()
 	<-s.done
 	if _, err := s.cli.Revoke(ctx, s.id); err != nil {
-		return fmt.Errorf("revoke lease %x: %w", s.id, err)
+		return fmt.Errorf("revoke lease %x: %w", s.id, Unavailable(err))
 	}
 	return nil
 }
