@@ -12,16 +12,22 @@ import (
 // with an incompatible schema; docs/etcd-schema.md describes each key.
 const Prefix = "/kvipam/v1/"
 
-// Key builders. Each kind of record has its own subtree so that one range
-// read lists it, and allocations sit under their block so that one range
-// compare asks "is this block empty".
-func PoolKey(pool string) string { return Prefix + "pools/" + pool }
+// The key builders below are the only place a key is spelled. Each kind of
+// record has its own subtree so that one range read lists it, and
+// allocations sit under their block so that one range compare asks "is
+// this block empty".
+
+// PoolKey is a pool's spec; no lease.
+func PoolKey(pool string) string { return PoolsPrefix() + pool }
 
 // PoolsPrefix lists every pool.
 func PoolsPrefix() string { return Prefix + "pools/" }
 
 // NodeKey is the node record, on the node's lease.
-func NodeKey(node string) string { return Prefix + "nodes/" + node }
+func NodeKey(node string) string { return NodesPrefix() + node }
+
+// NodesPrefix lists every live node.
+func NodesPrefix() string { return Prefix + "nodes/" }
 
 // AllClaimsPrefix lists every pool's claims.
 func AllClaimsPrefix() string { return Prefix + "claims/" }

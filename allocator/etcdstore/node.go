@@ -75,9 +75,6 @@ func (ip LostIP) Holder() string {
 	}
 }
 
-// NodesPrefix lists every live node.
-func NodesPrefix() string { return Prefix + "nodes/" }
-
 // PutNode writes the node record on lease.
 func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
 	val, err := kvstore.EncodeJSON(r)

@@ -105,8 +105,10 @@ func TestStoppedEtcdIsUnavailable(t *testing.T) {
 	ctx := context.Background()
 	_, err := s.EnsurePool(ctx, allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.9.0.0/24")}, BlockSizeV4: 28})
 	require.NoError(t, err)
+	require.NoError(t, s.Ping(ctx))
 	e.Close()
 	for name, call := range map[string]func(ctx context.Context) error{
+		"Ping":       s.Ping,
 		"ListBlocks": func(ctx context.Context) error { _, err := s.ListBlocks(ctx, "p"); return err },
 		"GetPool":    func(ctx context.Context) error { _, err := s.GetPool(ctx, "p"); return err },
 		"ListIPs": func(ctx context.Context) error {

@@ -41,7 +41,11 @@ type NodeInfo struct {
 
 // NodesHandler follows the node records. Calls come from one goroutine.
 type NodesHandler interface {
+	// ResetNodes gives every live node record: at start, and whenever the
+	// watch had to list again. A record that went while the watch could
+	// not see it gets no DeleteNode; it is simply not in nodes.
 	ResetNodes(nodes []NodeInfo)
+	// PutNode records a node record written or changed.
 	PutNode(n NodeInfo)
 	// DeleteNode is called when a record goes (its lease ended).
 	DeleteNode(name string)

@@ -1,0 +1,121 @@
+package etcdstore_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// Typed watch events as a recorder sees them.
+type (
+	resetHomes []etcdstore.BlockHome
+	putHome    etcdstore.BlockHome
+	deleteHome struct {
+		Pool  string
+		Block netip.Prefix
+	}
+	resetNodes []etcdstore.NodeInfo
+	putNode    etcdstore.NodeInfo
+	deleteNode string
+)
+
+// recorder is a HomesHandler and a NodesHandler that passes every call on
+// as one of the event types above.
+type recorder chan any
+
+func (r recorder) ResetHomes(h []etcdstore.BlockHome)     { r <- resetHomes(h) }
+func (r recorder) PutHome(h etcdstore.BlockHome)          { r <- putHome(h) }
+func (r recorder) DeleteHome(pool string, b netip.Prefix) { r <- deleteHome{pool, b} }
+func (r recorder) ResetNodes(n []etcdstore.NodeInfo)      { r <- resetNodes(n) }
+func (r recorder) PutNode(n etcdstore.NodeInfo)           { r <- putNode(n) }
+func (r recorder) DeleteNode(name string)                 { r <- deleteNode(name) }
+
+func (r recorder) next(tb testing.TB) any {
+	tb.Helper()
+	select {
+	case ev := <-r:
+		return ev
+	case <-time.After(10 * time.Second):
+		tb.Fatal("no watch event within 10s")
+		return nil
+	}
+}
+
+// follow runs watch until the test ends and checks that it returns ctx's
+// error then.
+func follow(tb testing.TB, watch func(context.Context, recorder) error) recorder {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := make(recorder, 16)
+	done := make(chan error, 1)
+	go func() { done <- watch(ctx, r) }()
+	tb.Cleanup(func() {
+		cancel()
+		require.ErrorIs(tb, <-done, context.Canceled)
+	})
+	return r
+}
+
+func TestWatchHomes(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	st := etcdstore.New(cli, etcdstore.Options{})
+	lease, err := cli.Grant(ctx, 60)
+	require.NoError(t, err)
+	claim := func(pool, block, node string) (netip.Prefix, int64) {
+		t.Helper()
+		b := netip.MustParsePrefix(block)
+		rev, err := st.Claim(ctx, pool, b, allocator.Claim{Node: node, ClaimedAt: time.Now().UTC()}, int64(lease.ID))
+		require.NoError(t, err)
+		return b, rev
+	}
+	a, _ := claim("p", "10.0.0.0/28", "node-a")
+	b6, _ := claim("q", "fd00::/120", "node-b")
+
+	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchHomes(ctx, r) })
+	require.ElementsMatch(t, resetHomes{{Pool: "p", Block: a, Node: "node-a"}, {Pool: "q", Block: b6, Node: "node-b"}}, r.next(t),
+		"the first call lists the homes of every pool")
+
+	// A home that cannot be read is skipped, not delivered half decoded.
+	_, err = cli.Put(ctx, etcdstore.HomeKey("p", netip.MustParsePrefix("10.0.0.32/28")), "not json")
+	require.NoError(t, err)
+	c, crev := claim("p", "10.0.0.16/28", "node-c")
+	require.Equal(t, putHome{Pool: "p", Block: c, Node: "node-c"}, r.next(t))
+
+	require.NoError(t, st.Unclaim(ctx, "p", c, crev))
+	require.Equal(t, deleteHome{Pool: "p", Block: c}, r.next(t))
+}
+
+func TestWatchNodes(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	st := etcdstore.New(cli, etcdstore.Options{})
+	put := func(name string, addrs ...string) clientv3.LeaseID {
+		t.Helper()
+		lease, err := cli.Grant(ctx, 60)
+		require.NoError(t, err)
+		require.NoError(t, st.PutNode(ctx, etcdstore.NodeRecord{Name: name, Addresses: addrs, Lease: int64(lease.ID)}, int64(lease.ID)))
+		return lease.ID
+	}
+	put("node-a", "192.0.2.1", "2001:db8::1")
+
+	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchNodes(ctx, r) })
+	require.Equal(t, resetNodes{{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}}, r.next(t))
+
+	// An address that does not parse is dropped; the rest of the record is kept.
+	lease := put("node-b", "192.0.2.2", "not-an-address")
+	require.Equal(t, putNode{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.2")}}, r.next(t))
+
+	// The record sits on the node's lease: when the lease ends, it goes.
+	_, err := cli.Revoke(ctx, lease)
+	require.NoError(t, err)
+	require.Equal(t, deleteNode("node-b"), r.next(t))
+}
