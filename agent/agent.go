@@ -196,7 +196,7 @@ func (a *Agent) start(ctx context.Context) error {
 	a.lease.renewed = a.endpoints.recheck
 	a.probe = &etcdProbe{ping: a.ping, log: a.log}
 	a.rec = &reconciler{
-		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain,
+		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain, recordLapses: a.alloc.RecordLapses,
 		grace: a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
 		released: a.m.gcReleased.WithLabelValues("reconciler"), log: a.log,
 	}

@@ -22,11 +22,13 @@ type reconciler struct {
 	}
 	linkExists func(api.Endpoint) (bool, error)
 	drain      func(ctx context.Context) error
-	grace      time.Duration
-	interval   time.Duration
-	timeout    time.Duration
-	released   prometheus.Counter
-	log        hclog.Logger
+	// recordLapses writes reservations seen to lapse to IP history.
+	recordLapses func(ctx context.Context) error
+	grace        time.Duration
+	interval     time.Duration
+	timeout      time.Duration
+	released     prometheus.Counter
+	log          hclog.Logger
 
 	suspect map[string]time.Time
 }
@@ -96,6 +98,13 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 		if !seen[k] {
 			delete(r.suspect, k)
 		}
+	}
+	if r.recordLapses != nil {
+		rctx, cancel := context.WithTimeout(ctx, r.timeout)
+		if err := r.recordLapses(rctx); err != nil {
+			r.log.Warn("reconcile: IP history of lapsed reservations", "error", err)
+		}
+		cancel()
 	}
 	return released
 }

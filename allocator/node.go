@@ -59,6 +59,10 @@ type NodeAllocator struct {
 	lease    Lease
 	restored bool
 	pools    map[string]*poolState
+	// lapsed are reservations seen to lapse whose end is not yet in IP
+	// history (lapses.go); they have their own lock, so recording never
+	// waits behind allocation.
+	lapsed lapses
 }
 
 // NewNodeAllocator checks cfg. Call Restore before anything else.

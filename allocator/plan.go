@@ -138,6 +138,7 @@ func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
 	}
 	a.drop(ps, al)
 	a.logEnded(al, "reservation lapsed")
+	a.lapsed.add(*al, exp)
 	return true
 }
 

@@ -167,6 +167,10 @@ type Store interface {
 	// a changed key wraps ErrConflict. The store records the ownership
 	// interval that ends (IP history) in the same atomic step.
 	DeleteIP(ctx context.Context, al Allocation) error
+	// RecordLapsed records in IP history that reservation al lapsed at
+	// end. It reports false when the store still holds al as it was (its
+	// lease has not ended there yet): ask again later.
+	RecordLapsed(ctx context.Context, al Allocation, end time.Time) (bool, error)
 }
 
 // Errors of the allocator. Compare with errors.Is.

@@ -41,14 +41,17 @@ type HistoryRecord struct {
 	Start       time.Time `json:"start"`
 	End         time.Time `json:"end"`
 	// Reason is how the interval ended: released (a DEL or GC by the
-	// owner's node) or node-remove (an operator's audited release).
+	// owner's node), reservation-lapsed (an ADD that never finished),
+	// node-remove or operator-release (an operator's audited release).
 	Reason string `json:"reason"`
 }
 
 // Reasons an interval ends.
 const (
-	EndReleased   = "released"
-	EndNodeRemove = "node-remove"
+	EndReleased        = "released"
+	EndLapsed          = "reservation-lapsed"
+	EndNodeRemove      = "node-remove"
+	EndOperatorRelease = "operator-release"
 )
 
 // HistoryOf is the record of al's interval ending at end.
@@ -72,22 +75,37 @@ func HistoryKey(r HistoryRecord, addr netip.Addr) string {
 	return fmt.Sprintf("%s%020d-%s-%s", IPHistoryPrefix(r.Pool, addr), r.End.UnixNano(), r.ContainerID, r.IfName)
 }
 
-// historyLeases shares one retention lease among the records whose
-// intervals ended in the same time bucket (an hour, or the retention if
-// shorter), so that a record costs no extra round trip and etcd deletes a
-// bucket's records together. A lease lives for the retention past the
-// end of its bucket. It is safe for concurrent use.
-type historyLeases struct {
-	cli       *clientv3.Client
+// HistoryRecorder writes history records on retention leases. It shares
+// one lease among the records whose intervals ended in the same time
+// bucket (an hour, or the retention if shorter), so that a record costs no
+// extra round trip and etcd deletes a bucket's records together. A lease
+// lives for the retention past the end of its bucket. A nil recorder
+// records nothing (history off). It is safe for concurrent use.
+type HistoryRecorder struct {
+	leases    LeaseGranter
 	retention time.Duration
 	mu        sync.Mutex
 	byBucket  map[int64]clientv3.LeaseID
 }
 
-func (h *historyLeases) bucket() time.Duration { return min(time.Hour, h.retention) }
+// LeaseGranter grants leases (*clientv3.Client does).
+type LeaseGranter interface {
+	Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error)
+}
+
+// NewHistoryRecorder returns a recorder keeping records for retention;
+// nil (no history) when retention is not positive.
+func NewHistoryRecorder(l LeaseGranter, retention time.Duration) *HistoryRecorder {
+	if retention <= 0 {
+		return nil
+	}
+	return &HistoryRecorder{leases: l, retention: retention}
+}
+
+func (h *HistoryRecorder) bucket() time.Duration { return min(time.Hour, h.retention) }
 
 // lease returns the lease for records ending at end.
-func (h *historyLeases) lease(ctx context.Context, end time.Time) (clientv3.LeaseID, error) {
+func (h *HistoryRecorder) lease(ctx context.Context, end time.Time) (clientv3.LeaseID, error) {
 	b := end.Truncate(h.bucket()).UnixNano()
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -95,7 +113,7 @@ func (h *historyLeases) lease(ctx context.Context, end time.Time) (clientv3.Leas
 		return id, nil
 	}
 	ttl := time.Until(time.Unix(0, b).Add(h.bucket())) + h.retention
-	resp, err := h.cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+	resp, err := h.leases.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
 	if err != nil {
 		return 0, fmt.Errorf("grant history lease: %w", kvstore.Unavailable(err))
 	}
@@ -111,8 +129,12 @@ func (h *historyLeases) lease(ctx context.Context, end time.Time) (clientv3.Leas
 	return resp.ID, nil
 }
 
-// drop forgets lease id (etcd no longer knows it).
-func (h *historyLeases) drop(id clientv3.LeaseID) {
+// Drop forgets lease id: etcd no longer knows it (a transaction using it
+// failed with ErrLeaseNotFound), so the next record grants another.
+func (h *HistoryRecorder) Drop(id clientv3.LeaseID) {
+	if h == nil {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for b, l := range h.byBucket {
@@ -122,13 +144,17 @@ func (h *historyLeases) drop(id clientv3.LeaseID) {
 	}
 }
 
-// historyPut is the operation that records r, for a release transaction.
-// ok is false when history is off.
-func (s *Store) historyPut(ctx context.Context, r HistoryRecord, addr netip.Addr) (op clientv3.Op, lease clientv3.LeaseID, ok bool, err error) {
-	if s.hist == nil {
+// Op is the put that records r, for the transaction that ends r's
+// interval, and the lease it is on. ok is false when history is off.
+func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.Op, lease clientv3.LeaseID, ok bool, err error) {
+	if h == nil {
 		return clientv3.Op{}, 0, false, nil
 	}
-	lease, err = s.hist.lease(ctx, r.End)
+	addr, err := netip.ParseAddr(r.IP)
+	if err != nil {
+		return clientv3.Op{}, 0, false, fmt.Errorf("history record: %w: ip %q", allocator.ErrBadRequest, r.IP)
+	}
+	lease, err = h.lease(ctx, r.End)
 	if err != nil {
 		return clientv3.Op{}, 0, false, err
 	}
@@ -143,14 +169,14 @@ func (s *Store) historyPut(ctx context.Context, r HistoryRecord, addr netip.Addr
 // transaction, records r. A key already gone is success (and records
 // nothing: whoever deleted it recorded it). A key rewritten since rev
 // wraps ErrConflict.
-func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, addr netip.Addr) error {
+func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord) error {
 	if rev <= 0 {
 		// A compare on revision 0 would match an absent key and record an
 		// interval nobody had.
 		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, allocator.ErrBadRequest)
 	}
 	for attempt := 0; ; attempt++ {
-		put, lease, ok, err := s.historyPut(ctx, r, addr)
+		put, lease, ok, err := s.hist.Op(ctx, r)
 		if err != nil {
 			return err
 		}
@@ -160,7 +186,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 		}
 		resp, err := s.cli.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.hist.drop(lease) // revoked by hand: grant another and try once more
+			s.hist.Drop(lease) // revoked by hand: grant another and try once more
 			continue
 		}
 		if err != nil {

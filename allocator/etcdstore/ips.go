@@ -240,5 +240,5 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 // DeleteIP implements allocator.Store: the guarded delete and the history
 // record of the interval it ends, in one transaction.
 func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
-	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), al.Addr)
+	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased))
 }

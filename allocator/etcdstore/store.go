@@ -17,7 +17,7 @@ import (
 type Store struct {
 	cli  *clientv3.Client
 	res  reservationLeases
-	hist *historyLeases // nil: no IP history
+	hist *HistoryRecorder // nil: no IP history
 	now  func() time.Time
 }
 
@@ -43,9 +43,7 @@ func New(cli *clientv3.Client, o Options) *Store {
 	if o.HistoryRetention == 0 {
 		o.HistoryRetention = DefaultHistoryRetention
 	}
-	if o.HistoryRetention > 0 {
-		s.hist = &historyLeases{cli: cli, retention: o.HistoryRetention}
-	}
+	s.hist = NewHistoryRecorder(cli, o.HistoryRetention)
 	return s
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/hashicorp/go-hclog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/kvstore"
@@ -91,12 +92,35 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 }
 
 func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
+	var then []clientv3.Op
+	if st.History != nil && in.opts.History != nil {
+		rec := *st.History
+		rec.End = in.now().UTC()
+		put, lease, ok, err := in.opts.History.Op(ctx, rec)
+		if err != nil {
+			return StatusFailed, fmt.Errorf("delete %s: %w", st.Key, err)
+		}
+		if ok {
+			then = append(then, put)
+			status, err := in.guardedDelete(ctx, st, then)
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				in.opts.History.Drop(lease) // revoked by hand: the next step grants another
+			}
+			return status, err
+		}
+	}
 	if len(st.Guards) == 0 {
 		if err := kvstore.DeleteAt(ctx, in.cli, st.Key, st.Rev); err != nil {
 			return StatusFailed, err
 		}
 		return StatusDeleted, nil
 	}
+	return in.guardedDelete(ctx, st, nil)
+}
+
+// guardedDelete deletes st's key in one transaction comparing its revision
+// and every guard, with the extra operations then.
+func (in *Inspector) guardedDelete(ctx context.Context, st Step, then []clientv3.Op) (Status, error) {
 	cmps := []clientv3.Cmp{kvstore.Unchanged(st.Key, st.Rev)}
 	reads := []clientv3.Op{clientv3.OpGet(st.Key, clientv3.WithKeysOnly())}
 	for _, g := range st.Guards {
@@ -112,7 +136,8 @@ func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
 			reads = append(reads, clientv3.OpGet(g.Key, clientv3.WithKeysOnly()))
 		}
 	}
-	resp, err := in.cli.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(st.Key)).Else(reads...).Commit()
+	then = append([]clientv3.Op{clientv3.OpDelete(st.Key)}, then...)
+	resp, err := in.cli.Txn(ctx).If(cmps...).Then(then...).Else(reads...).Commit()
 	if err != nil {
 		return StatusFailed, fmt.Errorf("delete %s: %w", st.Key, err)
 	}

@@ -95,7 +95,7 @@ func removeBlock(v *blockView, node string, force bool) ([]Step, []string) {
 			reason += " (record names node " + ip.Node + ")"
 			others = append(others, ip.Node)
 		}
-		steps = append(steps, withGroup(ipStep(ip, reason, force, guards...), group))
+		steps = append(steps, withGroup(ipStep(ip, reason, etcdstore.EndNodeRemove, force, guards...), group))
 	}
 	for _, b := range v.bad {
 		st := base

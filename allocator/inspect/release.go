@@ -6,7 +6,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
@@ -69,6 +71,10 @@ type Step struct {
 	// Group ties the steps that free one block: when one fails, the later
 	// ones of its group are skipped. Empty: the step stands alone.
 	Group string `json:"group,omitempty"`
+	// History, for an allocation, is the ownership interval the delete
+	// ends; Execute writes it to IP history in the delete's transaction,
+	// with the execution time as its end.
+	History *etcdstore.HistoryRecord `json:"history,omitempty"`
 }
 
 // Plan is the list of deletes a repair makes, as seen at Revision.
@@ -85,9 +91,10 @@ type Plan struct {
 // ipStep deletes one allocation. Unless forced it is fenced by "the node
 // named in the record is still gone", so a node that comes back between
 // plan and execution keeps its address.
-func ipStep(ip *IP, reason string, force bool, guards ...Guard) Step {
+func ipStep(ip *IP, reason, ended string, force bool, guards ...Guard) Step {
+	rec := etcdstore.HistoryOf(allocator.Allocation{Record: ip.Record, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr}, time.Time{}, ended)
 	st := Step{Kind: StepIP, Key: ip.Key, Rev: ip.Rev, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr,
-		Node: ip.Node, Owner: ip.Owner.Key(), Reason: reason, Guards: guards}
+		Node: ip.Node, Owner: ip.Owner.Key(), Reason: reason, Guards: guards, History: &rec}
 	if !force {
 		st.Guards = append(st.Guards, Guard{Key: etcdstore.NodeKey(ip.Node)})
 	}
@@ -120,7 +127,7 @@ func planIPs(s *Snapshot, action, reason string, force bool, keep func(*IP) bool
 	var nodes []string
 	for i := range s.IPs {
 		if ip := &s.IPs[i]; keep(ip) {
-			p.Steps = append(p.Steps, ipStep(ip, reason, force))
+			p.Steps = append(p.Steps, ipStep(ip, reason, etcdstore.EndOperatorRelease, force))
 			nodes = append(nodes, ip.Node)
 		}
 	}

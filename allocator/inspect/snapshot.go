@@ -3,6 +3,7 @@ package inspect
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,6 +36,11 @@ type Options struct {
 	// many keys (all at the snapshot's revision), which bounds the size of
 	// one etcd response on very large stores. Zero: one read per prefix.
 	PageSize int
+	// History, if set, records the ownership interval that each deleted
+	// allocation ends (IP history), in the delete's transaction.
+	History *etcdstore.HistoryRecorder
+	// Now is the clock of those records; default time.Now.
+	Now func() time.Time
 }
 
 // Inspector reads and repairs kvipam's state in etcd. It is safe for
@@ -50,6 +56,13 @@ func New(cli Client, o Options) *Inspector {
 		o.ProgressEvery = DefaultProgressEvery
 	}
 	return &Inspector{cli: cli, opts: o}
+}
+
+func (in *Inspector) now() time.Time {
+	if in.opts.Now != nil {
+		return in.opts.Now()
+	}
+	return time.Now()
 }
 
 // Key prefixes of every record kind, across all pools.

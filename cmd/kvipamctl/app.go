@@ -39,6 +39,7 @@ type globalFlags struct {
 	socket      string
 	progress    string
 	pageSize    int
+	retention   time.Duration
 }
 
 // app is one run of kvipamctl: its flags, its stdio, and the etcd client
@@ -87,6 +88,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.StringVar(&a.flags.socket, "socket", client.DefaultSocket, "the local agent's unix socket (agent and endpoint commands)")
 	f.StringVar(&a.flags.progress, "progress", "auto", "progress lines on stderr every 10000 keys scanned: auto (when stderr is a terminal), always or never")
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
+	f.DurationVar(&a.flags.retention, "history-retention", etcdstore.DefaultHistoryRetention, "how long IP history keeps the intervals that release and node remove end (as the agents' --history-retention); 0: record none")
 	root.AddCommand(a.poolCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
 		a.agentCmd(), a.endpointCmd())
 	return root
@@ -168,7 +170,7 @@ func (a *app) snapshot(ctx context.Context) (*inspect.Inspector, *inspect.Snapsh
 	if err != nil {
 		return nil, nil, err
 	}
-	o := inspect.Options{PageSize: a.flags.pageSize}
+	o := inspect.Options{PageSize: a.flags.pageSize, History: etcdstore.NewHistoryRecorder(cli, a.flags.retention)}
 	if a.flags.progress == "always" || a.flags.progress == "auto" && isTerminal(a.stderr) {
 		o.Progress = func(n int) { fmt.Fprintf(a.stderr, "kvipamctl: scanned %d keys\n", n) }
 	}

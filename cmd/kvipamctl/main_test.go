@@ -323,6 +323,11 @@ func TestRelease(t *testing.T) {
 	require.Contains(t, errs, "deleted key")
 	require.Contains(t, errs, "operator=tester")
 	require.Contains(t, errs, rep.Plan.Steps[0].Key)
+	var hist []historyRow
+	require.Equal(t, exitOK, h.json(&hist, "ip", "history", ip))
+	require.Len(t, hist, 1, "the released interval is in IP history")
+	require.Equal(t, etcdstore.EndOperatorRelease, hist[0].Reason)
+	require.Equal(t, held[2].ContainerID, hist[0].ContainerID)
 
 	require.Equal(t, exitOK, h.json(&rep, "release", "--ip", ip))
 	require.Empty(t, rep.Plan.Steps, "releasing again finds nothing")
@@ -379,6 +384,11 @@ func TestNodeRemove(t *testing.T) {
 	require.Equal(t, 22, strings.Count(errs, "deleted key"), "one audit line per key")
 	require.Zero(t, h.count(etcdstore.IPsPrefix("small")))
 	require.Zero(t, h.count(etcdstore.HomesPrefix("small")))
+	var hist []historyRow
+	require.Equal(t, exitOK, h.json(&hist, "ip", "history", rep.Plan.Steps[0].Addr.String()))
+	require.Len(t, hist, 1, "the interval node remove ended is in IP history")
+	require.Equal(t, etcdstore.EndNodeRemove, hist[0].Reason)
+	require.Equal(t, "n1", hist[0].Node)
 
 	var r inspect.Report
 	require.Equal(t, exitOK, h.json(&r, "check"))

@@ -1,0 +1,93 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// A reservation that lapses (an ADD that never finished) ends an
+// ownership interval with no release to record it: its key goes with its
+// lease. The node notices the lapse in its cache (dropIfLapsed) and keeps
+// it here until RecordLapses has written it to IP history through the
+// Store, which waits for etcd to agree that the key is gone.
+
+// maxLapses bounds the reservations waiting to be recorded; beyond it the
+// oldest are dropped (and logged: the allocator.ip log line of the lapse
+// is the record then).
+const maxLapses = 4096
+
+// lapseGiveUp is how long a lapse is retried while the store still holds
+// the reservation as it was; a lease outliving its TTL by that much is
+// not a lapse the node will see end.
+const lapseGiveUp = time.Hour
+
+type lapse struct {
+	al  Allocation
+	end time.Time
+}
+
+type lapses struct {
+	mu      sync.Mutex
+	pending []lapse
+	dropped int
+}
+
+func (l *lapses) add(al Allocation, end time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) >= maxLapses {
+		l.pending = l.pending[1:]
+		l.dropped++
+	}
+	l.pending = append(l.pending, lapse{al: al, end: end})
+}
+
+func (l *lapses) take() []lapse {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.pending
+	l.pending = nil
+	return out
+}
+
+func (l *lapses) putBack(ls []lapse) {
+	for _, x := range ls {
+		l.add(x.al, x.end)
+	}
+}
+
+// RecordLapses writes the reservations this node saw lapse to IP history.
+// Those the store does not yet see as lapsed, or could not record, are
+// kept for the next call. The agent calls it on every reconciler pass.
+func (a *NodeAllocator) RecordLapses(ctx context.Context) error {
+	todo := a.lapsed.take()
+	var later []lapse
+	var errs []error
+	for i, x := range todo {
+		if ctx.Err() != nil {
+			later = append(later, todo[i:]...)
+			break
+		}
+		done, err := a.cfg.Store.RecordLapsed(ctx, x.al, x.end)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+			later = append(later, x)
+		case !done && a.cfg.Now().Sub(x.end) < lapseGiveUp:
+			later = append(later, x)
+		case !done:
+			a.log.Warn("reservation still in the store long after its lease should have ended; not recorded as lapsed",
+				"pool", x.al.Pool, "ip", x.al.Addr, "owner", x.al.Owner.Key(), "end", x.end)
+		}
+	}
+	a.lapsed.putBack(later)
+	a.lapsed.mu.Lock()
+	if n := a.lapsed.dropped; n > 0 {
+		a.lapsed.dropped = 0
+		a.log.Warn("lapsed reservations not recorded in IP history: too many waiting", "dropped", n)
+	}
+	a.lapsed.mu.Unlock()
+	return errors.Join(errs...)
+}
