@@ -67,6 +67,7 @@ func (p *peerRouter) run(ctx context.Context) {
 	go func() { defer wg.Done(); _ = p.source.WatchNodes(ctx, nodeWatch{p}) }()
 	t := time.NewTicker(30 * time.Second) // repair routes someone else removed
 	defer t.Stop()
+	synced := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -76,8 +77,13 @@ func (p *peerRouter) run(ctx context.Context) {
 		case <-t.C:
 		}
 		if p.listed() {
-			if err := p.sync(); err != nil {
+			err := p.sync()
+			switch {
+			case err != nil:
 				p.log.Warn("peer routes", "error", err)
+			case !synced:
+				synced = true
+				p.log.Info("peer routes in sync") // the first time: tests and operators wait on it
 			}
 		}
 		p.passes.Add(1)

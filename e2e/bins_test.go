@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvipam/kvipam/e2e/cluster"
 )
 
 // The binaries every test runs, built once per test binary.
@@ -34,6 +36,7 @@ var buildTargets = []string{
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	cluster.RemoveBinaries()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
 	}

@@ -15,20 +15,8 @@ import (
 // on node a pings a pod on node b and back.
 func TestTwoNodes(t *testing.T) {
 	a, b := newNode(t, "na"), newNode(t, "nb")
-	ha := nlHandle(t, a.host)
-	hb := nlHandle(t, b.host)
-	require.NoError(t, ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(b.host.Fd()))}))
-	for _, side := range []struct {
-		h    *netlink.Handle
-		addr string
-	}{{ha, "10.254.0.1/24"}, {hb, "10.254.0.2/24"}} {
-		l, err := side.h.LinkByName("ul0")
-		require.NoError(t, err)
-		ad, err := netlink.ParseAddr(side.addr)
-		require.NoError(t, err)
-		require.NoError(t, side.h.AddrAdd(l, ad))
-		require.NoError(t, side.h.LinkSetUp(l))
-	}
+	underlay(t, a, b)
+	ha, hb := nlHandle(t, a.host), nlHandle(t, b.host)
 	const pool = "default=10.1.0.0/16"
 	const etcd = "http://10.254.0.1:2379" // node a's namespace is fresh: the port is free
 	a.startAgent(agentOpts{pools: []string{pool}, extra: []string{"--embedded-etcd-listen", etcd, "--node-address", "10.254.0.1"}})

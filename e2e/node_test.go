@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
+	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/internal/nstest"
 )
 
@@ -61,6 +63,12 @@ type agentOpts struct {
 	gcInterval time.Duration
 	// extra are more agent flags.
 	extra []string
+	// etcd, if set, is the etcd cluster (member processes on the test
+	// host's loopback) the agent uses instead of an embedded one. Such an
+	// agent runs in the test's own namespace, where that loopback is, and
+	// manages the node namespace through --netns; its plugins still run in
+	// the node namespace and reach it over its unix socket.
+	etcd *cluster.Cluster
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -137,6 +145,14 @@ func (n *node) startAgent(o agentOpts) {
 		args = append(args, "--gc-interval", o.gcInterval.String())
 	}
 	args = append(args, o.extra...)
+	in := n.host
+	if o.etcd != nil {
+		f, err := o.etcd.ClientConfig(cluster.RootUser)
+		require.NoError(t, err)
+		args = append(args, "--netns", n.host.Path(), "--etcd-endpoints", strings.Join(o.etcd.Endpoints(), ","),
+			"--etcd-cacert", f.CAFile, "--etcd-cert", f.CertFile, "--etcd-key", f.KeyFile)
+		in = nil
+	}
 	if o.datapath != "routes" {
 		// bpffs is the host's: give each node its own pin directory.
 		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir))
@@ -150,7 +166,7 @@ func (n *node) startAgent(o agentOpts) {
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "KVIPAM_LOG_JSON=1"}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	require.NoError(t, startIn(n.host, cmd))
+	require.NoError(t, startIn(in, cmd))
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	n.agent, n.agentDone = cmd, done

@@ -25,7 +25,8 @@ type spawnReq struct {
 	done chan error
 }
 
-// startIn starts cmd with the thread in netns in, from the spawner thread.
+// startIn starts cmd with the thread in netns in, from the spawner thread;
+// a nil in is the test process's own namespace.
 func startIn(in ns.NetNS, cmd *exec.Cmd) error {
 	spawnOnce.Do(func() {
 		spawnReqs = make(chan spawnReq)
@@ -35,6 +36,10 @@ func startIn(in ns.NetNS, cmd *exec.Cmd) error {
 			for r := range spawnReqs {
 				if err != nil {
 					r.done <- err
+					continue
+				}
+				if r.in == nil {
+					r.done <- r.cmd.Start()
 					continue
 				}
 				if err := r.in.Set(); err != nil {
