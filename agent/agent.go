@@ -158,7 +158,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if hist == 0 {
 		hist = -1 // the store's way to say: no history
 	}
-	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist})
+	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout})
 	var names []string
 	for _, p := range a.cfg.Pools {
 		if _, err := a.store.EnsurePool(ctx, p); err != nil {

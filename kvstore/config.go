@@ -25,6 +25,10 @@ import (
 type Config struct {
 	Endpoints   []string      `json:"endpoints,omitempty" yaml:"endpoints,omitempty"`
 	DialTimeout time.Duration `json:"dialTimeout,omitempty" yaml:"dialTimeout,omitempty"`
+	// CallTimeout bounds each request (zero: DefaultCallTimeout). The
+	// kvstore client does not apply it; stores built on the client do
+	// (WithCallTimeout).
+	CallTimeout time.Duration `json:"callTimeout,omitempty" yaml:"callTimeout,omitempty"`
 	// CertFile and KeyFile are the client certificate; CAFile verifies the
 	// server. Any of them set turns TLS on.
 	CertFile string `json:"certFile,omitempty" yaml:"certFile,omitempty"`
@@ -53,6 +57,9 @@ func (c Config) Validate() error {
 	}
 	if c.DialTimeout < 0 {
 		return fmt.Errorf("kvstore: negative dial timeout %s", c.DialTimeout)
+	}
+	if c.CallTimeout < 0 {
+		return fmt.Errorf("kvstore: negative call timeout %s", c.CallTimeout)
 	}
 	return nil
 }

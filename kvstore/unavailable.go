@@ -14,7 +14,7 @@ import (
 
 // ErrUnavailable marks an etcd request that failed because etcd did not
 // answer in time: unreachable, no leader, a leader change, a request
-// timeout, the caller's deadline. It is retry.ErrUnavailable, so the
+// timeout, too many requests, the caller's deadline or the call timeout. It is retry.ErrUnavailable, so the
 // allocator's callers test for it without knowing etcd or gRPC.
 var ErrUnavailable = retry.ErrUnavailable
 
@@ -48,6 +48,8 @@ func transient(err error) bool {
 func transientCode(c codes.Code) bool {
 	switch c {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
+		return true
+	case codes.ResourceExhausted: // "etcdserver: too many requests": applying lags behind
 		return true
 	}
 	return false

@@ -25,6 +25,8 @@ func TestUnavailableClassifies(t *testing.T) {
 		{rpctypes.ErrNoLeader, true},
 		{rpctypes.ErrLeaderChanged, true},
 		{rpctypes.ErrGRPCTimeout, true},
+		{rpctypes.ErrTooManyRequests, true},
+		{rpctypes.ErrStopped, true},
 		{status.Error(codes.Unavailable, "connection refused"), true},
 		{status.Error(codes.DeadlineExceeded, "context deadline exceeded"), true},
 		{fmt.Errorf("get /x: %w", context.DeadlineExceeded), true},

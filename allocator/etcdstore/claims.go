@@ -17,7 +17,7 @@ import (
 // ListBlocks implements allocator.Store. Claims and homes are read in one
 // transaction so they describe the same revision.
 func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
-	resp, err := s.cli.Txn(ctx).Then(
+	resp, err := s.kv.Txn(ctx).Then(
 		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
 		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
 	).Commit()
@@ -98,7 +98,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 	if err != nil {
 		return 0, err
 	}
-	resp, err := s.cli.Txn(ctx).
+	resp, err := s.kv.Txn(ctx).
 		If(kvstore.Absent(ck), kvstore.PrefixEmpty(ips)).
 		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)).
 		Else(claimReads(pool, b)...).
@@ -159,7 +159,7 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 	if prev.Claim != nil {
 		claimCmp = kvstore.Unchanged(ck, prev.ClaimRev)
 	}
-	resp, err := s.cli.Txn(ctx).
+	resp, err := s.kv.Txn(ctx).
 		If(claimCmp, kvstore.Unchanged(hk, prev.HomeRev)).
 		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease)))).
 		Else(claimReads(pool, b)...).
@@ -185,7 +185,7 @@ func leaseErr(err error) error {
 // Unclaim implements allocator.Store.
 func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimRev int64) error {
 	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
-	resp, err := s.cli.Txn(ctx).
+	resp, err := s.kv.Txn(ctx).
 		If(kvstore.Unchanged(ck, claimRev), kvstore.PrefixEmpty(BlockIPsPrefix(pool, b))).
 		Then(clientv3.OpDelete(ck), clientv3.OpDelete(hk)).
 		Commit()

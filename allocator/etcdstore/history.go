@@ -184,7 +184,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 		if ok {
 			then = append(then, put)
 		}
-		resp, err := s.cli.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
+		resp, err := s.kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			s.hist.Drop(lease) // revoked by hand: grant another and try once more
 			continue
@@ -216,7 +216,7 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryRecord, 
 	if f.IP.IsValid() && f.Pool != "" {
 		prefix = IPHistoryPrefix(f.Pool, f.IP)
 	}
-	vs, _, err := kvstore.ListJSON[HistoryRecord](ctx, s.cli, prefix)
+	vs, _, err := kvstore.ListJSON[HistoryRecord](ctx, s.kv, prefix)
 	if err != nil {
 		return nil, fmt.Errorf("read history: %w", err)
 	}

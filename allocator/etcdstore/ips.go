@@ -17,7 +17,7 @@ import (
 
 // ListIPs implements allocator.Store.
 func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
-	resp, err := s.cli.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
+	resp, err := s.kv.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("list allocations of block %s: %w", b, kvstore.Unavailable(err))
 	}
@@ -118,7 +118,7 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		}
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
 	}
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The shared reservation lease expired or was revoked: a retry
 		// grants a new one.
@@ -194,7 +194,7 @@ func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.
 		for i, k := range chunk {
 			ops[i] = clientv3.OpGet(k)
 		}
-		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		resp, err := s.kv.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
 			return nil, 0, kvstore.Unavailable(err)
 		}

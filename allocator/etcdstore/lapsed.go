@@ -33,7 +33,7 @@ func (s *Store) RecordLapsed(ctx context.Context, al allocator.Allocation, end t
 		if err != nil {
 			return false, err
 		}
-		resp, err := s.cli.Txn(ctx).If(kvstore.Absent(key)).Then(put).Else(clientv3.OpGet(key)).Commit()
+		resp, err := s.kv.Txn(ctx).If(kvstore.Absent(key)).Then(put).Else(clientv3.OpGet(key)).Commit()
 		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			s.hist.Drop(lease)
 			continue
@@ -54,7 +54,7 @@ func (s *Store) RecordLapsed(ctx context.Context, al allocator.Allocation, end t
 		}
 		// Taken by another owner after the lapse. The record's key is
 		// fixed by r, so writing it twice is harmless.
-		if _, err := s.cli.Do(ctx, put); err != nil {
+		if _, err := s.kv.Do(ctx, put); err != nil {
 			return false, fmt.Errorf("record lapse of %s: %w", key, kvstore.Unavailable(err))
 		}
 		return true, nil

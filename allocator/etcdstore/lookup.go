@@ -18,7 +18,7 @@ func (s *Store) Holder(ctx context.Context, p allocator.Pool, addr netip.Addr) (
 	if !ok {
 		return nil, fmt.Errorf("holder of %s: %w: not an address of pool %s", addr, allocator.ErrBadRequest, p.Name)
 	}
-	resp, err := s.cli.Get(ctx, IPKey(p.Name, b, addr.Unmap()))
+	resp, err := s.kv.Get(ctx, IPKey(p.Name, b, addr.Unmap()))
 	if err != nil {
 		return nil, fmt.Errorf("holder of %s: %w", addr, kvstore.Unavailable(err))
 	}

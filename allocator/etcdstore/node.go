@@ -81,7 +81,7 @@ func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
 	if err != nil {
 		return err
 	}
-	if _, err := s.cli.Put(ctx, NodeKey(r.Name), val, clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
+	if _, err := s.kv.Put(ctx, NodeKey(r.Name), val, clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
 		return fmt.Errorf("write node record %s: %w", r.Name, kvstore.Unavailable(err))
 	}
 	return nil

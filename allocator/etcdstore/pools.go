@@ -22,7 +22,7 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 	}
 	var out allocator.Pool
 	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
-		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
 		if err != nil {
 			return err
 		}
@@ -47,7 +47,7 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 		if err != nil {
 			return err
 		}
-		resp, err := s.cli.Txn(ctx).
+		resp, err := s.kv.Txn(ctx).
 			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
 			Then(clientv3.OpPut(PoolKey(p.Name), val)).
 			Commit()
@@ -77,7 +77,7 @@ func poolEqual(a, b allocator.Pool) bool {
 
 // GetPool implements allocator.Store.
 func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error) {
-	v, err := kvstore.GetJSON[allocator.Pool](ctx, s.cli, PoolKey(name))
+	v, err := kvstore.GetJSON[allocator.Pool](ctx, s.kv, PoolKey(name))
 	if errors.Is(err, kvstore.ErrNotFound) {
 		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
 	}
@@ -86,7 +86,7 @@ func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error
 
 // ListPools implements allocator.Store.
 func (s *Store) ListPools(ctx context.Context) ([]allocator.Pool, error) {
-	vs, _, err := kvstore.ListJSON[allocator.Pool](ctx, s.cli, PoolsPrefix())
+	vs, _, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 
 // LeaseExpiry implements allocator.Store.
 func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
-	resp, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(lease))
+	resp, err := s.leases.TimeToLive(ctx, clientv3.LeaseID(lease))
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read lease %x: %w", lease, kvstore.Unavailable(err))
 	}
@@ -23,7 +23,7 @@ func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
 // short window, so a reservation costs no extra round trip. The lease is
 // granted for ttl plus the window, so every reservation lives at least ttl.
 type reservationLeases struct {
-	cli     *clientv3.Client
+	leases  kvstore.Leases
 	ttl     time.Duration
 	mu      sync.Mutex
 	id      clientv3.LeaseID
@@ -40,7 +40,7 @@ func (r *reservationLeases) get(ctx context.Context) (clientv3.LeaseID, time.Tim
 		return r.id, r.expires, nil
 	}
 	secs := int64((r.ttl + window + time.Second - 1) / time.Second)
-	resp, err := r.cli.Grant(ctx, secs)
+	resp, err := r.leases.Grant(ctx, secs)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("grant reservation lease: %w", kvstore.Unavailable(err))
 	}

@@ -15,10 +15,14 @@ import (
 
 // Store is the etcd-backed allocator.Store. It is safe for concurrent use.
 type Store struct {
-	cli  *clientv3.Client
-	res  reservationLeases
-	hist *HistoryRecorder // nil: no IP history
-	now  func() time.Time
+	cli *clientv3.Client // watches
+	// kv and leases are cli with each request bounded by the call
+	// timeout (kvstore.WithCallTimeout).
+	kv     clientv3.KV
+	leases kvstore.Leases
+	res    reservationLeases
+	hist   *HistoryRecorder // nil: no IP history
+	now    func() time.Time
 }
 
 var _ allocator.Store = (*Store)(nil)
@@ -32,6 +36,9 @@ type Options struct {
 	// is kept (IP history). Zero: DefaultHistoryRetention; negative: no
 	// history is written.
 	HistoryRetention time.Duration
+	// CallTimeout bounds each etcd request (not watches). Zero:
+	// kvstore.DefaultCallTimeout; negative: only the caller's context.
+	CallTimeout time.Duration
 }
 
 // New returns a Store over cli.
@@ -39,16 +46,21 @@ func New(cli *clientv3.Client, o Options) *Store {
 	if o.ReservationTTL <= 0 {
 		o.ReservationTTL = 2 * time.Minute
 	}
-	s := &Store{cli: cli, res: reservationLeases{cli: cli, ttl: o.ReservationTTL}, now: time.Now}
+	if o.CallTimeout == 0 {
+		o.CallTimeout = kvstore.DefaultCallTimeout
+	}
+	leases := kvstore.LeasesWithCallTimeout(cli, o.CallTimeout)
+	s := &Store{cli: cli, kv: kvstore.WithCallTimeout(cli, o.CallTimeout), leases: leases,
+		res: reservationLeases{leases: leases, ttl: o.ReservationTTL}, now: time.Now}
 	if o.HistoryRetention == 0 {
 		o.HistoryRetention = DefaultHistoryRetention
 	}
-	s.hist = NewHistoryRecorder(cli, o.HistoryRetention)
+	s.hist = NewHistoryRecorder(leases, o.HistoryRetention)
 	return s
 }
 
 // Ping checks that etcd answers, with a count-only read of HealthKey.
 func (s *Store) Ping(ctx context.Context) error {
-	_, err := s.cli.Get(ctx, HealthKey(), clientv3.WithCountOnly())
+	_, err := s.kv.Get(ctx, HealthKey(), clientv3.WithCountOnly())
 	return kvstore.Unavailable(err)
 }

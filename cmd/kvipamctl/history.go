@@ -97,7 +97,7 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 	if err != nil {
 		return err
 	}
-	recs, err := etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1}).History(ctx, f)
+	recs, err := etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1, CallTimeout: -1}).History(ctx, f)
 	if err != nil {
 		return err
 	}
