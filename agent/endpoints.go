@@ -207,5 +207,5 @@ func (m *endpointManager) recheck(ctx context.Context) {
 }
 
 func toOwner(o api.Owner) allocator.Owner {
-	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, Network: o.Network}
+	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, PodUID: o.PodUID, Network: o.Network}
 }

@@ -10,7 +10,7 @@ import "time"
 // logAllocated logs the start of al's ownership interval.
 func (a *NodeAllocator) logAllocated(al *Allocation) {
 	a.events.Info("ip allocated", "pool", al.Pool, "ip", al.Addr, "state", al.State,
-		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod,
+		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod, "pod_uid", al.PodUID,
 		"network", al.Network, "node", al.Node, "start", al.Since)
 }
 
@@ -18,6 +18,6 @@ func (a *NodeAllocator) logAllocated(al *Allocation) {
 // reservation that lapsed.
 func (a *NodeAllocator) logEnded(al *Allocation, how string) {
 	a.events.Info("ip "+how, "pool", al.Pool, "ip", al.Addr, "state", al.State,
-		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod,
+		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod, "pod_uid", al.PodUID,
 		"network", al.Network, "node", al.Node, "start", al.Since, "end", a.cfg.Now().UTC().Format(time.RFC3339Nano))
 }

@@ -28,6 +28,9 @@ type Owner struct {
 	IfName      string `json:"ifName"`
 	Namespace   string `json:"namespace,omitempty"`
 	Pod         string `json:"pod,omitempty"`
+	// PodUID tells apart two pods of the same name (a StatefulSet's pod
+	// re-created): K8S_POD_UID from the runtime.
+	PodUID string `json:"podUID,omitempty"`
 	// Network is the CNI network name, so GC from one network never
 	// collects another network's attachments in a shared pool.
 	Network string `json:"network,omitempty"`

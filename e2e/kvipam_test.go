@@ -54,6 +54,7 @@ func TestKvipamTwoPods(t *testing.T) {
 		require.Contains(t, v, `"state":"allocated"`)
 		require.Contains(t, v, `"namespace":"e2e"`)
 		require.Contains(t, v, `"pod":"a"`)
+		require.Contains(t, v, `"podUID":"`+podUID("a")+`"`, "the pod's UID from K8S_POD_UID")
 	}
 
 	require.NoError(t, n.del(l, a))

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -32,8 +33,15 @@ func newPod(t testing.TB, name string) *pod {
 	n := newNS(t)
 	return &pod{name: name, ns: n, rt: &libcni.RuntimeConf{
 		ContainerID: "ctr-" + name, NetNS: n.Path(), IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}},
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}, {"K8S_POD_UID", podUID(name)}},
 	}}
+}
+
+// podUID is the pod UID a test pod is given (a UUID, as Kubernetes'),
+// made from its name.
+func podUID(name string) string {
+	h := sha256.Sum256([]byte(name))
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
 }
 
 // conflist parses a network configuration list.

@@ -36,6 +36,7 @@ type HistoryRecord struct {
 	IfName      string    `json:"ifName"`
 	Namespace   string    `json:"namespace,omitempty"`
 	Pod         string    `json:"pod,omitempty"`
+	PodUID      string    `json:"podUID,omitempty"`
 	Network     string    `json:"network,omitempty"`
 	Node        string    `json:"node"`
 	Start       time.Time `json:"start"`
@@ -57,7 +58,7 @@ const (
 // HistoryOf is the record of al's interval ending at end.
 func HistoryOf(al allocator.Allocation, end time.Time, reason string) HistoryRecord {
 	return HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), ContainerID: al.ContainerID, IfName: al.IfName,
-		Namespace: al.Namespace, Pod: al.Pod, Network: al.Network, Node: al.Node,
+		Namespace: al.Namespace, Pod: al.Pod, PodUID: al.PodUID, Network: al.Network, Node: al.Node,
 		Start: al.Since.UTC(), End: end.UTC(), Reason: reason}
 }
 

@@ -83,13 +83,13 @@ func (a *app) ipList(ctx context.Context, w io.Writer, f inspect.IPFilter) error
 		return err
 	}
 	return a.render(w, ips, func(tw io.Writer) {
-		row(tw, "POOL", "IP", "STATE", "NODE", "CONTAINER", "IFNAME", "POD", "SINCE")
+		row(tw, "POOL", "IP", "STATE", "NODE", "CONTAINER", "IFNAME", "POD", "POD UID", "SINCE")
 		for _, ip := range ips {
 			pod := ip.Pod
 			if pod != "" && ip.Namespace != "" {
 				pod = ip.Namespace + "/" + pod
 			}
-			row(tw, ip.Pool, ip.Addr, ip.State, ip.Node, ip.ContainerID, ip.IfName, pod, ip.Since)
+			row(tw, ip.Pool, ip.Addr, ip.State, ip.Node, ip.ContainerID, ip.IfName, pod, ip.PodUID, ip.Since)
 		}
 	})
 }
