@@ -57,7 +57,7 @@ type Agent struct {
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
-	peers     *peerRouter // nil without --peer-routes
+	peers     *peerRouter // nil with routing none
 	podMTU    int
 
 	mu       sync.Mutex
@@ -101,8 +101,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain}
-	if a.cfg.PeerRoutes {
-		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, a.log)
+	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
+		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
 	}
 	for _, f := range tasks {
@@ -180,6 +180,9 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
+	if a.cfg.RoutingMode() == RoutingVXLAN && a.cfg.MTU == 0 {
+		a.podMTU -= vxlanOverhead // pod packets are encapsulated
+	}
 	records, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)

@@ -62,9 +62,36 @@ type Config struct {
 	// HistoryRetention is how long a record of an ended ownership interval
 	// (IP history) lives in etcd; 0 turns history off.
 	HistoryRetention Duration `json:"historyRetention"`
-	// PeerRoutes routes other nodes' blocks to their addresses (host-gw,
-	// nodes on one L2 segment); off when the network routes pod blocks.
+	// Routing is how pods reach pods on other nodes: host-gw (other
+	// nodes' blocks routed to their addresses, nodes on one L2 segment),
+	// vxlan (an overlay for nodes on different networks) or none (the
+	// network routes pod blocks).
+	Routing string `json:"routing"`
+	// VXLAN tunes the overlay of routing vxlan.
+	VXLAN VXLANConfig `json:"vxlan"`
+	// PeerRoutes false is the former spelling of routing none.
 	PeerRoutes bool `json:"peerRoutes"`
+}
+
+// Routing modes.
+const (
+	RoutingHostGW = "host-gw"
+	RoutingVXLAN  = "vxlan"
+	RoutingNone   = "none"
+)
+
+// VXLANConfig is the overlay's device: every node must use the same.
+type VXLANConfig struct {
+	VNI  int `json:"vni"`
+	Port int `json:"port"`
+}
+
+// RoutingMode is Routing, with peerRoutes false meaning none.
+func (c *Config) RoutingMode() string {
+	if !c.PeerRoutes {
+		return RoutingNone
+	}
+	return c.Routing
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -103,6 +130,8 @@ func DefaultConfig() Config {
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 		PeerRoutes:     true,
+		Routing:        RoutingHostGW,
+		VXLAN:          VXLANConfig{VNI: 1, Port: 4789},
 		// A week: kvipamctl ip history answers for it, and etcd holds about
 		// 0.5 KB per release for that long (docs/operations.md).
 		HistoryRetention: Duration{7 * 24 * time.Hour},
@@ -150,6 +179,17 @@ func (c *Config) Validate() error {
 	case DatapathRoutes, DatapathBPF, DatapathAuto:
 	default:
 		bad("datapath: %q is not routes, bpf or auto", c.Datapath)
+	}
+	switch c.Routing {
+	case RoutingHostGW, RoutingVXLAN, RoutingNone:
+	default:
+		bad("routing: %q is not host-gw, vxlan or none", c.Routing)
+	}
+	if c.VXLAN.VNI < 1 || c.VXLAN.VNI > 1<<24-1 {
+		bad("vxlan-vni: %d out of range 1-16777215", c.VXLAN.VNI)
+	}
+	if c.VXLAN.Port < 1 || c.VXLAN.Port > 65535 {
+		bad("vxlan-port: %d out of range 1-65535", c.VXLAN.Port)
 	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		bad("mtu: %d out of range 576-65535 (0 = detect)", c.MTU)

@@ -2,13 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,9 +18,9 @@ import (
 // routeProtocol marks the routes the agent owns, so it removes only its own.
 const routeProtocol = netlink.RouteProtocol(0x6b) // 'k'
 
-// peerRouter routes every other node's blocks to that node's address
-// (flannel's host-gw): with nodes on one L2 segment, pods on different
-// nodes reach each other with no overlay. It follows the block homes, not
+// peerRouter routes every other node's blocks to that node: to its
+// address (host-gw, nodes on one L2 segment) or through the VXLAN overlay
+// (vxlan.go); a routeProgrammer does the kernel's part. It follows the block homes, not
 // the claims: a home outlives a claim that expired during a partition, so
 // the pods on an orphaned block stay reachable. A node's last known
 // address is kept while its node record is gone for the same reason.
@@ -30,6 +28,7 @@ type peerRouter struct {
 	node   string // this node: its own blocks are not routed
 	netns  string // where the routes go; "" is the agent's own
 	source peerSource
+	prog   routeProgrammer // host-gw or vxlan
 	log    hclog.Logger
 
 	mu    sync.Mutex
@@ -53,8 +52,8 @@ type peerSource interface {
 	WatchNodes(ctx context.Context, h etcdstore.NodesHandler) error
 }
 
-func newPeerRouter(node, netns string, source peerSource, log hclog.Logger) *peerRouter {
-	return &peerRouter{node: node, netns: netns, source: source, log: log,
+func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
+	return &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log,
 		owner: map[netip.Prefix]string{}, addrs: map[string][]netip.Addr{}, kick: make(chan struct{}, 1)}
 }
 
@@ -104,18 +103,26 @@ func (p *peerRouter) changed() {
 	}
 }
 
-// desired is every other node's block with a gateway of its family.
-func (p *peerRouter) desired() map[netip.Prefix]netip.Addr {
+// peerHop is where one other node's block is sent: the node, and its
+// address of the block's family.
+type peerHop struct {
+	node string
+	addr netip.Addr
+}
+
+// desired is every other node's block with the node's address of the
+// block's family.
+func (p *peerRouter) desired() map[netip.Prefix]peerHop {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[netip.Prefix]netip.Addr{}
+	out := map[netip.Prefix]peerHop{}
 	for b, node := range p.owner {
 		if node == p.node {
 			continue
 		}
 		for _, a := range p.addrs[node] {
 			if a.Is4() == b.Addr().Is4() {
-				out[b] = a
+				out[b] = peerHop{node: node, addr: a}
 				break
 			}
 		}
@@ -123,39 +130,15 @@ func (p *peerRouter) desired() map[netip.Prefix]netip.Addr {
 	return out
 }
 
-// sync makes the kernel's kvipam routes equal the desired set.
+// sync makes the kernel's peer routes (and what they need) equal the
+// desired set, through the routing mode's programmer.
 func (p *peerRouter) sync() error {
 	h, err := openNetlink(p.netns)
 	if err != nil {
 		return err
 	}
 	defer h.Close()
-	want := p.desired()
-	have, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: routeProtocol}, netlink.RT_FILTER_PROTOCOL)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, r := range have {
-		dst, _ := netip.ParsePrefix(r.Dst.String())
-		gw, _ := netip.AddrFromSlice(r.Gw)
-		if want[dst] == gw.Unmap() {
-			delete(want, dst)
-			continue
-		}
-		if err := h.RouteDel(&r); err != nil && !errors.Is(err, syscall.ESRCH) {
-			errs = append(errs, err)
-		}
-	}
-	for b, gw := range want {
-		r := &netlink.Route{Dst: prefixNet(b), Gw: net.IP(gw.AsSlice()), Protocol: routeProtocol}
-		if err := h.RouteReplace(r); err != nil {
-			errs = append(errs, err) // a peer not on our segment: no host-gw route to it
-			continue
-		}
-		p.log.Debug("route to peer block", "block", b, "via", gw)
-	}
-	return errors.Join(errs...)
+	return p.prog.program(h, p.desired())
 }
 
 func prefixNet(p netip.Prefix) *net.IPNet {

@@ -192,7 +192,7 @@ func TestPeerRouterWaitsForBothLists(t *testing.T) {
 		nodes: []etcdstore.NodeInfo{{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("10.254.0.2")}}},
 		go_:   make(chan struct{}),
 	}
-	p := newPeerRouter("node-a", ns.Path(), src, hclog.NewNullLogger())
+	p := newPeerRouter("node-a", ns.Path(), src, hostGW{log: hclog.NewNullLogger()}, hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); p.run(ctx) }()

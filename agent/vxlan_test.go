@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/kvipam/kvipam/internal/nstest"
+)
+
+// TestVXLANOverlay programs the overlay in a scratch namespace: the
+// device on the node address's link with the MTU less the overhead, an
+// on-link route per peer block, a permanent neighbour and FDB entry per
+// peer. Programming the same state again changes nothing in the kernel
+// (an agent restart adopts it); a node whose blocks went loses its
+// route and entries; host-gw removes the device.
+func TestVXLANOverlay(t *testing.T) {
+	n := nstest.NewNS(t)
+	h := nstest.Handle(t, n)
+	ul := nstest.AddLink(t, h, "ul0")
+	require.NoError(t, h.LinkSetMTU(ul, 1400))
+	ad, err := netlink.ParseAddr("10.254.1.10/24")
+	require.NoError(t, err)
+	require.NoError(t, h.AddrAdd(ul, ad))
+
+	v := &vxlanOverlay{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	bB, bC := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("10.9.2.0/26")
+	vB, vC := netip.MustParseAddr("10.254.2.20"), netip.MustParseAddr("10.254.3.30")
+	want := func() map[netip.Prefix]peerHop {
+		return map[netip.Prefix]peerHop{bB: {"b", vB}, bC: {"c", vC},
+			netip.MustParsePrefix("fd00:9::/120"): {"b", netip.MustParseAddr("fd00::2")}} // IPv6: not routed
+	}
+	require.NoError(t, v.program(h, want()))
+
+	l, err := h.LinkByName(vxlanDevice)
+	require.NoError(t, err)
+	vx := l.(*netlink.Vxlan)
+	require.Equal(t, 7, vx.VxlanId)
+	require.Equal(t, 1350, vx.MTU, "the underlay's MTU less 50")
+	require.Equal(t, ul.Attrs().Index, vx.VtepDevIndex)
+	require.Equal(t, vtepMAC("a"), vx.HardwareAddr)
+	require.False(t, vx.Learning)
+	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
+	require.NoError(t, err)
+	require.Len(t, routes, 2)
+	for _, r := range routes {
+		require.Equal(t, l.Attrs().Index, r.LinkIndex)
+		require.NotZero(t, r.Flags&int(netlink.FLAG_ONLINK))
+	}
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+
+	// Again, as a restarted agent does: no netlink change at all.
+	changes := watchChanges(t, n)
+	require.NoError(t, v.program(h, want()))
+	require.Empty(t, changes(h), "programming the same state again changes nothing")
+	l2, err := h.LinkByName(vxlanDevice)
+	require.NoError(t, err)
+	require.Equal(t, l.Attrs().Index, l2.Attrs().Index, "the same device")
+
+	// c's blocks go: so do its route, neighbour and FDB entry.
+	w := want()
+	delete(w, bC)
+	require.NoError(t, v.program(h, w))
+	routes, err = ownRoutes(h, netlink.FAMILY_ALL)
+	require.NoError(t, err)
+	require.Len(t, routes, 1)
+	require.Equal(t, bB.String(), routes[0].Dst.String())
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+
+	// host-gw takes over: the device goes, with its routes.
+	require.Error(t, hostGW{log: hclog.NewNullLogger()}.program(h, w), "b is not on our segment: no host-gw route")
+	_, err = h.LinkByName(vxlanDevice)
+	require.Error(t, err, "the vxlan device is gone")
+}
+
+// neighbours are the permanent entries of family on l: IP -> MAC.
+func neighbours(t *testing.T, h *netlink.Handle, l netlink.Link, family int) map[string]string {
+	t.Helper()
+	ns, err := h.NeighList(l.Attrs().Index, family)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, n := range ns {
+		if n.State&netlink.NUD_PERMANENT != 0 {
+			out[n.IP.String()] = n.HardwareAddr.String()
+		}
+	}
+	return out
+}
+
+// watchChanges subscribes to route, link and neighbour changes in n; the
+// function it returns makes a marker change, waits for its event, and
+// returns what came before it.
+func watchChanges(t *testing.T, n interface{ Fd() uintptr }) func(h *netlink.Handle) []string {
+	t.Helper()
+	nsh := netns.NsHandle(n.Fd())
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	routes := make(chan netlink.RouteUpdate, 64)
+	links := make(chan netlink.LinkUpdate, 64)
+	neighs := make(chan netlink.NeighUpdate, 64)
+	require.NoError(t, netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &nsh}))
+	require.NoError(t, netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &nsh}))
+	require.NoError(t, netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &nsh}))
+	return func(h *netlink.Handle) []string {
+		marker := &netlink.Route{Dst: &net.IPNet{IP: net.IPv4(192, 0, 2, 99), Mask: net.CIDRMask(32, 32)}, Type: unix.RTN_BLACKHOLE}
+		require.NoError(t, h.RouteAdd(marker))
+		var seen []string
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case u := <-routes:
+				if u.Dst != nil && u.Dst.String() == "192.0.2.99/32" {
+					return seen
+				}
+				seen = append(seen, "route "+u.Dst.String())
+			case u := <-links:
+				seen = append(seen, "link "+u.Attrs().Name)
+			case u := <-neighs:
+				seen = append(seen, "neighbour "+u.IP.String()+" "+u.HardwareAddr.String())
+			case <-timeout:
+				t.Fatal("no event for the marker route")
+			}
+		}
+	}
+}
