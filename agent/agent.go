@@ -171,6 +171,12 @@ func (a *Agent) start(ctx context.Context) error {
 	a.alloc, err = allocator.NewNodeAllocator(allocator.NodeConfig{
 		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log,
 		Store: instrumentedStore{Store: a.store, m: a.m},
+		Held: func() []netip.Addr {
+			if a.endpoints == nil {
+				return nil
+			}
+			return a.endpoints.records.addrs()
+		},
 	})
 	if err != nil {
 		return err
@@ -194,13 +200,14 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.endpoints = &endpointManager{
 		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost,
-		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log,
+		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
 	a.lease.renewed = a.endpoints.recheck
-	a.probe = &etcdProbe{ping: a.ping, log: a.log}
+	a.probe = &etcdProbe{ping: a.ping, log: a.log, reachable: a.endpoints.verify}
 	a.rec = &reconciler{
 		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain, recordLapses: a.alloc.RecordLapses,
-		grace: a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
+		verify: a.endpoints.verify,
+		grace:  a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
 		released: a.m.gcReleased.WithLabelValues("reconciler"), log: a.log,
 	}
 	a.gc = &collector{

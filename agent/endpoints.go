@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -30,7 +31,9 @@ type endpointManager struct {
 	// reportLost publishes endpoints found lost (metrics, node record).
 	reportLost func(ctx context.Context, lost []etcdstore.LostEndpoint)
 	// freed runs after a release freed addresses.
-	freed       func()
+	freed func()
+	// reasserted counts allocations written back after etcd lost them.
+	reasserted  prometheus.Counter
 	delQueueDir string
 	log         hclog.Logger
 
@@ -43,6 +46,7 @@ type endpointAllocator interface {
 	Confirm(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
 	Release(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
 	ReleaseAllocation(ctx context.Context, al allocator.Allocation) (bool, error)
+	Reassert(ctx context.Context, held []allocator.HeldAddr) ([]allocator.Allocation, []allocator.Conflict, error)
 }
 
 // create finishes an ADD: the owner's reservation becomes permanent (a

@@ -135,6 +135,9 @@ func (k *leaseKeeper) close() {
 type etcdProbe struct {
 	ping func(ctx context.Context) error
 	log  hclog.Logger
+	// reachable runs when etcd answers again after it did not: it may
+	// have been restored from a snapshot meanwhile.
+	reachable func(ctx context.Context)
 
 	mu  sync.Mutex
 	err error
@@ -158,6 +161,11 @@ func (p *etcdProbe) run(ctx context.Context) {
 			p.log.Warn("etcd unreachable", "error", err)
 		} else if changed {
 			p.log.Info("etcd reachable again")
+			if p.reachable != nil {
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				p.reachable(rctx)
+				cancel()
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -27,6 +27,9 @@ import (
 // down (its record is removed), as it can no longer be served. The caller
 // holds m.mu.
 func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint) []api.Endpoint {
+	// First write back what etcd lost and may be re-asserted (reassert.go);
+	// what cannot be is judged below from the allocator's view.
+	m.reassert(ctx, eps, false)
 	var keep []api.Endpoint
 	var lost []etcdstore.LostEndpoint
 	for _, ep := range eps {

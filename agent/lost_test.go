@@ -45,9 +45,12 @@ func (b *syncBuffer) String() string {
 // TestLostEndpointsReported: node-1 is away while an operator removes it
 // (with evidence) and node-2 takes its block and the IPv4 address of
 // node-1's pod. When node-1 comes back, by a restart or when a partition
-// heals, it does not take the address back; it reports the endpoint: a
-// warning naming who holds each address now, the kvipam_endpoints_lost
-// gauge, and its node record, which kvipamctl check reports.
+// heals, it does not take that address back; it reports the endpoint: a
+// warning naming who holds the address now, the kvipam_endpoints_lost
+// gauge, and its node record, which kvipamctl check reports. The IPv6
+// block the operator freed is still free (nobody claimed it): node-1
+// claims it again and writes back its pod's IPv6 address, so that the
+// address is not handed out twice; the endpoint is kept for it.
 func TestLostEndpointsReported(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -128,7 +131,8 @@ func TestLostEndpointsReported(t *testing.T) {
 			require.Eventually(t, func() bool { return lostGauge(t, ta) == 1 }, 10*time.Second, 20*time.Millisecond)
 			require.Contains(t, logs.String(), "endpoint lost its addresses")
 			require.Contains(t, logs.String(), v4.String()+" held by ctr-0100/eth0 on node-2")
-			require.Contains(t, logs.String(), v6.String()+" held by nobody")
+			require.NotContains(t, logs.String(), v6.String()+" held by")
+			require.Contains(t, logs.String(), "written back: owner=ctr-0001/eth0 pod=ns/pod-1 pool="+testPool.Name+" ip="+v6.String())
 			require.Contains(t, logs.String(), "ctr-0001/eth0")
 			var rec etcdstore.NodeRecord
 			require.Eventually(t, func() bool {
@@ -139,10 +143,9 @@ func TestLostEndpointsReported(t *testing.T) {
 			le := rec.LostEndpoints[0]
 			require.Equal(t, "ctr-0001/eth0", le.Owner)
 			require.Equal(t, "pod-1", le.Pod)
-			require.False(t, le.Kept)
-			require.ElementsMatch(t, []etcdstore.LostIP{
+			require.True(t, le.Kept, "kept for its IPv6 address")
+			require.Equal(t, []etcdstore.LostIP{
 				{IP: v4.String(), Pool: testPool.Name, HeldBy: "ctr-0100/eth0", HeldByNode: "node-2"},
-				{IP: v6.String(), Pool: testPool.Name},
 			}, le.IPs)
 
 			// kvipamctl check sees it.
@@ -156,18 +159,20 @@ func TestLostEndpointsReported(t *testing.T) {
 			require.Contains(t, r.Findings[0].Keys, n2Key)
 			require.Contains(t, r.Findings[0].Message, "ns/pod-1")
 
-			// node-1 took nothing back: the endpoint is gone, node-2's
-			// key is as node-2 wrote it.
+			// node-1 took back nothing another node holds: node-2's key
+			// is as node-2 wrote it; the endpoint stays for its IPv6
+			// address, which node-1 holds again.
 			eps, err := ta.c.Endpoints(ctx)
 			require.NoError(t, err)
-			require.Empty(t, eps)
+			require.Len(t, eps, 1)
 			resp, err := cli.Get(ctx, n2Key)
 			require.NoError(t, err)
 			require.Len(t, resp.Kvs, 1)
 			require.Equal(t, n2Rev, resp.Kvs[0].ModRevision, "node-2's allocation is never re-written")
 			held, err := ta.c.Allocations(ctx, owner(1))
 			require.NoError(t, err)
-			require.Empty(t, held)
+			require.Len(t, held, 1)
+			require.Equal(t, v6, held[0].Address.Addr())
 		})
 	}
 }

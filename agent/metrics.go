@@ -20,6 +20,7 @@ type metrics struct {
 	batch      prometheus.Histogram
 	leaseHeld  prometheus.Gauge
 	lostEPs    prometheus.Gauge
+	reasserted prometheus.Counter
 	gcReleased *prometheus.CounterVec
 	requests   *prometheus.CounterVec
 }
@@ -45,6 +46,10 @@ func newMetrics(usage func() []allocator.Usage) *metrics {
 			Name: "kvipam_endpoints_lost",
 			Help: "Endpoints found since the agent started whose owner no longer held their addresses after a restore: the node's blocks were freed while it was away.",
 		}),
+		reasserted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvipam_reasserted_total",
+			Help: "Allocations of running endpoints written back after etcd had lost them (restored from an older snapshot).",
+		}),
 		gcReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvipam_gc_released_total", Help: "Allocations released by garbage collection.",
 		}, []string{"source"}),
@@ -52,7 +57,7 @@ func newMetrics(usage func() []allocator.Usage) *metrics {
 			Name: "kvipam_api_requests_total", Help: "API requests by path and status.",
 		}, []string{"path", "code"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.gcReleased, m.requests, usageCollector{usage})
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, usageCollector{usage})
 	return m
 }
 

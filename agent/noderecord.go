@@ -38,6 +38,12 @@ func (r *nodeRecorder) write(ctx context.Context, lease int64) error {
 func (r *nodeRecorder) addLost(lost []etcdstore.LostEndpoint) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.lost = append(r.lost, lost...)
+	for _, le := range lost { // one entry per owner: the latest finding
+		if i := slices.IndexFunc(r.lost, func(x etcdstore.LostEndpoint) bool { return x.Owner == le.Owner }); i >= 0 {
+			r.lost[i] = le
+			continue
+		}
+		r.lost = append(r.lost, le)
+	}
 	return len(r.lost)
 }

@@ -24,11 +24,14 @@ type reconciler struct {
 	drain      func(ctx context.Context) error
 	// recordLapses writes reservations seen to lapse to IP history.
 	recordLapses func(ctx context.Context) error
-	grace        time.Duration
-	interval     time.Duration
-	timeout      time.Duration
-	released     prometheus.Counter
-	log          hclog.Logger
+	// verify compares the endpoints with etcd and re-asserts what etcd
+	// lost (reassert.go).
+	verify   func(ctx context.Context)
+	grace    time.Duration
+	interval time.Duration
+	timeout  time.Duration
+	released prometheus.Counter
+	log      hclog.Logger
 
 	suspect map[string]time.Time
 }
@@ -98,6 +101,11 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 		if !seen[k] {
 			delete(r.suspect, k)
 		}
+	}
+	if r.verify != nil {
+		rctx, cancel := context.WithTimeout(ctx, r.timeout)
+		r.verify(rctx)
+		cancel()
 	}
 	if r.recordLapses != nil {
 		rctx, cancel := context.WithTimeout(ctx, r.timeout)

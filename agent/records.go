@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -115,5 +116,15 @@ func (s *endpointRecords) list() []api.Endpoint {
 		out = append(out, ep)
 	}
 	slices.SortFunc(out, func(a, b api.Endpoint) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// addrs are every endpoint's addresses. It takes only the records' lock,
+// so the allocator may call it while holding its own (NodeConfig.Held).
+func (s *endpointRecords) addrs() []netip.Addr {
+	var out []netip.Addr
+	for _, ep := range s.list() {
+		out = append(out, ep.IPs...)
+	}
 	return out
 }

@@ -91,7 +91,9 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 	if err != nil {
 		return err
 	}
-	ps.own[b] = &ownBlock{ba: ba, claimRev: rev}
+	ob := &ownBlock{ba: ba, claimRev: rev}
+	a.markHeld(b, ob) // free in etcd, but an endpoint may still use some
+	ps.own[b] = ob
 	delete(ps.others, b)
 	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", rev)
 	return nil

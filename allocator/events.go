@@ -21,3 +21,11 @@ func (a *NodeAllocator) logEnded(al *Allocation, how string) {
 		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod, "pod_uid", al.PodUID,
 		"network", al.Network, "node", al.Node, "start", al.Since, "end", a.cfg.Now().UTC().Format(time.RFC3339Nano))
 }
+
+// logReasserted logs an allocation written back after the store lost it
+// (etcd restored from an older snapshot): the interval goes on.
+func (a *NodeAllocator) logReasserted(al *Allocation) {
+	a.events.Warn("ip re-asserted", "pool", al.Pool, "ip", al.Addr, "state", al.State,
+		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod, "pod_uid", al.PodUID,
+		"network", al.Network, "node", al.Node, "start", al.Since)
+}

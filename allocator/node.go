@@ -40,6 +40,11 @@ type NodeConfig struct {
 	// WriteRetry bounds allocation writes that lose a race. Zero: default.
 	WriteRetry retry.Policy
 	Now        func() time.Time
+	// Held, if set, lists the addresses the node's endpoints use. They
+	// are never handed out, even when the store has no allocation for
+	// them (etcd restored from an older snapshot) until Reassert has
+	// settled them.
+	Held func() []netip.Addr
 }
 
 // NodeAllocator hands out IPs from the blocks one node owns, claiming
@@ -262,6 +267,7 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 		al.Seen = now
 		ps.remember(al, expiry[al.Lease])
 	}
+	a.markHeld(block, ob)
 	if newest != nil {
 		ob.ba.ResumeAfter(newest.Addr)
 	}

@@ -24,6 +24,7 @@ var buildTargets = []string{
 	"github.com/kvipam/kvipam/cmd/kvipam",
 	"github.com/kvipam/kvipam/cmd/kvipam-ipam",
 	"github.com/kvipam/kvipam/cmd/kvipam-agent",
+	"github.com/kvipam/kvipam/cmd/kvipamctl",
 	"github.com/containernetworking/plugins/plugins/main/bridge",
 	"github.com/containernetworking/plugins/plugins/main/loopback",
 	"github.com/containernetworking/plugins/plugins/main/macvlan",

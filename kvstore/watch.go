@@ -32,17 +32,26 @@ type WatchClient interface {
 // Watch follows prefix from revision from (a revision returned by the list
 // the caller started with, plus one) until ctx ends, and returns ctx's error.
 // A broken stream is resumed from the last revision seen; when that
-// revision was compacted, Watch re-lists the prefix and calls Reset, so the
-// handler never silently misses a change.
+// revision was compacted, or the store's revision is below it (etcd
+// restored from an older snapshot), Watch re-lists the prefix and calls
+// Reset, so the handler never silently misses a change.
 func Watch(ctx context.Context, cli WatchClient, prefix string, from int64, h WatchHandler) error {
 	next := from
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		ch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(next))
+		ch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(next), clientv3.WithCreatedNotify())
 		var werr error
 		for resp := range ch {
 			if err := resp.Err(); err != nil {
 				werr = err
+				break
+			}
+			if rev := resp.Header.Revision; rev > 0 && rev < next-1 {
+				// The store is behind what this watch has seen: etcd was
+				// restored from an older snapshot without a revision bump.
+				// Waiting for revision next would miss every change until
+				// the store caught up: re-list instead.
+				werr = errBackwards
 				break
 			}
 			// Resume after the last event delivered. A response's header
@@ -63,7 +72,7 @@ func Watch(ctx context.Context, cli WatchClient, prefix string, from int64, h Wa
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if errors.Is(werr, rpctypes.ErrCompacted) || (werr != nil && werr.Error() == rpctypes.ErrCompacted.Error()) {
+		if errors.Is(werr, errBackwards) || errors.Is(werr, rpctypes.ErrCompacted) || (werr != nil && werr.Error() == rpctypes.ErrCompacted.Error()) {
 			rev, err := relist(ctx, cli, prefix, h)
 			if err != nil {
 				return err
@@ -80,6 +89,9 @@ func Watch(ctx context.Context, cli WatchClient, prefix string, from int64, h Wa
 		}
 	}
 }
+
+// errBackwards ends a watch whose store went back in revisions.
+var errBackwards = errors.New("kvstore: the store's revision went backwards")
 
 func relist(ctx context.Context, cli WatchClient, prefix string, h WatchHandler) (int64, error) {
 	for {

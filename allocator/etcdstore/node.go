@@ -45,6 +45,10 @@ type LostEndpoint struct {
 	// addresses, so the endpoint was kept; otherwise it was torn down.
 	Kept    bool      `json:"kept,omitempty"`
 	FoundAt time.Time `json:"foundAt"`
+	// Reason says how it was found: empty when the node came back to
+	// find its blocks freed (node remove); otherwise why an allocation
+	// etcd had lost could not be written back (reassert).
+	Reason string `json:"reason,omitempty"`
 }
 
 // LostIP is one lost address and who holds it now.

@@ -203,6 +203,11 @@ func (c *checker) lostEndpoints() {
 			if le.Pod != "" {
 				pod = " (pod " + le.Namespace + "/" + le.Pod + ")"
 			}
+			if le.Reason != "" {
+				c.add(KindLostEndpoint, keys, "node %s could not re-assert the allocation of endpoint %s%s that etcd had lost (%s): %s; delete the pod, it must not keep using them",
+					name, le.Owner, pod, le.Reason, strings.Join(parts, ", "))
+				continue
+			}
 			c.add(KindLostEndpoint, keys, "node %s came back to find endpoint %s%s without its addresses: %s; delete the pod, it must not keep using them",
 				name, le.Owner, pod, strings.Join(parts, ", "))
 		}

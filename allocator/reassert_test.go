@@ -1,0 +1,107 @@
+package allocator_test
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestReassertAfterStoreLoss: etcd loses allocations whose pods still run
+// (restored from an older snapshot). Until they are re-asserted the node
+// never hands their addresses out, even after reloading its cache from
+// etcd; Reassert writes back those in the node's own blocks and reports
+// the one another owner took and the one in a block that is not the
+// node's.
+func TestReassertAfterStoreLoss(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	var mu sync.Mutex
+	var held []allocator.HeldAddr
+	heldAddrs := func() []netip.Addr {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []netip.Addr
+		for _, h := range held {
+			out = append(out, h.Addr)
+		}
+		return out
+	}
+	cli := etcdtest.Client(t, e)
+	st := etcdstore.New(cli, etcdstore.Options{})
+	sess, err := kvstore.NewSession(ctx, cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: "n1", Store: st, Pools: []string{"small"}, Held: heldAddrs})
+	require.NoError(t, err)
+	require.NoError(t, al.Restore(ctx, sess))
+	var got []allocator.Allocation
+	for i := range 3 {
+		r, err := al.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		require.NoError(t, err)
+		got = append(got, r.Allocations[0])
+		mu.Lock()
+		held = append(held, allocator.HeldAddr{Owner: owner(i), Addr: r.Allocations[0].Addr})
+		mu.Unlock()
+	}
+	// etcd forgets 0 and 1; 1's address goes to someone else.
+	for _, g := range got[:2] {
+		_, err := cli.Delete(ctx, etcdstore.IPKey("small", g.Block, g.Addr))
+		require.NoError(t, err)
+	}
+	other := etcdstore.New(cli, etcdstore.Options{})
+	_, err = other.WriteIPs(ctx, []allocator.IPWrite{{Pool: "small", Block: got[1].Block, ClaimRev: claimRev(t, cli, got[1].Block),
+		Addr: got[1].Addr, Record: allocator.Record{Owner: owner(99), Node: "n1", State: allocator.StateAllocated}}})
+	require.NoError(t, err)
+
+	// The cache reloaded from etcd (a restart): the missing address is
+	// still not handed out.
+	require.NoError(t, al.Restore(ctx, sess))
+	for i := 10; i < 24; i++ { // past the end of the block: the search wraps
+		r, err := al.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		require.NoError(t, err)
+		require.NotEqual(t, got[0].Addr, r.Allocations[0].Addr, "an address a live endpoint holds is not handed out")
+	}
+
+	// An endpoint in a block etcd has no claim for (claimed after the
+	// snapshot): free, so the node claims it again. One in a block
+	// another node claims: a conflict.
+	free := allocator.HeldAddr{Owner: owner(50), Addr: netip.MustParseAddr("10.20.0.250")}
+	restored, conflicts, err := al.Reassert(ctx, append(held, free))
+	require.NoError(t, err)
+	require.Len(t, restored, 2, "conflicts: %+v", conflicts)
+	require.Equal(t, []netip.Addr{got[0].Addr, free.Addr}, []netip.Addr{restored[0].Addr, restored[1].Addr})
+	require.Equal(t, "n1", claimOf(t, cli, "small", netip.MustParsePrefix("10.20.0.240/28")).Node, "the free block is n1's again")
+	require.Len(t, conflicts, 1)
+	require.Equal(t, got[1].Addr, conflicts[0].Addr)
+	require.Equal(t, owner(99).Key(), conflicts[0].HeldBy.Owner.Key())
+
+	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
+	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(60)})
+	require.NoError(t, err)
+	theirs := allocator.HeldAddr{Owner: owner(51), Addr: r2.Allocations[0].Addr.Next()}
+	restored, conflicts, err = al.Reassert(ctx, []allocator.HeldAddr{theirs})
+	require.NoError(t, err)
+	require.Empty(t, restored)
+	require.Len(t, conflicts, 1)
+	require.Contains(t, conflicts[0].Reason, "claimed by node n2")
+
+	cur, err := st.GetIPs(ctx, []allocator.IPRef{{Pool: "small", Block: got[0].Block, Addr: got[0].Addr}})
+	require.NoError(t, err)
+	require.Equal(t, owner(0).Key(), cur[got[0].Addr].Owner.Key(), "written back, for its owner")
+	_, err = al.Release(ctx, owner(0))
+	require.NoError(t, err, "and released like any allocation")
+
+	restored, conflicts, err = al.Reassert(ctx, held[2:])
+	require.NoError(t, err)
+	require.Empty(t, restored, "nothing missing: nothing written")
+	require.Empty(t, conflicts)
+}
