@@ -296,12 +296,15 @@ func TestDenseClaimsConverge(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	als := make([]*allocator.NodeAllocator, nodes)
+	// No per-call timeout: 1000 claimers on one etcd and two cores (under
+	// -race, too) wait longer than a second for a call; this test is about
+	// the claim loop converging, not about abandoning slow calls.
 	for i := range als {
 		cli := clis[i%clients]
 		sess, err := kvstore.NewSession(ctx, cli, 120)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"dense"}})
+		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{CallTimeout: -1}), Pools: []string{"dense"}})
 		require.NoError(t, err)
 		require.NoError(t, al.Restore(ctx, sess))
 		als[i] = al
