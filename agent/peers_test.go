@@ -211,18 +211,6 @@ func twoNodes(t *testing.T) (nsA, nsB ns.NetNS, hA, hB *netlink.Handle) {
 	t.Helper()
 	nsA, nsB = nstest.NewNS(t), nstest.NewNS(t)
 	hA, hB = nstest.Handle(t, nsA), nstest.Handle(t, nsB)
-	underlay := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))}
-	require.NoError(t, hA.LinkAdd(underlay))
-	for _, side := range []struct {
-		h    *netlink.Handle
-		addr string
-	}{{hA, "10.254.0.1/24"}, {hB, "10.254.0.2/24"}} {
-		l, err := side.h.LinkByName("ul0")
-		require.NoError(t, err)
-		ad, err := netlink.ParseAddr(side.addr)
-		require.NoError(t, err)
-		require.NoError(t, side.h.AddrAdd(l, ad))
-		require.NoError(t, side.h.LinkSetUp(l))
-	}
+	nstest.Underlay(t, nsA, nsB)
 	return nsA, nsB, hA, hB
 }

@@ -10,9 +10,9 @@ import (
 
 	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
-	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/e2e/cluster"
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 // TestClusterAgentRollingRestart restarts each node's agent in turn, as a
@@ -100,24 +100,9 @@ func TestClusterAgentRollingRestart(t *testing.T) {
 	require.NoError(t, b.del(lb, pb))
 }
 
-// underlay joins two nodes' namespaces with a veth (ul0 on both ends),
-// 10.254.0.1/24 on a and 10.254.0.2/24 on b: one L2 segment.
-func underlay(t *testing.T, a, b *node) {
-	t.Helper()
-	ha, hb := nlHandle(t, a.host), nlHandle(t, b.host)
-	require.NoError(t, ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(b.host.Fd()))}))
-	for _, side := range []struct {
-		h    *netlink.Handle
-		addr string
-	}{{ha, "10.254.0.1/24"}, {hb, "10.254.0.2/24"}} {
-		l, err := side.h.LinkByName("ul0")
-		require.NoError(t, err)
-		ad, err := netlink.ParseAddr(side.addr)
-		require.NoError(t, err)
-		require.NoError(t, side.h.AddrAdd(l, ad))
-		require.NoError(t, side.h.LinkSetUp(l))
-	}
-}
+// underlay joins two nodes' namespaces on one L2 segment: ul0 at both
+// ends, 10.254.0.1/24 on a and 10.254.0.2/24 on b.
+func underlay(t *testing.T, a, b *node) { nstest.Underlay(t, a.host, b.host) }
 
 // endpointIPs are the addresses of the node's endpoints, as its agent
 // reports them, in order.

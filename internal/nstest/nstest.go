@@ -75,3 +75,33 @@ func AddLink(tb testing.TB, h *netlink.Handle, name string) netlink.Link {
 	}
 	return got
 }
+
+// Underlay joins two namespaces with a veth named ul0 at both ends, up,
+// with 10.254.0.1/24 in a and 10.254.0.2/24 in b: two nodes on one L2
+// segment.
+func Underlay(tb testing.TB, a, b ns.NetNS) {
+	tb.Helper()
+	ha, hb := Handle(tb, a), Handle(tb, b)
+	if err := ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "ul0"}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(b.Fd()))}); err != nil {
+		tb.Fatalf("add underlay veth: %v", err)
+	}
+	for _, side := range []struct {
+		h    *netlink.Handle
+		addr string
+	}{{ha, "10.254.0.1/24"}, {hb, "10.254.0.2/24"}} {
+		l, err := side.h.LinkByName("ul0")
+		if err != nil {
+			tb.Fatalf("underlay: %v", err)
+		}
+		ad, err := netlink.ParseAddr(side.addr)
+		if err != nil {
+			tb.Fatalf("underlay: %v", err)
+		}
+		if err := side.h.AddrAdd(l, ad); err != nil {
+			tb.Fatalf("underlay address %s: %v", side.addr, err)
+		}
+		if err := side.h.LinkSetUp(l); err != nil {
+			tb.Fatalf("underlay up: %v", err)
+		}
+	}
+}
