@@ -186,8 +186,15 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
-	if a.cfg.RoutingMode() == RoutingVXLAN && a.cfg.MTU == 0 {
-		a.podMTU -= vxlanOverhead // pod packets are encapsulated
+	if a.cfg.RoutingMode() == RoutingVXLAN {
+		// Pod packets are encapsulated: the overlay carries the underlay's
+		// MTU less the overhead, and a larger pod MTU would send packets
+		// it cannot carry.
+		limit := detectMTU(0, a.cfg.NetNS) - vxlanOverhead
+		if a.cfg.MTU > limit {
+			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, vxlanOverhead)
+		}
+		a.podMTU = min(a.podMTU, limit)
 	}
 	records, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
 	if err != nil {

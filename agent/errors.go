@@ -13,6 +13,9 @@ var (
 	// ErrNotReady is a request the agent cannot serve yet (restoring, no
 	// lease, etcd unreachable): try again.
 	ErrNotReady = errors.New("agent: not ready")
+	// ErrBadConfig is a configuration the agent cannot run with, found
+	// only at start (it depends on the host, as the overlay's MTU does).
+	ErrBadConfig = errors.New("agent: bad configuration")
 )
 
 // FieldError is a refused request field, named by its JSON path. It wraps

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/e2e/cluster"
 )
@@ -47,6 +51,11 @@ func TestClusterThreeNodesVXLAN(t *testing.T) {
 		return m
 	}
 	members := []*member{join("vx1", "A", 11, 2), join("vx2", "A", 12, 2), join("vx3", "B", 13, 2)}
+	// Node 3 is not on node 1's segment: the kernel refuses a host-gw
+	// route to it, so only the overlay can carry their pods' traffic.
+	h1 := nlHandle(t, members[0].n.host)
+	require.Error(t, h1.RouteAdd(&netlink.Route{Dst: ipNet(netip.MustParsePrefix("10.1.250.0/26")), Gw: netip.MustParseAddr("10.254.2.13").AsSlice()}),
+		"no host-gw route from subnet A to subnet B")
 	pingAll := func(ms []*member) {
 		t.Helper()
 		for _, from := range ms {
@@ -78,6 +87,24 @@ func TestClusterThreeNodesVXLAN(t *testing.T) {
 	}
 	waitRoutes(members)
 	pingAll(members)
+	dev, err := h1.LinkByName("kvipam.vxlan")
+	require.NoError(t, err)
+	require.NotZero(t, dev.Attrs().Statistics.TxPackets, "pod traffic left node 1 through the overlay")
+
+	// An agent restart adopts the device and every entry: netlink reports
+	// no change in node 1's namespace, and the device is the same one.
+	w := watchNetlink(t, members[0].n.host)
+	synced := strings.Count(readLog(t, members[0].n), "peer routes in sync")
+	from := time.Now()
+	members[0].n.restartAgent()
+	waitFor(t, 10*time.Second, "node 1's restarted agent to sync its routes", func() bool {
+		return strings.Count(readLog(t, members[0].n), "peer routes in sync") > synced
+	})
+	pingAll(members)
+	require.Empty(t, w.between(from, time.Now()), "the restarted agent changed nothing in the kernel")
+	again, err := h1.LinkByName("kvipam.vxlan")
+	require.NoError(t, err)
+	require.Equal(t, dev.Attrs().Index, again.Attrs().Index, "the same device")
 
 	fourth := join("vx4", "B", 14, 1)
 	members = append(members, fourth)
@@ -85,11 +112,60 @@ func TestClusterThreeNodesVXLAN(t *testing.T) {
 	t.Logf("a fourth node joined: every node routes every block over vxlan %s after its pod's ADD", took.Round(time.Millisecond))
 	pingAll(members)
 
-	for _, m := range members {
+	// The fourth node is taken out of service: its pods go, its agent
+	// stops and an operator frees its blocks (kvipamctl node remove). The
+	// others drop its routes, neighbour and FDB entries.
+	blocks := fourth.n.poolStatus("default", "ipv4").Blocks
+	for _, p := range fourth.pods {
+		require.NoError(t, fourth.n.del(fourth.l, p))
+	}
+	fourth.n.stopAgent()
+	f, err := c.ClientConfig(cluster.RootUser)
+	require.NoError(t, err)
+	out, err := exec.Command(filepath.Join(fourth.n.bin, "kvipamctl"), "node", "remove", fourth.n.name, "--confirm-gone", fourth.n.name,
+		"--last-seen", "0s", "--force", "--endpoints", strings.Join(c.Endpoints(), ","),
+		"--cacert", f.CAFile, "--cert", f.CertFile, "--key", f.KeyFile).CombinedOutput()
+	require.NoError(t, err, "kvipamctl node remove: %s", out)
+	removed := time.Now()
+	vtep4 := netip.MustParseAddr("10.254.2.14")
+	for _, m := range members[:3] {
+		h := nlHandle(t, m.n.host)
+		waitFor(t, 15*time.Second, m.n.name+" to forget the fourth node", func() bool {
+			for _, b := range blocks {
+				if routeOnVXLAN(h, b) {
+					return false
+				}
+			}
+			return !overlayEntry(h, netlink.FAMILY_V4, vtep4) && !overlayEntry(h, unix.AF_BRIDGE, vtep4)
+		})
+	}
+	t.Logf("fourth node removed: its routes, neighbour and FDB entries gone from every node %s after node remove returned", time.Since(removed).Round(time.Millisecond))
+	pingAll(members[:3])
+
+	for _, m := range members[:3] {
 		for _, p := range m.pods {
 			require.NoError(t, m.n.del(m.l, p))
 		}
 	}
+}
+
+// overlayEntry reports whether the vxlan device has a permanent
+// neighbour (FAMILY_V4) or FDB (AF_BRIDGE) entry for vtep.
+func overlayEntry(h *netlink.Handle, family int, vtep netip.Addr) bool {
+	l, err := h.LinkByName("kvipam.vxlan")
+	if err != nil {
+		return false
+	}
+	ns, err := h.NeighList(l.Attrs().Index, family)
+	if err != nil {
+		return false
+	}
+	for _, n := range ns {
+		if a, ok := netip.AddrFromSlice(n.IP); ok && a.Unmap() == vtep && n.State&netlink.NUD_PERMANENT != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // router is a namespace that routes between two subnets, each a bridge:
