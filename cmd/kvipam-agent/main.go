@@ -24,13 +24,21 @@ func main() {
 }
 
 func run(args []string, getenv func(string) string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "install-cni":
+			return runInstall(args[1:], os.Stdout, os.Stderr)
+		case "health":
+			return runHealth(args[1:], os.Stdout, os.Stderr)
+		}
+	}
 	cfg, err := loadConfig(args, getenv)
 	switch {
 	case errors.Is(err, errShowVersion):
 		fmt.Println("kvipam-agent", version)
 		return 0
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags]\n"+err.Error()[len(flag.ErrHelp.Error()):])
+		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | health [--live]\n"+err.Error()[len(flag.ErrHelp.Error()):])
 		return 0
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "kvipam-agent: configuration: %v\n", err)

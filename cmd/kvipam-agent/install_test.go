@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/agent"
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestInstallCNI: install-cni copies the plugins and the conflist into the
+// host directories by rename (a new inode: a runtime never sees a file
+// half written), leaves no temporary file, and a second run changes
+// nothing; a changed plugin is replaced.
+func TestInstallCNI(t *testing.T) {
+	from, bin, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, p := range []string{"kvipam", "kvipam-ipam", "loopback"} {
+		require.NoError(t, os.WriteFile(filepath.Join(from, p), []byte("#!binary "+p), 0o700))
+	}
+	conflist := filepath.Join(t.TempDir(), "10-kvipam.conflist")
+	require.NoError(t, os.WriteFile(conflist, []byte(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[{"type":"kvipam"}]}`), 0o600))
+	args := []string{"--from", from, "--bin-dir", bin, "--conf-dir", conf, "--conflist", conflist}
+	run := func() string {
+		var out, errs bytes.Buffer
+		require.Equal(t, 0, runInstall(args, &out, &errs), errs.String())
+		return out.String()
+	}
+	inode := func(path string) uint64 {
+		st, err := os.Stat(path)
+		require.NoError(t, err)
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+
+	out := run()
+	require.Equal(t, 4, strings.Count(out, "installed"), out)
+	for _, p := range []string{"kvipam", "kvipam-ipam", "loopback"} {
+		st, err := os.Stat(filepath.Join(bin, p))
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o755), st.Mode().Perm(), "plugins are executable")
+	}
+	got, err := os.ReadFile(filepath.Join(conf, "10-kvipam.conflist"))
+	require.NoError(t, err)
+	require.Contains(t, string(got), `"name":"kvipam"`)
+	before := inode(filepath.Join(bin, "kvipam"))
+
+	out = run()
+	require.Equal(t, 4, strings.Count(out, "up to date"), "idempotent: %s", out)
+	require.Equal(t, before, inode(filepath.Join(bin, "kvipam")), "an unchanged plugin is not rewritten")
+
+	require.NoError(t, os.WriteFile(filepath.Join(from, "kvipam"), []byte("#!binary kvipam v2"), 0o700))
+	out = run()
+	require.Contains(t, out, filepath.Join(bin, "kvipam")+": installed")
+	require.NotEqual(t, before, inode(filepath.Join(bin, "kvipam")), "replaced by a rename, not written in place")
+	for _, dir := range []string{bin, conf} {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, e := range entries {
+			require.False(t, strings.HasPrefix(e.Name(), ".tmp-"), "no temporary file left: %s", e.Name())
+		}
+	}
+
+	var errs bytes.Buffer
+	require.Equal(t, 1, runInstall([]string{"--from", t.TempDir(), "--bin-dir", bin, "--conflist", ""}, &bytes.Buffer{}, &errs))
+	require.Contains(t, errs.String(), "kvipam", "a missing plugin is named")
+}
+
+// TestHealth: the probe subcommand exits 0 for a ready agent and 1, with
+// the reason, when nothing answers on the socket.
+func TestHealth(t *testing.T) {
+	var out, errs bytes.Buffer
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	require.Equal(t, 1, runHealth([]string{"--socket", missing, "--timeout", "500ms"}, &out, &errs))
+	require.Contains(t, errs.String(), "not answering")
+
+	e := etcdtest.Start(t)
+	sockDir, err := os.MkdirTemp("", "kvipam-sock-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	cfg := agent.DefaultConfig()
+	cfg.Node, cfg.StateDir, cfg.Socket, cfg.Etcd = "node-h", t.TempDir(), filepath.Join(sockDir, "agent.sock"), e.Config()
+	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 28, CIDRs: mustPrefixes("10.92.0.0/24")}}
+	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.PeerRoutes = "", agent.DatapathRoutes, 1500, false
+	cfg.NetNS = nstest.NewNS(t).Path()
+	a, err := agent.New(cfg, agent.Options{})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- a.Run(ctx, ready) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("agent: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent not ready")
+	}
+	out.Reset()
+	require.Equal(t, 0, runHealth([]string{"--socket", cfg.Socket}, &out, &errs), errs.String())
+	require.Contains(t, out.String(), "node node-h: ready=true")
+	require.Equal(t, 0, runHealth([]string{"--socket", cfg.Socket, "--live"}, &out, &errs))
+}
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		out = append(out, netip.MustParsePrefix(s))
+	}
+	return out
+}
