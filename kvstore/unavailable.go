@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -29,8 +30,18 @@ func Unavailable(err error) error {
 	return fmt.Errorf("%w (%w)", err, ErrUnavailable)
 }
 
+// errProposalDropped is raft's refusal of a write sent to a member that
+// knows no leader (a follower mid-election, a candidate). etcd passes it on
+// as codes.Unknown with this message, so only the message tells it apart.
+const errProposalDropped = "raft proposal dropped"
+
 func transient(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) ||
+		// A lease request that reached a member that has just lost its
+		// leadership; the next one finds the new leader.
+		errors.Is(err, rpctypes.ErrNotLeader) ||
+		// etcd's back-pressure: too many proposals in flight.
+		errors.Is(err, rpctypes.ErrTooManyRequests) {
 		return true
 	}
 	var ee rpctypes.EtcdError
@@ -38,9 +49,20 @@ func transient(err error) bool {
 		return transientCode(ee.Code())
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
-		if s, ok := status.FromError(e); ok && s.Code() != codes.OK && s.Code() != codes.Unknown {
-			return transientCode(s.Code())
+		s, ok := status.FromError(e)
+		if !ok || s.Code() == codes.OK {
+			continue
 		}
+		// Codes etcd shares between try-again and lasting errors.
+		switch s.Code() {
+		case codes.Unknown:
+			return strings.Contains(s.Message(), errProposalDropped)
+		case codes.ResourceExhausted:
+			return strings.Contains(s.Message(), rpctypes.ErrTooManyRequests.Error())
+		case codes.FailedPrecondition:
+			return strings.Contains(s.Message(), rpctypes.ErrNotLeader.Error())
+		}
+		return transientCode(s.Code())
 	}
 	return false
 }
@@ -48,8 +70,6 @@ func transient(err error) bool {
 func transientCode(c codes.Code) bool {
 	switch c {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
-		return true
-	case codes.ResourceExhausted: // "etcdserver: too many requests": applying lags behind
 		return true
 	}
 	return false
