@@ -58,6 +58,7 @@ type Agent struct {
 	gc        *collector
 	exhausted *exhaustion
 	peers     *peerRouter // nil with routing none
+	bindings  *nsBindings
 	podMTU    int
 
 	mu       sync.Mutex
@@ -100,7 +101,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain}
+	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, func(ctx context.Context) { a.bindings.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
@@ -211,6 +212,7 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.lease.renewed = a.endpoints.recheck
 	a.probe = &etcdProbe{ping: a.ping, log: a.log, reachable: a.endpoints.verify}
+	a.bindings = newNSBindings()
 	a.rec = &reconciler{
 		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain, recordLapses: a.alloc.RecordLapses,
 		verify: a.endpoints.verify,
@@ -369,7 +371,7 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		return nil, nil, fmt.Errorf("restrict socket: %w", err)
 	}
 	h := &handlers{
-		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), podMTU: a.podMTU,
+		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), bindingFor: a.bindings.poolFor, podMTU: a.podMTU,
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
 		allocateFn: a.batch.allocate, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp.Counters,
 		collect: a.gc.collect, lookup: a.alloc.Lookup, statusFn: a.status,

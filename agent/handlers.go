@@ -19,9 +19,11 @@ type handlers struct {
 	node        string
 	pools       []allocator.Pool
 	defaultPool string
-	podMTU      int
-	datapath    string
-	resTTL      time.Duration
+	// bindingFor is a namespace's bound pool, or "".
+	bindingFor func(ns string) string
+	podMTU     int
+	datapath   string
+	resTTL     time.Duration
 
 	allocateFn func(ctx context.Context, req allocator.Request) (allocator.Result, error)
 	exhausted  *exhaustion
@@ -79,12 +81,27 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 	if err := validOwner(req.Owner); err != nil {
 		return allocator.Request{}, err
 	}
-	out := allocator.Request{Pool: req.Pool, Owner: toOwner(req.Owner), Reserve: !req.Permanent}
-	if out.Pool == "" {
+	out := allocator.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
+	field, from := "podPool", "the pod's annotation kvipam.io/pool"
+	switch {
+	case req.PodPool != "":
+		out.Pool = req.PodPool
+	case h.bindingFor != nil && h.bindingFor(req.Owner.Namespace) != "":
+		out.Pool = h.bindingFor(req.Owner.Namespace)
+		field, from = "owner.namespace", "namespace "+req.Owner.Namespace+"'s binding (kvipamctl pool bind-namespace)"
+	case req.Pool != "":
+		out.Pool = req.Pool
+		field, from = "pool", "the network configuration"
+	default:
 		out.Pool = h.defaultPool
+		field, from = "pool", "the agent's default pool"
 	}
 	if !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
-		return out, &FieldError{Field: "pool", Msg: fmt.Sprintf("pool %q is not served by node %s", out.Pool, h.node)}
+		pod := req.Owner.Key()
+		if req.Owner.Pod != "" {
+			pod = req.Owner.Namespace + "/" + req.Owner.Pod
+		}
+		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s", pod, out.Pool, from, h.node)}
 	}
 	for i, f := range req.Families {
 		fam, err := allocator.ParseFamily(f)

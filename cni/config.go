@@ -49,8 +49,11 @@ type Config struct {
 	// MTU overrides the agent's pod MTU when not 0 (kvipam only).
 	MTU int
 	DNS types.DNS
-	// IPs are static addresses from the "ips" capability.
+	// IPs are static addresses from the "ips" capability or the pod's
+	// kvipam.io/ips annotation.
 	IPs []netip.Addr
+	// PodPool is the pool of the pod's kvipam.io/pool annotation.
+	PodPool string
 	// PrevResult is the parsed prevResult, nil when none was given.
 	PrevResult *current.Result
 	// ValidAttachments is the GC list; nil when the configuration has
@@ -101,6 +104,9 @@ type common struct {
 	RawPrevResult map[string]any `json:"prevResult"`
 	RuntimeConfig struct {
 		IPs []string `json:"ips"`
+		// PodAnnotations are the pod's annotations, which containerd and
+		// CRI-O pass when the conflist declares this capability.
+		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
 	} `json:"runtimeConfig"`
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments"`
 	// Attachments is the name an early text of the spec used; libcni
@@ -216,11 +222,14 @@ func parseCommon(raw common) (*Config, error) {
 		return nil, invalidConf("name is empty")
 	}
 	c := &Config{CNIVersion: raw.CNIVersion, Name: raw.Name, DNS: raw.DNS}
-	ips, err := parseStaticIPs(raw.RuntimeConfig.IPs)
+	ips, err := parseStaticIPs(raw.RuntimeConfig.IPs, "runtimeConfig.ips")
 	if err != nil {
 		return nil, err
 	}
 	c.IPs = ips
+	if err := c.applyAnnotations(raw.RuntimeConfig.PodAnnotations); err != nil {
+		return nil, err
+	}
 	if raw.RawPrevResult != nil {
 		if c.PrevResult, err = parsePrevResult(raw.CNIVersion, raw.RawPrevResult); err != nil {
 			return nil, err
@@ -313,26 +322,59 @@ func validPoolName(name string) error {
 
 // parseStaticIPs reads the "ips" capability: addresses, or addresses with
 // a prefix length (the form runtimes send), at most one per family.
-func parseStaticIPs(in []string) ([]netip.Addr, error) {
+func parseStaticIPs(in []string, key string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for i, s := range in {
+		s = strings.TrimSpace(s)
 		a, err := netip.ParseAddr(s)
 		if err != nil {
 			p, perr := netip.ParsePrefix(s)
 			if perr != nil {
-				return nil, invalidConf("runtimeConfig.ips[%d] %q is not an IP address", i, s)
+				return nil, invalidConf("%s[%d] %q is not an IP address", key, i, s)
 			}
 			a = p.Addr()
 		}
 		if a.Zone() != "" || a.Is4In6() {
-			return nil, invalidConf("runtimeConfig.ips[%d] %q: zones and IPv4-mapped addresses are not allowed", i, s)
+			return nil, invalidConf("%s[%d] %q: zones and IPv4-mapped addresses are not allowed", key, i, s)
 		}
 		if slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
-			return nil, invalidConf("runtimeConfig.ips has more than one IPv%d address", map[bool]int{true: 4, false: 6}[a.Is4()])
+			return nil, invalidConf("%s has more than one IPv%d address", key, map[bool]int{true: 4, false: 6}[a.Is4()])
 		}
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// Pod annotations kvipam reads (through the runtime's
+// io.kubernetes.cri.pod-annotations capability).
+const (
+	AnnotationPool = "kvipam.io/pool"
+	AnnotationIPs  = "kvipam.io/ips"
+)
+
+// applyAnnotations takes the pod's pool (it comes before a namespace
+// binding and the configuration's pool) and static addresses (comma
+// separated; when the ips capability gives none).
+func (c *Config) applyAnnotations(ann map[string]string) error {
+	if p, ok := ann[AnnotationPool]; ok {
+		if p = strings.TrimSpace(p); p == "" || strings.ContainsAny(p, "/ ") {
+			return invalidConf("pod annotation %s %q is not a pool name", AnnotationPool, ann[AnnotationPool])
+		}
+		c.PodPool = strings.TrimSpace(p)
+	}
+	v, ok := ann[AnnotationIPs]
+	if !ok {
+		return nil
+	}
+	ips, err := parseStaticIPs(strings.Split(v, ","), "pod annotation "+AnnotationIPs)
+	if err != nil {
+		return err
+	}
+	if len(c.IPs) > 0 && !slices.Equal(ips, c.IPs) {
+		return invalidConf("pod annotation %s %q and runtimeConfig.ips %v disagree", AnnotationIPs, v, c.IPs)
+	}
+	c.IPs = ips
+	return nil
 }
 
 func invalidConf(format string, args ...any) error {

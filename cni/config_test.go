@@ -207,3 +207,38 @@ func TestHostVethName(t *testing.T) {
 	require.NotEqual(t, a, HostVethName("c1", "eth1"))
 	require.NotEqual(t, a, HostVethName("c2", "eth0"))
 }
+
+// TestPodAnnotations: the pod's kvipam.io/pool and kvipam.io/ips, passed
+// by the runtime through the io.kubernetes.cri.pod-annotations capability,
+// become the request's pod pool and static addresses; bad ones are code 7
+// naming the annotation.
+func TestPodAnnotations(t *testing.T) {
+	conf := func(ann, ips string) string {
+		rc := `"io.kubernetes.cri.pod-annotations":` + ann
+		if ips != "" {
+			rc += `,"ips":` + ips
+		}
+		return `{"cniVersion":"1.0.0","name":"kv","type":"kvipam","pool":"default","runtimeConfig":{` + rc + `}}`
+	}
+	c, err := ParseConfig([]byte(conf(`{"kvipam.io/pool":"blue","kvipam.io/ips":"10.62.0.9, fd00:62::9","other":"x"}`, "")))
+	require.NoError(t, err)
+	require.Equal(t, "blue", c.PodPool)
+	require.Equal(t, "default", c.Pool, "the configuration's pool stays, behind the pod's")
+	require.Equal(t, []netip.Addr{netip.MustParseAddr("10.62.0.9"), netip.MustParseAddr("fd00:62::9")}, c.IPs)
+
+	c, err = ParseConfig([]byte(conf(`{"kvipam.io/ips":"10.62.0.9"}`, `["10.62.0.9/24"]`)))
+	require.NoError(t, err, "the same address from both")
+	require.Empty(t, c.PodPool)
+
+	for ann, want := range map[string]string{
+		`{"kvipam.io/pool":""}`:                 `pod annotation kvipam.io/pool "" is not a pool name`,
+		`{"kvipam.io/ips":"10.62.0.x"}`:         `pod annotation kvipam.io/ips[0] "10.62.0.x" is not an IP address`,
+		`{"kvipam.io/ips":"10.1.1.1,10.1.1.2"}`: "more than one IPv4",
+	} {
+		_, err := ParseConfig([]byte(conf(ann, "")))
+		require.ErrorContains(t, err, want)
+		require.Equal(t, uint(7), Code(err))
+	}
+	_, err = ParseConfig([]byte(conf(`{"kvipam.io/ips":"10.62.0.9"}`, `["10.62.0.8"]`)))
+	require.ErrorContains(t, err, "disagree")
+}

@@ -81,7 +81,12 @@ func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
 // AllocateRequest asks for one IP per family for an owner.
 type AllocateRequest struct {
 	Owner Owner `json:"owner"`
-	// Pool defaults to the agent's default pool.
+	// PodPool is the pool the pod asks for (its kvipam.io/pool
+	// annotation); it comes first.
+	PodPool string `json:"podPool,omitempty"`
+	// Pool is the network configuration's pool. The agent uses, in this
+	// order: PodPool, the pool bound to the pod's namespace (kvipamctl
+	// pool bind-namespace), Pool, its own default pool.
 	Pool string `json:"pool,omitempty"`
 	// Families: "ipv4", "ipv6"; default every family of the pool.
 	Families []string `json:"families,omitempty"`

@@ -101,3 +101,9 @@ func ParseIPKey(pool, key string) (netip.Prefix, netip.Addr, error) {
 	}
 	return b, a, nil
 }
+
+// NamespaceBindingsPrefix lists every namespace's default pool.
+func NamespaceBindingsPrefix() string { return Prefix + "nsbindings/" }
+
+// NamespaceBindingKey is namespace ns's default pool.
+func NamespaceBindingKey(ns string) string { return NamespaceBindingsPrefix() + ns }

@@ -504,3 +504,26 @@ func TestNodeRemoveNeedsEvidence(t *testing.T) {
 	var r inspect.Report
 	require.Equal(t, exitOK, h.json(&r, "check"), "%+v", r.Findings)
 }
+
+// TestPoolBindings: bind-namespace stores a namespace's default pool
+// (refused for a pool etcd does not have), bindings lists them, and
+// unbind-namespace removes one.
+func TestPoolBindings(t *testing.T) {
+	h := newHarness(t)
+	h.withSmallPool()
+	require.Contains(t, h.ok("pool", "bind-namespace", "team", "small"), "namespace team: pool small")
+	code, _, errs := h.run("pool", "bind-namespace", "team", "nope")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "pool not found")
+	var rows []struct {
+		Namespace string `json:"namespace"`
+		Pool      string `json:"pool"`
+	}
+	require.Equal(t, exitOK, h.json(&rows, "pool", "bindings"))
+	require.Len(t, rows, 1)
+	require.Equal(t, "team", rows[0].Namespace)
+	require.Equal(t, "small", rows[0].Pool)
+	require.Contains(t, h.ok("pool", "unbind-namespace", "team"), "no default pool")
+	require.Equal(t, exitOK, h.json(&rows, "pool", "bindings"))
+	require.Empty(t, rows)
+}

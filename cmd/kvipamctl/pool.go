@@ -62,6 +62,7 @@ claims and allocation keys name blocks of the first size.`,
 		RunE:  func(cmd *cobra.Command, args []string) error { return a.poolShow(cmd.Context(), a.stdout, args[0]) },
 	}
 	cmd.AddCommand(create, list, show)
+	cmd.AddCommand(a.bindingCmds()...)
 	return cmd
 }
 

@@ -1,0 +1,80 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestPoolChoice: the pool of an allocation is, in this order, the pod's
+// annotation (PodPool), its namespace's binding in etcd (followed by a
+// watch), the configuration's pool, the agent's default. A pool the node
+// does not serve, from any of them, fails with the pod, the pool and where
+// the choice came from, and allocates nothing.
+func TestPoolChoice(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cfg := testConfig(t, e)
+	pool := func(name, cidr string) allocator.Pool {
+		return allocator.Pool{Name: name, BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix(cidr)}}
+	}
+	cfg.Pools = []allocator.Pool{pool("default", "10.61.0.0/24"), pool("blue", "10.62.0.0/24"), pool("green", "10.63.0.0/24")}
+	ta := startAgent(t, cfg, Options{})
+	st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
+	_, err := st.EnsurePool(ctx, pool("purple", "10.64.0.0/24")) // in etcd, not served by this node
+	require.NoError(t, err)
+	require.ErrorIs(t, st.BindNamespace(ctx, "team", "nope"), allocator.ErrPoolNotFound, "no binding to a pool etcd does not have")
+	require.NoError(t, st.BindNamespace(ctx, "team", "green"))
+	require.NoError(t, st.BindNamespace(ctx, "odd", "purple"))
+
+	n := 0
+	alloc := func(ns, podPool, confPool string) (*api.AllocateResponse, error) {
+		n++
+		o := owner(n)
+		o.Namespace = ns
+		return ta.c.Allocate(ctx, api.AllocateRequest{Owner: o, PodPool: podPool, Pool: confPool, Permanent: true})
+	}
+	poolOf := func(ns, podPool, confPool string) string {
+		t.Helper()
+		r, err := alloc(ns, podPool, confPool)
+		require.NoError(t, err)
+		return r.Pool
+	}
+	require.Eventually(t, func() bool { return poolOf("team", "", "blue") == "green" }, 10*time.Second, 20*time.Millisecond,
+		"the namespace binding, once the watch has it, comes before the configuration's pool")
+	require.Equal(t, "blue", poolOf("team", "blue", "default"), "the pod's annotation comes first")
+	require.Equal(t, "blue", poolOf("other", "", "blue"), "then the configuration's pool")
+	require.Equal(t, "default", poolOf("other", "", ""), "then the agent's default")
+
+	cli := etcdtest.Client(t, e)
+	count := func() int64 {
+		resp, err := cli.Get(ctx, etcdstore.AllIPsPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		require.NoError(t, err)
+		return resp.Count
+	}
+	before := count()
+	for _, tc := range []struct{ ns, podPool, field, want string }{
+		{"other", "nope", "podPool", `pool "nope" (from the pod's annotation kvipam.io/pool)`},
+		{"odd", "", "owner.namespace", `pool "purple" (from namespace odd's binding`},
+	} {
+		_, err := alloc(tc.ns, tc.podPool, "")
+		ae := apiErr(t, err)
+		require.Equal(t, 400, ae.Status)
+		require.Equal(t, tc.field, ae.Field)
+		require.Contains(t, ae.Message, tc.want)
+		require.Contains(t, ae.Message, "pod "+tc.ns+"/pod-")
+	}
+	require.Equal(t, before, count(), "a refused request allocates nothing")
+
+	require.NoError(t, st.UnbindNamespace(ctx, "team"))
+	require.Eventually(t, func() bool { return poolOf("team", "", "blue") == "blue" }, 10*time.Second, 20*time.Millisecond, "unbound")
+}

@@ -1,0 +1,117 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// Namespace bindings: a Kubernetes namespace's default pool. The runtime
+// passes no namespace annotations to CNI and kvipam reads no Kubernetes
+// API, so the binding is kept in etcd (kvipamctl pool bind-namespace) and
+// every agent follows it with a watch.
+
+// NamespaceBinding is one namespace's default pool.
+type NamespaceBinding struct {
+	Namespace string    `json:"-"`
+	Pool      string    `json:"pool"`
+	Since     time.Time `json:"since"`
+}
+
+// BindNamespace makes pool the default pool of namespace ns, in one
+// transaction that requires the pool to exist (else ErrPoolNotFound).
+func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
+	if ns == "" || strings.ContainsAny(ns, "/ ") {
+		return fmt.Errorf("%w: namespace %q", allocator.ErrBadRequest, ns)
+	}
+	val, err := kvstore.EncodeJSON(NamespaceBinding{Pool: pool, Since: s.now().UTC()})
+	if err != nil {
+		return err
+	}
+	resp, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.Version(PoolKey(pool)), ">", 0)).
+		Then(clientv3.OpPut(NamespaceBindingKey(ns), val)).Commit()
+	if err != nil {
+		return fmt.Errorf("bind namespace %s: %w", ns, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("bind namespace %s to pool %s: %w", ns, pool, allocator.ErrPoolNotFound)
+	}
+	return nil
+}
+
+// UnbindNamespace removes ns's binding; none is not an error.
+func (s *Store) UnbindNamespace(ctx context.Context, ns string) error {
+	if _, err := s.kv.Delete(ctx, NamespaceBindingKey(ns)); err != nil {
+		return fmt.Errorf("unbind namespace %s: %w", ns, kvstore.Unavailable(err))
+	}
+	return nil
+}
+
+// NamespaceBindings lists every binding, by namespace.
+func (s *Store) NamespaceBindings(ctx context.Context) ([]NamespaceBinding, error) {
+	resp, err := s.kv.Get(ctx, NamespaceBindingsPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list namespace bindings: %w", kvstore.Unavailable(err))
+	}
+	var out []NamespaceBinding
+	for _, kv := range resp.Kvs {
+		if b, ok := decodeBinding(kv); ok {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+// BindingsHandler follows the namespace bindings. Calls come from one
+// goroutine.
+type BindingsHandler interface {
+	// ResetBindings gives every binding: at start and after a re-list.
+	ResetBindings(bs []NamespaceBinding)
+	PutBinding(b NamespaceBinding)
+	DeleteBinding(ns string)
+}
+
+// WatchBindings lists the namespace bindings, then follows the changes
+// until ctx ends, as WatchHomes does.
+func (s *Store) WatchBindings(ctx context.Context, h BindingsHandler) error {
+	return s.follow(ctx, NamespaceBindingsPrefix(), bindingsWatch{h})
+}
+
+type bindingsWatch struct{ h BindingsHandler }
+
+func (w bindingsWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	var bs []NamespaceBinding
+	for _, kv := range kvs {
+		if b, ok := decodeBinding(kv); ok {
+			bs = append(bs, b)
+		}
+	}
+	w.h.ResetBindings(bs)
+}
+
+func (w bindingsWatch) Apply(ev *clientv3.Event) {
+	if ev.Type == clientv3.EventTypeDelete {
+		w.h.DeleteBinding(strings.TrimPrefix(string(ev.Kv.Key), NamespaceBindingsPrefix()))
+		return
+	}
+	if b, ok := decodeBinding(ev.Kv); ok {
+		w.h.PutBinding(b)
+	}
+}
+
+func decodeBinding(kv *mvccpb.KeyValue) (NamespaceBinding, bool) {
+	var b NamespaceBinding
+	if json.Unmarshal(kv.Value, &b) != nil || b.Pool == "" {
+		return NamespaceBinding{}, false
+	}
+	b.Namespace = strings.TrimPrefix(string(kv.Key), NamespaceBindingsPrefix())
+	return b, true
+}
