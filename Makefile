@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean
+.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean image
 
 all: build
 
@@ -36,6 +36,13 @@ fuzz:
 
 demo:
 	$(GO) run ./cmd/kvipam-demo
+
+# The container image as an OCI archive (no daemon, no registry, no shell
+# inside); the same commit gives the same digest. IMAGE is the reference it
+# records, which deploy/kubernetes names.
+IMAGE ?= ghcr.io/kvipam/kvipam:dev
+image:
+	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE)
 
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }

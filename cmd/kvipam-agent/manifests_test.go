@@ -99,6 +99,9 @@ func TestManifestsDecodeStrict(t *testing.T) {
 		return path.Join(v.HostPath.Path, strings.TrimPrefix(p, m.MountPath))
 	}
 	image := spec.Containers[0].Image
+	mk, err := os.ReadFile("../../Makefile")
+	require.NoError(t, err)
+	require.Contains(t, string(mk), "\nIMAGE ?= "+image+"\n", "the DaemonSet runs the image make image tags")
 	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		require.Equal(t, image, c.Image, "one image")
 		require.NotContains(t, strings.Join(c.Command, " "), "/bin/sh", "the image has no shell")
