@@ -25,6 +25,7 @@ require (
 	google.golang.org/grpc v1.83.2
 	k8s.io/api v0.34.2
 	k8s.io/apimachinery v0.34.2
+	k8s.io/cri-api v0.34.2
 	sigs.k8s.io/yaml v1.6.0
 )
 

@@ -6,6 +6,13 @@
 // etcd; nothing touches the real host's links, routes, sysctls or
 // /var/lib/cni.
 //
+// The CRI tests (cri_test.go) drive a private containerd through the CRI,
+// as kubelet does: it runs in a node's namespace and in a private mount
+// namespace where scratch directories are mounted over /var/lib/cni and
+// /run/containerd (which it uses whatever its configuration says; the
+// host's get only empty mount-point directories if they had none), with a
+// sandbox image built by the test. .ci/run installs containerd and runc.
+//
 // The tests need root and skip without it. They build every binary once
 // per run (go build from this module, so the versions are go.mod's).
 // The agents run the routes datapath; KVIPAM_E2E_DATAPATH=bpf runs the
