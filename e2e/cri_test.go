@@ -49,10 +49,19 @@ func requireContainerd(t *testing.T) {
 // CRI service. It is killed at cleanup.
 func startContainerd(t *testing.T, n *node, conflist string) *criRuntime {
 	t.Helper()
-	dir := filepath.Join(n.dir, "ctrd")
-	netd := filepath.Join(dir, "net.d")
+	netd := filepath.Join(n.dir, "ctrd", "net.d")
 	require.NoError(t, os.MkdirAll(netd, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(netd, "10-kvipam.conflist"), []byte(conflist), 0o644))
+	return startContainerdDirs(t, n, n.bin, netd)
+}
+
+// startContainerdDirs is startContainerd with the CNI binary and
+// configuration directories given (maybe empty, for an installer to fill).
+func startContainerdDirs(t *testing.T, n *node, binDir, netd string) *criRuntime {
+	t.Helper()
+	dir := filepath.Join(n.dir, "ctrd")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.MkdirAll(netd, 0o755))
 	socket := filepath.Join(dir, "c.sock")
 	conf := fmt.Sprintf(`version = 2
 root = %q
@@ -78,7 +87,7 @@ state = %q
     bin_dir = %q
     conf_dir = %q
     max_conf_num = 1
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, socket+".ttrpc", pauseRef, filepath.Join(dir, "runc"), n.bin, netd)
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), socket, socket+".ttrpc", pauseRef, filepath.Join(dir, "runc"), binDir, netd)
 	confPath := filepath.Join(dir, "config.toml")
 	require.NoError(t, os.WriteFile(confPath, []byte(conf), 0o644))
 	logf, err := os.Create(filepath.Join(dir, "containerd.log"))
