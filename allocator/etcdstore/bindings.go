@@ -82,29 +82,8 @@ type BindingsHandler interface {
 // WatchBindings lists the namespace bindings, then follows the changes
 // until ctx ends, as WatchHomes does.
 func (s *Store) WatchBindings(ctx context.Context, h BindingsHandler) error {
-	return s.follow(ctx, NamespaceBindingsPrefix(), bindingsWatch{h})
-}
-
-type bindingsWatch struct{ h BindingsHandler }
-
-func (w bindingsWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
-	var bs []NamespaceBinding
-	for _, kv := range kvs {
-		if b, ok := decodeBinding(kv); ok {
-			bs = append(bs, b)
-		}
-	}
-	w.h.ResetBindings(bs)
-}
-
-func (w bindingsWatch) Apply(ev *clientv3.Event) {
-	if ev.Type == clientv3.EventTypeDelete {
-		w.h.DeleteBinding(strings.TrimPrefix(string(ev.Kv.Key), NamespaceBindingsPrefix()))
-		return
-	}
-	if b, ok := decodeBinding(ev.Kv); ok {
-		w.h.PutBinding(b)
-	}
+	return s.follow(ctx, NamespaceBindingsPrefix(), records[NamespaceBinding]{decode: decodeBinding, reset: h.ResetBindings, put: h.PutBinding,
+		del: func(key string) { h.DeleteBinding(strings.TrimPrefix(key, NamespaceBindingsPrefix())) }})
 }
 
 func decodeBinding(kv *mvccpb.KeyValue) (NamespaceBinding, bool) {

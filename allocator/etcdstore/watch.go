@@ -55,13 +55,19 @@ type NodesHandler interface {
 // ends, listing again whenever the watch cannot resume. It returns ctx's
 // error. Homes whose key or value cannot be read are skipped.
 func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
-	return s.follow(ctx, AllHomesPrefix(), homesWatch{h})
+	return s.follow(ctx, AllHomesPrefix(), records[BlockHome]{decode: decodeHome, reset: h.ResetHomes, put: h.PutHome,
+		del: func(key string) {
+			if pool, b, ok := parseHomeKey(key); ok {
+				h.DeleteHome(pool, b)
+			}
+		}})
 }
 
 // WatchNodes lists the node records, then follows the changes until ctx
 // ends, as WatchHomes does.
 func (s *Store) WatchNodes(ctx context.Context, h NodesHandler) error {
-	return s.follow(ctx, NodesPrefix(), nodesWatch{h})
+	return s.follow(ctx, NodesPrefix(), records[NodeInfo]{decode: decodeNodeInfo, reset: h.ResetNodes, put: h.PutNode,
+		del: func(key string) { h.DeleteNode(strings.TrimPrefix(key, NodesPrefix())) }})
 }
 
 // follow lists prefix and watches it from the list's revision, again and
@@ -82,27 +88,33 @@ func (s *Store) follow(ctx context.Context, prefix string, h kvstore.WatchHandle
 	return ctx.Err()
 }
 
-type homesWatch struct{ h HomesHandler }
-
-func (w homesWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
-	var homes []BlockHome
-	for _, kv := range kvs {
-		if bh, ok := decodeHome(kv); ok {
-			homes = append(homes, bh)
-		}
-	}
-	w.h.ResetHomes(homes)
+// records follows a prefix of decoded records for a handler: decode
+// turns a key into a record (false: unreadable, skipped), and a deleted
+// key goes to del.
+type records[T any] struct {
+	decode func(*mvccpb.KeyValue) (T, bool)
+	reset  func([]T)
+	put    func(T)
+	del    func(key string)
 }
 
-func (w homesWatch) Apply(ev *clientv3.Event) {
-	if ev.Type == clientv3.EventTypeDelete {
-		if pool, b, ok := parseHomeKey(string(ev.Kv.Key)); ok {
-			w.h.DeleteHome(pool, b)
+func (w records[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+	var out []T
+	for _, kv := range kvs {
+		if v, ok := w.decode(kv); ok {
+			out = append(out, v)
 		}
+	}
+	w.reset(out)
+}
+
+func (w records[T]) Apply(ev *clientv3.Event) {
+	if ev.Type == clientv3.EventTypeDelete {
+		w.del(string(ev.Kv.Key))
 		return
 	}
-	if bh, ok := decodeHome(ev.Kv); ok {
-		w.h.PutHome(bh)
+	if v, ok := w.decode(ev.Kv); ok {
+		w.put(v)
 	}
 }
 
@@ -130,28 +142,6 @@ func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
 		return BlockHome{}, false
 	}
 	return BlockHome{Pool: pool, Block: b, Node: h.Node}, true
-}
-
-type nodesWatch struct{ h NodesHandler }
-
-func (w nodesWatch) Reset(kvs []*mvccpb.KeyValue, _ int64) {
-	var nodes []NodeInfo
-	for _, kv := range kvs {
-		if n, ok := decodeNodeInfo(kv); ok {
-			nodes = append(nodes, n)
-		}
-	}
-	w.h.ResetNodes(nodes)
-}
-
-func (w nodesWatch) Apply(ev *clientv3.Event) {
-	if ev.Type == clientv3.EventTypeDelete {
-		w.h.DeleteNode(strings.TrimPrefix(string(ev.Kv.Key), NodesPrefix()))
-		return
-	}
-	if n, ok := decodeNodeInfo(ev.Kv); ok {
-		w.h.PutNode(n)
-	}
 }
 
 func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
