@@ -30,17 +30,12 @@ const DefaultHistoryRetention = 7 * 24 * time.Hour
 
 // HistoryRecord is one ended ownership interval of an address.
 type HistoryRecord struct {
-	Pool        string    `json:"pool"`
-	IP          string    `json:"ip"`
-	ContainerID string    `json:"containerID"`
-	IfName      string    `json:"ifName"`
-	Namespace   string    `json:"namespace,omitempty"`
-	Pod         string    `json:"pod,omitempty"`
-	PodUID      string    `json:"podUID,omitempty"`
-	Network     string    `json:"network,omitempty"`
-	Node        string    `json:"node"`
-	Start       time.Time `json:"start"`
-	End         time.Time `json:"end"`
+	Pool string `json:"pool"`
+	IP   string `json:"ip"`
+	allocator.Owner
+	Node  string    `json:"node"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
 	// Reason is how the interval ended: released (a DEL or GC by the
 	// owner's node), reservation-lapsed (an ADD that never finished),
 	// node-remove or operator-release (an operator's audited release).
@@ -57,8 +52,7 @@ const (
 
 // HistoryOf is the record of al's interval ending at end.
 func HistoryOf(al allocator.Allocation, end time.Time, reason string) HistoryRecord {
-	return HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), ContainerID: al.ContainerID, IfName: al.IfName,
-		Namespace: al.Namespace, Pod: al.Pod, PodUID: al.PodUID, Network: al.Network, Node: al.Node,
+	return HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), Owner: al.Owner, Node: al.Node,
 		Start: al.Since.UTC(), End: end.UTC(), Reason: reason}
 }
 
@@ -166,6 +160,29 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 	return clientv3.OpPut(HistoryKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
 }
 
+// Commit runs commit with the operation that records r (none when
+// history is off), for the transaction that ends r's interval. If etcd no
+// longer knows the lease of r's hour (revoked by hand), it grants another
+// and runs commit once more.
+func (h *HistoryRecorder) Commit(ctx context.Context, r HistoryRecord, commit func(puts []clientv3.Op) error) error {
+	for attempt := 0; ; attempt++ {
+		put, lease, ok, err := h.Op(ctx, r)
+		if err != nil {
+			return err
+		}
+		var puts []clientv3.Op
+		if ok {
+			puts = append(puts, put)
+		}
+		err = commit(puts)
+		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			h.Drop(lease)
+			continue
+		}
+		return err
+	}
+}
+
 // deleteWithHistory deletes key if it is still at rev and, in the same
 // transaction, records r. A key already gone is success (and records
 // nothing: whoever deleted it recorded it). A key rewritten since rev
@@ -176,28 +193,19 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 		// interval nobody had.
 		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, allocator.ErrBadRequest)
 	}
-	for attempt := 0; ; attempt++ {
-		put, lease, ok, err := s.hist.Op(ctx, r)
-		if err != nil {
-			return err
-		}
-		then := []clientv3.Op{clientv3.OpDelete(key)}
-		if ok {
-			then = append(then, put)
-		}
-		resp, err := s.kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
-		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.hist.Drop(lease) // revoked by hand: grant another and try once more
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("delete %s: %w", key, kvstore.Unavailable(err))
-		}
-		if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
-			return nil
-		}
-		return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+	var resp *clientv3.TxnResponse
+	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) (err error) {
+		then := append([]clientv3.Op{clientv3.OpDelete(key)}, puts...)
+		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete %s: %w", key, kvstore.Unavailable(err))
 	}
+	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
+		return nil
+	}
+	return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
 }
 
 // HistoryFilter selects history records; zero fields match everything.

@@ -2,11 +2,9 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -28,35 +26,31 @@ func (s *Store) RecordLapsed(ctx context.Context, al allocator.Allocation, end t
 	}
 	key := IPKey(al.Pool, al.Block, al.Addr)
 	r := HistoryOf(al, end, EndLapsed)
-	for attempt := 0; ; attempt++ {
-		put, lease, _, err := s.hist.Op(ctx, r)
+	done := false
+	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) error {
+		resp, err := s.kv.Txn(ctx).If(kvstore.Absent(key)).Then(puts...).Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
-			return false, err
+			return err
 		}
-		resp, err := s.kv.Txn(ctx).If(kvstore.Absent(key)).Then(put).Else(clientv3.OpGet(key)).Commit()
-		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			s.hist.Drop(lease)
-			continue
+		kvs := resp.Responses
+		switch {
+		case resp.Succeeded:
+			done = true
+			return nil
+		case kvs[0].GetResponseRange().Kvs[0].ModRevision == al.Rev:
+			return nil // not lapsed in etcd yet
 		}
-		if err != nil {
-			return false, fmt.Errorf("record lapse of %s: %w", key, kvstore.Unavailable(err))
-		}
-		if resp.Succeeded {
-			return true, nil
-		}
-		kv := resp.Responses[0].GetResponseRange().Kvs[0]
-		if kv.ModRevision == al.Rev {
-			return false, nil
-		}
-		cur, err := DecodeAllocation(al.Pool, kv)
-		if err == nil && cur.Owner.Key() == al.Owner.Key() {
-			return true, nil
+		done = true
+		if cur, err := DecodeAllocation(al.Pool, kvs[0].GetResponseRange().Kvs[0]); err == nil && cur.Owner.Key() == al.Owner.Key() {
+			return nil // confirmed in time: nothing ended
 		}
 		// Taken by another owner after the lapse. The record's key is
 		// fixed by r, so writing it twice is harmless.
-		if _, err := s.kv.Do(ctx, put); err != nil {
-			return false, fmt.Errorf("record lapse of %s: %w", key, kvstore.Unavailable(err))
-		}
-		return true, nil
+		_, err = s.kv.Txn(ctx).Then(puts...).Commit()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("record lapse of %s: %w", key, kvstore.Unavailable(err))
 	}
+	return done, nil
 }

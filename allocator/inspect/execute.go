@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/hashicorp/go-hclog"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/kvstore"
@@ -92,22 +91,15 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 }
 
 func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
-	var then []clientv3.Op
 	if st.History != nil && in.opts.History != nil {
 		rec := *st.History
 		rec.End = in.now().UTC()
-		put, lease, ok, err := in.opts.History.Op(ctx, rec)
-		if err != nil {
-			return StatusFailed, fmt.Errorf("delete %s: %w", st.Key, err)
-		}
-		if ok {
-			then = append(then, put)
-			status, err := in.guardedDelete(ctx, st, then)
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				in.opts.History.Drop(lease) // revoked by hand: the next step grants another
-			}
-			return status, err
-		}
+		status := StatusFailed
+		err := in.opts.History.Commit(ctx, rec, func(puts []clientv3.Op) (err error) {
+			status, err = in.guardedDelete(ctx, st, puts)
+			return err
+		})
+		return status, err
 	}
 	if len(st.Guards) == 0 {
 		if err := kvstore.DeleteAt(ctx, in.cli, st.Key, st.Rev); err != nil {

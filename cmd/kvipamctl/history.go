@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
@@ -106,8 +107,7 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 		rows = append(rows, historyRow{HistoryRecord: r})
 	}
 	for _, cur := range s.IPs { // the live owners: intervals still open
-		r := etcdstore.HistoryRecord{Pool: cur.Pool, IP: cur.Addr.String(), ContainerID: cur.ContainerID, IfName: cur.IfName,
-			Namespace: cur.Namespace, Pod: cur.Pod, PodUID: cur.PodUID, Network: cur.Network, Node: cur.Node, Start: cur.Since}
+		r := etcdstore.HistoryOf(allocator.Allocation{Record: cur.Record, Pool: cur.Pool, Block: cur.Block, Addr: cur.Addr}, time.Time{}, "")
 		if (f.IP.IsValid() && cur.Addr != f.IP) || (f.Pool != "" && cur.Pool != f.Pool) ||
 			(f.Pod != "" && (cur.Pod != f.Pod || cur.Namespace != f.Namespace)) || (!f.Until.IsZero() && cur.Since.After(f.Until)) {
 			continue
