@@ -63,3 +63,37 @@ func BenchmarkHistorySpace(b *testing.B) {
 	b.ReportMetric(float64(kv)/float64(b.N), "kv-bytes/release")
 	b.ReportMetric(float64(sizeInUse()-before)/float64(b.N), "db-bytes/release")
 }
+
+// TestHistoryLeaseRevokedByHand: an operator revokes the retention lease
+// of the current hour; the next release still succeeds and records its
+// interval, on a newly granted lease.
+func TestHistoryLeaseRevokedByHand(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	s := etcdstore.New(cli, etcdstore.Options{})
+	block := netip.MustParsePrefix("10.0.0.0/26")
+	release := func(i int) {
+		t.Helper()
+		addr := netip.MustParseAddr(fmt.Sprintf("10.0.0.%d", i))
+		key := etcdstore.IPKey("default", block, addr)
+		put, err := cli.Put(ctx, key, `{}`)
+		require.NoError(t, err)
+		al := allocator.Allocation{Pool: "default", Block: block, Addr: addr, Rev: put.Header.Revision,
+			Record: allocator.Record{Owner: allocator.Owner{ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}, Node: "n1"}}
+		require.NoError(t, s.DeleteIP(ctx, al))
+	}
+	release(1)
+	resp, err := cli.Get(ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	_, err = cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	require.NoError(t, err)
+
+	release(2)
+	resp, err = cli.Get(ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "the first record went with its lease; the second is recorded")
+	require.Contains(t, string(resp.Kvs[0].Value), `"containerID":"c2"`)
+	require.NotZero(t, resp.Kvs[0].Lease)
+}
