@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -186,8 +187,8 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
 	}
-	a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
-	if a.cfg.RoutingMode() == RoutingVXLAN {
+	switch a.cfg.RoutingMode() {
+	case RoutingVXLAN:
 		// Pod packets are encapsulated: the overlay carries the underlay's
 		// MTU less the overhead, and a larger pod MTU would send packets
 		// it cannot carry.
@@ -195,7 +196,9 @@ func (a *Agent) start(ctx context.Context) error {
 		if a.cfg.MTU > limit {
 			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, vxlanOverhead)
 		}
-		a.podMTU = min(a.podMTU, limit)
+		a.podMTU = cmp.Or(a.cfg.MTU, limit)
+	default:
+		a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
 	}
 	records, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
 	if err != nil {
@@ -323,9 +326,10 @@ func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *allocator
 // record rewritten on the current lease (a later lease's record carries
 // them too).
 func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
-	a.m.lostEPs.Set(float64(a.recorder.addLost(lost)))
+	n, changed := a.recorder.addLost(lost)
+	a.m.lostEPs.Set(float64(n))
 	sess := a.lease.session()
-	if sess == nil {
+	if sess == nil || !changed {
 		return
 	}
 	if err := a.recorder.write(ctx, sess.ID()); err != nil {

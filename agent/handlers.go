@@ -83,11 +83,15 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 	}
 	out := allocator.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
 	field, from := "podPool", "the pod's annotation kvipam.io/pool"
+	var bound string
+	if h.bindingFor != nil {
+		bound = h.bindingFor(req.Owner.Namespace)
+	}
 	switch {
 	case req.PodPool != "":
 		out.Pool = req.PodPool
-	case h.bindingFor != nil && h.bindingFor(req.Owner.Namespace) != "":
-		out.Pool = h.bindingFor(req.Owner.Namespace)
+	case bound != "":
+		out.Pool = bound
 		field, from = "owner.namespace", "namespace "+req.Owner.Namespace+"'s binding (kvipamctl pool bind-namespace)"
 	case req.Pool != "":
 		out.Pool = req.Pool

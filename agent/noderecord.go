@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -22,28 +23,47 @@ type nodeRecorder struct {
 
 	mu   sync.Mutex
 	lost []etcdstore.LostEndpoint
+	// unwritten is set while lost has findings no successful write has
+	// carried to etcd yet.
+	unwritten bool
 }
 
 // write puts the record on lease.
 func (r *nodeRecorder) write(ctx context.Context, lease int64) error {
 	r.mu.Lock()
-	lost := slices.Clone(r.lost)
+	lost, was := slices.Clone(r.lost), r.unwritten
+	r.unwritten = false
 	r.mu.Unlock()
 	rec := etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs,
 		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
-	return r.put(ctx, rec, lease)
+	err := r.put(ctx, rec, lease)
+	if err != nil && was {
+		r.mu.Lock()
+		r.unwritten = true
+		r.mu.Unlock()
+	}
+	return err
 }
 
-// addLost adds endpoints to the record's lost list and returns its length.
-func (r *nodeRecorder) addLost(lost []etcdstore.LostEndpoint) int {
+// addLost adds endpoints to the record's lost list, one entry per owner
+// (the latest finding), and returns its length and whether the record
+// needs writing: something but the time of a finding changed, or an
+// earlier change was not written. A conflict found again on every
+// reconciler pass does not rewrite the node record each time.
+func (r *nodeRecorder) addLost(lost []etcdstore.LostEndpoint) (n int, write bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, le := range lost { // one entry per owner: the latest finding
-		if i := slices.IndexFunc(r.lost, func(x etcdstore.LostEndpoint) bool { return x.Owner == le.Owner }); i >= 0 {
-			r.lost[i] = le
+	for _, le := range lost {
+		i := slices.IndexFunc(r.lost, func(x etcdstore.LostEndpoint) bool { return x.Owner == le.Owner })
+		if i < 0 {
+			r.lost, r.unwritten = append(r.lost, le), true
 			continue
 		}
-		r.lost = append(r.lost, le)
+		prev := r.lost[i]
+		prev.FoundAt = le.FoundAt
+		if !reflect.DeepEqual(prev, le) {
+			r.lost[i], r.unwritten = le, true
+		}
 	}
-	return len(r.lost)
+	return len(r.lost), r.unwritten
 }

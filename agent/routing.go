@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"maps"
 	"net"
 	"net/netip"
 	"syscall"
@@ -42,10 +43,7 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 		return err
 	}
 	var errs []error
-	todo := map[netip.Prefix]peerHop{}
-	for b, hop := range want {
-		todo[b] = hop
-	}
+	todo := maps.Clone(want)
 	for _, r := range have {
 		dst, _ := netip.ParsePrefix(r.Dst.String())
 		gw, _ := netip.AddrFromSlice(r.Gw)

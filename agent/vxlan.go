@@ -137,7 +137,7 @@ func (v *vxlanOverlay) program(h *netlink.Handle, want map[netip.Prefix]peerHop)
 			peers[hop.addr] = vtepMAC(hop.node)
 		}
 	}
-	errs := []error{v.syncRoutes(h, idx, routes), v.syncNeighbours(h, idx, peers), v.syncFDB(h, idx, peers)}
+	errs := []error{v.syncRoutes(h, idx, routes), v.syncEntries(h, idx, netlink.FAMILY_V4, peers), v.syncEntries(h, idx, unix.AF_BRIDGE, peers)}
 	return errors.Join(errs...)
 }
 
@@ -170,20 +170,26 @@ func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Pre
 	return errors.Join(errs...)
 }
 
-// syncNeighbours keeps one permanent entry per peer VTEP: its address is
-// the on-link gateway of the peer's routes, its MAC the peer's device's.
-func (v *vxlanOverlay) syncNeighbours(h *netlink.Handle, idx int, want map[netip.Addr]net.HardwareAddr) error {
-	have, err := h.NeighList(idx, netlink.FAMILY_V4)
+// syncEntries keeps one permanent entry of family on the device per peer:
+// a neighbour entry (AF_INET: the peer's VTEP address, the on-link gateway
+// of its routes, resolves to its device's MAC) or a forwarding entry
+// (AF_BRIDGE: frames for that MAC go to that address). Entries that
+// match are kept, other permanent ones removed, missing ones added.
+func (v *vxlanOverlay) syncEntries(h *netlink.Handle, idx, family int, want map[netip.Addr]net.HardwareAddr) error {
+	what := map[int]string{netlink.FAMILY_V4: "neighbour", unix.AF_BRIDGE: "fdb"}[family]
+	have, err := h.NeighList(idx, family)
 	if err != nil {
-		return fmt.Errorf("vxlan neighbours: %w", err)
+		return fmt.Errorf("vxlan %s entries: %w", what, err)
 	}
 	var errs []error
 	done := map[netip.Addr]bool{}
 	for _, n := range have {
+		if n.State&netlink.NUD_PERMANENT == 0 {
+			continue
+		}
 		ip, _ := netip.AddrFromSlice(n.IP)
-		ip = ip.Unmap()
-		if mac, ok := want[ip]; ok && bytes.Equal(n.HardwareAddr, mac) && n.State&netlink.NUD_PERMANENT != 0 {
-			done[ip] = true
+		if mac, ok := want[ip.Unmap()]; ok && bytes.Equal(n.HardwareAddr, mac) {
+			done[ip.Unmap()] = true
 			continue
 		}
 		if err := h.NeighDel(&n); err != nil && !errors.Is(err, syscall.ENOENT) {
@@ -194,58 +200,16 @@ func (v *vxlanOverlay) syncNeighbours(h *netlink.Handle, idx int, want map[netip
 		if done[ip] {
 			continue
 		}
-		n := &netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: net.IP(ip.AsSlice()), HardwareAddr: mac}
+		n := &netlink.Neigh{LinkIndex: idx, Family: family, State: netlink.NUD_PERMANENT, IP: net.IP(ip.AsSlice()), HardwareAddr: mac}
+		if family == unix.AF_BRIDGE {
+			n.Flags = netlink.NTF_SELF
+		}
 		if err := h.NeighSet(n); err != nil {
-			errs = append(errs, fmt.Errorf("vxlan neighbour %s: %w", ip, err))
+			errs = append(errs, fmt.Errorf("vxlan %s %s %s: %w", what, ip, mac, err))
 		}
 	}
 	return errors.Join(errs...)
 }
-
-// syncFDB keeps one permanent forwarding entry per peer: frames for its
-// device's MAC go to its VTEP address.
-func (v *vxlanOverlay) syncFDB(h *netlink.Handle, idx int, want map[netip.Addr]net.HardwareAddr) error {
-	have, err := h.NeighList(idx, unix.AF_BRIDGE)
-	if err != nil {
-		return fmt.Errorf("vxlan fdb: %w", err)
-	}
-	byMAC := map[string]netip.Addr{}
-	for ip, mac := range want {
-		byMAC[mac.String()] = ip
-	}
-	var errs []error
-	done := map[string]bool{}
-	for _, n := range have {
-		if n.State&netlink.NUD_PERMANENT == 0 || n.HardwareAddr == nil {
-			continue
-		}
-		ip, _ := netip.AddrFromSlice(n.IP)
-		if dst, ok := byMAC[n.HardwareAddr.String()]; ok && ip.Unmap() == dst {
-			done[n.HardwareAddr.String()] = true
-			continue
-		}
-		if bytes.Equal(n.HardwareAddr, l2Zero) && n.IP == nil {
-			continue
-		}
-		if err := h.NeighDel(&n); err != nil && !errors.Is(err, syscall.ENOENT) {
-			errs = append(errs, err)
-		}
-	}
-	for mac, ip := range byMAC {
-		if done[mac] {
-			continue
-		}
-		hw, _ := net.ParseMAC(mac)
-		n := &netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, Flags: netlink.NTF_SELF, State: netlink.NUD_PERMANENT,
-			IP: net.IP(ip.AsSlice()), HardwareAddr: hw}
-		if err := h.NeighSet(n); err != nil {
-			errs = append(errs, fmt.Errorf("vxlan fdb %s dst %s: %w", mac, ip, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-var l2Zero = net.HardwareAddr{0, 0, 0, 0, 0, 0}
 
 // removeVXLANDevice deletes the overlay's device if there is one (a node
 // moved off routing vxlan); its routes and entries go with it.
