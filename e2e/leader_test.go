@@ -217,13 +217,15 @@ func (l *ipamLoad) step() {
 // del DELs id; on failure it stays to be retried.
 func (l *ipamLoad) del(id string) error {
 	_, err := l.exec("DEL", id)
+	if err != nil {
+		l.record("DEL "+id, err)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
 		if !slices.Contains(l.toDel, id) {
 			l.toDel = append(l.toDel, id)
 		}
-		l.errs = append(l.errs, pluginErr{op: "DEL " + id, at: time.Now(), msg: err.Error(), code: codeOf(err)})
 		return err
 	}
 	l.toDel = slices.DeleteFunc(l.toDel, func(s string) bool { return s == id })

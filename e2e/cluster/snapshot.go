@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 
 	"go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
@@ -20,34 +17,6 @@ import (
 // (clientv3's snapshot package, which etcdctl calls) and the real
 // etcdutl snapshot restore, built from this module's go.mod (a tool
 // dependency) like the etcd binary.
-
-const etcdutlPackage = "go.etcd.io/etcd/etcdutl/v3"
-
-var (
-	utlOnce sync.Once
-	utlPath string
-	utlErr  error
-)
-
-func etcdutlBinary() (string, error) {
-	utlOnce.Do(func() {
-		if _, utlErr = etcdBinary(); utlErr != nil { // makes buildDir
-			return
-		}
-		utlPath = filepath.Join(buildDir, "etcdutl")
-		cmd := exec.Command("go", "build", "-o", utlPath, etcdutlPackage)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if _, file, _, ok := runtime.Caller(0); ok {
-			if _, err := os.Stat(file); err == nil {
-				cmd.Dir = filepath.Dir(file)
-			}
-		}
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			utlErr = fmt.Errorf("go build %s: %w\n%s", etcdutlPackage, err, msg)
-		}
-	})
-	return utlPath, utlErr
-}
 
 // Snapshot saves member i's database to path, as `etcdctl snapshot save`
 // does, and returns the revision it holds.
