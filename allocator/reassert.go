@@ -103,7 +103,7 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 				// forget it and claim the block again if it is free.
 				ps.forgetBlock(it.block)
 				delete(ps.own, it.block)
-				werr = fmt.Errorf("block %s's claim changed", it.block)
+				werr = fmt.Errorf("block %s's claim changed twice: %w", it.block, ErrConflict) // the next pass tries again
 				continue
 			}
 			break
@@ -113,9 +113,6 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 		switch {
 		case errors.As(werr, &nb):
 			conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, Reason: nb.Error()})
-			continue
-		case errors.As(werr, &we) && len(we.Fenced) > 0:
-			conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, Reason: werr.Error()})
 			continue
 		case errors.As(werr, &we):
 			// Written by someone meanwhile: the next pass reads who.

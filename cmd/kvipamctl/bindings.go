@@ -79,11 +79,13 @@ func (a *app) bindingsList(ctx context.Context, w io.Writer) error {
 	})
 }
 
-// withStore runs f with a store on the configured etcd.
+// withStore runs f with a store on the configured etcd. kvipamctl writes
+// no history through it and bounds its calls by the command's context
+// only (a large history read may take longer than a call timeout).
 func (a *app) withStore(ctx context.Context, f func(*etcdstore.Store) error) error {
 	cli, err := a.client(ctx)
 	if err != nil {
 		return err
 	}
-	return f(etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1}))
+	return f(etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1, CallTimeout: -1}))
 }

@@ -94,12 +94,8 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 			}
 		}
 	}
-	cli, err := a.client(ctx)
-	if err != nil {
-		return err
-	}
-	recs, err := etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1, CallTimeout: -1}).History(ctx, f)
-	if err != nil {
+	var recs []etcdstore.HistoryRecord
+	if err := a.withStore(ctx, func(s *etcdstore.Store) (err error) { recs, err = s.History(ctx, f); return err }); err != nil {
 		return err
 	}
 	rows := make([]historyRow, 0, len(recs)+1)

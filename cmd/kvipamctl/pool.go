@@ -79,12 +79,8 @@ func (a *app) poolCreate(ctx context.Context, w io.Writer, name string, cidrs []
 	}
 	p.BlockSizeV4 = blockSize(p, allocator.IPv4, bs4, defaultBlockV4)
 	p.BlockSizeV6 = blockSize(p, allocator.IPv6, bs6, defaultBlockV6)
-	cli, err := a.client(ctx)
-	if err != nil {
-		return err
-	}
-	got, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, p)
-	if err != nil {
+	var got allocator.Pool
+	if err := a.withStore(ctx, func(s *etcdstore.Store) (err error) { got, err = s.EnsurePool(ctx, p); return err }); err != nil {
 		return fmt.Errorf("create pool %s: %w", name, err)
 	}
 	return a.render(w, got, func(tw io.Writer) {
