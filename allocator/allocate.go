@@ -191,6 +191,7 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
 	seen := time.Now()
 	for _, w := range p.writes {
+		delete(p.ps.planned, w.Addr)
 		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
 		p.ps.remember(al, res.Expires)
 		a.logAllocated(al)
@@ -223,6 +224,7 @@ func (a *NodeAllocator) landed(p *plan) (Result, bool) {
 
 func (a *NodeAllocator) undo(p *plan) {
 	for _, w := range p.writes {
+		delete(p.ps.planned, w.Addr)
 		if ob := p.ps.own[w.Block]; ob != nil {
 			ob.ba.Unmark(w.Addr)
 		}
@@ -238,6 +240,9 @@ func (a *NodeAllocator) learn(ctx context.Context, err error) {
 	var we *WriteError
 	if !errors.As(err, &we) {
 		return
+	}
+	if we.FenceLost {
+		a.fenceRev = 0
 	}
 	for _, ps := range a.pools {
 		for _, b := range we.Fenced {

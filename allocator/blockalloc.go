@@ -18,6 +18,11 @@ type BlockAlloc struct {
 	used     *Bitmap // marked and excluded offsets
 	excluded []int   // offsets of Pool.Excluded(block), at most two
 	cursor   int     // offset last returned by Next, -1 before the first
+	// reserved are the offsets of the pool's reserved ranges: Next skips
+	// them, Mark (a static request) may still take one. resFree counts
+	// those not marked.
+	reserved *Bitmap
+	resFree  int
 }
 
 // NewBlockAlloc returns an empty free map for block, one of p's blocks. The
@@ -39,7 +44,31 @@ func NewBlockAlloc(p Pool, block netip.Prefix) (*BlockAlloc, error) {
 		}
 	}
 	b.setExcluded()
+	b.SetReserved(p.reservedOffsets(block))
 	return b, nil
+}
+
+// SetReserved replaces the reserved offsets (a pool's reservations
+// changed). Addresses marked stay marked.
+func (b *BlockAlloc) SetReserved(offs []int) {
+	b.reserved, b.resFree = nil, 0
+	if len(offs) == 0 {
+		return
+	}
+	b.reserved = NewBitmap(b.used.Size())
+	for _, off := range offs {
+		if b.reserved.Set(off) && !b.used.IsSet(off) {
+			b.resFree++
+		}
+	}
+}
+
+func (b *BlockAlloc) isReserved(off int) bool { return b.reserved != nil && b.reserved.IsSet(off) }
+
+// IsReserved reports whether a is in one of the pool's reserved ranges.
+func (b *BlockAlloc) IsReserved(a netip.Addr) bool {
+	off, ok := Offset(b.block, a)
+	return ok && b.isReserved(off)
 }
 
 func (b *BlockAlloc) setExcluded() {
@@ -63,12 +92,19 @@ func (b *BlockAlloc) Prefix() netip.Prefix { return b.block }
 // (conntrack entries, a peer's ARP or neighbour cache, a late DEL) hit the
 // new one. Walking the block first gives that state time to expire.
 func (b *BlockAlloc) Next() (netip.Addr, bool) {
-	off, ok := b.used.NextClear(b.cursor + 1)
-	if !ok {
-		return netip.Addr{}, false
+	from := b.cursor + 1
+	for range b.resFree + 1 {
+		off, ok := b.used.NextClear(from)
+		if !ok {
+			return netip.Addr{}, false
+		}
+		if !b.isReserved(off) {
+			b.cursor = off
+			return AddrAt(b.block, off)
+		}
+		from = off + 1
 	}
-	b.cursor = off
-	return AddrAt(b.block, off)
+	return netip.Addr{}, false
 }
 
 // Mark records a as used and reports whether that changed anything: false
@@ -79,7 +115,13 @@ func (b *BlockAlloc) Mark(a netip.Addr) bool {
 	if !ok || b.isExcluded(off) {
 		return false
 	}
-	return b.used.Set(off)
+	if !b.used.Set(off) {
+		return false
+	}
+	if b.isReserved(off) {
+		b.resFree--
+	}
+	return true
 }
 
 // Unmark records a as free again and reports whether that changed anything:
@@ -90,7 +132,13 @@ func (b *BlockAlloc) Unmark(a netip.Addr) bool {
 	if !ok || b.isExcluded(off) {
 		return false
 	}
-	return b.used.Clear(off)
+	if !b.used.Clear(off) {
+		return false
+	}
+	if b.isReserved(off) {
+		b.resFree++
+	}
+	return true
 }
 
 // IsUsed reports whether a cannot be handed out: marked or excluded. It is
@@ -100,8 +148,9 @@ func (b *BlockAlloc) IsUsed(a netip.Addr) bool {
 	return ok && b.used.IsSet(off)
 }
 
-// Free returns the number of addresses that can still be handed out.
-func (b *BlockAlloc) Free() int { return b.used.Size() - b.used.Used() }
+// Free returns the number of addresses Next can still hand out: neither
+// marked nor reserved.
+func (b *BlockAlloc) Free() int { return b.used.Size() - b.used.Used() - b.resFree }
 
 // Used returns the number of marked addresses, excluded ones not counted.
 func (b *BlockAlloc) Used() int { return b.used.Used() - len(b.excluded) }
@@ -111,12 +160,24 @@ func (b *BlockAlloc) Used() int { return b.used.Used() - len(b.excluded) }
 // the edge of a CIDR.
 func (b *BlockAlloc) Capacity() int { return b.used.Size() - len(b.excluded) }
 
+// ReservedFree returns the number of reserved addresses not marked: kept
+// back from Next, though a static request may take one.
+func (b *BlockAlloc) ReservedFree() int { return b.resFree }
+
 // Reset frees every address again, as when the agent rebuilds the map from
 // etcd. Excluded addresses stay used, and the Next cursor is kept so the
 // rebuilt map does not hand out recently released addresses first.
 func (b *BlockAlloc) Reset() {
 	b.used.reset()
 	b.setExcluded()
+	if b.reserved != nil {
+		b.resFree = b.reserved.Used()
+		for _, off := range b.excluded {
+			if b.reserved.IsSet(off) {
+				b.resFree--
+			}
+		}
+	}
 }
 
 // ResumeAfter makes the next Next start after a, so a node that rebuilds

@@ -29,6 +29,13 @@ type poolState struct {
 	// stay marked in the bitmap, so no one else gets them, until a read
 	// of etcd settles them (see outcome.go).
 	unknown map[netip.Addr]pending
+	// lent are addresses of own blocks that other nodes hold (borrowed,
+	// borrow.go), by holder; they stay marked in the bitmaps.
+	lent map[netip.Addr]string
+	// planned are addresses chosen for writes not yet sent: a block read
+	// again while a batch is planned keeps them marked.
+	planned map[netip.Addr]bool
+	cool    coolQueue // released addresses cooling (cooldown.go)
 }
 
 // pending is a store call of unknown outcome: a write (create or confirm)
@@ -71,6 +78,8 @@ func newPoolState(p Pool) *poolState {
 		byAddr:  map[netip.Addr]*Allocation{},
 		expires: map[netip.Addr]time.Time{},
 		unknown: map[netip.Addr]pending{},
+		lent:    map[netip.Addr]string{},
+		planned: map[netip.Addr]bool{},
 	}
 }
 
@@ -114,6 +123,20 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 		if b.Contains(addr) {
 			delete(ps.unknown, addr)
 		}
+	}
+	for addr := range ps.lent {
+		if b.Contains(addr) {
+			delete(ps.lent, addr)
+		}
+	}
+}
+
+// setPool replaces the pool spec (an operator changed it) and applies its
+// reservations to the own blocks.
+func (ps *poolState) setPool(p Pool) {
+	ps.pool = p
+	for b, ob := range ps.own {
+		ob.ba.SetReserved(p.reservedOffsets(b))
 	}
 }
 
@@ -187,7 +210,7 @@ func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
 }
 
 func (ps *poolState) exhausted(f Family) error {
-	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f)}
+	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f), Size: ps.pool.Size(f), Reserved: ps.pool.ReservedCount(f)}
 	for b := range ps.own {
 		if FamilyOf(b.Addr()) == f {
 			e.Claimed++

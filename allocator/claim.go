@@ -74,8 +74,20 @@ func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b neti
 // earlier claim whose answer was lost (an unknown outcome): it is adopted,
 // not counted as taken.
 func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
-	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, a.claimRecord(), a.lease.ID())
+	c := a.claimRecord()
+	c.PoolRev = ps.pool.Rev
+	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, c, a.lease.ID())
 	var ce *ClaimError
+	if errors.As(err, &ce) && ce.PoolChanged {
+		// An operator changed the pool since it was read: read it again
+		// (a removed cidr is then not tried again).
+		p, perr := a.cfg.Store.GetPool(ctx, ps.pool.Name)
+		if perr != nil {
+			return perr
+		}
+		ps.setPool(p)
+		return err
+	}
 	if errors.As(err, &ce) {
 		if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
 			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", ce.ClaimRev)

@@ -45,6 +45,10 @@ type NodeConfig struct {
 	// them (etcd restored from an older snapshot) until Reassert has
 	// settled them.
 	Held func() []netip.Addr
+	// ReuseCooldown keeps a released address from being handed out again
+	// for this long unless nothing else in the node's blocks is free
+	// (cooldown.go). Zero: reuse at once.
+	ReuseCooldown time.Duration
 }
 
 // NodeAllocator hands out IPs from the blocks one node owns, claiming
@@ -64,6 +68,9 @@ type NodeAllocator struct {
 	lease    Lease
 	restored bool
 	pools    map[string]*poolState
+	// fenceRev is the revision of the node's borrow fence on the current
+	// lease; 0 until the first borrow (borrow.go).
+	fenceRev int64
 	// lapsed are reservations seen to lapse whose end is not yet in IP
 	// history (lapses.go); they have their own lock, so recording never
 	// waits behind allocation.
@@ -112,6 +119,7 @@ func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 	defer a.mu.Unlock()
 	a.restored = false
 	a.lease = lease
+	a.fenceRev = 0
 	pools := map[string]*poolState{}
 	for _, name := range a.cfg.Pools {
 		p, err := a.cfg.Store.GetPool(ctx, name)
@@ -123,6 +131,9 @@ func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 		// listing and the compare) is retried on a fresh listing.
 		if err := retry.Do(ctx, a.cfg.RestoreRetry, func(ctx context.Context) error { return a.restorePool(ctx, ps) }); err != nil {
 			return fmt.Errorf("restore pool %s: %w", name, err)
+		}
+		if err := a.restoreBorrowed(ctx, ps); err != nil {
+			return fmt.Errorf("restore pool %s: borrowed addresses: %w", name, err)
 		}
 		pools[name] = ps
 	}
@@ -255,6 +266,10 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
 			continue
 		}
+		if al.Borrowed && al.Node != a.cfg.Node {
+			ps.lent[al.Addr] = al.Node // another node's pod: not ours to serve
+			continue
+		}
 		if newest == nil || al.Since.After(newest.Since) {
 			newest = al
 		}
@@ -268,6 +283,12 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 		ps.remember(al, expiry[al.Lease])
 	}
 	a.markHeld(block, ob)
+	ps.markCooling(block, ob)
+	for addr := range ps.planned {
+		if block.Contains(addr) {
+			ob.ba.Mark(addr)
+		}
+	}
 	if newest != nil {
 		ob.ba.ResumeAfter(newest.Addr)
 	}

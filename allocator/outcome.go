@@ -27,6 +27,7 @@ func outcomeUnknown(err error) bool {
 // park records writes of unknown outcome. Their addresses stay marked.
 func (a *NodeAllocator) park(ps *poolState, writes []IPWrite) {
 	for _, w := range writes {
+		delete(ps.planned, w.Addr)
 		ps.unknown[w.Addr] = pending{write: w}
 		a.log.Warn("write outcome unknown; settling it from etcd before the address is reused", "pool", ps.pool.Name, "ip", w.Addr, "owner", w.Record.Owner.Key())
 	}
@@ -115,7 +116,7 @@ func (a *NodeAllocator) settleDelete(ctx context.Context, ps *poolState, al *All
 		return // not deleted: the owner still holds it
 	}
 	if ps.byAddr[al.Addr] == al {
-		a.drop(ps, al)
+		a.dropReleased(ps, al)
 		a.logEnded(al, "released")
 	}
 	if ok { // rewritten since: the cache does not know by whom

@@ -47,30 +47,56 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 			p.reused = append(p.reused, al)
 			continue
 		}
+		if ps.pool.Disabled {
+			a.undo(p)
+			return nil, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", ErrPoolDisabled, ps.pool.Name, ps.pool.Name)
+		}
 		var addr netip.Addr
 		var block netip.Prefix
+		var lent *Allocation
 		if isStatic {
 			block, err = a.pickStatic(ctx, ps, want)
 			addr = want
 		} else {
-			block, addr, err = a.pickFree(ctx, ps, f)
+			block, addr, lent, err = a.pickOrBorrow(ctx, ps, r, f)
 		}
 		if err != nil {
 			a.undo(p)
 			return nil, err
 		}
+		if lent != nil { // written already (borrow.go)
+			p.reused = append(p.reused, lent)
+			continue
+		}
 		ob := ps.own[block]
 		ob.ba.Mark(addr)
-		state := StateAllocated
-		if r.Reserve {
-			state = StateReserved
-		}
+		ps.planned[addr] = true
 		p.writes = append(p.writes, IPWrite{
 			Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Reserve: r.Reserve,
-			Record: Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC()},
+			Record: a.newRecord(r, false),
 		})
 	}
 	return p, nil
+}
+
+// pickOrBorrow chooses a free address of family f in the node's blocks,
+// claiming a block if it must; when the pool has no block left it
+// borrows one from another node's block, written at once.
+func (a *NodeAllocator) pickOrBorrow(ctx context.Context, ps *poolState, r Request, f Family) (netip.Prefix, netip.Addr, *Allocation, error) {
+	for {
+		b, addr, err := a.pickFree(ctx, ps, f)
+		var ee *ExhaustedError
+		if !errors.As(err, &ee) {
+			return b, addr, nil, err
+		}
+		al, err := a.borrow(ctx, ps, r, f)
+		if !errors.Is(err, errOwnRoom) {
+			return netip.Prefix{}, netip.Addr{}, al, err
+		}
+		if ctx.Err() != nil {
+			return netip.Prefix{}, netip.Addr{}, nil, ctx.Err()
+		}
+	}
 }
 
 // requestFamilies resolves which families a request wants and its static
@@ -151,17 +177,26 @@ func (a *NodeAllocator) drop(ps *poolState, al *Allocation) {
 }
 
 func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (netip.Prefix, netip.Addr, error) {
+	a.thaw(ps)
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
 	}
-	// Lapsed reservations free room before a new block is claimed.
+	// Lapsed reservations, lent addresses given back and, last, the
+	// oldest address still cooling free room before a new block is
+	// claimed.
 	for addr := range ps.expires {
 		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f {
 			a.dropIfLapsed(ps, al)
 		}
 	}
+	a.reloadLent(ctx, ps, f)
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
+	}
+	for a.thawOldest(ps, f) {
+		if b, addr, ok := ps.nextFree(f); ok {
+			return b, addr, nil
+		}
 	}
 	b, err := a.claimBlock(ctx, ps, f)
 	if err != nil {
@@ -190,6 +225,10 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 	}
 	if al := ps.byAddr[addr]; al != nil {
 		a.dropIfLapsed(ps, al) // the create-if-absent write guards the rest
+	}
+	if _, cooling := ps.cool.at[addr]; cooling && ps.byAddr[addr] == nil {
+		delete(ps.cool.at, addr) // asked for by name: no cooldown
+		ob.ba.Unmark(addr)
 	}
 	if ob.ba.IsUsed(addr) {
 		holder := "another owner"

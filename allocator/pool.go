@@ -128,6 +128,15 @@ type Pool struct {
 	// BlockSizeV6 is the prefix length of an IPv6 block, e.g. 120, fixed
 	// like BlockSizeV4.
 	BlockSizeV6 int `json:"blockSizeV6,omitempty"`
+	// Reserved are ranges never handed out automatically (reserved.go).
+	Reserved []Reservation `json:"reserved,omitempty"`
+	// Disabled stops the pool handing out new addresses; releases go on.
+	// It is how a pool is drained before it is deleted.
+	Disabled bool `json:"disabled,omitempty"`
+	// Rev is the etcd revision the spec was read at (not stored): block
+	// claims are fenced by it, so no node claims a block under a spec an
+	// operator has since changed (a CIDR removed, the pool deleted).
+	Rev int64 `json:"-"`
 }
 
 const (
@@ -190,7 +199,7 @@ func (p Pool) validate() error {
 			return err
 		}
 	}
-	return nil
+	return p.validateReserved()
 }
 
 func validatePoolName(name string) error {

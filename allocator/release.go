@@ -32,18 +32,16 @@ func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, err
 			if a.dropIfLapsed(ps, al) {
 				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
 			}
-			ob := ps.own[al.Block]
-			if ob == nil {
-				// The block's claim was lost (a fenced write): no write is
-				// fenced until Restore re-claims it.
-				return nil, fmt.Errorf("confirm %s: %s: block %s is not claimed by node %s now: %w", o.Key(), al.Addr, al.Block, a.cfg.Node, ErrLeaseLost)
+			fence, err := a.writeFence(ctx, ps, al)
+			if err != nil {
+				return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, err)
 			}
 			rec := al.Record
 			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
 			if o.Namespace != "" || o.Pod != "" {
 				rec.Namespace, rec.Pod = o.Namespace, o.Pod
 			}
-			writes = append(writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: ob.claimRev, Addr: al.Addr, Record: rec, PrevRev: al.Rev})
+			writes = append(writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: fence, Addr: al.Addr, Record: rec, PrevRev: al.Rev, Borrowed: al.Borrowed})
 		}
 	}
 	if len(writes) == 0 && len(done) == 0 {
@@ -82,6 +80,21 @@ func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, err
 	}
 	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
 	return done, nil
+}
+
+// writeFence returns the revision that fences a write to al: its block's
+// claim, or for a borrowed address the node's borrow fence.
+func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Allocation) (int64, error) {
+	if al.Borrowed {
+		return a.borrowFence(ctx)
+	}
+	ob := ps.own[al.Block]
+	if ob == nil {
+		// The block's claim was lost (a fenced write): no write is
+		// fenced until Restore re-claims it.
+		return 0, fmt.Errorf("block %s is not claimed by node %s now: %w", al.Block, a.cfg.Node, ErrLeaseLost)
+	}
+	return ob.claimRev, nil
 }
 
 // Release frees every address the owner holds, in every pool. Each delete
@@ -156,7 +169,7 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
-		a.drop(ps, al)
+		a.dropReleased(ps, al)
 		a.logEnded(al, "released")
 	case errors.Is(err, ErrConflict):
 		// Rewritten since we cached it: reload and report rather than

@@ -56,6 +56,9 @@ type Record struct {
 	Node  string    `json:"node"`
 	State State     `json:"state"`
 	Since time.Time `json:"since"`
+	// Borrowed marks an address Node holds in a block of another node
+	// (borrow.go): its release also removes the address's home.
+	Borrowed bool `json:"borrowed,omitempty"`
 }
 
 // Allocation is a Record as read from the store, with its place and the
@@ -87,6 +90,9 @@ type Claim struct {
 	Node      string    `json:"node"`
 	BootID    string    `json:"bootID,omitempty"`
 	ClaimedAt time.Time `json:"claimedAt"`
+	// PoolRev, when set, is the pool spec revision the claimant read
+	// (Pool.Rev; not stored): the claim fails if the spec changed since.
+	PoolRev int64 `json:"-"`
 }
 
 // Home is the value stored for the node a block belongs to. It has no lease:
@@ -122,6 +128,11 @@ type IPWrite struct {
 	PrevRev int64
 	// Reserve puts a new allocation on a reservation lease.
 	Reserve bool
+	// Borrowed writes into another node's block: ClaimRev is then the
+	// revision of the writer's borrow fence (FenceBorrower), the block
+	// must have a home, and the address gets a home of its own naming
+	// the writer, which every node routes.
+	Borrowed bool
 }
 
 // WriteResult says what a batch write did.
@@ -174,6 +185,33 @@ type Store interface {
 	// end. It reports false when the store still holds al as it was (its
 	// lease has not ended there yet): ask again later.
 	RecordLapsed(ctx context.Context, al Allocation, end time.Time) (bool, error)
+
+	// PoolSnapshot reads a pool's claims, homes, lent addresses and
+	// allocated addresses (not their records) at one revision: what
+	// borrowing and an exhaustion report decide on.
+	PoolSnapshot(ctx context.Context, pool string) (PoolSnapshot, error)
+	// FenceBorrower puts the node's borrow fence on lease (or finds its
+	// own there) and returns its revision, which fences borrowed writes
+	// as a claim's revision fences writes into a block.
+	FenceBorrower(ctx context.Context, c Claim, lease int64) (int64, error)
+	// ListLent returns the pool's lent addresses and the node holding each.
+	ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error)
+}
+
+// PoolSnapshot is one pool as read at one revision.
+type PoolSnapshot struct {
+	Rev    int64
+	Blocks []BlockInfo
+	// Used lists the allocated addresses of each block.
+	Used map[netip.Prefix][]UsedAddr
+	// Lent maps each borrowed address to the node that holds it.
+	Lent map[netip.Addr]string
+}
+
+// UsedAddr is an allocated address; Lease is non-zero for a reservation.
+type UsedAddr struct {
+	Addr  netip.Addr
+	Lease int64
 }
 
 // Errors of the allocator. Compare with errors.Is.
@@ -186,6 +224,7 @@ var (
 	ErrNotFound        = errors.New("allocator: allocation not found")
 	ErrLeaseLost       = errors.New("allocator: node lease lost, try again")
 	ErrReservationGone = errors.New("allocator: reservation expired")
+	ErrPoolDisabled    = errors.New("allocator: pool disabled")
 	// ErrUnavailable marks a request that could not be served because the
 	// store did not answer, including a write whose outcome could not be
 	// read back yet: try again.
@@ -205,10 +244,14 @@ type ClaimError struct {
 	// answer was lost.
 	ClaimRev   int64
 	ClaimLease int64
+	// PoolChanged says the pool spec changed since the claimant read it.
+	PoolChanged bool
 }
 
 func (e *ClaimError) Error() string {
 	switch {
+	case e.PoolChanged:
+		return fmt.Sprintf("claim block %s: the pool changed since it was read", e.Block)
 	case e.ClaimedBy != "":
 		return fmt.Sprintf("claim block %s: claimed by node %s", e.Block, e.ClaimedBy)
 	case e.NonEmpty:
@@ -226,8 +269,12 @@ type WriteError struct {
 	// Fenced lists blocks whose claim no longer has the writer's revision:
 	// the writer has lost them.
 	Fenced []netip.Prefix
-	// Taken lists addresses that already exist (or, for a confirm, changed).
+	// Taken lists addresses that already exist (or, for a confirm, changed;
+	// for a borrowed write, whose block has no home any more).
 	Taken []netip.Addr
+	// FenceLost says a borrowed write's fence changed: the node's lease
+	// is gone.
+	FenceLost bool
 }
 
 func (e *WriteError) Error() string {
@@ -236,24 +283,3 @@ func (e *WriteError) Error() string {
 
 // Unwrap makes a WriteError a conflict.
 func (e *WriteError) Unwrap() error { return ErrConflict }
-
-// ExhaustedError reports a pool with no free address for a family on this
-// node and no block left to claim.
-type ExhaustedError struct {
-	Pool     string
-	Family   Family
-	Blocks   uint64
-	Claimed  int
-	Orphaned int
-}
-
-func (e *ExhaustedError) Error() string {
-	s := fmt.Sprintf("pool %s exhausted (%s): %d of %d blocks claimed", e.Pool, e.Family, e.Claimed, e.Blocks)
-	if e.Orphaned > 0 {
-		s += fmt.Sprintf(", %d more orphaned", e.Orphaned)
-	}
-	return s
-}
-
-// Unwrap makes an ExhaustedError match ErrExhausted.
-func (e *ExhaustedError) Unwrap() error { return ErrExhausted }

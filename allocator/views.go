@@ -69,3 +69,28 @@ func (a *NodeAllocator) Usage() []Usage {
 	}
 	return out
 }
+
+// UpdatePool takes a changed spec of a served pool (the agent follows the
+// pools in etcd): reservations, the disabled flag and new cidrs apply at
+// once. A spec older than the one held is ignored.
+func (a *NodeAllocator) UpdatePool(p Pool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[p.Name]
+	if ps == nil || (p.Rev != 0 && p.Rev < ps.pool.Rev) {
+		return
+	}
+	ps.setPool(p)
+	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs))
+}
+
+// Pool returns the spec of a served pool as the allocator holds it.
+func (a *NodeAllocator) Pool(name string) (Pool, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[name]
+	if ps == nil {
+		return Pool{}, false
+	}
+	return ps.pool, true
+}

@@ -83,6 +83,11 @@ func Absent(key string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 }
 
+// Exists is the compare "key exists".
+func Exists(key string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
+}
+
 // Unchanged is the compare "key exists and was last written at rev".
 func Unchanged(key string, rev int64) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(key), "=", rev)

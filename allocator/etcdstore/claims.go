@@ -24,6 +24,12 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 	if err != nil {
 		return nil, fmt.Errorf("list blocks of pool %s: %w", pool, kvstore.Unavailable(err))
 	}
+	return blockInfos(pool, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), nil
+}
+
+// blockInfos joins a pool's claims and block homes by block. Lent
+// addresses' homes, one level deeper, are not blocks and are skipped.
+func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []allocator.BlockInfo {
 	byBlock := map[netip.Prefix]*allocator.BlockInfo{}
 	var order []netip.Prefix
 	get := func(b netip.Prefix) *allocator.BlockInfo {
@@ -37,7 +43,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 	}
 	// An undecodable claim or home counts as another node's, so the block
 	// is left alone; a key that names no block cannot collide with one.
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range claims {
 		b, c, err := decodeBlockKV[allocator.Claim](kv, ClaimsPrefix(pool))
 		if errors.Is(err, errBadBlockKey) {
 			continue
@@ -48,7 +54,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 		bi := get(b)
 		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
 	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+	for _, kv := range homes {
 		b, h, err := decodeBlockKV[allocator.Home](kv, HomesPrefix(pool))
 		if errors.Is(err, errBadBlockKey) {
 			continue
@@ -63,7 +69,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 	for _, b := range order {
 		out = append(out, *byBlock[b])
 	}
-	return out, nil
+	return out
 }
 
 // UnknownNode stands for the owner of a claim or home whose value cannot
@@ -98,8 +104,14 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 	if err != nil {
 		return 0, err
 	}
+	cmps := []clientv3.Cmp{kvstore.Absent(ck), kvstore.PrefixEmpty(ips)}
+	if c.PoolRev != 0 {
+		// The spec the claimant read is still the pool's: no cidr of
+		// it was removed, the pool was not deleted.
+		cmps = append(cmps, kvstore.Unchanged(PoolKey(pool), c.PoolRev))
+	}
 	resp, err := s.kv.Txn(ctx).
-		If(kvstore.Absent(ck), kvstore.PrefixEmpty(ips)).
+		If(cmps...).
 		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)).
 		Else(claimReads(pool, b)...).
 		Commit()
@@ -109,7 +121,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
 	}
-	return 0, claimError(b, resp)
+	return 0, claimError(b, resp, c.PoolRev)
 }
 
 // claimReads are a claim transaction's Else reads, which claimError
@@ -119,12 +131,17 @@ func claimReads(pool string, b netip.Prefix) []clientv3.Op {
 		clientv3.OpGet(ClaimKey(pool, b)),
 		clientv3.OpGet(BlockIPsPrefix(pool, b), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(HomeKey(pool, b)),
+		clientv3.OpGet(PoolKey(pool), clientv3.WithKeysOnly()),
 	}
 }
 
 // claimError explains a failed claim from claimReads.
-func claimError(b netip.Prefix, resp *clientv3.TxnResponse) error {
+func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error {
 	ce := &allocator.ClaimError{Block: b}
+	if poolRev != 0 {
+		kvs := resp.Responses[3].GetResponseRange().Kvs
+		ce.PoolChanged = len(kvs) == 0 || kvs[0].ModRevision != poolRev
+	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		if v, err := kvstore.Decode[allocator.Claim](kvs[0]); err == nil {
 			ce.ClaimedBy = v.Value.Node
@@ -170,7 +187,7 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 	if resp.Succeeded {
 		return resp.Header.Revision, nil
 	}
-	return 0, claimError(b, resp)
+	return 0, claimError(b, resp, 0)
 }
 
 // leaseErr marks a write refused for a lease etcd no longer has: the node

@@ -187,7 +187,7 @@ func (h *HistoryRecorder) Commit(ctx context.Context, r HistoryRecord, commit fu
 // transaction, records r. A key already gone is success (and records
 // nothing: whoever deleted it recorded it). A key rewritten since rev
 // wraps ErrConflict.
-func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord) error {
+func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, also ...clientv3.Op) error {
 	if rev <= 0 {
 		// A compare on revision 0 would match an absent key and record an
 		// interval nobody had.
@@ -195,7 +195,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 	}
 	var resp *clientv3.TxnResponse
 	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) (err error) {
-		then := append([]clientv3.Op{clientv3.OpDelete(key)}, puts...)
+		then := append(append([]clientv3.Op{clientv3.OpDelete(key)}, also...), puts...)
 		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		return err
 	})

@@ -87,18 +87,25 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		resLease = lease
 		res.Expires = expires
 	}
-	type fence struct {
-		pool  string
-		block netip.Prefix
-	}
-	fenced := map[fence]bool{}
 	var cmps []clientv3.Cmp
 	var puts []clientv3.Op
+	fenced := map[string]bool{}
+	fence := func(c clientv3.Cmp, key string) {
+		if !fenced[key] {
+			fenced[key] = true
+			cmps = append(cmps, c)
+		}
+	}
 	for _, w := range writes {
-		f := fence{w.Pool, w.Block}
-		if !fenced[f] {
-			fenced[f] = true
-			cmps = append(cmps, kvstore.Unchanged(ClaimKey(w.Pool, w.Block), w.ClaimRev))
+		if w.Borrowed {
+			// Fenced by the writer's own lease, into a block that still
+			// has a home (held or orphaned, not released meanwhile).
+			fk, hk := BorrowerKey(w.Record.Node), HomeKey(w.Pool, w.Block)
+			fence(kvstore.Unchanged(fk, w.ClaimRev), fk)
+			fence(kvstore.Exists(hk), hk)
+		} else {
+			ck := ClaimKey(w.Pool, w.Block)
+			fence(kvstore.Unchanged(ck, w.ClaimRev), ck)
 		}
 		key := IPKey(w.Pool, w.Block, w.Addr)
 		if w.PrevRev == 0 {
@@ -117,6 +124,13 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 			opts = append(opts, clientv3.WithLease(resLease))
 		}
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
+		if w.Borrowed {
+			home, err := kvstore.EncodeJSON(allocator.Home{Node: w.Record.Node, Since: w.Record.Since})
+			if err != nil {
+				return res, err
+			}
+			puts = append(puts, clientv3.OpPut(LentKey(w.Pool, w.Addr), home, opts...))
+		}
 	}
 	resp, err := s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()
 	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -143,7 +157,11 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 	var keys []string
 	seen := map[string]bool{}
 	for _, w := range writes {
-		for _, k := range []string{ClaimKey(w.Pool, w.Block), IPKey(w.Pool, w.Block, w.Addr)} {
+		fk := ClaimKey(w.Pool, w.Block)
+		if w.Borrowed {
+			fk = BorrowerKey(w.Record.Node)
+		}
+		for _, k := range []string{fk, HomeKey(w.Pool, w.Block), IPKey(w.Pool, w.Block, w.Addr)} {
 			if !seen[k] {
 				seen[k] = true
 				keys = append(keys, k)
@@ -163,16 +181,22 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 	we := &allocator.WriteError{}
 	fenced := map[netip.Prefix]bool{}
 	for _, w := range writes {
-		if modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block] {
+		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
+		taken := (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev)
+		switch {
+		case w.Borrowed && modRev(BorrowerKey(w.Record.Node)) != w.ClaimRev:
+			we.FenceLost = true
+		case w.Borrowed:
+			taken = taken || modRev(HomeKey(w.Pool, w.Block)) == 0
+		case modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block]:
 			fenced[w.Block] = true
 			we.Fenced = append(we.Fenced, w.Block)
 		}
-		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
-		if (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev) {
+		if taken {
 			we.Taken = append(we.Taken, w.Addr)
 		}
 	}
-	if len(we.Fenced) == 0 && len(we.Taken) == 0 {
+	if len(we.Fenced) == 0 && len(we.Taken) == 0 && !we.FenceLost {
 		// Changed back between the write and the reads: still a lost race.
 		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
 	}
@@ -240,5 +264,14 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 // DeleteIP implements allocator.Store: the guarded delete and the history
 // record of the interval it ends, in one transaction.
 func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
-	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased))
+	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), releaseOps(al)...)
+}
+
+// releaseOps are what goes with an allocation's key when it is released:
+// a borrowed address's home.
+func releaseOps(al allocator.Allocation) []clientv3.Op {
+	if al.Borrowed {
+		return []clientv3.Op{clientv3.OpDelete(LentKey(al.Pool, al.Addr))}
+	}
+	return nil
 }

@@ -58,6 +58,20 @@ func HomeKey(pool string, b netip.Prefix) string {
 	return HomesPrefix(pool) + allocator.BlockName(b)
 }
 
+// LentPrefix lists the homes of a pool's lent addresses: addresses a node
+// holds in another node's block (borrowed). They sit under the pool's
+// homes, which every agent watches to route, one level deeper than the
+// block homes so that nothing reads one for the other.
+func LentPrefix(pool string) string { return HomesPrefix(pool) + "ip/" }
+
+// LentKey is the home of one lent address: the node holding it. It has
+// the allocation's lease (a reservation's) or none, and goes with it.
+func LentKey(pool string, a netip.Addr) string { return LentPrefix(pool) + a.String() }
+
+// BorrowerKey is a node's borrow fence, on the node's lease: borrowed
+// writes compare its revision, as block writes compare their claim's.
+func BorrowerKey(node string) string { return Prefix + "borrowers/" + node }
+
 // IPsPrefix lists every allocation of a pool.
 func IPsPrefix(pool string) string { return AllIPsPrefix() + pool + "/" }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -16,6 +17,9 @@ import (
 // pool changed since the pools were read, so two pools with overlapping
 // CIDRs cannot be created at once: overlapping pools would hand the same
 // address out twice, once under each pool's keys.
+//
+// An existing pool keeps what operators set with kvipamctl: p's reserved
+// ranges are added to the stored ones, and its disabled flag stays.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -26,17 +30,20 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 		if err != nil {
 			return err
 		}
+		p := p
 		var others []allocator.Pool
 		for _, v := range pools {
 			if v.Value.Name != p.Name {
 				others = append(others, v.Value)
 				continue
 			}
+			p = mergeStored(v.Value, p)
 			if err := allocator.CheckPoolUpdate(v.Value, p); err != nil {
 				return err
 			}
 			if poolEqual(v.Value, p) {
 				out = v.Value
+				out.Rev = v.ModRevision
 				return nil
 			}
 		}
@@ -58,21 +65,29 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
 		}
 		out = p
+		out.Rev = resp.Header.Revision
 		return nil
 	})
 	return out, err
 }
 
-func poolEqual(a, b allocator.Pool) bool {
-	if a.Name != b.Name || a.BlockSizeV4 != b.BlockSizeV4 || a.BlockSizeV6 != b.BlockSizeV6 || len(a.CIDRs) != len(b.CIDRs) {
-		return false
-	}
-	for i := range a.CIDRs {
-		if a.CIDRs[i] != b.CIDRs[i] {
-			return false
+// mergeStored is p as a configuration asks for it, keeping what the
+// stored pool has that configuration does not manage.
+func mergeStored(stored, p allocator.Pool) allocator.Pool {
+	p.Disabled = stored.Disabled
+	res := slices.Clone(stored.Reserved)
+	for _, r := range p.Reserved {
+		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
+			res = append(res, r)
 		}
 	}
-	return true
+	p.Reserved = res
+	return p
+}
+
+func poolEqual(a, b allocator.Pool) bool {
+	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled
 }
 
 // GetPool implements allocator.Store.
@@ -81,6 +96,7 @@ func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error
 	if errors.Is(err, kvstore.ErrNotFound) {
 		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
 	}
+	v.Value.Rev = v.ModRevision
 	return v.Value, err
 }
 
@@ -93,6 +109,7 @@ func (s *Store) ListPools(ctx context.Context) ([]allocator.Pool, error) {
 	out := make([]allocator.Pool, len(vs))
 	for i, v := range vs {
 		out[i] = v.Value
+		out[i].Rev = v.ModRevision
 	}
 	return out, nil
 }

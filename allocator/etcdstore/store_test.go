@@ -39,6 +39,8 @@ func TestEnsurePool(t *testing.T) {
 
 	got, err := st.GetPool(ctx, "p")
 	require.NoError(t, err)
+	require.NotZero(t, got.Rev, "a pool read carries its revision, which fences claims")
+	got.Rev = 0
 	require.Equal(t, grown, got)
 	_, err = st.GetPool(ctx, "nope")
 	require.ErrorIs(t, err, allocator.ErrPoolNotFound)

@@ -52,6 +52,17 @@ func (c *checker) claimsAndHomes() {
 			}
 		}
 	}
+	borrowed := map[LentKey]string{}
+	for _, ip := range c.s.IPs {
+		if ip.Borrowed {
+			borrowed[LentKey{Pool: ip.Pool, Addr: ip.Addr}] = ip.Node
+		}
+	}
+	for k, l := range c.s.Lent {
+		if node, ok := borrowed[k]; !ok || node != l.Node {
+			c.add(KindWrongNode, []string{l.Key}, "home of lent address %s names node %s, but no borrowed allocation of that node holds it: peers route it there", k.Addr, l.Node)
+		}
+	}
 }
 
 func (c *checker) blocks() {
@@ -80,7 +91,14 @@ func (c *checker) ips() {
 		if p, ok := c.pool(ip.Pool, ip.Key, "allocation"); ok {
 			c.placement(p, ip)
 		}
+		lent, isLent := c.s.Lent[LentKey{Pool: ip.Pool, Addr: ip.Addr}]
 		switch v := views[BlockKey{Pool: ip.Pool, Block: ip.Block}]; {
+		case ip.Borrowed && (!isLent || lent.Node != ip.Node):
+			c.add(KindWrongNode, keys, "%s is borrowed by node %s but its home names %q: peers do not route it there", ip.Addr, ip.Node, lent.Node)
+		case ip.Borrowed && v.home == nil:
+			c.add(KindWrongNode, keys, "%s of node %s is borrowed from block %s, which has no home", ip.Addr, ip.Node, ip.Block)
+		case ip.Borrowed:
+			// In another node's block, routed by its own home.
 		case v.claim != nil && v.claim.Node != ip.Node:
 			c.add(KindWrongNode, append(keys, v.claim.Key), "%s of node %s is in block %s claimed by node %s", ip.Addr, ip.Node, ip.Block, v.claim.Node)
 		case v.claim == nil && v.home != nil && v.home.Node != ip.Node:

@@ -122,6 +122,10 @@ func (s *Snapshot) addClaim(kv *mvccpb.KeyValue) {
 }
 
 func (s *Snapshot) addHome(kv *mvccpb.KeyValue) {
+	if seg, ok := segments(kv, homesPrefix, 3); ok && seg[1] == "ip" {
+		s.addLent(kv, seg[0], seg[2])
+		return
+	}
 	bk, ok := s.blockKey(kv, homesPrefix)
 	if !ok {
 		return
@@ -136,6 +140,21 @@ func (s *Snapshot) addHome(kv *mvccpb.KeyValue) {
 		return
 	}
 	s.Homes[bk] = HomeRec{Home: h, Pool: bk.Pool, Block: bk.Block, Key: string(kv.Key), Rev: kv.ModRevision}
+}
+
+// addLent reads the home of a borrowed address.
+func (s *Snapshot) addLent(kv *mvccpb.KeyValue, pool, addr string) {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		s.bad(kv, "lent address: %v", err)
+		return
+	}
+	var h allocator.Home
+	if err := decode(kv, &h); err != nil || h.Node == "" {
+		s.bad(kv, "lent address names no node")
+		return
+	}
+	s.Lent[LentKey{Pool: pool, Addr: a}] = LentRec{Node: h.Node, Key: string(kv.Key), Rev: kv.ModRevision, Lease: kv.Lease}
 }
 
 func (s *Snapshot) addIP(kv *mvccpb.KeyValue) {

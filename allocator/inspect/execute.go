@@ -129,6 +129,9 @@ func (in *Inspector) guardedDelete(ctx context.Context, st Step, then []clientv3
 		}
 	}
 	then = append([]clientv3.Op{clientv3.OpDelete(st.Key)}, then...)
+	for _, k := range st.Also {
+		then = append(then, clientv3.OpDelete(k))
+	}
 	resp, err := in.cli.Txn(ctx).If(cmps...).Then(then...).Else(reads...).Commit()
 	if err != nil {
 		return StatusFailed, fmt.Errorf("delete %s: %w", st.Key, err)

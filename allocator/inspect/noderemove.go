@@ -31,7 +31,9 @@ import (
 // so a failed step skips the rest of its block.
 //
 // Addresses of the node that sit in other nodes' blocks are left alone;
-// Check reports them and PlanReleaseNode releases them.
+// Check reports them and PlanReleaseNode releases them. Addresses other
+// nodes borrowed from the node's blocks stay too, with the blocks' homes:
+// such a block can be claimed again once they are released.
 func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, error) {
 	action := "node remove " + node
 	if node == "" {
@@ -88,7 +90,14 @@ func removeBlock(v *blockView, node string, force bool) ([]Step, []string) {
 		fence = append(fence, Guard{Key: v.home.Key, Rev: v.home.Rev})
 	}
 	var others []string
+	lent := 0
 	for _, ip := range v.ips {
+		if ip.Borrowed && ip.Node != node {
+			// Another node's pod borrowed it: it stays, and so does the
+			// home; the block is free to claim once it is released.
+			lent++
+			continue
+		}
 		reason := "address in block of removed node " + node
 		guards := append([]Guard{}, fence...)
 		if ip.Node != node {
@@ -104,7 +113,7 @@ func removeBlock(v *blockView, node string, force bool) ([]Step, []string) {
 		st.Guards = append(append([]Guard{}, fence...), nodeGuard...)
 		steps = append(steps, st)
 	}
-	if mineHome {
+	if mineHome && lent == 0 {
 		st := base
 		st.Kind, st.Key, st.Rev = StepHome, v.home.Key, v.home.Rev
 		st.Reason = "home of removed node " + node

@@ -25,6 +25,8 @@ type Snapshot struct {
 	Nodes    map[string]Node
 	Claims   map[BlockKey]ClaimRec
 	Homes    map[BlockKey]HomeRec
+	// Lent are the homes of borrowed addresses, by pool and address.
+	Lent map[LentKey]LentRec
 	// IPs are the allocations in key order.
 	IPs []IP
 	// Bad are keys under the kvipam prefix that could not be parsed or
@@ -32,6 +34,20 @@ type Snapshot struct {
 	Bad []BadKey
 	// Scanned is the number of keys read.
 	Scanned int
+}
+
+// LentKey names a borrowed address.
+type LentKey struct {
+	Pool string
+	Addr netip.Addr
+}
+
+// LentRec is the home of a borrowed address: the node that holds it.
+type LentRec struct {
+	Node  string `json:"node"`
+	Key   string `json:"key"`
+	Rev   int64  `json:"rev"`
+	Lease int64  `json:"lease,omitempty"`
 }
 
 // Pool is a pool record.

@@ -75,6 +75,8 @@ type Step struct {
 	// ends; Execute writes it to IP history in the delete's transaction,
 	// with the execution time as its end.
 	History *etcdstore.HistoryRecord `json:"history,omitempty"`
+	// Also are keys deleted with Key: a borrowed address's home.
+	Also []string `json:"also,omitempty"`
 }
 
 // Plan is the list of deletes a repair makes, as seen at Revision.
@@ -97,6 +99,9 @@ func ipStep(ip *IP, reason, ended string, force bool, guards ...Guard) Step {
 		Node: ip.Node, Owner: ip.Owner.Key(), Reason: reason, Guards: guards, History: &rec}
 	if !force {
 		st.Guards = append(st.Guards, Guard{Key: etcdstore.NodeKey(ip.Node)})
+	}
+	if ip.Borrowed {
+		st.Also = []string{etcdstore.LentKey(ip.Pool, ip.Addr)}
 	}
 	return st
 }

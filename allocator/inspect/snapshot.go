@@ -83,6 +83,7 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 		Nodes:  map[string]Node{},
 		Claims: map[BlockKey]ClaimRec{},
 		Homes:  map[BlockKey]HomeRec{},
+		Lent:   map[LentKey]LentRec{},
 	}
 	for _, r := range []struct {
 		prefix string

@@ -1,0 +1,280 @@
+package allocator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+// Borrowing. A node whose blocks are full and that can claim no block
+// takes single addresses from blocks other nodes hold, rather than fail a
+// pod while the pool has free addresses. The write is the same
+// create-if-absent on the address key that makes every allocation safe,
+// so the block's owner and the borrower can never both hold an address;
+// instead of the block's claim it is fenced by the borrower's own fence
+// key on its node lease (a node whose lease is gone borrows nothing), and
+// it needs the block to have a home (a block released meanwhile is not
+// written into). With it the store writes the address's home, naming the
+// borrower, which every node routes as a host route.
+//
+// The block's owner learns of a lent address from its failed create or
+// its next read of the block, and gets it back when the borrower releases
+// it: it reads its blocks again before it claims or borrows anything.
+// Blocks are borrowed from fullest first, so that blocks nearly empty can
+// still be given back to the pool.
+
+// errOwnRoom says the node's own blocks have room again (a block freed
+// for claiming, a lent address returned): plan normally.
+var errOwnRoom = errors.New("own blocks have room")
+
+// borrow finds an address of family f for r in another node's block and
+// writes it. It ends with the allocation, errOwnRoom, a rich
+// ExhaustedError built from one read of the whole pool, or an error.
+func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f Family) (*Allocation, error) {
+	var got *Allocation
+	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
+		snap, err := a.cfg.Store.PoolSnapshot(ctx, ps.pool.Name)
+		if err != nil {
+			return err
+		}
+		if a.ownRoom(ctx, ps, f, snap) {
+			return errOwnRoom
+		}
+		b, addr, ok := a.lender(ps, f, snap, r.Owner)
+		if !ok {
+			return explainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
+		}
+		got, err = a.writeBorrowed(ctx, ps, b, addr, a.newRecord(r, true), r.Reserve)
+		return err
+	})
+	return got, err
+}
+
+// ownRoom reports whether the node can serve family f from its own
+// blocks after all, as snap shows: a block is free to claim, or an own
+// block holds fewer addresses in the store than the node has marked (a
+// lent address came back; the block is read again).
+func (a *NodeAllocator) ownRoom(ctx context.Context, ps *poolState, f Family, snap PoolSnapshot) bool {
+	if ps.hasClaimable(f, snap) {
+		return true
+	}
+	room := false
+	for _, b := range ps.sortedOwn(f) {
+		ob := ps.own[b]
+		if len(snap.Used[b]) < ob.ba.Used() {
+			if err := a.reloadBlock(ctx, ps, b); err == nil && ob.ba.Free() > 0 {
+				room = true
+			}
+		}
+	}
+	return room
+}
+
+// hasClaimable reports whether snap shows a block of family f that a
+// claim could take: no claim, no allocations, an address to hand out.
+func (ps *poolState) hasClaimable(f Family, snap PoolSnapshot) bool {
+	busy := map[netip.Prefix]bool{}
+	for _, bi := range snap.Blocks {
+		if bi.Claim != nil {
+			busy[bi.Block] = true
+		}
+	}
+	for b, used := range snap.Used {
+		if len(used) > 0 {
+			busy[b] = true
+		}
+	}
+	if ps.pool.BlockCount(f) > enumerateLimit {
+		return true // too many to list; the claim loop probes
+	}
+	bits := ps.pool.BlockSize(f)
+	for _, c := range ps.pool.CIDRsOf(f) {
+		for i := range BlockCount(c, bits) {
+			b, err := BlockAt(c, bits, i)
+			if err == nil && !busy[b] && len(ps.pool.Excluded(b))+len(ps.pool.reservedOffsets(b)) < BlockSize(b) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lender picks a free address of family f in another node's block: the
+// fullest block that is not full, and in it an address that depends on
+// the owner, so that nodes borrowing at once seldom pick the same one.
+func (a *NodeAllocator) lender(ps *poolState, f Family, snap PoolSnapshot, o Owner) (netip.Prefix, netip.Addr, bool) {
+	held := map[netip.Addr]bool{}
+	if a.cfg.Held != nil {
+		for _, h := range a.cfg.Held() {
+			held[h.Unmap()] = true
+		}
+	}
+	type cand struct {
+		b    netip.Prefix
+		used int
+		free []netip.Addr
+	}
+	var cands []cand
+	for _, bi := range snap.Blocks {
+		b := bi.Block
+		// Only blocks a live node claims: an orphaned block is its gone
+		// node's until kvipamctl node remove frees it whole.
+		if _, own := ps.own[b]; own || FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == a.cfg.Node {
+			continue
+		}
+		ba, err := NewBlockAlloc(ps.pool, b)
+		if err != nil {
+			continue
+		}
+		for _, u := range snap.Used[b] {
+			ba.Mark(u.Addr)
+		}
+		c := cand{b: b, used: len(snap.Used[b])}
+		for ba.Free() > 0 {
+			addr, ok := ba.Next()
+			if !ok {
+				break
+			}
+			ba.Mark(addr)
+			if _, parked := ps.unknown[addr]; !held[addr] && !parked {
+				c.free = append(c.free, addr)
+			}
+		}
+		if len(c.free) > 0 {
+			cands = append(cands, c)
+		}
+	}
+	if len(cands) == 0 {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
+	slices.SortFunc(cands, func(x, y cand) int {
+		if c := cmp.Compare(y.used, x.used); c != 0 {
+			return c
+		}
+		return x.b.Addr().Compare(y.b.Addr())
+	})
+	c := cands[0]
+	h := fnv.New64a()
+	h.Write([]byte(a.cfg.Node + "\x00" + o.Key()))
+	return c.b, c.free[h.Sum64()%uint64(len(c.free))], true
+}
+
+// newRecord is the record of a new allocation for r.
+func (a *NodeAllocator) newRecord(r Request, borrowed bool) Record {
+	state := StateAllocated
+	if r.Reserve {
+		state = StateReserved
+	}
+	return Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
+}
+
+// writeBorrowed writes rec at addr of another node's block b, fenced by
+// this node's borrow fence, and caches it. A lost race wraps ErrConflict;
+// a write of unknown outcome is settled from etcd first.
+func (a *NodeAllocator) writeBorrowed(ctx context.Context, ps *poolState, b netip.Prefix, addr netip.Addr, rec Record, reserve bool) (*Allocation, error) {
+	fence, err := a.borrowFence(ctx)
+	if err != nil {
+		return nil, err
+	}
+	w := IPWrite{Pool: ps.pool.Name, Block: b, ClaimRev: fence, Addr: addr, Record: rec, Reserve: reserve, Borrowed: true}
+	res, err := a.cfg.Store.WriteIPs(ctx, []IPWrite{w})
+	var we *WriteError
+	switch {
+	case err == nil:
+		al := &Allocation{Record: rec, Pool: ps.pool.Name, Block: b, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		ps.remember(al, res.Expires)
+		a.logAllocated(al)
+		return al, nil
+	case errors.As(err, &we) && we.FenceLost:
+		a.fenceRev = 0
+		return nil, fmt.Errorf("borrow %s: %w", addr, errors.Join(ErrLeaseLost, err))
+	case !outcomeUnknown(err):
+		return nil, fmt.Errorf("borrow %s: %w", addr, err)
+	}
+	a.park(ps, []IPWrite{w})
+	if serr := a.settlePending(ctx); serr != nil {
+		return nil, serr
+	}
+	if al := ps.byAddr[addr]; al != nil && sameRecord(al.Record, rec) {
+		return al, nil
+	}
+	return nil, fmt.Errorf("borrow %s: %w", addr, err)
+}
+
+// borrowFence returns the revision of this node's borrow fence on its
+// current lease, writing the fence the first time.
+func (a *NodeAllocator) borrowFence(ctx context.Context) (int64, error) {
+	if a.fenceRev != 0 {
+		return a.fenceRev, nil
+	}
+	rev, err := a.cfg.Store.FenceBorrower(ctx, a.claimRecord(), a.lease.ID())
+	if err != nil {
+		return 0, fmt.Errorf("borrow fence of node %s: %w", a.cfg.Node, err)
+	}
+	a.fenceRev = rev
+	return rev, nil
+}
+
+// restoreBorrowed reads back the addresses this node holds in other
+// nodes' blocks of ps's pool, at Restore.
+func (a *NodeAllocator) restoreBorrowed(ctx context.Context, ps *poolState) error {
+	lent, err := a.cfg.Store.ListLent(ctx, ps.pool.Name)
+	if err != nil {
+		return err
+	}
+	var refs []IPRef
+	for addr, node := range lent {
+		b, ok := ps.pool.BlockFor(addr)
+		if node != a.cfg.Node || !ok {
+			continue
+		}
+		if _, own := ps.own[b]; !own {
+			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	got, err := a.cfg.Store.GetIPs(ctx, refs)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, al := range got {
+		if al.Node != a.cfg.Node || al.ContainerID == "" {
+			continue
+		}
+		var exp time.Time
+		if al.Lease != 0 {
+			if exp, err = a.cfg.Store.LeaseExpiry(ctx, al.Lease); err != nil {
+				return err
+			}
+		}
+		al.Seen = now
+		ps.remember(&al, exp)
+	}
+	return nil
+}
+
+// reloadLent reads again the own blocks of family f that have lent
+// addresses: the borrower may have given some back.
+func (a *NodeAllocator) reloadLent(ctx context.Context, ps *poolState, f Family) {
+	blocks := map[netip.Prefix]bool{}
+	for addr := range ps.lent {
+		if b, ob := ps.ownBlockOf(addr); ob != nil && FamilyOf(addr) == f {
+			blocks[b] = true
+		}
+	}
+	for b := range blocks {
+		if err := a.reloadBlock(ctx, ps, b); err != nil {
+			a.log.Warn("reload block with lent addresses", "pool", ps.pool.Name, "block", b, "error", err)
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package allocator
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Reuse cooldown. A released address is not handed out again for
+// NodeConfig.ReuseCooldown, so that what others still remember of its
+// last pod (a DNS cache, a peer's conntrack entry, a late packet) does
+// not reach the next one. Next-fit already walks a block before it comes
+// back to an address; the cooldown holds when the block is nearly full.
+// It yields when nothing else in the node's blocks is free: the oldest
+// released address is handed out rather than more of the pool taken.
+
+// coolQueue holds the addresses released and still cooling, oldest first.
+// Their bits stay marked in the block bitmaps.
+type coolQueue struct {
+	queue []coolEntry
+	at    map[netip.Addr]time.Time
+}
+
+type coolEntry struct {
+	addr netip.Addr
+	at   time.Time
+}
+
+// dropReleased drops al from the cache after its release; its address
+// cools before it is free again.
+func (a *NodeAllocator) dropReleased(ps *poolState, al *Allocation) {
+	_, ob := ps.ownBlockOf(al.Addr)
+	if a.cfg.ReuseCooldown <= 0 || ob == nil {
+		a.drop(ps, al)
+		return
+	}
+	ps.forget(al)
+	now := time.Now()
+	if ps.cool.at == nil {
+		ps.cool.at = map[netip.Addr]time.Time{}
+	}
+	ps.cool.at[al.Addr] = now
+	ps.cool.queue = append(ps.cool.queue, coolEntry{addr: al.Addr, at: now})
+}
+
+// thaw frees the addresses whose cooldown is over.
+func (a *NodeAllocator) thaw(ps *poolState) {
+	cutoff := time.Now().Add(-a.cfg.ReuseCooldown)
+	for len(ps.cool.queue) > 0 && !ps.cool.queue[0].at.After(cutoff) {
+		a.unfreeze(ps, ps.cool.queue[0])
+		ps.cool.queue = ps.cool.queue[1:]
+	}
+}
+
+// thawOldest frees the oldest cooling address of family f, and reports
+// whether there was one.
+func (a *NodeAllocator) thawOldest(ps *poolState, f Family) bool {
+	for i, e := range ps.cool.queue {
+		if FamilyOf(e.addr) != f {
+			continue
+		}
+		ps.cool.queue = append(ps.cool.queue[:i:i], ps.cool.queue[i+1:]...)
+		if a.unfreeze(ps, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// unfreeze ends e's cooldown if it is still the address's current one,
+// and reports whether the address became free.
+func (a *NodeAllocator) unfreeze(ps *poolState, e coolEntry) bool {
+	if at, ok := ps.cool.at[e.addr]; !ok || !at.Equal(e.at) {
+		return false // re-cooled or taken since
+	}
+	delete(ps.cool.at, e.addr)
+	if ps.byAddr[e.addr] != nil {
+		return false
+	}
+	_, ob := ps.ownBlockOf(e.addr)
+	return ob != nil && ob.ba.Unmark(e.addr)
+}
+
+// markCooling marks the cooling addresses of block in ob again after the
+// block was read from the store.
+func (ps *poolState) markCooling(block netip.Prefix, ob *ownBlock) {
+	for addr := range ps.cool.at {
+		if block.Contains(addr) {
+			ob.ba.Mark(addr)
+		}
+	}
+}
+
+// coolingIn counts the cooling addresses of family f.
+func (ps *poolState) coolingIn(f Family) int {
+	n := 0
+	for addr := range ps.cool.at {
+		if FamilyOf(addr) == f {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,109 @@
+package etcdstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// FenceBorrower implements allocator.Store. The fence is created on the
+// node's lease; a fence of this node on an older lease (the agent
+// restarted within the TTL) is moved to the new one.
+func (s *Store) FenceBorrower(ctx context.Context, c allocator.Claim, lease int64) (int64, error) {
+	key := BorrowerKey(c.Node)
+	val, err := kvstore.EncodeJSON(c)
+	if err != nil {
+		return 0, err
+	}
+	put := clientv3.OpPut(key, val, clientv3.WithLease(clientv3.LeaseID(lease)))
+	for range 3 {
+		resp, err := s.kv.Txn(ctx).If(kvstore.Absent(key)).Then(put).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("borrow fence of node %s: %w", c.Node, leaseErr(kvstore.Unavailable(err)))
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			continue // expired between the compare and the read
+		}
+		if kvs[0].Lease == lease {
+			return kvs[0].ModRevision, nil // our own write, answer lost
+		}
+		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, kvs[0].ModRevision)).Then(put).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("borrow fence of node %s: %w", c.Node, leaseErr(kvstore.Unavailable(err)))
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+	}
+	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, allocator.ErrConflict)
+}
+
+// ListLent implements allocator.Store.
+func (s *Store) ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error) {
+	resp, err := s.kv.Get(ctx, LentPrefix(pool), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list lent addresses of pool %s: %w", pool, kvstore.Unavailable(err))
+	}
+	out := map[netip.Addr]string{}
+	for _, kv := range resp.Kvs {
+		if addr, node, ok := decodeLent(pool, string(kv.Key), kv.Value); ok {
+			out[addr] = node
+		}
+	}
+	return out, nil
+}
+
+func decodeLent(pool, key string, val []byte) (netip.Addr, string, bool) {
+	rest, ok := strings.CutPrefix(key, LentPrefix(pool))
+	if !ok {
+		return netip.Addr{}, "", false
+	}
+	addr, err := netip.ParseAddr(rest)
+	if err != nil {
+		return netip.Addr{}, "", false
+	}
+	var h allocator.Home
+	if json.Unmarshal(val, &h) != nil {
+		h.Node = UnknownNode
+	}
+	return addr, h.Node, true
+}
+
+// PoolSnapshot implements allocator.Store: claims, homes (block and lent)
+// and the allocation keys, without their values, in one transaction.
+func (s *Store) PoolSnapshot(ctx context.Context, pool string) (allocator.PoolSnapshot, error) {
+	resp, err := s.kv.Txn(ctx).Then(
+		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
+		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
+		clientv3.OpGet(IPsPrefix(pool), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		return allocator.PoolSnapshot{}, fmt.Errorf("read pool %s: %w", pool, kvstore.Unavailable(err))
+	}
+	snap := allocator.PoolSnapshot{Rev: resp.Header.Revision, Used: map[netip.Prefix][]allocator.UsedAddr{}, Lent: map[netip.Addr]string{}}
+	snap.Blocks = blockInfos(pool, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if addr, node, ok := decodeLent(pool, string(kv.Key), kv.Value); ok {
+			snap.Lent[addr] = node
+		}
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		b, addr, err := ParseIPKey(pool, string(kv.Key))
+		if err != nil {
+			continue
+		}
+		snap.Used[b] = append(snap.Used[b], allocator.UsedAddr{Addr: addr, Lease: kv.Lease})
+	}
+	return snap, nil
+}
