@@ -150,7 +150,12 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 	return out
 }
 
-// allocateOne plans and writes one request, retrying lost races.
+// allocateOne plans and writes one request, retrying lost races. A race
+// lost only to addresses taken meanwhile (by a borrower, or a node whose
+// claim this one's cache did not know yet) teaches the node those
+// addresses, so it is retried at once and does not count against
+// WriteRetry: like the claim loop, it ends with an address, an exhausted
+// pool or the caller's context.
 func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, error) {
 	var out Result
 	err := retry.Do(ctx, a.cfg.WriteRetry, func(ctx context.Context) error {
@@ -162,6 +167,14 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 			return err
 		}
 		res, err := a.cfg.Store.WriteIPs(ctx, p.writes)
+		for onlyTaken(err) && ctx.Err() == nil {
+			a.undo(p)
+			a.learn(ctx, err)
+			if p, err = a.plan(ctx, req, a.settlePending(ctx)); err != nil {
+				return err
+			}
+			res, err = a.cfg.Store.WriteIPs(ctx, p.writes)
+		}
 		if err == nil {
 			out = a.commit(p, res)
 			return nil
@@ -185,6 +198,13 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 		return Result{}, fmt.Errorf("allocate in pool %s for %s: %w", req.Pool, req.Owner.Key(), err)
 	}
 	return out, nil
+}
+
+// onlyTaken reports whether a write failed only because addresses it
+// created were taken: nothing was fenced.
+func onlyTaken(err error) bool {
+	var we *WriteError
+	return errors.As(err, &we) && len(we.Fenced) == 0 && !we.FenceLost && len(we.Taken) > 0
 }
 
 // commit records a written plan and builds its result.

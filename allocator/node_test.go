@@ -33,6 +33,8 @@ type nodeOpts struct {
 	// wrap, if set, puts a wrapper (a hookStore) between the allocator
 	// and the real store.
 	wrap func(allocator.Store) allocator.Store
+	// cooldown is the reuse cooldown (NodeConfig.ReuseCooldown).
+	cooldown time.Duration
 }
 
 func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o nodeOpts) *testNode {
@@ -50,7 +52,7 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: use, Pools: pools})
+	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}
