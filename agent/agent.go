@@ -80,13 +80,40 @@ func New(cfg Config, o Options) (*Agent, error) {
 		o.Version = "dev"
 	}
 	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
-	a.m = newMetrics(func() []allocator.Usage {
+	a.m = newMetrics(poolCollector{
+		usage: func() []allocator.Usage {
+			if a.alloc == nil {
+				return nil
+			}
+			return a.alloc.Usage()
+		},
+		blocks: &blockCounts{pools: a.servedPools, list: a.listBlocks, ttl: 15 * time.Second},
+		leaks:  a.leaks,
+	})
+	a.exhausted.errors = a.m.exhausted
+	return a, nil
+}
+
+// servedPools are the specs of the pools this node serves, as the
+// allocator holds them (they follow etcd).
+func (a *Agent) servedPools() []allocator.Pool {
+	var out []allocator.Pool
+	for _, name := range a.cfg.poolNames() {
 		if a.alloc == nil {
 			return nil
 		}
-		return a.alloc.Usage()
-	})
-	return a, nil
+		if p, ok := a.alloc.Pool(name); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (a *Agent) listBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+	if a.store == nil {
+		return nil, ErrNotReady
+	}
+	return a.store.ListBlocks(ctx, pool)
 }
 
 // Run starts the agent and blocks until ctx ends, then shuts down. Every
@@ -102,7 +129,9 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, func(ctx context.Context) { a.bindings.run(ctx, a.store) }}
+	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
+	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain,
+		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
@@ -171,7 +200,7 @@ func (a *Agent) start(ctx context.Context) error {
 	bootID := readBootID()
 	var err error
 	a.alloc, err = allocator.NewNodeAllocator(allocator.NodeConfig{
-		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log,
+		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
 		Store: instrumentedStore{Store: a.store, m: a.m},
 		Held: func() []netip.Addr {
 			if a.endpoints == nil {

@@ -459,10 +459,18 @@ func TestMetricsEndpoint(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	for _, want := range []string{
-		`kvipam_allocations_in_use{family="ipv4",pool="default"} 1`,
-		`kvipam_reservations{family="ipv6",pool="default"} 1`,
+		`kvipam_pool_allocated_addresses{family="ipv4",pool="default"} 1`,
+		`kvipam_pool_pending_reservations{family="ipv6",pool="default"} 1`,
+		`kvipam_pool_borrowed_addresses{family="ipv4",pool="default"} 0`,
 		`kvipam_blocks_owned{family="ipv4",pool="default"} 1`,
-		`kvipam_free_ips{family="ipv4",pool="default"} 31`,
+		`kvipam_node_free_addresses{family="ipv4",pool="default"} 31`,
+		`kvipam_pool_size_addresses{family="ipv4",pool="default"} 254`,
+		`kvipam_pool_reserved_addresses{family="ipv4",pool="default"} 0`,
+		`kvipam_pool_blocks{family="ipv4",pool="default",state="claimed"} 1`,
+		`kvipam_pool_blocks{family="ipv4",pool="default",state="free"} 7`,
+		`kvipam_pool_blocks{family="ipv4",pool="default",state="orphaned"} 0`,
+		`kvipam_pool_disabled{pool="default"} 0`,
+		`kvipam_leak_candidates{pool="default"} 0`,
 		`kvipam_etcd_txn_duration_seconds_count{op="claim"} 2`,
 		`kvipam_allocation_batch_size_count 1`,
 		`kvipam_lease_held 1`,

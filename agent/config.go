@@ -37,9 +37,12 @@ type Config struct {
 	Datapath       string           `json:"datapath"`
 	MTU            int              `json:"mtu"`
 	GCGrace        Duration         `json:"gcGrace"`
-	GCInterval     Duration         `json:"gcInterval"`
-	DelQueueDir    string           `json:"delQueueDir"`
-	LogLevel       string           `json:"logLevel"`
+	// ReuseCooldown keeps a released address from being handed out again
+	// for this long, unless nothing else in the node's blocks is free.
+	ReuseCooldown Duration `json:"reuseCooldown"`
+	GCInterval    Duration `json:"gcInterval"`
+	DelQueueDir   string   `json:"delQueueDir"`
+	LogLevel      string   `json:"logLevel"`
 	// RequestTimeout bounds the etcd work of one API request.
 	RequestTimeout Duration `json:"requestTimeout"`
 	// MaxBatch bounds how many allocations share one etcd transaction.
@@ -123,6 +126,7 @@ func DefaultConfig() Config {
 		MetricsAddr:    "127.0.0.1:9464",
 		Datapath:       DatapathAuto,
 		GCGrace:        Duration{5 * time.Minute},
+		ReuseCooldown:  Duration{30 * time.Second},
 		GCInterval:     Duration{30 * time.Second},
 		LogLevel:       "info",
 		RequestTimeout: Duration{5 * time.Second},
@@ -194,6 +198,9 @@ func (c *Config) Validate() error {
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		bad("mtu: %d out of range 576-65535 (0 = detect)", c.MTU)
 	}
+	if c.ReuseCooldown.Duration < 0 {
+		bad("reuse-cooldown: must not be negative")
+	}
 	if c.GCGrace.Duration < 0 || c.GCInterval.Duration <= 0 {
 		bad("gc-grace/gc-interval: must be positive")
 	}
@@ -240,4 +247,13 @@ func (c *Config) delQueueDir() string {
 		return c.DelQueueDir
 	}
 	return filepath.Join(c.StateDir, "del-queue")
+}
+
+// poolNames are the names of the served pools, in config order.
+func (c *Config) poolNames() []string {
+	out := make([]string, len(c.Pools))
+	for i, p := range c.Pools {
+		out[i] = p.Name
+	}
+	return out
 }

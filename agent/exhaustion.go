@@ -6,15 +6,18 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvipam/kvipam/allocator"
 )
 
-// exhaustion remembers which pool families last failed to find a block,
-// for STATUS: a success in the pool, or a release, clears it. It is safe
-// for concurrent use.
+// exhaustion remembers, per pool family, the last ADD that found the pool
+// exhausted and why, for STATUS: a success in the pool, or a release,
+// clears it. It is safe for concurrent use.
 type exhaustion struct {
-	mu    sync.Mutex
-	pools map[string]bool // "pool/family"
+	mu     sync.Mutex
+	pools  map[string]string      // "pool/family" -> the exhaustion error
+	errors *prometheus.CounterVec // by pool and family; nil in tests
 }
 
 // note records the outcome of an allocation request.
@@ -24,9 +27,12 @@ func (e *exhaustion) note(req allocator.Request, err error) {
 	var ee *allocator.ExhaustedError
 	if errors.As(err, &ee) {
 		if e.pools == nil {
-			e.pools = map[string]bool{}
+			e.pools = map[string]string{}
 		}
-		e.pools[ee.Pool+"/"+ee.Family.String()] = true
+		e.pools[ee.Pool+"/"+ee.Family.String()] = ee.Error()
+		if e.errors != nil {
+			e.errors.WithLabelValues(ee.Pool, ee.Family.String()).Inc()
+		}
 		return
 	}
 	if err == nil {
@@ -45,8 +51,8 @@ func (e *exhaustion) clear() {
 	e.mu.Unlock()
 }
 
-// snapshot returns the pool families noted exhausted.
-func (e *exhaustion) snapshot() map[string]bool {
+// snapshot returns the pool families noted exhausted, with why.
+func (e *exhaustion) snapshot() map[string]string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return maps.Clone(e.pools)

@@ -23,9 +23,10 @@ type metrics struct {
 	reasserted prometheus.Counter
 	gcReleased *prometheus.CounterVec
 	requests   *prometheus.CounterVec
+	exhausted  *prometheus.CounterVec
 }
 
-func newMetrics(usage func() []allocator.Usage) *metrics {
+func newMetrics(pools poolCollector) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		txn: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -56,37 +57,12 @@ func newMetrics(usage func() []allocator.Usage) *metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvipam_api_requests_total", Help: "API requests by path and status.",
 		}, []string{"path", "code"}),
+		exhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvipam_pool_exhaustion_errors_total", Help: "ADDs refused because the pool had no free address (none to claim or borrow).",
+		}, []string{"pool", "family"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, usageCollector{usage})
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted, pools)
 	return m
-}
-
-var (
-	descInUse    = prometheus.NewDesc("kvipam_allocations_in_use", "Addresses allocated on this node (reservations included).", []string{"pool", "family"}, nil)
-	descReserved = prometheus.NewDesc("kvipam_reservations", "Addresses reserved and waiting for their endpoint.", []string{"pool", "family"}, nil)
-	descBlocks   = prometheus.NewDesc("kvipam_blocks_owned", "Blocks this node holds a claim on.", []string{"pool", "family"}, nil)
-	descFree     = prometheus.NewDesc("kvipam_free_ips", "Free addresses in this node's blocks.", []string{"pool", "family"}, nil)
-)
-
-// usageCollector reads the allocator's usage at scrape time, so the
-// gauges can never drift from the allocator's own books.
-type usageCollector struct{ usage func() []allocator.Usage }
-
-func (usageCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descInUse
-	ch <- descReserved
-	ch <- descBlocks
-	ch <- descFree
-}
-
-func (u usageCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, x := range u.usage() {
-		l := []string{x.Pool, x.Family.String()}
-		ch <- prometheus.MustNewConstMetric(descInUse, prometheus.GaugeValue, float64(x.Used), l...)
-		ch <- prometheus.MustNewConstMetric(descReserved, prometheus.GaugeValue, float64(x.Reserved), l...)
-		ch <- prometheus.MustNewConstMetric(descBlocks, prometheus.GaugeValue, float64(len(x.Blocks)), l...)
-		ch <- prometheus.MustNewConstMetric(descFree, prometheus.GaugeValue, float64(x.Capacity-x.Used), l...)
-	}
 }
 
 // instrumentedStore times every store operation and counts conflicts.

@@ -207,6 +207,8 @@ func apiError(err error) *api.Error {
 		return tryAgain(err)
 	case errors.As(err, &ee):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeExhausted, Message: ee.Error()}
+	case errors.Is(err, allocator.ErrPoolDisabled):
+		return &api.Error{Status: http.StatusConflict, Code: api.CodeDisabled, Message: err.Error()}
 	case errors.Is(err, allocator.ErrBadRequest):
 		return badField("", err.Error())
 	case errors.Is(err, allocator.ErrPoolNotFound):

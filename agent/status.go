@@ -25,9 +25,11 @@ func (a *Agent) status() api.Status {
 	}
 	exhausted := a.exhausted.snapshot()
 	for _, u := range a.alloc.Usage() {
-		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Capacity - u.Used}
+		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Free,
+			Borrowed: u.Borrowed, Lent: u.Lent, Size: u.Size, ReservedRanges: u.ReservedRanges, Disabled: u.Disabled}
 		ps.Blocks = append(ps.Blocks, u.Blocks...)
-		ps.Exhausted = ps.Free == 0 && exhausted[u.Pool+"/"+u.Family.String()]
+		ps.ExhaustedReason = exhausted[u.Pool+"/"+u.Family.String()]
+		ps.Exhausted = ps.ExhaustedReason != ""
 		st.Pools = append(st.Pools, ps)
 	}
 	return st

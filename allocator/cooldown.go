@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -54,16 +55,17 @@ func (a *NodeAllocator) thaw(ps *poolState) {
 // thawOldest frees the oldest cooling address of family f, and reports
 // whether there was one.
 func (a *NodeAllocator) thawOldest(ps *poolState, f Family) bool {
-	for i, e := range ps.cool.queue {
-		if FamilyOf(e.addr) != f {
-			continue
+	for {
+		i := slices.IndexFunc(ps.cool.queue, func(e coolEntry) bool { return FamilyOf(e.addr) == f })
+		if i < 0 {
+			return false
 		}
-		ps.cool.queue = append(ps.cool.queue[:i:i], ps.cool.queue[i+1:]...)
+		e := ps.cool.queue[i]
+		ps.cool.queue = slices.Delete(ps.cool.queue, i, i+1)
 		if a.unfreeze(ps, e) {
 			return true
 		}
 	}
-	return false
 }
 
 // unfreeze ends e's cooldown if it is still the address's current one,
@@ -88,6 +90,23 @@ func (ps *poolState) markCooling(block netip.Prefix, ob *ownBlock) {
 			ob.ba.Mark(addr)
 		}
 	}
+}
+
+// holds reports whether own block b holds anything but cooling
+// addresses: an allocation, a lent address, a write planned or of unknown
+// outcome, or an address an endpoint uses.
+func (ps *poolState) holds(b netip.Prefix) bool {
+	ob := ps.own[b]
+	if ob == nil {
+		return false
+	}
+	cooling := 0
+	for addr := range ps.cool.at {
+		if b.Contains(addr) && ps.byAddr[addr] == nil {
+			cooling++
+		}
+	}
+	return ob.ba.Used() > cooling
 }
 
 // coolingIn counts the cooling addresses of family f.

@@ -196,7 +196,7 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 // blocks, yet always keeps one block per family ready for the next pod.
 func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
 	ob := ps.own[b]
-	if ob == nil || ob.ba.Used() > 0 || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
+	if ob == nil || ps.holds(b) || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
 		return
 	}
 	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {
@@ -204,5 +204,10 @@ func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip
 		return
 	}
 	delete(ps.own, b)
+	for addr := range ps.cool.at {
+		if b.Contains(addr) {
+			delete(ps.cool.at, addr) // not ours to hand out any more
+		}
+	}
 	a.log.Info("released empty block", "pool", ps.pool.Name, "block", b)
 }

@@ -33,14 +33,23 @@ func (a *NodeAllocator) Allocations() []Allocation {
 	return out
 }
 
-// Usage is the node's share of one pool family.
+// Usage is the node's share of one pool family, and the pool's size.
 type Usage struct {
-	Pool     string
-	Family   Family
-	Blocks   []netip.Prefix
-	Capacity int // allocatable addresses in own blocks
-	Used     int
-	Reserved int
+	Pool   string
+	Family Family
+	Blocks []netip.Prefix
+	// Capacity is what the own blocks can ever hand out automatically
+	// (reserved ranges left out); Free what they can hand out now.
+	Capacity, Free int
+	// Used counts the addresses the node holds, Reserved those of them
+	// that are reservations of unfinished ADDs, Borrowed those in other
+	// nodes' blocks. Lent counts addresses of own blocks that other nodes
+	// hold, Cooling released addresses waiting out the reuse cooldown.
+	Used, Reserved, Borrowed, Lent, Cooling int
+	// Size and ReservedRanges are the pool's: its addresses of the
+	// family, and those in reserved ranges. Disabled is the pool's flag.
+	Size, ReservedRanges uint64
+	Disabled             bool
 }
 
 // Usage reports per pool and family what this node owns and uses.
@@ -54,14 +63,28 @@ func (a *NodeAllocator) Usage() []Usage {
 			continue
 		}
 		for _, f := range ps.pool.Families() {
-			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f)}
+			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f), Size: ps.pool.Size(f), ReservedRanges: ps.pool.ReservedCount(f),
+				Disabled: ps.pool.Disabled, Cooling: ps.coolingIn(f)}
 			for _, b := range u.Blocks {
-				u.Capacity += ps.own[b].ba.Capacity()
-				u.Used += ps.own[b].ba.Used()
+				ba := ps.own[b].ba
+				u.Capacity += ba.Capacity() - len(ps.pool.reservedOffsets(b))
+				u.Free += ba.Free()
 			}
 			for addr, al := range ps.byAddr {
-				if FamilyOf(addr) == f && al.State == StateReserved {
+				if FamilyOf(addr) != f {
+					continue
+				}
+				u.Used++
+				if al.State == StateReserved {
 					u.Reserved++
+				}
+				if al.Borrowed {
+					u.Borrowed++
+				}
+			}
+			for addr := range ps.lent {
+				if FamilyOf(addr) == f {
+					u.Lent++
 				}
 			}
 			out = append(out, u)

@@ -12,11 +12,15 @@ import (
 // Plugin-specific CNI error codes (the spec leaves 100 and up to plugins).
 const (
 	// ErrCodePoolExhausted: the pool has no free address and no block to
-	// claim. The message is the agent's, e.g. "pool default exhausted
-	// (ipv4): 64 of 64 blocks claimed".
+	// claim or borrow. The message is the agent's: the pool's size,
+	// allocated, reserved and borrowed addresses, and whether the
+	// shortage is temporary.
 	ErrCodePoolExhausted uint = 100
 	// ErrCodeAddressInUse: a requested static IP belongs to another owner.
 	ErrCodeAddressInUse uint = 101
+	// ErrCodePoolDisabled: the pool is disabled (being drained) and
+	// hands out no new address.
+	ErrCodePoolDisabled uint = 102
 )
 
 // STATUS codes of CNI 1.1.
@@ -73,6 +77,8 @@ func Code(err error) uint {
 			return ErrCodePoolExhausted
 		case api.CodeInUse:
 			return ErrCodeAddressInUse
+		case api.CodeDisabled:
+			return ErrCodePoolDisabled
 		case api.CodeBadRequest:
 			return types.ErrInvalidNetworkConfig
 		}
@@ -96,7 +102,9 @@ func ToCNIError(err error) *types.Error {
 	case types.ErrTryAgainLater:
 		e.Details = "the kvipam agent is starting or restarting, or cannot reach etcd; retry"
 	case ErrCodePoolExhausted:
-		e.Details = "add CIDRs to the pool or free addresses; see kvipamctl status"
+		e.Details = "the message says whether addresses come free by themselves; otherwise add a cidr (kvipamctl pool add-cidr) or free addresses; see kvipamctl pool show"
+	case ErrCodePoolDisabled:
+		e.Details = "an operator disabled the pool (kvipamctl pool enable turns it back on); choose another pool"
 	}
 	return e
 }

@@ -38,7 +38,8 @@ const (
 	CodeBadRequest = "bad_request" // 400: a field is wrong; Field names it
 	CodeNotFound   = "not_found"   // 404
 	CodeInUse      = "in_use"      // 409: a requested IP is held by another owner
-	CodeExhausted  = "exhausted"   // 409: no free IP and no block to claim
+	CodeExhausted  = "exhausted"   // 409: no free IP in the pool, the message says why
+	CodeDisabled   = "disabled"    // 409: the pool is disabled and hands out nothing new
 	CodeTooLarge   = "too_large"   // 413
 	CodeTryAgain   = "try_again"   // 503: etcd or the lease is unavailable; retry later
 	CodeInternal   = "internal"    // 500
@@ -253,13 +254,26 @@ type PoolStatus struct {
 	Pool     string         `json:"pool"`
 	Family   string         `json:"family"`
 	Blocks   []netip.Prefix `json:"blocks"`
-	Capacity int            `json:"capacity"`
-	Used     int            `json:"used"`
-	Reserved int            `json:"reserved"`
-	Free     int            `json:"free"`
-	// Exhausted: no free address in this node's blocks and the last
-	// attempt to claim a block found none.
-	Exhausted bool `json:"exhausted"`
+	// Capacity and Free are what this node's blocks can hand out, ever
+	// and now. Used counts the addresses the node holds, Reserved those
+	// that are reservations of unfinished ADDs, Borrowed those in other
+	// nodes' blocks; Lent counts addresses of its blocks other nodes hold.
+	Capacity int `json:"capacity"`
+	Used     int `json:"used"`
+	Reserved int `json:"reserved"`
+	Free     int `json:"free"`
+	Borrowed int `json:"borrowed"`
+	Lent     int `json:"lent"`
+	// Size is the pool's number of addresses of the family, ReservedRanges
+	// those in ranges an operator reserved.
+	Size           uint64 `json:"size"`
+	ReservedRanges uint64 `json:"reservedRanges"`
+	Disabled       bool   `json:"disabled,omitempty"`
+	// Exhausted: the last ADD found no free address in the whole pool;
+	// ExhaustedReason is that error, which says why and whether it is
+	// temporary. A later success or a release clears both.
+	Exhausted       bool   `json:"exhausted"`
+	ExhaustedReason string `json:"exhaustedReason,omitempty"`
 }
 
 // Allocation is one address an owner holds.

@@ -75,11 +75,11 @@ func TestJSONText(t *testing.T) {
 		{"Status", &api.Status{Node: "n1", Version: "v1", Ready: true, Restored: true, Datapath: "routes",
 			Etcd:  api.EtcdStatus{Reachable: true, Endpoints: []string{"http://127.0.0.1:2379"}},
 			Lease: api.LeaseStatus{ID: 5, TTL: 15, State: "held"},
-			Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []netip.Prefix{block4}, Capacity: 64, Used: 1, Free: 63}}},
+			Pools: []api.PoolStatus{{Pool: "default", Family: "ipv4", Blocks: []netip.Prefix{block4}, Capacity: 64, Used: 1, Free: 63, Size: 254, ReservedRanges: 2}}},
 			`{"node":"n1","version":"v1","ready":true,"restored":true,` +
 				`"etcd":{"reachable":true,"embedded":false,"endpoints":["http://127.0.0.1:2379"]},` +
 				`"lease":{"id":5,"ttl":15,"state":"held"},"datapath":"routes",` +
-				`"pools":[{"pool":"default","family":"ipv4","blocks":["10.0.0.0/26"],"capacity":64,"used":1,"reserved":0,"free":63,"exhausted":false}]}`},
+				`"pools":[{"pool":"default","family":"ipv4","blocks":["10.0.0.0/26"],"capacity":64,"used":1,"reserved":0,"free":63,"borrowed":0,"lent":0,"size":254,"reservedRanges":2,"exhausted":false}]}`},
 		{"AllocationList", &api.AllocationList{Allocations: []api.Allocation{{Pool: "default", Address: host4, Block: block4, State: "allocated"}}},
 			`{"allocations":[{"pool":"default","address":"10.0.0.5/32","block":"10.0.0.0/26","state":"allocated"}]}`},
 	} {

@@ -14,7 +14,10 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// BlockHome is one block's home: the node the block belongs to.
+// BlockHome is one block's home: the node the block belongs to. A lent
+// address (borrowed into another node's block) has a home of its own,
+// whose Block is the address as a host prefix (/32, /128): routing the
+// longest prefix sends it to its holder.
 type BlockHome struct {
 	Pool  string
 	Block netip.Prefix
@@ -128,6 +131,11 @@ func parseHomeKey(key string) (string, netip.Prefix, bool) {
 	if !ok {
 		return "", netip.Prefix{}, false
 	}
+	if s, lent := strings.CutPrefix(name, "ip/"); lent {
+		// A lent address's home: routed as a host route.
+		a, err := netip.ParseAddr(s)
+		return pool, netip.PrefixFrom(a, a.BitLen()), err == nil
+	}
 	b, err := allocator.ParseBlockName(name)
 	return pool, b, err == nil
 }
@@ -156,4 +164,31 @@ func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
 		}
 	}
 	return n, true
+}
+
+// PoolsHandler follows the pool specs. Calls come from one goroutine.
+type PoolsHandler interface {
+	// ResetPools gives every pool: at start, and whenever the watch had
+	// to list again.
+	ResetPools(pools []allocator.Pool)
+	// PutPool records a pool created or changed.
+	PutPool(p allocator.Pool)
+	// DeletePool is called when a pool is deleted.
+	DeletePool(name string)
+}
+
+// WatchPools lists the pools, then follows the changes until ctx ends,
+// as WatchHomes does. Each pool carries the revision it was written at.
+func (s *Store) WatchPools(ctx context.Context, h PoolsHandler) error {
+	return s.follow(ctx, PoolsPrefix(), records[allocator.Pool]{decode: decodePool, reset: h.ResetPools, put: h.PutPool,
+		del: func(key string) { h.DeletePool(strings.TrimPrefix(key, PoolsPrefix())) }})
+}
+
+func decodePool(kv *mvccpb.KeyValue) (allocator.Pool, bool) {
+	v, err := kvstore.Decode[allocator.Pool](kv)
+	if err != nil || v.Value.Validate() != nil {
+		return allocator.Pool{}, false
+	}
+	v.Value.Rev = kv.ModRevision
+	return v.Value, true
 }

@@ -1,0 +1,50 @@
+package agent
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+)
+
+// poolWatch hands every change of a pool spec in etcd (kvipamctl pool
+// reserve, disable, add-cidr...) to the allocator, so agents follow it
+// without a restart. A deleted pool is served as disabled: nothing new is
+// handed out, releases go on.
+type poolWatch struct {
+	alloc poolUpdater
+	log   hclog.Logger
+}
+
+// poolUpdater is the allocator's side of it.
+type poolUpdater interface {
+	UpdatePool(p allocator.Pool)
+	Pool(name string) (allocator.Pool, bool)
+}
+
+// poolSource is where pool specs come from (etcdstore.Store).
+type poolSource interface {
+	WatchPools(ctx context.Context, h etcdstore.PoolsHandler) error
+}
+
+func (w poolWatch) run(ctx context.Context, src poolSource) { _ = src.WatchPools(ctx, w) }
+
+func (w poolWatch) ResetPools(pools []allocator.Pool) {
+	for _, p := range pools {
+		w.alloc.UpdatePool(p)
+	}
+}
+
+func (w poolWatch) PutPool(p allocator.Pool) { w.alloc.UpdatePool(p) }
+
+func (w poolWatch) DeletePool(name string) {
+	p, ok := w.alloc.Pool(name)
+	if !ok {
+		return
+	}
+	w.log.Warn("a served pool was deleted; it hands out nothing new", "pool", name)
+	p.Disabled = true
+	w.alloc.UpdatePool(p)
+}
