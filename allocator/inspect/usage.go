@@ -28,11 +28,18 @@ type PoolUsage struct {
 	Claimed    int    `json:"claimedBlocks"`
 	Orphaned   int    `json:"orphanedBlocks"`
 	FreeBlocks uint64 `json:"freeBlocks"`
-	// Allocated and Reserved count distinct addresses by state; Free is
-	// Addresses less both.
-	Allocated int      `json:"allocated"`
-	Reserved  int      `json:"reserved"`
-	Free      *big.Int `json:"free"`
+	// Allocated and Reserved count distinct addresses by state (Reserved:
+	// reservations of ADDs that have not finished); Borrowed those held by
+	// a node in another node's block. ReservedRanges counts the addresses
+	// in ranges an operator reserved. Free is Addresses less the
+	// allocated, the reserved and the reserved ranges' unallocated ones.
+	Allocated      int      `json:"allocated"`
+	Reserved       int      `json:"reserved"`
+	Borrowed       int      `json:"borrowed"`
+	ReservedRanges uint64   `json:"reservedRanges"`
+	Free           *big.Int `json:"free"`
+	// Holders is how many addresses each node holds.
+	Holders map[string]int `json:"holders,omitempty"`
 }
 
 // Usage reports the utilisation of every family of one pool, or (pool "")
@@ -80,6 +87,8 @@ func familyUsage(s *Snapshot, views []*blockView, p allocator.Pool, f allocator.
 		u.FreeBlocks = u.Blocks - taken
 	}
 	seen := map[netip.Addr]bool{}
+	inRanges := 0
+	u.ReservedRanges = p.ReservedCount(f)
 	for _, ip := range s.IPs {
 		a := ip.Addr.Unmap()
 		if ip.Pool != p.Name || allocator.FamilyOf(a) != f || !p.Contains(a) || seen[a] {
@@ -91,8 +100,20 @@ func familyUsage(s *Snapshot, views []*blockView, p allocator.Pool, f allocator.
 		} else {
 			u.Allocated++
 		}
+		if ip.Borrowed {
+			u.Borrowed++
+		}
+		if u.Holders == nil {
+			u.Holders = map[string]int{}
+		}
+		u.Holders[ip.Node]++
+		if _, ok := p.ReservationOf(a); ok {
+			inRanges++
+		}
 	}
-	u.Free = new(big.Int).Sub(u.Addresses, big.NewInt(int64(u.Allocated+u.Reserved)))
+	held := int64(u.Allocated + u.Reserved - inRanges)
+	u.Free = new(big.Int).Sub(u.Addresses, big.NewInt(held))
+	u.Free.Sub(u.Free, new(big.Int).SetUint64(u.ReservedRanges))
 	if u.Free.Sign() < 0 {
 		u.Free.SetInt64(0)
 	}

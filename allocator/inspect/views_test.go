@@ -55,7 +55,7 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 	require.Equal(t, inspect.PoolUsage{
 		Pool: "small", Family: "ipv4", CIDRs: small.CIDRs, BlockSize: 28,
 		Addresses: big.NewInt(254), Blocks: 16, Claimed: 3, FreeBlocks: 13,
-		Allocated: 20, Reserved: 5, Free: big.NewInt(229),
+		Allocated: 20, Reserved: 5, Free: big.NewInt(229), Holders: map[string]int{"n1": 20, "n2": 5},
 	}, u[0])
 	js, err := json.Marshal(u[0])
 	require.NoError(t, err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"net/netip"
 	"strings"
 
@@ -22,7 +24,7 @@ const (
 )
 
 func (a *app) poolCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "pool", Short: "Create, list and show pools"}
+	cmd := &cobra.Command{Use: "pool", Short: "Create, change, drain, delete, list and show pools"}
 	var cidrs []string
 	var v4, v6 int
 	create := &cobra.Command{
@@ -63,6 +65,7 @@ claims and allocation keys name blocks of the first size.`,
 	}
 	cmd.AddCommand(create, list, show)
 	cmd.AddCommand(a.bindingCmds()...)
+	cmd.AddCommand(a.poolOpCmds()...)
 	return cmd
 }
 
@@ -148,17 +151,30 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	return a.render(w, d, func(tw io.Writer) {
 		row(tw, "Pool:", p.Name)
 		row(tw, "CIDRs:", joinPrefixes(p.CIDRs))
+		state := "enabled"
+		if p.Disabled {
+			state = "disabled: hands out no new addresses"
+		}
+		row(tw, "State:", state)
+		for _, r := range p.Reserved {
+			row(tw, "Reserved:", r.Range.String(), r.Reason)
+		}
 		for _, u := range d.Usage {
 			fmt.Fprintln(tw)
 			row(tw, u.Family+":", fmt.Sprintf("%s in blocks of %s", joinPrefixes(u.CIDRs), sizeCell(u.BlockSize)))
 			row(tw, "  addresses", u.Addresses)
 			row(tw, "  allocated", u.Allocated)
-			row(tw, "  reserved", u.Reserved)
+			row(tw, "  reservations of unfinished ADDs", u.Reserved)
+			row(tw, "  borrowed across blocks", u.Borrowed)
+			row(tw, "  in reserved ranges", u.ReservedRanges)
 			row(tw, "  free", u.Free)
 			row(tw, "  blocks", u.Blocks)
 			row(tw, "  claimed", u.Claimed)
 			row(tw, "  orphaned", u.Orphaned)
 			row(tw, "  free blocks", u.FreeBlocks)
+			for _, n := range slices.Sorted(maps.Keys(u.Holders)) {
+				row(tw, "  held by node "+n, u.Holders[n])
+			}
 		}
 	})
 }

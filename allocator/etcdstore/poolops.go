@@ -1,0 +1,234 @@
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// Operators' changes to a pool. Each is one compare-and-swap on the pool
+// key; agents follow the pool key with a watch, and block claims are
+// fenced by its revision, so no node claims a block under a spec that has
+// changed since it read it.
+
+// ErrPoolInUse is returned when a cidr or a pool still holds allocations
+// or block claims; the error names them.
+var ErrPoolInUse = errors.New("pool in use")
+
+// UpdatePool applies change to the stored pool and writes it back if
+// nothing changed meanwhile. The result must still pass CheckPoolUpdate
+// (no cidr removed, block sizes kept) and overlap no other pool.
+func (s *Store) UpdatePool(ctx context.Context, name string, change func(p *allocator.Pool) error) (allocator.Pool, error) {
+	var out allocator.Pool
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
+		if err != nil {
+			return err
+		}
+		var cur *allocator.Pool
+		var others []allocator.Pool
+		for _, v := range pools {
+			if v.Value.Name == name {
+				cur = &v.Value
+			} else {
+				others = append(others, v.Value)
+			}
+		}
+		if cur == nil {
+			return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+		}
+		next := *cur
+		next.CIDRs, next.Reserved = slices.Clone(cur.CIDRs), slices.Clone(cur.Reserved)
+		if err := change(&next); err != nil {
+			return err
+		}
+		if err := allocator.CheckPoolUpdate(*cur, next); err != nil {
+			return err
+		}
+		if err := allocator.CheckDisjoint(next, others); err != nil {
+			return err
+		}
+		return s.putPool(ctx, next, rev, &out)
+	})
+	return out, err
+}
+
+// putPool writes p if no pool changed after rev.
+func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *allocator.Pool) error {
+	val, err := kvstore.EncodeJSON(p)
+	if err != nil {
+		return err
+	}
+	resp, err := s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
+		Then(clientv3.OpPut(PoolKey(p.Name), val)).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("write pool %s: %w", p.Name, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
+	}
+	*out = p
+	out.Rev = resp.Header.Revision
+	return nil
+}
+
+// RemoveCIDR takes cidr out of a pool, refused while any block of it has
+// a claim, a home or an allocation (ErrPoolInUse names them). The check
+// and the write are one transaction: nothing under the pool's claims,
+// homes or allocations may change between them.
+func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) (allocator.Pool, error) {
+	var out allocator.Pool
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		p, snap, err := s.poolAndSnapshot(ctx, name)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(p.CIDRs, cidr) {
+			return fmt.Errorf("remove cidr %s from pool %s: %w: the pool's cidrs are %s", cidr, name, allocator.ErrBadRequest, joinPrefixes(p.CIDRs))
+		}
+		if len(p.CIDRs) == 1 {
+			return fmt.Errorf("remove cidr %s from pool %s: %w: it is the pool's last cidr; delete the pool instead", cidr, name, allocator.ErrBadRequest)
+		}
+		if use := inUse(snap, func(b netip.Prefix) bool { return cidr.Overlaps(b) }); use != "" {
+			return fmt.Errorf("remove cidr %s from pool %s: %w: %s", cidr, name, ErrPoolInUse, use)
+		}
+		next := p
+		next.CIDRs = slices.DeleteFunc(slices.Clone(p.CIDRs), func(c netip.Prefix) bool { return c == cidr })
+		next.Reserved = slices.DeleteFunc(slices.Clone(p.Reserved), func(r allocator.Reservation) bool { return cidr.Contains(r.Range.First) })
+		if err := next.Validate(); err != nil {
+			return err
+		}
+		val, err := kvstore.EncodeJSON(next)
+		if err != nil {
+			return err
+		}
+		return s.commitIfQuiet(ctx, name, snap.Rev, clientv3.OpPut(PoolKey(name), val), &out, next)
+	})
+	return out, err
+}
+
+// DeletePool deletes a pool, refused while it has a claim, a home or an
+// allocation, or a namespace is bound to it.
+func (s *Store) DeletePool(ctx context.Context, name string) error {
+	return retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		_, snap, err := s.poolAndSnapshot(ctx, name)
+		if err != nil {
+			return err
+		}
+		if use := inUse(snap, func(netip.Prefix) bool { return true }); use != "" {
+			return fmt.Errorf("delete pool %s: %w: %s", name, ErrPoolInUse, use)
+		}
+		bs, err := s.NamespaceBindings(ctx)
+		if err != nil {
+			return err
+		}
+		var bound []string
+		for _, b := range bs {
+			if b.Pool == name {
+				bound = append(bound, b.Namespace)
+			}
+		}
+		if len(bound) > 0 {
+			return fmt.Errorf("delete pool %s: %w: namespaces %s are bound to it (kvipamctl pool unbind-namespace)", name, ErrPoolInUse, strings.Join(bound, ", "))
+		}
+		var none allocator.Pool
+		return s.commitIfQuiet(ctx, name, snap.Rev, clientv3.OpDelete(PoolKey(name)), &none, none)
+	})
+}
+
+func (s *Store) poolAndSnapshot(ctx context.Context, name string) (allocator.Pool, allocator.PoolSnapshot, error) {
+	snap, err := s.PoolSnapshot(ctx, name)
+	if err != nil {
+		return allocator.Pool{}, snap, err
+	}
+	resp, err := s.kv.Get(ctx, PoolKey(name), clientv3.WithRev(snap.Rev))
+	if err != nil {
+		return allocator.Pool{}, snap, fmt.Errorf("read pool %s: %w", name, kvstore.Unavailable(err))
+	}
+	if len(resp.Kvs) == 0 {
+		return allocator.Pool{}, snap, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+	}
+	v, err := kvstore.Decode[allocator.Pool](resp.Kvs[0])
+	return v.Value, snap, err
+}
+
+// commitIfQuiet applies op if neither the pool nor anything under its
+// claims, homes and allocations changed after rev.
+func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, op clientv3.Op, out *allocator.Pool, next allocator.Pool) error {
+	quiet := func(prefix string) clientv3.Cmp {
+		return clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()
+	}
+	resp, err := s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(PoolKey(name)), "<", rev+1), quiet(ClaimsPrefix(name)), quiet(HomesPrefix(name)), quiet(IPsPrefix(name))).
+		Then(op).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("write pool %s: %w", name, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("write pool %s: the pool changed while it was checked: %w", name, kvstore.ErrConflict)
+	}
+	*out = next
+	out.Rev = resp.Header.Revision
+	return nil
+}
+
+// inUse describes the claims, homes and allocations of snap in blocks
+// that match, or "" when there are none.
+func inUse(snap allocator.PoolSnapshot, match func(netip.Prefix) bool) string {
+	nodes := map[string]int{}
+	var claims, homes, ips int
+	for _, bi := range snap.Blocks {
+		if !match(bi.Block) {
+			continue
+		}
+		if bi.Claim != nil {
+			claims++
+			nodes[bi.Claim.Node] += 0
+		}
+		if bi.Home != nil {
+			homes++
+			nodes[bi.Home.Node] += 0
+		}
+	}
+	for b, used := range snap.Used {
+		if match(b) {
+			ips += len(used)
+		}
+	}
+	for addr, node := range snap.Lent {
+		if match(netip.PrefixFrom(addr, addr.BitLen())) {
+			nodes[node]++
+		}
+	}
+	if claims+homes+ips == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(nodes))
+	for n := range nodes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return fmt.Sprintf("%d addresses allocated, %d blocks claimed, %d blocks with a home, by nodes %s; disable the pool (kvipamctl pool disable), wait for its pods to go and run kvipamctl pool show to see what is left",
+		ips, claims, homes, strings.Join(names, ", "))
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}

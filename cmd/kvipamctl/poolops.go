@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+)
+
+// Changes to a pool an operator makes while it is in use. Every one is a
+// compare-and-swap on the pool's key in etcd; agents follow the key and
+// apply the change without a restart.
+func (a *app) poolOpCmds() []*cobra.Command {
+	var reason string
+	reserve := &cobra.Command{
+		Use:   "reserve POOL IP|FIRST-LAST|CIDR [--reason TEXT]",
+		Short: "Keep addresses of a pool from being handed out automatically",
+		Long: `Reserve an address, a range or a CIDR of a pool: agents never hand a
+reserved address out by themselves; a static request (the "ips"
+capability or the kvipam.io/ips annotation) may still take one, which is
+what reserving it is for. Reserving an address in use takes nothing from
+its pod. The range must lie in one of the pool's CIDRs.`,
+		Example: "  kvipamctl pool reserve default 10.42.0.1 --reason gateway\n  kvipamctl pool reserve default 10.42.7.0/24 --reason 'load balancer VIPs'",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := allocator.ParseAddrRange(args[1])
+			if err != nil {
+				return err
+			}
+			return a.changePool(cmd.Context(), args[0], "reserved "+r.String(), func(p *allocator.Pool) error {
+				for _, x := range p.Reserved {
+					if x.Range == r {
+						return fmt.Errorf("pool %s: %s is reserved already", p.Name, r)
+					}
+				}
+				p.Reserved = append(p.Reserved, allocator.Reservation{Range: r, Reason: reason})
+				return nil
+			})
+		},
+	}
+	reserve.Flags().StringVar(&reason, "reason", "", "why, for whoever reads pool show")
+	unreserve := &cobra.Command{
+		Use:   "unreserve POOL IP|FIRST-LAST|CIDR",
+		Short: "Remove a reservation, exactly as it was made",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := allocator.ParseAddrRange(args[1])
+			if err != nil {
+				return err
+			}
+			return a.changePool(cmd.Context(), args[0], "unreserved "+r.String(), func(p *allocator.Pool) error {
+				n := len(p.Reserved)
+				p.Reserved = slices.DeleteFunc(p.Reserved, func(x allocator.Reservation) bool { return x.Range == r })
+				if len(p.Reserved) == n {
+					return fmt.Errorf("pool %s has no reservation %s (it has: %s)", p.Name, r, reservations(p.Reserved))
+				}
+				return nil
+			})
+		},
+	}
+	disable := &cobra.Command{
+		Use:   "disable POOL",
+		Short: "Stop a pool handing out new addresses; releases go on (drain it)",
+		Long: `A disabled pool hands out nothing new: an ADD that needs an address from
+it fails with "pool disabled" (CNI error 102). Pods that hold addresses
+keep them and release them as usual; pool show lists what is left. This
+is how a pool is drained before remove-cidr or delete.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.changePool(cmd.Context(), args[0], "disabled", func(p *allocator.Pool) error { p.Disabled = true; return nil })
+		},
+	}
+	enable := &cobra.Command{
+		Use:   "enable POOL",
+		Short: "Let a disabled pool hand out addresses again",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.changePool(cmd.Context(), args[0], "enabled", func(p *allocator.Pool) error { p.Disabled = false; return nil })
+		},
+	}
+	addCIDR := &cobra.Command{
+		Use:     "add-cidr POOL CIDR",
+		Short:   "Add a CIDR to a pool",
+		Example: "  kvipamctl pool add-cidr default 10.43.0.0/16",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := netip.ParsePrefix(strings.TrimSpace(args[1]))
+			if err != nil {
+				return fmt.Errorf("parse cidr %q: %w", args[1], err)
+			}
+			return a.changePool(cmd.Context(), args[0], "added "+c.String(), func(p *allocator.Pool) error {
+				if slices.Contains(p.CIDRs, c) {
+					return fmt.Errorf("pool %s has cidr %s already", p.Name, c)
+				}
+				p.CIDRs = append(p.CIDRs, c)
+				if p.BlockSize(allocator.FamilyOf(c.Addr())) == 0 {
+					p.BlockSizeV4 = blockSize(*p, allocator.IPv4, -1, defaultBlockV4)
+					p.BlockSizeV6 = blockSize(*p, allocator.IPv6, -1, defaultBlockV6)
+				}
+				return nil
+			})
+		},
+	}
+	removeCIDR := &cobra.Command{
+		Use:   "remove-cidr POOL CIDR",
+		Short: "Take a CIDR out of a pool; refused while anything in it is allocated or claimed",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := netip.ParsePrefix(strings.TrimSpace(args[1]))
+			if err != nil {
+				return fmt.Errorf("parse cidr %q: %w", args[1], err)
+			}
+			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+				p, err := s.RemoveCIDR(cmd.Context(), args[0], c)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "pool %s: removed %s; cidrs now %s\n", p.Name, c, joinPrefixes(p.CIDRs))
+				return nil
+			})
+		},
+	}
+	del := &cobra.Command{
+		Use:   "delete POOL",
+		Short: "Delete a pool; refused while anything in it is allocated, claimed or bound",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+				if err := s.DeletePool(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "pool %s: deleted\n", args[0])
+				return nil
+			})
+		},
+	}
+	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, del}
+}
+
+// changePool applies change to a pool in etcd and says what it did.
+func (a *app) changePool(ctx context.Context, name, did string, change func(p *allocator.Pool) error) error {
+	return a.withStore(ctx, func(s *etcdstore.Store) error {
+		p, err := s.UpdatePool(ctx, name, change)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "pool %s: %s (revision %d)\n", p.Name, did, p.Rev)
+		return nil
+	})
+}
+
+func reservations(rs []allocator.Reservation) string {
+	if len(rs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.Range.String()
+	}
+	return strings.Join(s, ", ")
+}
