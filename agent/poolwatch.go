@@ -16,12 +16,14 @@ import (
 type poolWatch struct {
 	alloc poolUpdater
 	log   hclog.Logger
+	ctx   context.Context // the watch's, for giving blocks back
 }
 
 // poolUpdater is the allocator's side of it.
 type poolUpdater interface {
 	UpdatePool(p allocator.Pool)
 	Pool(name string) (allocator.Pool, bool)
+	GiveBackEmpty(ctx context.Context, pool string) int
 }
 
 // poolSource is where pool specs come from (etcdstore.Store).
@@ -29,15 +31,27 @@ type poolSource interface {
 	WatchPools(ctx context.Context, h etcdstore.PoolsHandler) error
 }
 
-func (w poolWatch) run(ctx context.Context, src poolSource) { _ = src.WatchPools(ctx, w) }
+func (w poolWatch) run(ctx context.Context, src poolSource) {
+	w.ctx = ctx
+	_ = src.WatchPools(ctx, w)
+}
 
 func (w poolWatch) ResetPools(pools []allocator.Pool) {
 	for _, p := range pools {
-		w.alloc.UpdatePool(p)
+		w.PutPool(p)
 	}
 }
 
-func (w poolWatch) PutPool(p allocator.Pool) { w.alloc.UpdatePool(p) }
+// PutPool applies a pool's new spec; a disabled pool gets its empty
+// blocks back at once, so that it can be deleted when its pods are gone.
+func (w poolWatch) PutPool(p allocator.Pool) {
+	w.alloc.UpdatePool(p)
+	if p.Disabled && w.ctx != nil {
+		if n := w.alloc.GiveBackEmpty(w.ctx, p.Name); n > 0 {
+			w.log.Info("pool disabled: gave its empty blocks back", "pool", p.Name, "blocks", n)
+		}
+	}
+}
 
 func (w poolWatch) DeletePool(name string) {
 	p, ok := w.alloc.Pool(name)

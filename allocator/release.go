@@ -193,10 +193,11 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 
 // maybeUnclaim gives an empty block back to the pool when the node has
 // another of the same family, so a node that shrinks does not hoard
-// blocks, yet always keeps one block per family ready for the next pod.
+// blocks, yet always keeps one block per family ready for the next pod;
+// a disabled pool (being drained) gets every empty block back.
 func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
 	ob := ps.own[b]
-	if ob == nil || ps.holds(b) || len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 || a.ready() != nil {
+	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 && !ps.pool.Disabled) || a.ready() != nil {
 		return
 	}
 	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {

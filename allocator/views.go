@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 )
@@ -105,6 +106,25 @@ func (a *NodeAllocator) UpdatePool(p Pool) {
 	}
 	ps.setPool(p)
 	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs))
+}
+
+// GiveBackEmpty gives every empty block of a disabled pool back to the
+// pool, so that the pool can be deleted once its pods are gone. It
+// reports how many it gave back.
+func (a *NodeAllocator) GiveBackEmpty(ctx context.Context, pool string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[pool]
+	if ps == nil || !ps.pool.Disabled {
+		return 0
+	}
+	n := len(ps.own)
+	for _, f := range []Family{IPv4, IPv6} {
+		for _, b := range ps.sortedOwn(f) {
+			a.maybeUnclaim(ctx, ps, b)
+		}
+	}
+	return n - len(ps.own)
 }
 
 // Pool returns the spec of a served pool as the allocator holds it.

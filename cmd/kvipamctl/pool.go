@@ -136,6 +136,9 @@ type poolDetail struct {
 	Pool     allocator.Pool      `json:"pool"`
 	Revision int64               `json:"revision"`
 	Usage    []inspect.PoolUsage `json:"usage"`
+	// Exhausted says, per family with no free address, what an ADD is
+	// told: why, and whether it is temporary.
+	Exhausted map[string]string `json:"exhausted,omitempty"`
 }
 
 func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
@@ -148,6 +151,26 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
 	}
 	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name)}
+	for _, u := range d.Usage {
+		if u.Free.Sign() > 0 {
+			continue
+		}
+		f, _ := allocator.ParseFamily(u.Family)
+		err := a.withStore(ctx, func(st *etcdstore.Store) error {
+			snap, err := st.PoolSnapshot(ctx, name)
+			if err != nil {
+				return err
+			}
+			if d.Exhausted == nil {
+				d.Exhausted = map[string]string{}
+			}
+			d.Exhausted[u.Family] = allocator.ExplainExhausted(ctx, st, p.Pool, f, snap).Error()
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
 	return a.render(w, d, func(tw io.Writer) {
 		row(tw, "Pool:", p.Name)
 		row(tw, "CIDRs:", joinPrefixes(p.CIDRs))
@@ -174,6 +197,9 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			row(tw, "  free blocks", u.FreeBlocks)
 			for _, n := range slices.Sorted(maps.Keys(u.Holders)) {
 				row(tw, "  held by node "+n, u.Holders[n])
+			}
+			if why, ok := d.Exhausted[u.Family]; ok {
+				row(tw, "  exhausted", why)
 			}
 		}
 	})
