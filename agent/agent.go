@@ -131,7 +131,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	defer func() { stop(); wg.Wait() }()
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain,
-		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) }}
+		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
+		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)

@@ -166,9 +166,9 @@ func (w homeWatch) PutHome(h etcdstore.BlockHome) {
 	w.p.changed()
 }
 
-func (w homeWatch) DeleteHome(_ string, b netip.Prefix) {
+func (w homeWatch) DeleteHome(h etcdstore.BlockHome) {
 	w.p.mu.Lock()
-	delete(w.p.owner, b)
+	delete(w.p.owner, h.Block)
 	w.p.mu.Unlock()
 	w.p.changed()
 }

@@ -278,3 +278,32 @@ func (a *NodeAllocator) reloadLent(ctx context.Context, ps *poolState, f Family)
 		}
 	}
 }
+
+// NoteLent applies what the agent's watch saw of a lent address's home
+// in one of this node's blocks: another node holds addr (present), or
+// gave it back. Either way etcd's create-if-absent stays the guard; this
+// only keeps the node's books, and its next choice, right sooner.
+func (a *NodeAllocator) NoteLent(pool string, addr netip.Addr, node string, present bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[pool]
+	if ps == nil {
+		return
+	}
+	_, ob := ps.ownBlockOf(addr)
+	if ob == nil || node == a.cfg.Node {
+		return
+	}
+	if present {
+		ps.lent[addr] = node
+		ob.ba.Mark(addr)
+		return
+	}
+	if _, ok := ps.lent[addr]; !ok {
+		return
+	}
+	delete(ps.lent, addr)
+	if _, parked := ps.unknown[addr]; ps.byAddr[addr] == nil && !ps.planned[addr] && !parked {
+		ob.ba.Unmark(addr)
+	}
+}

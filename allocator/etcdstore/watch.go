@@ -22,6 +22,8 @@ type BlockHome struct {
 	Pool  string
 	Block netip.Prefix
 	Node  string
+	// Lent marks a lent address's home; Block is then a host prefix.
+	Lent bool
 }
 
 // HomesHandler follows the block homes of every pool. Calls come from one
@@ -32,8 +34,9 @@ type HomesHandler interface {
 	ResetHomes(homes []BlockHome)
 	// PutHome records a home written or changed.
 	PutHome(h BlockHome)
-	// DeleteHome forgets the home of a block.
-	DeleteHome(pool string, block netip.Prefix)
+	// DeleteHome forgets the home of a block or lent address (Node is
+	// not known).
+	DeleteHome(h BlockHome)
 }
 
 // NodeInfo is a node record as other nodes use it.
@@ -60,8 +63,8 @@ type NodesHandler interface {
 func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
 	return s.follow(ctx, AllHomesPrefix(), records[BlockHome]{decode: decodeHome, reset: h.ResetHomes, put: h.PutHome,
 		del: func(key string) {
-			if pool, b, ok := parseHomeKey(key); ok {
-				h.DeleteHome(pool, b)
+			if pool, b, lent, ok := parseHomeKey(key); ok {
+				h.DeleteHome(BlockHome{Pool: pool, Block: b, Lent: lent})
 			}
 		}})
 }
@@ -121,27 +124,28 @@ func (w records[T]) Apply(ev *clientv3.Event) {
 	}
 }
 
-// parseHomeKey splits <AllHomesPrefix><pool>/<block>.
-func parseHomeKey(key string) (string, netip.Prefix, bool) {
+// parseHomeKey splits <AllHomesPrefix><pool>/<block>, or a lent
+// address's <AllHomesPrefix><pool>/ip/<addr> (lent).
+func parseHomeKey(key string) (pool string, b netip.Prefix, lent, ok bool) {
 	rest, ok := strings.CutPrefix(key, AllHomesPrefix())
 	if !ok {
-		return "", netip.Prefix{}, false
+		return "", netip.Prefix{}, false, false
 	}
 	pool, name, ok := strings.Cut(rest, "/")
 	if !ok {
-		return "", netip.Prefix{}, false
+		return "", netip.Prefix{}, false, false
 	}
 	if s, lent := strings.CutPrefix(name, "ip/"); lent {
 		// A lent address's home: routed as a host route.
 		a, err := netip.ParseAddr(s)
-		return pool, netip.PrefixFrom(a, a.BitLen()), err == nil
+		return pool, netip.PrefixFrom(a, a.BitLen()), true, err == nil
 	}
 	b, err := allocator.ParseBlockName(name)
-	return pool, b, err == nil
+	return pool, b, false, err == nil
 }
 
 func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
-	pool, b, ok := parseHomeKey(string(kv.Key))
+	pool, b, lent, ok := parseHomeKey(string(kv.Key))
 	if !ok {
 		return BlockHome{}, false
 	}
@@ -149,7 +153,7 @@ func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
 	if json.Unmarshal(kv.Value, &h) != nil {
 		return BlockHome{}, false
 	}
-	return BlockHome{Pool: pool, Block: b, Node: h.Node}, true
+	return BlockHome{Pool: pool, Block: b, Node: h.Node, Lent: lent}, true
 }
 
 func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {

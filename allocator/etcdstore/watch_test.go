@@ -33,7 +33,7 @@ type recorder chan any
 
 func (r recorder) ResetHomes(h []etcdstore.BlockHome)     { r <- resetHomes(h) }
 func (r recorder) PutHome(h etcdstore.BlockHome)          { r <- putHome(h) }
-func (r recorder) DeleteHome(pool string, b netip.Prefix) { r <- deleteHome{pool, b} }
+func (r recorder) DeleteHome(h etcdstore.BlockHome) { r <- deleteHome{h.Pool, h.Block} }
 func (r recorder) ResetNodes(n []etcdstore.NodeInfo)      { r <- resetNodes(n) }
 func (r recorder) PutNode(n etcdstore.NodeInfo)           { r <- putNode(n) }
 func (r recorder) DeleteNode(name string)                 { r <- deleteNode(name) }
