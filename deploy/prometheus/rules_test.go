@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,27 @@ func TestAlertRules(t *testing.T) {
 		}
 		t.Skip(why)
 	}
+	t.Run("series exported", func(t *testing.T) {
+		// Every kvipam series a rule reads is one the agent defines, so
+		// no alert silently sees no data.
+		rules, err := os.ReadFile(rulesFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var src strings.Builder
+		for _, f := range []string{"../../agent/metrics.go", "../../agent/poolmetrics.go"} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src.Write(b)
+		}
+		for _, name := range regexp.MustCompile(`\bkvipam_[a-z_]+`).FindAllString(string(rules), -1) {
+			if !strings.Contains(src.String(), `"`+name+`"`) {
+				t.Errorf("the rules read %s, which the agent does not export", name)
+			}
+		}
+	})
 	t.Run("check", func(t *testing.T) { runPromtool(t, promtool, "check", "rules", rulesFile) })
 	t.Run("test", func(t *testing.T) { runPromtool(t, promtool, "test", "rules", testsFile) })
 }
