@@ -13,9 +13,11 @@ import (
 // its endpoints with etcd (Reassert) and writes back each missing
 // allocation whose address lies in a block this node holds the claim on:
 // the write is fenced by that claim, so nobody else can have allocated
-// from the block meanwhile. An address held by another owner in etcd, or
-// in a block that is not this node's, is a conflict: nothing is written,
-// and the agent reports it. Until Reassert has run, the allocator keeps
+// from the block meanwhile. An address free in a block another node
+// claims was borrowed (borrow.go): it is borrowed again, by the same
+// create-if-absent. An address held by another owner in etcd, or in an
+// orphaned block, is a conflict: nothing is written, and the agent
+// reports it. Until Reassert has run, the allocator keeps
 // the endpoints' addresses out of its free lists (NodeConfig.Held), so it
 // never hands one out again.
 
@@ -90,8 +92,14 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 		}
 		var res WriteResult
 		var werr error
+		lender := ""
 		for attempt := 0; attempt < 2; attempt++ {
 			ob, err := a.ownForReassert(ctx, ps, it.block)
+			var nb *notOwnError
+			if errors.As(err, &nb) && nb.claimedBy != "" {
+				lender = nb.claimedBy // a borrowed address: borrow it again
+				break
+			}
 			if err != nil {
 				werr = err
 				break
@@ -107,6 +115,17 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 				continue
 			}
 			break
+		}
+		if lender != "" {
+			rec.Borrowed = true
+			al, err := a.writeBorrowed(ctx, ps, it.block, addr, rec, false)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("reassert %s borrowed from node %s: %w", addr, lender, err))
+				continue
+			}
+			restored = append(restored, *al)
+			a.logReasserted(al)
+			continue
 		}
 		var we *WriteError
 		var nb *notOwnError
@@ -135,8 +154,9 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 	return restored, conflicts, errors.Join(errs...)
 }
 
-// notOwnError says why a held address's block cannot be this node's.
-type notOwnError struct{ reason string }
+// notOwnError says why a held address's block cannot be this node's;
+// claimedBy is the node that claims it, if one does.
+type notOwnError struct{ reason, claimedBy string }
 
 func (e *notOwnError) Error() string { return e.reason }
 
@@ -156,9 +176,9 @@ func (a *NodeAllocator) ownForReassert(ctx context.Context, ps *poolState, block
 		a.log.Warn("claimed a free block again: an endpoint uses it though etcd had no claim", "pool", ps.pool.Name, "block", block)
 		return ps.own[block], nil
 	case errors.As(err, &ce) && ce.ClaimedBy != "":
-		return nil, &notOwnError{fmt.Sprintf("block %s is claimed by node %s", block, ce.ClaimedBy)}
+		return nil, &notOwnError{reason: fmt.Sprintf("block %s is claimed by node %s", block, ce.ClaimedBy), claimedBy: ce.ClaimedBy}
 	case errors.As(err, &ce):
-		return nil, &notOwnError{fmt.Sprintf("block %s is not this node's: it holds allocations and no claim", block)}
+		return nil, &notOwnError{reason: fmt.Sprintf("block %s is not this node's: it holds allocations and no claim", block)}
 	}
 	return nil, err
 }

@@ -88,11 +88,21 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(60)})
 	require.NoError(t, err)
 	theirs := allocator.HeldAddr{Owner: owner(51), Addr: r2.Allocations[0].Addr.Next()}
+	// An endpoint whose address is free in a block another node claims
+	// had borrowed it: it is borrowed again, with its home.
 	restored, conflicts, err = al.Reassert(ctx, []allocator.HeldAddr{theirs})
 	require.NoError(t, err)
-	require.Empty(t, restored)
-	require.Len(t, conflicts, 1)
-	require.Contains(t, conflicts[0].Reason, "claimed by node n2")
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 1)
+	require.True(t, restored[0].Borrowed)
+	lent, err := st.ListLent(ctx, "small")
+	require.NoError(t, err)
+	require.Equal(t, "n1", lent[theirs.Addr], "peers route it to n1")
+	_, err = al.Release(ctx, owner(51))
+	require.NoError(t, err)
+	lent, err = st.ListLent(ctx, "small")
+	require.NoError(t, err)
+	require.Empty(t, lent, "its home goes with it")
 
 	cur, err := st.GetIPs(ctx, []allocator.IPRef{{Pool: "small", Block: got[0].Block, Addr: got[0].Addr}})
 	require.NoError(t, err)
