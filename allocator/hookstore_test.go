@@ -174,3 +174,11 @@ func (h *hookStore) DeleteIP(ctx context.Context, al allocator.Allocation) error
 	}
 	return h.post(ctx, "DeleteIP", h.Store.DeleteIP(ctx, al))
 }
+
+func (h *hookStore) PoolSnapshot(ctx context.Context, pool string) (allocator.PoolSnapshot, error) {
+	if err := h.pre(ctx, "PoolSnapshot"); err != nil {
+		return allocator.PoolSnapshot{}, err
+	}
+	out, err := h.Store.PoolSnapshot(ctx, pool)
+	return out, h.post(ctx, "PoolSnapshot", err)
+}

@@ -1,0 +1,148 @@
+package allocator_test
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// A pool of one /28 block (14 usable addresses): node a claims it, node b
+// can only borrow.
+var onePool = allocator.Pool{Name: "one", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.82.0.0/28")}, BlockSizeV4: 28}
+
+func lenderAndBorrower(t *testing.T, wrapB func(allocator.Store) allocator.Store) (*kvstore.Embedded, *testNode, *testNode) {
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	for i := range 5 {
+		_, err := a.alloc.Allocate(context.Background(), allocator.Request{Pool: "one", Owner: owner(i)})
+		require.NoError(t, err)
+	}
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{wrap: wrapB})
+	return e, a, b
+}
+
+// holdersOf reads who holds each address of the pool in etcd.
+func holdersOf(t *testing.T, cli *clientv3.Client) map[netip.Addr]allocator.Allocation {
+	out := map[netip.Addr]allocator.Allocation{}
+	for _, al := range storeIPs(t, cli, "one") {
+		out[al.Addr] = al
+	}
+	return out
+}
+
+// TestBorrowUnknownOutcomeSettled: a borrowed write commits and its
+// answer is lost. The borrower reads etcd before it decides anything: the
+// pod gets the address that landed, once, and a retried ADD gets it again.
+func TestBorrowUnknownOutcomeSettled(t *testing.T) {
+	ctx := context.Background()
+	var hs *hookStore
+	_, a, b := lenderAndBorrower(t, func(s allocator.Store) allocator.Store { hs = newHookStore(s); return hs })
+	hs.After("WriteIPs", commitThenFail(1))
+	res, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
+	require.NoError(t, err)
+	require.Len(t, res.Allocations, 1)
+	got := res.Allocations[0]
+	require.True(t, got.Borrowed)
+	again, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
+	require.NoError(t, err)
+	require.Equal(t, got.Addr, again.Allocations[0].Addr, "a retried ADD gets the address that landed")
+	n := 0
+	for _, al := range holdersOf(t, a.cli) {
+		if al.Owner.Key() == owner(100).Key() {
+			n++
+		}
+	}
+	require.Equal(t, 1, n, "one address in etcd for the owner")
+	lent, err := b.store.ListLent(ctx, "one")
+	require.NoError(t, err)
+	require.Equal(t, map[netip.Addr]string{got.Addr: "b"}, lent)
+}
+
+// TestBorrowFencedByBorrowerLease: the borrower's lease is revoked after
+// it chose an address and before its write: the write is refused by the
+// borrower's fence, and nothing is written.
+func TestBorrowFencedByBorrowerLease(t *testing.T) {
+	ctx := context.Background()
+	var hs *hookStore
+	_, a, b := lenderAndBorrower(t, func(s allocator.Store) allocator.Store { hs = newHookStore(s); return hs })
+	var once sync.Once
+	hs.Before("WriteIPs", func(ctx context.Context) error {
+		once.Do(func() {
+			_, err := b.cli.Revoke(ctx, clientv3.LeaseID(b.sess.ID()))
+			require.NoError(t, err)
+		})
+		return nil
+	})
+	_, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
+	require.ErrorIs(t, err, allocator.ErrLeaseLost)
+	for addr, al := range holdersOf(t, a.cli) {
+		require.NotEqual(t, owner(100).Key(), al.Owner.Key(), "%s written for a node whose lease was gone", addr)
+	}
+	lent, err := a.store.ListLent(ctx, "one")
+	require.NoError(t, err)
+	require.Empty(t, lent)
+}
+
+// writeHook calls onWrite with each write batch before it is sent.
+type writeHook struct {
+	allocator.Store
+	onWrite func([]allocator.IPWrite)
+}
+
+func (w writeHook) WriteIPs(ctx context.Context, ws []allocator.IPWrite) (allocator.WriteResult, error) {
+	w.onWrite(ws)
+	return w.Store.WriteIPs(ctx, ws)
+}
+
+// TestBorrowRacesOwner: the block's owner has chosen an address and,
+// before its write, a borrower takes that very address. The owner's
+// create-if-absent fails, it learns the address is lent and hands out
+// another: no address is held twice.
+func TestBorrowRacesOwner(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	var once sync.Once
+	var stolen netip.Addr
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s allocator.Store) allocator.Store {
+		return writeHook{Store: s, onWrite: func(ws []allocator.IPWrite) {
+			if len(ws) != 1 || ws[0].Record.Owner.Key() != owner(7).Key() {
+				return
+			}
+			once.Do(func() {
+				// b borrows exactly the address a is about to write.
+				fence, err := b.store.FenceBorrower(ctx, allocator.Claim{Node: "b"}, b.sess.ID())
+				require.NoError(t, err)
+				w := ws[0]
+				_, err = b.store.WriteIPs(ctx, []allocator.IPWrite{{Pool: w.Pool, Block: w.Block, ClaimRev: fence, Addr: w.Addr, Borrowed: true,
+					Record: allocator.Record{Owner: owner(900), Node: "b", State: allocator.StateAllocated, Borrowed: true}}})
+				require.NoError(t, err)
+				stolen = w.Addr
+			})
+		}}
+	}})
+	for i := range 8 {
+		_, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		require.NoError(t, err)
+	}
+	require.True(t, stolen.IsValid(), "the race happened")
+	mine := a.alloc.Lookup(owner(7))
+	require.Len(t, mine, 1)
+	require.NotEqual(t, stolen, mine[0].Addr, "the owner handed out another address")
+	held := holdersOf(t, a.cli)
+	require.Equal(t, owner(900).Key(), held[stolen].Owner.Key(), "the borrower keeps what it took")
+	require.Len(t, held, 9)
+	for _, u := range a.alloc.Usage() {
+		require.Equal(t, 1, u.Lent, "the owner knows the address is lent")
+	}
+}
