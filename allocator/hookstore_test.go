@@ -182,3 +182,11 @@ func (h *hookStore) PoolSnapshot(ctx context.Context, pool string) (allocator.Po
 	out, err := h.Store.PoolSnapshot(ctx, pool)
 	return out, h.post(ctx, "PoolSnapshot", err)
 }
+
+func (h *hookStore) FenceBorrower(ctx context.Context, c allocator.Claim, lease int64) (int64, error) {
+	if err := h.pre(ctx, "FenceBorrower"); err != nil {
+		return 0, err
+	}
+	rev, err := h.Store.FenceBorrower(ctx, c, lease)
+	return rev, h.post(ctx, "FenceBorrower", err)
+}

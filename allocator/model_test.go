@@ -117,7 +117,9 @@ func TestModelNodeAllocator(t *testing.T) {
 	t.Logf("seed %d (replay the choices with -model.seed=%d; goroutine timing still varies)", seed, seed)
 	const nodes, callers, ownersPerCaller = 3, 3, 4
 	pool := allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
-		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/26"), netip.MustParsePrefix("fd00:90::/122")}}
+		// 30 and 31 usable addresses for 36 owners: the pool fills, and
+		// nodes borrow across blocks.
+		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
 	e := etcdtest.Start(t)
 	ensurePool(t, e, pool)
 	check := etcdtest.Client(t, e) // the test's own view of etcd, without faults
@@ -125,12 +127,13 @@ func TestModelNodeAllocator(t *testing.T) {
 
 	f := &faults{rng: rand.New(rand.NewPCG(seed, 1)), n: map[string]int{},
 		plan: faultPlan{failBefore: 0.02, unknown: 0.05, conflict: 0.02, revoke: 0.004}}
+	var borrows atomic.Int64 // borrowed writes sent
 	ns := make([]*modelNode, nodes)
 	for i := range ns {
 		n := &modelNode{name: fmt.Sprintf("node-%d", i), cli: etcdtest.Client(t, e)}
 		n.store = etcdstore.New(n.cli, etcdstore.Options{ReservationTTL: time.Hour})
 		h := newHookStore(n.store)
-		for _, op := range []string{"ListBlocks", "Claim", "Reclaim", "Unclaim", "ListIPs", "GetIPs", "WriteIPs", "LeaseExpiry", "DeleteIP"} {
+		for _, op := range []string{"ListBlocks", "Claim", "Reclaim", "Unclaim", "ListIPs", "GetIPs", "WriteIPs", "LeaseExpiry", "DeleteIP", "PoolSnapshot", "FenceBorrower"} {
 			h.Before(op, func(ctx context.Context) error {
 				if f.roll(f.plan.revoke, "revoke") {
 					if s := n.session(); s != nil {
@@ -145,7 +148,7 @@ func TestModelNodeAllocator(t *testing.T) {
 				}
 				return nil
 			})
-			if op == "WriteIPs" || op == "DeleteIP" || op == "Claim" || op == "Reclaim" || op == "Unclaim" {
+			if op == "WriteIPs" || op == "DeleteIP" || op == "Claim" || op == "Reclaim" || op == "Unclaim" || op == "FenceBorrower" {
 				h.After(op, func(_ context.Context, err error) error {
 					if err == nil && f.roll(f.plan.unknown, "unknown:"+op) {
 						return errUnknown
@@ -154,7 +157,13 @@ func TestModelNodeAllocator(t *testing.T) {
 				})
 			}
 		}
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: n.name, Store: h, Pools: []string{pool.Name}})
+		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: n.name, Store: writeHook{Store: h, onWrite: func(ws []allocator.IPWrite) {
+			for _, w := range ws {
+				if w.Borrowed {
+					borrows.Add(1)
+				}
+			}
+		}}, Pools: []string{pool.Name}})
 		require.NoError(t, err)
 		n.alloc = al
 		n.recover(ctx)
@@ -266,6 +275,8 @@ func TestModelNodeAllocator(t *testing.T) {
 	t.Logf("faults injected: %v", f.n)
 	require.False(t, t.Failed())
 	require.NotZero(t, f.n["unknown:WriteIPs"], "the run must meet writes of unknown outcome")
+	require.NotZero(t, borrows.Load(), "and borrowing across blocks")
+	t.Logf("borrowed writes: %d", borrows.Load())
 	require.NotZero(t, f.n["revoke"]+f.n["fail:LeaseExpiry"]+f.n["fail:ListIPs"], "and lease or reload faults")
 }
 

@@ -15,6 +15,10 @@ type plan struct {
 	req    Request
 	reused []*Allocation
 	writes []IPWrite
+	// lent are addresses this plan borrowed, written at once: a plan
+	// that fails later gives them back, so a refused request leaves the
+	// owner with what it held before.
+	lent []*Allocation
 }
 
 // plan chooses the request's addresses and marks them. pendErr is the
@@ -41,15 +45,13 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 		want, isStatic := static[f]
 		if al := a.live(ps, r.Owner, f); al != nil {
 			if isStatic && want != al.Addr {
-				a.undo(p)
-				return nil, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want)
+				return nil, a.abandon(ctx, p, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want))
 			}
 			p.reused = append(p.reused, al)
 			continue
 		}
 		if ps.pool.Disabled {
-			a.undo(p)
-			return nil, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", ErrPoolDisabled, ps.pool.Name, ps.pool.Name)
+			return nil, a.abandon(ctx, p, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", ErrPoolDisabled, ps.pool.Name, ps.pool.Name))
 		}
 		var addr netip.Addr
 		var block netip.Prefix
@@ -61,11 +63,11 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 			block, addr, lent, err = a.pickOrBorrow(ctx, ps, r, f)
 		}
 		if err != nil {
-			a.undo(p)
-			return nil, err
+			return nil, a.abandon(ctx, p, err)
 		}
 		if lent != nil { // written already (borrow.go)
 			p.reused = append(p.reused, lent)
+			p.lent = append(p.lent, lent)
 			continue
 		}
 		ob := ps.own[block]
@@ -77,6 +79,26 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 		})
 	}
 	return p, nil
+}
+
+// abandon undoes a plan that fails before its write: its marks, and
+// the addresses it borrowed (a failed release leaves one to the owner,
+// whose DEL or retry finds it).
+func (a *NodeAllocator) abandon(ctx context.Context, p *plan, cause error) error {
+	a.undo(p)
+	var errs []error
+	for _, al := range p.lent {
+		if err := a.release(ctx, p.ps, al); err != nil {
+			a.log.Warn("give back a borrowed address of a failed request", "pool", p.ps.pool.Name, "ip", al.Addr, "error", err)
+			errs = append(errs, fmt.Errorf("%s: %w", al.Addr, err))
+		}
+	}
+	p.lent = nil
+	if len(errs) > 0 {
+		// The owner still holds what it borrowed: not a refusal any more.
+		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{ErrUnavailable}, errs...)...))
+	}
+	return cause
 }
 
 // pickOrBorrow chooses a free address of family f in the node's blocks,
