@@ -158,6 +158,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 // pool or the caller's context.
 func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, error) {
 	var out Result
+	before := a.heldBy(req)
 	err := retry.Do(ctx, a.cfg.WriteRetry, func(ctx context.Context) error {
 		if err := a.ready(); err != nil {
 			return err
@@ -195,9 +196,40 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, e
 		return err // it did not land; the caller may try again
 	})
 	if err != nil {
+		// An attempt may have borrowed an address before a later one
+		// failed: give it back, so the request leaves what it found.
+		err = a.giveBackBorrowed(ctx, req, before, err)
 		return Result{}, fmt.Errorf("allocate in pool %s for %s: %w", req.Pool, req.Owner.Key(), err)
 	}
 	return out, nil
+}
+
+// heldBy lists the addresses the request's owner holds in its pool.
+func (a *NodeAllocator) heldBy(req Request) map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	if ps := a.pools[req.Pool]; ps != nil {
+		for _, al := range ps.byOwner[req.Owner.Key()] {
+			out[al.Addr] = true
+		}
+	}
+	return out
+}
+
+// giveBackBorrowed releases what the owner borrowed since before, after
+// its request failed with cause. If one cannot be released the owner
+// still holds it: the error then says try again, not a refusal.
+func (a *NodeAllocator) giveBackBorrowed(ctx context.Context, req Request, before map[netip.Addr]bool, cause error) error {
+	ps := a.pools[req.Pool]
+	if ps == nil {
+		return cause
+	}
+	p := &plan{ps: ps, req: req}
+	for _, al := range ps.byOwner[req.Owner.Key()] {
+		if al.Borrowed && !before[al.Addr] {
+			p.lent = append(p.lent, al)
+		}
+	}
+	return a.abandon(ctx, p, cause)
 }
 
 // onlyTaken reports whether a write failed only because addresses it
