@@ -90,17 +90,19 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 			continue
 		}
 		planned[k] = true
+		before := a.heldBy(r)
 		p, err := a.plan(ctx, r, pendErr)
 		if err != nil {
 			out[i].Err = err
 			continue
 		}
+		p.before = before
 		plans[i] = p
 		writes = append(writes, p.writes...)
 	}
 	defer func() {
 		for _, i := range later {
-			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i])
+			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i], nil)
 		}
 	}()
 	res, err := a.cfg.Store.WriteIPs(ctx, writes)
@@ -132,7 +134,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 				out[i].Err = fmt.Errorf("allocate in pool %s for %s: %w", p.req.Pool, p.req.Owner.Key(), serr)
 				continue
 			}
-			out[i].Result, out[i].Err = a.allocateOne(ctx, p.req)
+			out[i].Result, out[i].Err = a.allocateOne(ctx, p.req, p.before)
 		}
 	default:
 		for _, p := range slices.Backward(plans) {
@@ -143,7 +145,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 		a.learn(ctx, err)
 		for i, p := range plans {
 			if p != nil {
-				out[i].Result, out[i].Err = a.allocateOne(ctx, p.req)
+				out[i].Result, out[i].Err = a.allocateOne(ctx, p.req, p.before)
 			}
 		}
 	}
@@ -156,9 +158,13 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 // addresses, so it is retried at once and does not count against
 // WriteRetry: like the claim loop, it ends with an address, an exhausted
 // pool or the caller's context.
-func (a *NodeAllocator) allocateOne(ctx context.Context, req Request) (Result, error) {
+//
+// before is what the owner held when its request came in (nil: now).
+func (a *NodeAllocator) allocateOne(ctx context.Context, req Request, before map[netip.Addr]bool) (Result, error) {
 	var out Result
-	before := a.heldBy(req)
+	if before == nil {
+		before = a.heldBy(req)
+	}
 	err := retry.Do(ctx, a.cfg.WriteRetry, func(ctx context.Context) error {
 		if err := a.ready(); err != nil {
 			return err

@@ -19,6 +19,8 @@ type plan struct {
 	// that fails later gives them back, so a refused request leaves the
 	// owner with what it held before.
 	lent []*Allocation
+	// before is what the owner held when the request came in.
+	before map[netip.Addr]bool
 }
 
 // plan chooses the request's addresses and marks them. pendErr is the

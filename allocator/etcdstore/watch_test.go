@@ -31,12 +31,12 @@ type (
 // as one of the event types above.
 type recorder chan any
 
-func (r recorder) ResetHomes(h []etcdstore.BlockHome)     { r <- resetHomes(h) }
-func (r recorder) PutHome(h etcdstore.BlockHome)          { r <- putHome(h) }
-func (r recorder) DeleteHome(h etcdstore.BlockHome) { r <- deleteHome{h.Pool, h.Block} }
-func (r recorder) ResetNodes(n []etcdstore.NodeInfo)      { r <- resetNodes(n) }
-func (r recorder) PutNode(n etcdstore.NodeInfo)           { r <- putNode(n) }
-func (r recorder) DeleteNode(name string)                 { r <- deleteNode(name) }
+func (r recorder) ResetHomes(h []etcdstore.BlockHome) { r <- resetHomes(h) }
+func (r recorder) PutHome(h etcdstore.BlockHome)      { r <- putHome(h) }
+func (r recorder) DeleteHome(h etcdstore.BlockHome)   { r <- deleteHome{h.Pool, h.Block} }
+func (r recorder) ResetNodes(n []etcdstore.NodeInfo)  { r <- resetNodes(n) }
+func (r recorder) PutNode(n etcdstore.NodeInfo)       { r <- putNode(n) }
+func (r recorder) DeleteNode(name string)             { r <- deleteNode(name) }
 
 func (r recorder) next(tb testing.TB) any {
 	tb.Helper()
