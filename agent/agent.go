@@ -94,28 +94,6 @@ func New(cfg Config, o Options) (*Agent, error) {
 	return a, nil
 }
 
-// servedPools are the specs of the pools this node serves, as the
-// allocator holds them (they follow etcd).
-func (a *Agent) servedPools() []allocator.Pool {
-	var out []allocator.Pool
-	for _, name := range a.cfg.poolNames() {
-		if a.alloc == nil {
-			return nil
-		}
-		if p, ok := a.alloc.Pool(name); ok {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func (a *Agent) listBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
-	if a.store == nil {
-		return nil, ErrNotReady
-	}
-	return a.store.ListBlocks(ctx, pool)
-}
-
 // Run starts the agent and blocks until ctx ends, then shuts down. Every
 // allocation stays in etcd at shutdown; only the socket goes away.
 // ready, if not nil, is closed once the API is served.

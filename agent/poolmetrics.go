@@ -141,3 +141,25 @@ func (c *blockCounts) get() []poolBlocks {
 	c.cached, c.at = out, time.Now()
 	return out
 }
+
+// servedPools are the specs of the pools this node serves, as the
+// allocator holds them (they follow etcd).
+func (a *Agent) servedPools() []allocator.Pool {
+	var out []allocator.Pool
+	for _, name := range a.cfg.poolNames() {
+		if a.alloc == nil {
+			return nil
+		}
+		if p, ok := a.alloc.Pool(name); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (a *Agent) listBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+	if a.store == nil {
+		return nil, ErrNotReady
+	}
+	return a.store.ListBlocks(ctx, pool)
+}

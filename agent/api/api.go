@@ -251,9 +251,9 @@ type LeaseStatus struct {
 
 // PoolStatus is this node's share of one pool family.
 type PoolStatus struct {
-	Pool     string         `json:"pool"`
-	Family   string         `json:"family"`
-	Blocks   []netip.Prefix `json:"blocks"`
+	Pool   string         `json:"pool"`
+	Family string         `json:"family"`
+	Blocks []netip.Prefix `json:"blocks"`
 	// Capacity and Free are what this node's blocks can hand out, ever
 	// and now. Used counts the addresses the node holds, Reserved those
 	// that are reservations of unfinished ADDs, Borrowed those in other
