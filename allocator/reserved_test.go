@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -145,4 +146,43 @@ func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 	require.Equal(t, 1, ee.Orphaned)
 	require.Contains(t, last.Error(), "1 addresses in orphaned blocks of gone come free with kvipamctl node remove")
 	require.Equal(t, 15, ee.Allocated-1, "the live node filled its own block, and took nothing from the orphaned one")
+}
+
+// TestReuseCooldown: a released address is not handed out again while
+// the cooldown runs and another address is free; when none is, the
+// oldest released one is, rather than more of the pool.
+func TestReuseCooldown(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	p := allocator.Pool{Name: "cool", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.83.0.0/28")}, BlockSizeV4: 28}
+	ensurePool(t, e, p)
+	n := startNode(t, e, "n", []string{"cool"}, nodeOpts{cooldown: time.Hour})
+	addr := func(i int) netip.Addr {
+		res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(i)})
+		require.NoError(t, err)
+		return res.Allocations[0].Addr
+	}
+	// 14 usable, all taken; three released, newest last.
+	held := map[int]netip.Addr{}
+	for i := range 14 {
+		held[i] = addr(i)
+	}
+	for _, i := range []int{9, 2, 6} {
+		_, err := n.alloc.Release(ctx, owner(i))
+		require.NoError(t, err)
+	}
+	// Nothing else is free: the released ones come back oldest first,
+	// where next-fit alone would give the lowest (2, 6, 9).
+	require.Equal(t, held[9], addr(101))
+	require.Equal(t, held[2], addr(102))
+	require.Equal(t, held[6], addr(103))
+	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(104)})
+	require.ErrorIs(t, err, allocator.ErrExhausted)
+
+	// Asked for by name, a cooling address is handed out at once.
+	_, err = n.alloc.Release(ctx, owner(0))
+	require.NoError(t, err)
+	res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(105), IPs: []netip.Addr{held[0]}})
+	require.NoError(t, err)
+	require.Equal(t, held[0], res.Allocations[0].Addr)
 }

@@ -24,6 +24,10 @@ pools:
   cidrs: ["10.244.0.0/16", "fd00:244::/64"]
   blockSizeV4: 26
   blockSizeV6: 120
+  reserved:
+  - {range: 10.244.0.1-10.244.0.9, reason: routers}
+  - {range: "fd00:244::/120"}
+reuseCooldown: 45s
 `), 0o600))
 
 	c, err := loadConfig([]string{"--config", file}, env(nil))
@@ -32,6 +36,11 @@ pools:
 	require.Equal(t, 20*time.Second, c.LeaseTTL.Duration)
 	require.Equal(t, []string{"http://10.0.0.1:2379"}, c.Etcd.Endpoints)
 	require.Len(t, c.Pools, 1)
+	require.Len(t, c.Pools[0].Reserved, 2, "reserved ranges in the pool configuration")
+	require.Equal(t, "10.244.0.1-10.244.0.9", c.Pools[0].Reserved[0].Range.String())
+	require.Equal(t, "routers", c.Pools[0].Reserved[0].Reason)
+	require.Equal(t, "fd00:244::/120", c.Pools[0].Reserved[1].Range.String())
+	require.Equal(t, 45*time.Second, c.ReuseCooldown.Duration)
 
 	c, err = loadConfig([]string{"--config", file, "--node", "from-flag"}, env(map[string]string{"KVIPAM_NODE": "from-env", "KVIPAM_MTU": "9000"}))
 	require.NoError(t, err)
