@@ -35,8 +35,9 @@ func TestVXLANOverlay(t *testing.T) {
 	v := &vxlanOverlay{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
 	bB, bC := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("10.9.2.0/26")
 	vB, vC := netip.MustParseAddr("10.254.2.20"), netip.MustParseAddr("10.254.3.30")
+	lent := netip.MustParsePrefix("10.9.1.7/32") // borrowed by c from b's block
 	want := func() map[netip.Prefix]peerHop {
-		return map[netip.Prefix]peerHop{bB: {"b", vB}, bC: {"c", vC},
+		return map[netip.Prefix]peerHop{bB: {"b", vB}, bC: {"c", vC}, lent: {"c", vC},
 			netip.MustParsePrefix("fd00:9::/120"): {"b", netip.MustParseAddr("fd00::2")}} // IPv6: not routed
 	}
 	require.NoError(t, v.program(h, want()))
@@ -51,10 +52,13 @@ func TestVXLANOverlay(t *testing.T) {
 	require.False(t, vx.Learning)
 	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
-	require.Len(t, routes, 2)
+	require.Len(t, routes, 3)
 	for _, r := range routes {
 		require.Equal(t, l.Attrs().Index, r.LinkIndex)
 		require.NotZero(t, r.Flags&int(netlink.FLAG_ONLINK))
+		if r.Dst.String() == lent.String() {
+			require.Equal(t, vC.String(), r.Gw.String(), "a borrowed address goes to its holder, beside its block's route to the lender")
+		}
 	}
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
@@ -70,6 +74,7 @@ func TestVXLANOverlay(t *testing.T) {
 	// c's blocks go: so do its route, neighbour and FDB entry.
 	w := want()
 	delete(w, bC)
+	delete(w, lent)
 	require.NoError(t, v.program(h, w))
 	routes, err = ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
