@@ -307,3 +307,24 @@ func (a *NodeAllocator) NoteLent(pool string, addr netip.Addr, node string, pres
 		ob.ba.Unmark(addr)
 	}
 }
+
+// borrowStatic writes a requested address that lies in a block another
+// live node claims (pickStatic said ErrNotOwned, cause): a static request
+// may name any address of the pool. An address held there already is
+// ErrIPInUse; an orphaned block's is left to its gone node (cause).
+func (a *NodeAllocator) borrowStatic(ctx context.Context, ps *poolState, r Request, b netip.Prefix, addr netip.Addr, cause error) (*Allocation, error) {
+	var ce *ClaimError
+	other, known := ps.others[b]
+	claimed := (errors.As(cause, &ce) && ce.ClaimedBy != "") || (known && other.node != "" && !other.orphaned)
+	if !claimed {
+		return nil, cause
+	}
+	if slices.Contains(ps.pool.Excluded(b), addr) {
+		return nil, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
+	}
+	al, err := a.writeBorrowed(ctx, ps, b, addr, a.newRecord(r, true), r.Reserve)
+	if onlyTaken(err) {
+		return nil, fmt.Errorf("requested ip %s is held by another owner: %w", addr, ErrIPInUse)
+	}
+	return al, err
+}

@@ -61,6 +61,9 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 		if isStatic {
 			block, err = a.pickStatic(ctx, ps, want)
 			addr = want
+			if errors.Is(err, ErrNotOwned) {
+				lent, err = a.borrowStatic(ctx, ps, r, block, want, err)
+			}
 		} else {
 			block, addr, lent, err = a.pickOrBorrow(ctx, ps, r, f)
 		}
