@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/internal/retry"
 	"github.com/kvipam/kvipam/kvstore"
@@ -50,23 +48,7 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 		if err := allocator.CheckDisjoint(p, others); err != nil {
 			return err
 		}
-		val, err := kvstore.EncodeJSON(p)
-		if err != nil {
-			return err
-		}
-		resp, err := s.kv.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
-			Then(clientv3.OpPut(PoolKey(p.Name), val)).
-			Commit()
-		if err != nil {
-			return fmt.Errorf("write pool %s: %w", p.Name, kvstore.Unavailable(err))
-		}
-		if !resp.Succeeded {
-			return fmt.Errorf("write pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
-		}
-		out = p
-		out.Rev = resp.Header.Revision
-		return nil
+		return s.putPool(ctx, p, rev, &out)
 	})
 	return out, err
 }
