@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"slices"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
