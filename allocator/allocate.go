@@ -23,6 +23,8 @@ type Request struct {
 	// Reserve writes a reservation (on a short lease) instead of a
 	// permanent allocation; Confirm makes it permanent.
 	Reserve bool
+	// Sticky, if set, makes the addresses follow an identity (sticky.go).
+	Sticky *Sticky
 }
 
 // Result is what an owner holds in a pool after a request.
@@ -85,7 +87,8 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 	planned := map[string]bool{}
 	for i, r := range reqs {
 		k := r.Pool + "\x00" + r.Owner.Key()
-		if planned[k] {
+		if planned[k] || r.Sticky != nil { // sticky ones go alone, with their binding
+			planned[k] = true
 			later = append(later, i)
 			continue
 		}
@@ -173,14 +176,14 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request, before map
 		if err != nil {
 			return err
 		}
-		res, err := a.cfg.Store.WriteIPs(ctx, p.writes)
+		res, err := a.write(ctx, p)
 		for onlyTaken(err) && ctx.Err() == nil {
 			a.undo(p)
 			a.learn(ctx, err)
 			if p, err = a.plan(ctx, req, a.settlePending(ctx)); err != nil {
 				return err
 			}
-			res, err = a.cfg.Store.WriteIPs(ctx, p.writes)
+			res, err = a.write(ctx, p)
 		}
 		if err == nil {
 			out = a.commit(p, res)
@@ -238,6 +241,14 @@ func (a *NodeAllocator) giveBackBorrowed(ctx context.Context, req Request, befor
 	return a.abandon(ctx, p, cause)
 }
 
+// write sends a plan's writes, with its binding if it has one.
+func (a *NodeAllocator) write(ctx context.Context, p *plan) (WriteResult, error) {
+	if p.bind != nil {
+		return a.cfg.Store.WriteBound(ctx, *p.bind, p.writes)
+	}
+	return a.cfg.Store.WriteIPs(ctx, p.writes)
+}
+
 // onlyTaken reports whether a write failed only because addresses it
 // created were taken: nothing was fenced.
 func onlyTaken(err error) bool {
@@ -250,6 +261,10 @@ func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
 	seen := time.Now()
 	for _, w := range p.writes {
 		delete(p.ps.planned, w.Addr)
+		delete(p.ps.kept, w.Addr)
+		if !w.Borrowed {
+			delete(p.ps.lent, w.Addr)
+		}
 		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
 		p.ps.remember(al, res.Expires)
 		a.logAllocated(al)

@@ -172,7 +172,11 @@ func (a *NodeAllocator) newRecord(r Request, borrowed bool) Record {
 	if r.Reserve {
 		state = StateReserved
 	}
-	return Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
+	rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
+	if r.Sticky != nil {
+		rec.Identity = r.Sticky.Identity
+	}
+	return rec
 }
 
 // writeBorrowed writes rec at addr of another node's block b, fenced by
@@ -248,7 +252,7 @@ func (a *NodeAllocator) restoreBorrowed(ctx context.Context, ps *poolState) erro
 	}
 	now := time.Now()
 	for _, al := range got {
-		if al.Node != a.cfg.Node || al.ContainerID == "" {
+		if al.Node != a.cfg.Node || al.ContainerID == "" || al.State == StateKept {
 			continue
 		}
 		var exp time.Time

@@ -36,6 +36,9 @@ type poolState struct {
 	// again while a batch is planned keeps them marked.
 	planned map[netip.Addr]bool
 	cool    coolQueue // released addresses cooling (cooldown.go)
+	// kept are own-block addresses kept for a sticky identity between
+	// its pods (stickyalloc.go); they stay marked.
+	kept map[netip.Addr]keptAddr
 }
 
 // pending is a store call of unknown outcome: a write (create or confirm)
@@ -80,6 +83,7 @@ func newPoolState(p Pool) *poolState {
 		unknown: map[netip.Addr]pending{},
 		lent:    map[netip.Addr]string{},
 		planned: map[netip.Addr]bool{},
+		kept:    map[netip.Addr]keptAddr{},
 	}
 }
 
@@ -127,6 +131,11 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 	for addr := range ps.lent {
 		if b.Contains(addr) {
 			delete(ps.lent, addr)
+		}
+	}
+	for addr := range ps.kept {
+		if b.Contains(addr) {
+			delete(ps.kept, addr)
 		}
 	}
 }

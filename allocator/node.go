@@ -270,6 +270,10 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 			ps.lent[al.Addr] = al.Node // another node's pod: not ours to serve
 			continue
 		}
+		if al.State == StateKept {
+			ps.kept[al.Addr] = keptAddr{identity: al.Identity, until: expiry[al.Lease]}
+			continue
+		}
 		if newest == nil || al.Since.After(newest.Since) {
 			newest = al
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // plan is a request whose addresses are chosen (and marked in the block
@@ -21,6 +22,8 @@ type plan struct {
 	lent []*Allocation
 	// before is what the owner held when the request came in.
 	before map[netip.Addr]bool
+	// bind, for a sticky identity, is the binding written with the plan.
+	bind *Binding
 }
 
 // plan chooses the request's addresses and marks them. pendErr is the
@@ -37,6 +40,19 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 	}
 	if ps.pendingFor(r.Owner.Key()) {
 		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(ErrUnavailable, pendErr))
+	}
+	if r.Sticky != nil {
+		return a.planSticky(ctx, ps, r, pendErr)
+	}
+	return a.planOrdinary(ctx, r, pendErr)
+}
+
+// planOrdinary plans the request's addresses in the node's blocks,
+// claiming or borrowing as needed.
+func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr error) (*plan, error) {
+	ps, err := a.poolState(r.Pool)
+	if err != nil {
+		return nil, err
 	}
 	fams, static, err := requestFamilies(ps.pool, r)
 	if err != nil {
@@ -217,6 +233,7 @@ func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (
 		}
 	}
 	a.reloadLent(ctx, ps, f)
+	a.thawKept(ctx, ps, f)
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
 	}
@@ -261,6 +278,9 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 		holder := "another owner"
 		if al := ps.byAddr[addr]; al != nil {
 			holder = al.Owner.Key()
+		}
+		if k, ok := ps.kept[addr]; ok {
+			holder = "sticky identity " + k.identity + " (kept until " + k.until.UTC().Format(time.RFC3339) + ")"
 		}
 		return b, fmt.Errorf("requested ip %s is held by %s: %w", addr, holder, ErrIPInUse)
 	}

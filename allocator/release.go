@@ -115,12 +115,27 @@ func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, err
 	var out []Allocation
 	var errs []error
 	for _, ps := range a.pools {
+		var sticky []*Allocation
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
+			if al.Identity != "" && al.State == StateAllocated {
+				sticky = append(sticky, al)
+				continue
+			}
 			if err := a.release(ctx, ps, al); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			out = append(out, *al)
+		}
+		if len(sticky) > 0 {
+			// Kept for the identity, not freed (stickyalloc.go).
+			if err := a.keepOwner(ctx, ps, sticky); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			for _, al := range sticky {
+				out = append(out, *al)
+			}
 		}
 	}
 	return out, errors.Join(errs...)
@@ -142,6 +157,22 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 		return false, err
 	}
 	cur := ps.byAddr[al.Addr]
+	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() && cur.Identity != "" && cur.State == StateAllocated {
+		// A sticky owner's addresses are kept together, for its identity.
+		var sticky []*Allocation
+		for _, x := range ps.byOwner[cur.Owner.Key()] {
+			if x.Identity == cur.Identity && x.State == StateAllocated {
+				sticky = append(sticky, x)
+			}
+		}
+		if err := a.keepOwner(ctx, ps, sticky); err != nil {
+			if errors.Is(err, ErrConflict) {
+				return false, nil
+			}
+			return false, err
+		}
+		return true, nil
+	}
 	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() {
 		// Still the cached allocation: release it as a DEL would.
 		if err := a.release(ctx, ps, cur); err != nil {

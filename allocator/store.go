@@ -59,6 +59,9 @@ type Record struct {
 	// Borrowed marks an address Node holds in a block of another node
 	// (borrow.go): its release also removes the address's home.
 	Borrowed bool `json:"borrowed,omitempty"`
+	// Identity is the sticky identity (namespace/name) the address
+	// follows, if any (sticky.go): a release keeps it for the identity.
+	Identity string `json:"identity,omitempty"`
 }
 
 // Allocation is a Record as read from the store, with its place and the
@@ -196,6 +199,19 @@ type Store interface {
 	FenceBorrower(ctx context.Context, c Claim, lease int64) (int64, error)
 	// ListLent returns the pool's lent addresses and the node holding each.
 	ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error)
+
+	// GetBinding reads a sticky identity's binding; ok is false when
+	// there is none.
+	GetBinding(ctx context.Context, pool, identity string) (b Binding, ok bool, err error)
+	// WriteBound applies writes and puts b (no lease: a pod holds it),
+	// all in one transaction, if the binding is still at b.Rev (absent
+	// when 0). A lost race wraps ErrConflict (a *WriteError for writes).
+	WriteBound(ctx context.Context, b Binding, writes []IPWrite) (WriteResult, error)
+	// Keep turns the allocations als of b's owner into kept records for
+	// b's identity, and b into a kept binding, all on a new lease of b's
+	// window, if b and every allocation are unchanged. It returns the
+	// lease's end.
+	Keep(ctx context.Context, b Binding, als []Allocation) (time.Time, error)
 }
 
 // PoolSnapshot is one pool as read at one revision.

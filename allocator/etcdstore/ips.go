@@ -70,13 +70,19 @@ func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (allocator.Allocation, e
 // claim revision (invariant 2); a create also requires the address to be
 // free and a confirm requires the reservation to be unchanged.
 func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+	return s.writeIPs(ctx, writes, nil, nil)
+}
+
+// writeIPs commits writes, with the extra compares and operations of a
+// caller (a sticky binding), in one transaction.
+func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps []clientv3.Cmp, puts []clientv3.Op) (allocator.WriteResult, error) {
 	var res allocator.WriteResult
 	var resLease clientv3.LeaseID
 	reserve := false
 	for _, w := range writes {
 		reserve = reserve || (w.Reserve && w.PrevRev == 0)
 	}
-	if len(writes) == 0 {
+	if len(writes) == 0 && len(puts) == 0 {
 		return res, nil
 	}
 	if reserve {
@@ -87,8 +93,6 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 		resLease = lease
 		res.Expires = expires
 	}
-	var cmps []clientv3.Cmp
-	var puts []clientv3.Op
 	fenced := map[string]bool{}
 	fence := func(c clientv3.Cmp, key string) {
 		if !fenced[key] {
@@ -124,12 +128,17 @@ func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (alloc
 			opts = append(opts, clientv3.WithLease(resLease))
 		}
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
-		if w.Borrowed {
+		switch {
+		case w.Borrowed:
 			home, err := kvstore.EncodeJSON(allocator.Home{Node: w.Record.Node, Since: w.Record.Since})
 			if err != nil {
 				return res, err
 			}
 			puts = append(puts, clientv3.OpPut(LentKey(w.Pool, w.Addr), home, opts...))
+		case w.PrevRev != 0 && w.Record.Identity != "":
+			// A kept address taken over in the writer's own block: it is
+			// no longer lent to anyone.
+			puts = append(puts, clientv3.OpDelete(LentKey(w.Pool, w.Addr)))
 		}
 	}
 	resp, err := s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()

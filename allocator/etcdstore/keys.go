@@ -72,6 +72,14 @@ func LentKey(pool string, a netip.Addr) string { return LentPrefix(pool) + a.Str
 // writes compare its revision, as block writes compare their claim's.
 func BorrowerKey(node string) string { return Prefix + "borrowers/" + node }
 
+// StickyPrefix lists a pool's sticky bindings.
+func StickyPrefix(pool string) string { return Prefix + "sticky/" + pool + "/" }
+
+// BindingKey is a sticky identity's binding: which addresses it holds
+// and who holds them now. No lease while a pod holds them; the kept
+// records' lease while none does.
+func BindingKey(pool, identity string) string { return StickyPrefix(pool) + identity }
+
 // IPsPrefix lists every allocation of a pool.
 func IPsPrefix(pool string) string { return AllIPsPrefix() + pool + "/" }
 

@@ -1,0 +1,118 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// GetBinding implements allocator.Store.
+func (s *Store) GetBinding(ctx context.Context, pool, identity string) (allocator.Binding, bool, error) {
+	resp, err := s.kv.Get(ctx, BindingKey(pool, identity))
+	if err != nil {
+		return allocator.Binding{}, false, fmt.Errorf("read sticky binding %s: %w", identity, kvstore.Unavailable(err))
+	}
+	if len(resp.Kvs) == 0 {
+		return allocator.Binding{}, false, nil
+	}
+	v, err := kvstore.Decode[allocator.Binding](resp.Kvs[0])
+	if err != nil {
+		return allocator.Binding{}, false, err
+	}
+	b := v.Value
+	b.Pool, b.Rev, b.Lease = pool, resp.Kvs[0].ModRevision, resp.Kvs[0].Lease
+	return b, true, nil
+}
+
+// ListBindings reads every sticky binding of a pool ("" for every pool).
+func (s *Store) ListBindings(ctx context.Context, pool string) ([]allocator.Binding, error) {
+	prefix := Prefix + "sticky/"
+	if pool != "" {
+		prefix = StickyPrefix(pool)
+	}
+	resp, err := s.kv.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list sticky bindings: %w", kvstore.Unavailable(err))
+	}
+	var out []allocator.Binding
+	for _, kv := range resp.Kvs {
+		v, err := kvstore.Decode[allocator.Binding](kv)
+		if err != nil {
+			continue
+		}
+		b := v.Value
+		rest := strings.TrimPrefix(string(kv.Key), Prefix+"sticky/")
+		b.Pool, _, _ = strings.Cut(rest, "/")
+		b.Rev, b.Lease = kv.ModRevision, kv.Lease
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// WriteBound implements allocator.Store.
+func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+	key := BindingKey(b.Pool, b.Identity)
+	cmp := kvstore.Absent(key)
+	if b.Rev != 0 {
+		cmp = kvstore.Unchanged(key, b.Rev)
+	}
+	val, err := kvstore.EncodeJSON(b)
+	if err != nil {
+		return allocator.WriteResult{}, err
+	}
+	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(key, val)})
+}
+
+// Keep implements allocator.Store.
+func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.Allocation) (time.Time, error) {
+	window := b.Window()
+	lease, err := s.leases.Grant(ctx, int64(window/time.Second))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("keep %s: grant a lease of %s: %w", b.Identity, window, kvstore.Unavailable(err))
+	}
+	end := s.now().Add(window)
+	withLease := clientv3.WithLease(lease.ID)
+	key := BindingKey(b.Pool, b.Identity)
+	cmps := []clientv3.Cmp{kvstore.Unchanged(key, b.Rev)}
+	var ops []clientv3.Op
+	for _, al := range als {
+		k := IPKey(al.Pool, al.Block, al.Addr)
+		cmps = append(cmps, kvstore.Unchanged(k, al.Rev))
+		rec := allocator.Record{Owner: allocator.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
+			State: allocator.StateKept, Since: s.now().UTC(), Borrowed: al.Borrowed, Identity: b.Identity}
+		val, err := kvstore.EncodeJSON(rec)
+		if err != nil {
+			return time.Time{}, err
+		}
+		ops = append(ops, clientv3.OpPut(k, val, withLease))
+		if al.Borrowed {
+			home, err := kvstore.EncodeJSON(allocator.Home{Node: al.Node, Since: rec.Since})
+			if err != nil {
+				return time.Time{}, err
+			}
+			ops = append(ops, clientv3.OpPut(LentKey(al.Pool, al.Addr), home, withLease))
+		}
+	}
+	kept := b
+	kept.Owner, kept.Node, kept.Since = allocator.Owner{}, "", s.now().UTC()
+	val, err := kvstore.EncodeJSON(kept)
+	if err != nil {
+		return time.Time{}, err
+	}
+	ops = append(ops, clientv3.OpPut(key, val, withLease))
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("keep %s: %w", b.Identity, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		_, _ = s.cli.Revoke(ctx, lease.ID)
+		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, allocator.ErrConflict)
+	}
+	return end, nil
+}

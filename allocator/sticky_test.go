@@ -1,0 +1,184 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// stickyPod is the owner of one incarnation of a StatefulSet pod.
+func stickyPod(name string, gen int) allocator.Owner {
+	return allocator.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, gen), IfName: "eth0", Namespace: "ns", Pod: name, PodUID: fmt.Sprintf("uid-%s-%d", name, gen)}
+}
+
+func stickyReq(o allocator.Owner, window time.Duration) allocator.Request {
+	return allocator.Request{Pool: "one", Owner: o, Sticky: &allocator.Sticky{Identity: o.Namespace + "/" + o.Pod, Window: window}}
+}
+
+// TestStickyWindowExpires: a DELeted sticky pod's address goes to no
+// other pod while its window runs, whatever the pressure; after it, the
+// address returns to the pool by itself.
+func TestStickyWindowExpires(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool) // one /28: 14 addresses
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	res, err := a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 1), 3*time.Second))
+	require.NoError(t, err)
+	x := res.Allocations[0].Addr
+	_, err = a.alloc.Release(ctx, stickyPod("web-0", 1))
+	require.NoError(t, err)
+	kept := time.Now()
+
+	// Every other address goes to other pods, on both nodes; x does not.
+	got := map[netip.Addr]bool{}
+	for i := 0; ; i++ {
+		n := []*testNode{a, b}[i%2]
+		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		if err != nil {
+			require.ErrorIs(t, err, allocator.ErrExhausted)
+			break
+		}
+		got[r.Allocations[0].Addr] = true
+	}
+	require.Len(t, got, 13)
+	require.False(t, got[x], "%s went to another pod inside its window", x)
+	_, err = b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(500), IPs: []netip.Addr{x}})
+	require.ErrorIs(t, err, allocator.ErrIPInUse, "a static request for a kept address fails clearly")
+	require.Less(t, time.Since(kept), 3*time.Second, "all of that inside the window")
+
+	// After the window, x returns to the pool.
+	var r allocator.Result
+	require.Eventually(t, func() bool {
+		r, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(501)})
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond)
+	require.Equal(t, x, r.Allocations[0].Addr)
+	require.GreaterOrEqual(t, time.Since(kept), 3*time.Second-100*time.Millisecond)
+	_, ok, err := a.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.False(t, ok, "the binding went with the window")
+}
+
+// TestStickyIdentityFollowsAcrossNodes: web-0 on node a gets x; DEL; the
+// re-created web-0 (new container and UID) on node b gets x, borrowed in
+// a's block; the first container's late DEL on a frees nothing of it; a
+// second live pod claiming web-0 by another name is refused.
+func TestStickyIdentityFollowsAcrossNodes(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	first, second := stickyPod("web-0", 1), stickyPod("web-0", 2)
+	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Minute))
+	require.NoError(t, err)
+	x := res.Allocations[0].Addr
+	// The old pod's node is cut off: no DEL comes before the new pod's ADD.
+	res, err = b.alloc.Allocate(ctx, stickyReq(second, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, x, res.Allocations[0].Addr, "the re-created pod gets its address on another node")
+	require.True(t, res.Allocations[0].Borrowed)
+	// The late DEL of the first container releases nothing of the second's.
+	_, err = a.alloc.Release(ctx, first)
+	require.NoError(t, err)
+	held := holdersOf(t, a.cli)
+	require.Equal(t, second.Key(), held[x].Owner.Key())
+	// A pod of another name claiming the identity while web-0 lives.
+	other := stickyPod("web-0-copy", 1)
+	_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: other, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Minute}})
+	require.ErrorIs(t, err, allocator.ErrIdentityInUse)
+	// DEL on b, ADD back on a: x moves home.
+	_, err = b.alloc.Release(ctx, second)
+	require.NoError(t, err)
+	third := stickyPod("web-0", 3)
+	res, err = a.alloc.Allocate(ctx, stickyReq(third, time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, x, res.Allocations[0].Addr)
+	require.False(t, res.Allocations[0].Borrowed, "back in its own node's block")
+	lent, err := a.store.ListLent(ctx, "one")
+	require.NoError(t, err)
+	require.Empty(t, lent)
+}
+
+// TestStickyScaleDownUpRace: web-0..web-4 are deleted and re-created
+// concurrently, on random nodes, many rounds: each identity keeps its
+// addresses, no address has two owners, and nothing leaks.
+func TestStickyScaleDownUpRace(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	nodes := []*testNode{startNode(t, e, "a", []string{"one"}, nodeOpts{}), startNode(t, e, "b", []string{"one"}, nodeOpts{}), startNode(t, e, "c", []string{"one"}, nodeOpts{})}
+	const window = 2 * time.Second
+	const pods, rounds = 5, 12
+	addrOf := make([]netip.Addr, pods)
+	var wg sync.WaitGroup
+	for p := range pods {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(p), 7))
+			name := fmt.Sprintf("web-%d", p)
+			var cur *testNode
+			for gen := 1; gen <= rounds; gen++ {
+				n := nodes[rng.IntN(len(nodes))]
+				o := stickyPod(name, gen)
+				res, err := n.alloc.Allocate(ctx, stickyReq(o, window))
+				if !assertNoErr(t, err, "%s gen %d on %s", name, gen, n.name) {
+					return
+				}
+				got := res.Allocations[0].Addr
+				if gen == 1 {
+					addrOf[p] = got
+				} else if got != addrOf[p] {
+					t.Errorf("%s gen %d got %s, not its %s", name, gen, got, addrOf[p])
+				}
+				// Half the time the old pod's DEL comes late, after the new ADD.
+				if cur != nil && rng.IntN(2) == 0 {
+					if _, err := cur.alloc.Release(ctx, stickyPod(name, gen-1)); err != nil {
+						t.Errorf("late DEL of %s gen %d: %v", name, gen-1, err)
+					}
+				}
+				if gen < rounds && rng.IntN(2) == 0 {
+					if _, err := n.alloc.Release(ctx, o); err != nil {
+						t.Errorf("DEL of %s gen %d: %v", name, gen, err)
+					}
+				}
+				cur = n
+			}
+			_, err := cur.alloc.Release(ctx, stickyPod(name, rounds))
+			assertNoErr(t, err, "last DEL of %s", name)
+		})
+	}
+	wg.Wait()
+	seen := map[netip.Addr]int{}
+	for p, addr := range addrOf {
+		if q, dup := seen[addr]; dup {
+			t.Fatalf("web-%d and web-%d share %s", p, q, addr)
+		}
+		seen[addr] = p
+	}
+	// Nothing leaks: once the windows end the pool is empty.
+	require.Eventually(t, func() bool { return len(storeIPs(t, nodes[0].cli, "one")) == 0 }, 10*time.Second, 100*time.Millisecond,
+		"every kept address returns to the pool")
+	lent, err := nodes[0].store.ListLent(ctx, "one")
+	require.NoError(t, err)
+	require.Empty(t, lent)
+}
+
+func assertNoErr(t *testing.T, err error, format string, args ...any) bool {
+	t.Helper()
+	if err != nil {
+		t.Errorf(format+": %v", append(args, err)...)
+		return false
+	}
+	return true
+}

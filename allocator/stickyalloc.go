@@ -1,0 +1,192 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// keptAddr is an address of an own block kept for a sticky identity.
+type keptAddr struct {
+	identity string
+	until    time.Time // when its lease ends; zero if unknown
+}
+
+// planSticky plans a request for a sticky identity: it takes over the
+// identity's addresses (kept, or held by an earlier pod of the same name)
+// by compare-and-swap, or plans new ones and binds them, in one
+// transaction with the binding (WriteBound).
+func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request, pendErr error) (*plan, error) {
+	if err := r.Sticky.Validate(); err != nil {
+		return nil, err
+	}
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, r.Sticky.Identity)
+	if err != nil {
+		return nil, err
+	}
+	if !ok || b.Owner.Key() == r.Owner.Key() {
+		p, err := a.planOrdinary(ctx, r, pendErr)
+		if err != nil {
+			return nil, err
+		}
+		nb := Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(),
+			WindowSeconds: int64(r.Sticky.Window / time.Second), Pool: ps.pool.Name, Rev: b.Rev}
+		for _, al := range p.reused {
+			nb.Addrs = append(nb.Addrs, al.Addr)
+		}
+		for _, w := range p.writes {
+			nb.Addrs = append(nb.Addrs, w.Addr)
+		}
+		slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+		p.bind = &nb
+		return p, nil
+	}
+	if !b.Kept() && (b.Owner.Namespace != r.Owner.Namespace || b.Owner.Pod != r.Owner.Pod || b.Owner.Pod == "") {
+		return nil, fmt.Errorf("%w: %s is held by pod %s/%s (%s on node %s); two live pods cannot share one identity",
+			ErrIdentityInUse, r.Sticky.Identity, b.Owner.Namespace, b.Owner.Pod, b.Owner.Key(), b.Node)
+	}
+	if ps.pool.Disabled {
+		// Taking kept addresses back is not handing out new ones.
+		a.log.Debug("sticky identity takes its addresses back in a disabled pool", "identity", b.Identity)
+	}
+	return a.planTakeover(ctx, ps, r, b)
+}
+
+// planTakeover plans the writes that give b's addresses to r's owner:
+// each compares the record found (kept for the identity, or the earlier
+// pod's) and is fenced like any write, into an own block or borrowed.
+func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Request, b Binding) (*plan, error) {
+	refs := make([]IPRef, 0, len(b.Addrs))
+	for _, addr := range b.Addrs {
+		blk, ok := ps.pool.BlockFor(addr)
+		if !ok {
+			return nil, fmt.Errorf("%w: sticky identity %s holds %s, which is not in pool %s any more", ErrBadRequest, b.Identity, addr, ps.pool.Name)
+		}
+		refs = append(refs, IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
+	}
+	cur, err := a.cfg.Store.GetIPs(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	p := &plan{ps: ps, req: r}
+	now := a.cfg.Now().UTC()
+	for _, ref := range refs {
+		rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: StateAllocated, Since: now, Identity: b.Identity}
+		w := IPWrite{Pool: ps.pool.Name, Block: ref.Block, Addr: ref.Addr, Record: rec}
+		if c, ok := cur[ref.Addr]; ok {
+			mine := c.Identity == b.Identity && (c.State == StateKept || c.Owner.Key() == b.Owner.Key())
+			if !mine {
+				return nil, fmt.Errorf("sticky identity %s: its address %s is held by %s on node %s: %w", b.Identity, ref.Addr, c.Owner.Key(), c.Node, ErrIPInUse)
+			}
+			w.PrevRev = c.Rev
+		}
+		if ob := ps.own[ref.Block]; ob != nil {
+			w.ClaimRev = ob.claimRev
+			ob.ba.Mark(ref.Addr)
+			ps.planned[ref.Addr] = true
+		} else {
+			fence, err := a.borrowFence(ctx)
+			if err != nil {
+				a.undo(p)
+				return nil, err
+			}
+			w.ClaimRev, w.Borrowed, w.Record.Borrowed = fence, true, true
+		}
+		p.writes = append(p.writes, w)
+	}
+	nb := b
+	nb.Owner, nb.Node, nb.Since, nb.WindowSeconds = r.Owner, a.cfg.Node, now, int64(r.Sticky.Window/time.Second)
+	p.bind = &nb
+	a.log.Info("sticky identity takes its addresses over", "identity", b.Identity, "ips", b.Addrs, "from_node", b.Node, "kept", b.Kept())
+	return p, nil
+}
+
+// keepOwner keeps the owner's sticky allocations als (one identity) for
+// the identity instead of freeing them. If the identity has moved on (a
+// later pod took the addresses over) there is nothing of this owner to
+// keep: the cache drops them and the release succeeds.
+func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*Allocation) error {
+	identity := als[0].Identity
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, identity)
+	if err != nil {
+		return err
+	}
+	if !ok || b.Owner.Key() != als[0].Owner.Key() {
+		return a.dropTakenOver(ctx, ps, als)
+	}
+	vals := make([]Allocation, len(als))
+	for i, al := range als {
+		vals[i] = *al
+	}
+	end, err := a.cfg.Store.Keep(ctx, b, vals)
+	if errors.Is(err, ErrConflict) {
+		return a.dropTakenOver(ctx, ps, als)
+	}
+	if err != nil {
+		return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
+	}
+	for _, al := range als {
+		ps.forget(al)
+		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+			ps.kept[al.Addr] = keptAddr{identity: identity, until: end}
+		}
+		a.logEnded(al, "kept for sticky identity "+identity+" until "+end.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// dropTakenOver reads als from etcd: the ones another owner holds now
+// (taken over by a later pod of the identity) leave the cache; any still
+// this owner's is an error to retry.
+func (a *NodeAllocator) dropTakenOver(ctx context.Context, ps *poolState, als []*Allocation) error {
+	refs := make([]IPRef, len(als))
+	for i, al := range als {
+		refs[i] = IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr}
+	}
+	cur, err := a.cfg.Store.GetIPs(ctx, refs)
+	if err != nil {
+		return err
+	}
+	for _, al := range als {
+		if c, ok := cur[al.Addr]; ok && c.Rev == al.Rev {
+			return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, ErrConflict)
+		}
+	}
+	for _, al := range als {
+		ps.forget(al)
+		a.log.Info("late release of a sticky address a later pod holds now: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
+	}
+	return nil
+}
+
+// thawKept frees own-block addresses whose kept window has ended, once
+// etcd confirms the record is gone.
+func (a *NodeAllocator) thawKept(ctx context.Context, ps *poolState, f Family) {
+	now := a.cfg.Now()
+	var refs []IPRef
+	for addr, k := range ps.kept {
+		if FamilyOf(addr) == f && !k.until.IsZero() && now.After(k.until) {
+			b, _ := ps.pool.BlockFor(addr)
+			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
+		}
+	}
+	if len(refs) == 0 {
+		return
+	}
+	cur, err := a.cfg.Store.GetIPs(ctx, refs)
+	if err != nil {
+		return
+	}
+	for _, ref := range refs {
+		if _, still := cur[ref.Addr]; still {
+			continue
+		}
+		delete(ps.kept, ref.Addr)
+		if _, ob := ps.ownBlockOf(ref.Addr); ob != nil && ps.byAddr[ref.Addr] == nil && !ps.planned[ref.Addr] {
+			ob.ba.Unmark(ref.Addr)
+		}
+	}
+}
