@@ -115,7 +115,34 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 		out.Families = append(out.Families, fam)
 	}
 	out.IPs = req.IPs // decoding refused a malformed one, naming it
+	if req.Sticky != "" {
+		s, err := stickyOf(req)
+		if err != nil {
+			return out, err
+		}
+		out.Sticky = s
+	}
 	return out, nil
+}
+
+// stickyOf is the sticky identity an allocate request asks for.
+func stickyOf(req api.AllocateRequest) (*allocator.Sticky, error) {
+	d, err := time.ParseDuration(req.Sticky)
+	if err != nil {
+		return nil, &FieldError{Field: "sticky", Msg: fmt.Sprintf("sticky %q is not a duration (e.g. 10m)", req.Sticky)}
+	}
+	name := req.IPClaim
+	if name == "" {
+		name = req.Owner.Pod
+	}
+	if req.Owner.Namespace == "" || name == "" {
+		return nil, &FieldError{Field: "sticky", Msg: "a sticky identity needs the pod's namespace and name (K8S_POD_NAMESPACE, K8S_POD_NAME) or an ip-claim"}
+	}
+	s := &allocator.Sticky{Identity: req.Owner.Namespace + "/" + name, Window: d}
+	if err := s.Validate(); err != nil {
+		return nil, &FieldError{Field: "sticky", Msg: err.Error()}
+	}
+	return s, nil
 }
 
 func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {

@@ -213,7 +213,7 @@ func apiError(err error) *api.Error {
 		return badField("", err.Error())
 	case errors.Is(err, allocator.ErrPoolNotFound):
 		return badField("pool", err.Error())
-	case errors.Is(err, allocator.ErrIPInUse), errors.Is(err, allocator.ErrNotOwned):
+	case errors.Is(err, allocator.ErrIPInUse), errors.Is(err, allocator.ErrNotOwned), errors.Is(err, allocator.ErrIdentityInUse):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeInUse, Message: err.Error()}
 	case errors.Is(err, allocator.ErrNotFound), errors.Is(err, allocator.ErrReservationGone):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}

@@ -181,7 +181,10 @@ func (a *NodeAllocator) thawKept(ctx context.Context, ps *poolState, f Family) {
 		return
 	}
 	for _, ref := range refs {
-		if _, still := cur[ref.Addr]; still {
+		if c, still := cur[ref.Addr]; still {
+			if c.State != StateKept {
+				delete(ps.kept, ref.Addr) // taken over: someone holds it now
+			}
 			continue
 		}
 		delete(ps.kept, ref.Addr)

@@ -54,6 +54,10 @@ type Config struct {
 	IPs []netip.Addr
 	// PodPool is the pool of the pod's kvipam.io/pool annotation.
 	PodPool string
+	// Sticky is the pod's kvipam.io/sticky window (its addresses follow
+	// its identity), IPClaim its kvipam.io/ip-claim identity name.
+	Sticky  time.Duration
+	IPClaim string
 	// PrevResult is the parsed prevResult, nil when none was given.
 	PrevResult *current.Result
 	// ValidAttachments is the GC list; nil when the configuration has
@@ -348,8 +352,10 @@ func parseStaticIPs(in []string, key string) ([]netip.Addr, error) {
 // Pod annotations kvipam reads (through the runtime's
 // io.kubernetes.cri.pod-annotations capability).
 const (
-	AnnotationPool = "kvipam.io/pool"
-	AnnotationIPs  = "kvipam.io/ips"
+	AnnotationPool    = "kvipam.io/pool"
+	AnnotationIPs     = "kvipam.io/ips"
+	AnnotationSticky  = "kvipam.io/sticky"
+	AnnotationIPClaim = "kvipam.io/ip-claim"
 )
 
 // applyAnnotations takes the pod's pool (it comes before a namespace
@@ -361,6 +367,22 @@ func (c *Config) applyAnnotations(ann map[string]string) error {
 			return invalidConf("pod annotation %s %q is not a pool name", AnnotationPool, ann[AnnotationPool])
 		}
 		c.PodPool = strings.TrimSpace(p)
+	}
+	if v, ok := ann[AnnotationSticky]; ok {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < time.Second {
+			return invalidConf("pod annotation %s %q is not a duration of a second or more (e.g. 10m)", AnnotationSticky, v)
+		}
+		c.Sticky = d
+	}
+	if v, ok := ann[AnnotationIPClaim]; ok {
+		if v = strings.TrimSpace(v); v == "" || strings.ContainsAny(v, "/ ") {
+			return invalidConf("pod annotation %s %q is not a name", AnnotationIPClaim, ann[AnnotationIPClaim])
+		}
+		if c.Sticky == 0 {
+			return invalidConf("pod annotation %s needs %s (how long its addresses are kept)", AnnotationIPClaim, AnnotationSticky)
+		}
+		c.IPClaim = v
 	}
 	v, ok := ann[AnnotationIPs]
 	if !ok {
@@ -379,4 +401,12 @@ func (c *Config) applyAnnotations(ann map[string]string) error {
 
 func invalidConf(format string, args ...any) error {
 	return withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("invalid network configuration: "+format, args...))
+}
+
+// stickyText is a window as the agent's API takes it; "" for none.
+func stickyText(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
 }

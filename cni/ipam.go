@@ -42,7 +42,7 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	o := owner(args, ka, c.Name)
 	ag := p.agent(c)
 	ctx := context.Background() // each call is bounded by the client's timeout
-	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true})
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true})
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
-	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
+	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
 	if err != nil {
 		return err
 	}

@@ -99,6 +99,12 @@ type AllocateRequest struct {
 	// endpoint the agent does not create). Default: a reservation that
 	// the endpoint create confirms.
 	Permanent bool `json:"permanent,omitempty"`
+	// Sticky (a duration, "10m": the pod's kvipam.io/sticky annotation)
+	// makes the addresses follow the pod's identity, namespace/pod or
+	// namespace/IPClaim (its kvipam.io/ip-claim), kept that long after
+	// its DEL for the identity's next pod on any node.
+	Sticky  string `json:"sticky,omitempty"`
+	IPClaim string `json:"ipClaim,omitempty"`
 }
 
 // IPConfig is one allocated address and how to reach the node from it.
