@@ -335,3 +335,51 @@ func TestCRIPoolAnnotation(t *testing.T) {
 	require.Equal(t, hostIfs, links(), "no host interface left")
 	require.Equal(t, cache, cached(), "no CNI cache entry left")
 }
+
+// TestCRIStickyAnnotation: through containerd's CRI, a pod annotated
+// kvipam.io/sticky is stopped and removed, then re-created with the same
+// name and a new UID: it gets the same address. Meanwhile other pods take
+// every other address, and not that one.
+func TestCRIStickyAnnotation(t *testing.T) {
+	requireContainerd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	n := newNode(t, "crs")
+	n.startAgent(agentOpts{pools: []string{"default=10.16.0.0/28"}, extra: []string{"--block-size-v4", "28", "--reuse-cooldown", "0s"}})
+	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[{"type":"kvipam","agentSocket":%q,"delQueueDir":%q,"agentTimeout":"10s","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}`,
+		n.socket, n.queue)
+	c := startContainerd(t, n, conflist)
+	run := func(name, uid string, ann map[string]string) (string, string) {
+		r, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: criPod(name, "db", uid, ann)})
+		require.NoError(t, err)
+		st, err := c.rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: r.PodSandboxId})
+		require.NoError(t, err)
+		return r.PodSandboxId, st.Status.Network.Ip
+	}
+	remove := func(id string) {
+		_, err := c.rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id})
+		require.NoError(t, err)
+		_, err = c.rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: id})
+		require.NoError(t, err)
+	}
+	sticky := map[string]string{"kvipam.io/sticky": "10m"}
+	id, ip := run("pg-0", podUID("pg-0-a"), sticky)
+	remove(id)
+	// Other pods take every other address of the /28 (14 usable); none
+	// gets pg-0's, and one more finds the pool exhausted.
+	var others []string
+	for i := range 13 {
+		oid, oip := run(fmt.Sprintf("other-%d", i), podUID(fmt.Sprintf("other-%d", i)), nil)
+		require.NotEqual(t, ip, oip, "a kept address went to another pod")
+		others = append(others, oid)
+	}
+	_, err := c.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: criPod("other-13", "db", podUID("other-13"), nil)})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "exhausted")
+	id2, ip2 := run("pg-0", podUID("pg-0-b"), sticky)
+	require.Equal(t, ip, ip2, "the re-created pod (new UID) gets its address back")
+	remove(id2)
+	for _, oid := range others {
+		remove(oid)
+	}
+}
