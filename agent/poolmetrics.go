@@ -31,6 +31,8 @@ var (
 	descPending   = prometheus.NewDesc("kvipam_pool_pending_reservations", "Reservations of ADDs that have not finished; they lapse unless confirmed.", pf, nil)
 	descNodeFree  = prometheus.NewDesc("kvipam_node_free_addresses", "Free addresses in this node's blocks.", pf, nil)
 	descOwned     = prometheus.NewDesc("kvipam_blocks_owned", "Blocks this node holds a claim on.", pf, nil)
+	descSticky    = prometheus.NewDesc("kvipam_sticky_addresses", "Addresses this node's pods hold for sticky identities (kvipam.io/sticky).", pf, nil)
+	descKept      = prometheus.NewDesc("kvipam_kept_addresses", "Addresses of this node's blocks kept for a sticky identity between its pods.", pf, nil)
 	descBlocks    = prometheus.NewDesc("kvipam_pool_blocks", "The pool's blocks by state: claimed, orphaned (a gone node's, until kvipamctl node remove) or free (the same on every agent).",
 		[]string{"pool", "family", "state"}, nil)
 	descDisabled = prometheus.NewDesc("kvipam_pool_disabled", "1 when the pool is disabled: it hands out nothing new.", []string{"pool"}, nil)
@@ -46,7 +48,7 @@ type poolCollector struct {
 }
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSize, descResRanges, descAllocated, descBorrowed, descLent, descPending, descNodeFree, descOwned, descBlocks, descDisabled, descLeaks} {
+	for _, d := range []*prometheus.Desc{descSize, descResRanges, descAllocated, descBorrowed, descLent, descPending, descNodeFree, descOwned, descSticky, descKept, descBlocks, descDisabled, descLeaks} {
 		ch <- d
 	}
 }
@@ -66,6 +68,8 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPending, float64(u.Reserved), l...)
 		gauge(descNodeFree, float64(u.Free), l...)
 		gauge(descOwned, float64(len(u.Blocks)), l...)
+		gauge(descSticky, float64(u.Sticky), l...)
+		gauge(descKept, float64(u.Kept), l...)
 		disabled[u.Pool] = u.Disabled
 	}
 	for pool, d := range disabled {

@@ -47,6 +47,9 @@ type Usage struct {
 	// nodes' blocks. Lent counts addresses of own blocks that other nodes
 	// hold, Cooling released addresses waiting out the reuse cooldown.
 	Used, Reserved, Borrowed, Lent, Cooling int
+	// Sticky counts the addresses the node's pods hold for sticky
+	// identities, Kept those of its blocks kept for one between pods.
+	Sticky, Kept int
 	// Size and ReservedRanges are the pool's: its addresses of the
 	// family, and those in reserved ranges. Disabled is the pool's flag.
 	Size, ReservedRanges uint64
@@ -82,10 +85,18 @@ func (a *NodeAllocator) Usage() []Usage {
 				if al.Borrowed {
 					u.Borrowed++
 				}
+				if al.Identity != "" {
+					u.Sticky++
+				}
 			}
 			for addr := range ps.lent {
 				if FamilyOf(addr) == f {
 					u.Lent++
+				}
+			}
+			for addr := range ps.kept {
+				if FamilyOf(addr) == f {
+					u.Kept++
 				}
 			}
 			out = append(out, u)

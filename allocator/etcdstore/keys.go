@@ -72,8 +72,11 @@ func LentKey(pool string, a netip.Addr) string { return LentPrefix(pool) + a.Str
 // writes compare its revision, as block writes compare their claim's.
 func BorrowerKey(node string) string { return Prefix + "borrowers/" + node }
 
+// AllStickyPrefix lists every pool's sticky bindings.
+func AllStickyPrefix() string { return Prefix + "sticky/" }
+
 // StickyPrefix lists a pool's sticky bindings.
-func StickyPrefix(pool string) string { return Prefix + "sticky/" + pool + "/" }
+func StickyPrefix(pool string) string { return AllStickyPrefix() + pool + "/" }
 
 // BindingKey is a sticky identity's binding: which addresses it holds
 // and who holds them now. No lease while a pod holds them; the kept

@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -115,4 +116,54 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, allocator.ErrConflict)
 	}
 	return end, nil
+}
+
+// ReleaseBinding frees a kept sticky identity's addresses before its
+// window ends: the binding and its kept records go in one transaction,
+// if nothing changed. A binding a pod holds is refused (release the pod).
+func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]netip.Addr, error) {
+	b, ok, err := s.GetBinding(ctx, pool, identity)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("sticky identity %s in pool %s: %w", identity, pool, allocator.ErrNotFound)
+	}
+	if !b.Kept() {
+		return nil, fmt.Errorf("sticky identity %s is held by %s on node %s: %w: delete the pod, or wait for its DEL", identity, b.Owner.Key(), b.Node, allocator.ErrIdentityInUse)
+	}
+	p, err := s.GetPool(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	cmps := []clientv3.Cmp{kvstore.Unchanged(BindingKey(pool, identity), b.Rev)}
+	ops := []clientv3.Op{clientv3.OpDelete(BindingKey(pool, identity))}
+	var refs []allocator.IPRef
+	for _, addr := range b.Addrs {
+		if blk, ok := p.BlockFor(addr); ok {
+			refs = append(refs, allocator.IPRef{Pool: pool, Block: blk, Addr: addr})
+		}
+	}
+	cur, err := s.GetIPs(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	var freed []netip.Addr
+	for _, ref := range refs {
+		al, ok := cur[ref.Addr]
+		if !ok || al.State != allocator.StateKept || al.Identity != identity {
+			continue // not the identity's any more: left alone
+		}
+		cmps = append(cmps, kvstore.Unchanged(IPKey(pool, ref.Block, ref.Addr), al.Rev))
+		ops = append(ops, clientv3.OpDelete(IPKey(pool, ref.Block, ref.Addr)), clientv3.OpDelete(LentKey(pool, ref.Addr)))
+		freed = append(freed, ref.Addr)
+	}
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("release sticky identity %s: %w", identity, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, allocator.ErrConflict)
+	}
+	return freed, nil
 }

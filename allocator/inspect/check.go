@@ -59,6 +59,9 @@ const (
 	// networking. Invariant 1 is at risk until that pod is deleted. Listed
 	// in the node record, so it is reported while the agent runs.
 	KindLostEndpoint Kind = "lost-endpoint"
+	// KindStickyConflict: a sticky identity's binding names an address
+	// that another owner holds, or that nothing holds.
+	KindStickyConflict Kind = "sticky-conflict"
 )
 
 // Finding is one breach found by Check.
@@ -114,6 +117,7 @@ func CheckSnapshot(s *Snapshot, ttls map[int64]int64) Report {
 	c.ips()
 	c.duplicates()
 	c.lostEndpoints()
+	c.bindings()
 	slices.SortFunc(c.out, func(a, b Finding) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), slices.Compare(a.Keys, b.Keys), cmp.Compare(a.Message, b.Message))
 	})

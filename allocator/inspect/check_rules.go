@@ -113,7 +113,7 @@ func (c *checker) ips() {
 			if ttl, ok := c.ttls[ip.Lease]; ok && ttl <= 0 {
 				c.add(KindExpiredReservation, keys, "reservation of %s for %s is on lease %x, which has expired", ip.Addr, ip.Owner.Key(), ip.Lease)
 			}
-		case ip.Lease != 0:
+		case ip.Lease != 0 && ip.State != allocator.StateKept:
 			c.add(KindLeasedAllocation, keys, "allocation of %s for %s is on lease %x and will vanish with it", ip.Addr, ip.Owner.Key(), ip.Lease)
 		}
 	}
@@ -157,6 +157,9 @@ func (c *checker) duplicates() {
 		}
 		byAddr[a] = append(byAddr[a], ip)
 		o := ownerKey{ip.Pool, ip.Owner.Key(), allocator.FamilyOf(ip.Addr)}
+		if ip.State == allocator.StateKept {
+			o.owner = "kept for " + ip.Identity
+		}
 		if byOwner[o] == nil {
 			ownerOrder = append(ownerOrder, o)
 		}
@@ -228,6 +231,28 @@ func (c *checker) lostEndpoints() {
 			}
 			c.add(KindLostEndpoint, keys, "node %s came back to find endpoint %s%s without its addresses: %s; delete the pod, it must not keep using them",
 				name, le.Owner, pod, strings.Join(parts, ", "))
+		}
+	}
+}
+
+// bindings checks each sticky binding against the allocations: every
+// address it names is held for its identity, by its pod or kept.
+func (c *checker) bindings() {
+	held := map[LentKey]IP{}
+	for _, ip := range c.s.IPs {
+		held[LentKey{Pool: ip.Pool, Addr: ip.Addr}] = ip
+	}
+	for _, b := range c.s.Bindings {
+		for _, addr := range b.Addrs {
+			ip, ok := held[LentKey{Pool: b.Pool, Addr: addr}]
+			switch {
+			case !ok:
+				c.add(KindStickyConflict, []string{b.Key}, "sticky identity %s names %s, which no allocation holds", b.Identity, addr)
+			case ip.Identity != b.Identity:
+				c.add(KindStickyConflict, []string{b.Key, ip.Key}, "sticky identity %s names %s, which %s holds on node %s", b.Identity, addr, ip.Owner.Key(), ip.Node)
+			case !b.Kept() && ip.State != allocator.StateKept && ip.Owner.Key() != b.Owner.Key():
+				c.add(KindStickyConflict, []string{b.Key, ip.Key}, "sticky identity %s is held by %s, but %s is %s's", b.Identity, b.Owner.Key(), addr, ip.Owner.Key())
+			}
 		}
 	}
 }

@@ -179,6 +179,8 @@ func (s *Snapshot) addIP(kv *mvccpb.KeyValue) {
 		return
 	}
 	switch {
+	case r.State == allocator.StateKept && r.Identity != "" && r.Node != "":
+		// Kept for a sticky identity between its pods: no owner.
 	case r.State != allocator.StateReserved && r.State != allocator.StateAllocated:
 		s.badIP(kv, seg[0], b, "unknown state %q", r.State)
 		return
@@ -187,4 +189,20 @@ func (s *Snapshot) addIP(kv *mvccpb.KeyValue) {
 		return
 	}
 	s.IPs = append(s.IPs, IP{Record: r, Pool: seg[0], Block: b, Addr: a, Key: string(kv.Key), Rev: kv.ModRevision, Lease: kv.Lease})
+}
+
+// addBinding reads a sticky binding: <stickyPrefix><pool>/<namespace>/<name>.
+func (s *Snapshot) addBinding(kv *mvccpb.KeyValue) {
+	seg, ok := segments(kv, stickyPrefix, 3)
+	if !ok {
+		s.bad(kv, "unexpected key: want %s<pool>/<namespace>/<name>", stickyPrefix)
+		return
+	}
+	var b allocator.Binding
+	if err := decode(kv, &b); err != nil {
+		s.bad(kv, "%v", err)
+		return
+	}
+	b.Pool, b.Rev, b.Lease = seg[0], kv.ModRevision, kv.Lease
+	s.Bindings = append(s.Bindings, BindingRec{Binding: b, Pool: seg[0], Key: string(kv.Key), Rev: kv.ModRevision, Lease: kv.Lease})
 }

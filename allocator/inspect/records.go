@@ -27,6 +27,8 @@ type Snapshot struct {
 	Homes    map[BlockKey]HomeRec
 	// Lent are the homes of borrowed addresses, by pool and address.
 	Lent map[LentKey]LentRec
+	// Bindings are the sticky identities' bindings.
+	Bindings []BindingRec
 	// IPs are the allocations in key order.
 	IPs []IP
 	// Bad are keys under the kvipam prefix that could not be parsed or
@@ -45,6 +47,15 @@ type LentKey struct {
 // LentRec is the home of a borrowed address: the node that holds it.
 type LentRec struct {
 	Node  string `json:"node"`
+	Key   string `json:"key"`
+	Rev   int64  `json:"rev"`
+	Lease int64  `json:"lease,omitempty"`
+}
+
+// BindingRec is a sticky identity's binding as stored.
+type BindingRec struct {
+	allocator.Binding
+	Pool  string `json:"pool"`
 	Key   string `json:"key"`
 	Rev   int64  `json:"rev"`
 	Lease int64  `json:"lease,omitempty"`

@@ -72,6 +72,7 @@ var (
 	claimsPrefix = etcdstore.AllClaimsPrefix()
 	homesPrefix  = etcdstore.AllHomesPrefix()
 	ipsPrefix    = etcdstore.AllIPsPrefix()
+	stickyPrefix = etcdstore.AllStickyPrefix()
 )
 
 // Snapshot reads every kvipam record: one range read per record kind, the
@@ -94,6 +95,7 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 		{claimsPrefix, s.addClaim},
 		{homesPrefix, s.addHome},
 		{ipsPrefix, s.addIP},
+		{stickyPrefix, s.addBinding},
 	} {
 		if err := in.scan(ctx, s, r.prefix, r.add); err != nil {
 			return nil, err

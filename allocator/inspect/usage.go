@@ -40,6 +40,10 @@ type PoolUsage struct {
 	Free           *big.Int `json:"free"`
 	// Holders is how many addresses each node holds.
 	Holders map[string]int `json:"holders,omitempty"`
+	// Kept counts addresses kept for sticky identities between their
+	// pods (not in Allocated); Bindings the pool's sticky identities.
+	Kept     int `json:"kept"`
+	Bindings int `json:"bindings"`
 }
 
 // Usage reports the utilisation of every family of one pool, or (pool "")
@@ -95,9 +99,12 @@ func familyUsage(s *Snapshot, views []*blockView, p allocator.Pool, f allocator.
 			continue
 		}
 		seen[a] = true
-		if ip.State == allocator.StateReserved {
+		switch ip.State {
+		case allocator.StateReserved:
 			u.Reserved++
-		} else {
+		case allocator.StateKept:
+			u.Kept++
+		default:
 			u.Allocated++
 		}
 		if ip.Borrowed {
@@ -111,7 +118,12 @@ func familyUsage(s *Snapshot, views []*blockView, p allocator.Pool, f allocator.
 			inRanges++
 		}
 	}
-	held := int64(u.Allocated + u.Reserved - inRanges)
+	for _, b := range s.Bindings {
+		if b.Pool == p.Name && len(b.Addrs) > 0 && allocator.FamilyOf(b.Addrs[0]) == f {
+			u.Bindings++
+		}
+	}
+	held := int64(u.Allocated + u.Reserved + u.Kept - inRanges)
 	u.Free = new(big.Int).Sub(u.Addresses, big.NewInt(held))
 	u.Free.Sub(u.Free, new(big.Int).SetUint64(u.ReservedRanges))
 	if u.Free.Sign() < 0 {

@@ -89,7 +89,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.StringVar(&a.flags.progress, "progress", "auto", "progress lines on stderr every 10000 keys scanned: auto (when stderr is a terminal), always or never")
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
 	f.DurationVar(&a.flags.retention, "history-retention", etcdstore.DefaultHistoryRetention, "how long IP history keeps the intervals that release and node remove end (as the agents' --history-retention); 0: record none")
-	root.AddCommand(a.poolCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
+	root.AddCommand(a.poolCmd(), a.claimCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
 		a.agentCmd(), a.endpointCmd())
 	return root
 }

@@ -190,6 +190,8 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			row(tw, "  reservations of unfinished ADDs", u.Reserved)
 			row(tw, "  borrowed across blocks", u.Borrowed)
 			row(tw, "  in reserved ranges", u.ReservedRanges)
+			row(tw, "  kept for sticky identities", u.Kept)
+			row(tw, "  sticky identities", u.Bindings)
 			row(tw, "  free", u.Free)
 			row(tw, "  blocks", u.Blocks)
 			row(tw, "  claimed", u.Claimed)
