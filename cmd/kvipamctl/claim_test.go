@@ -50,7 +50,7 @@ func TestClaimCommands(t *testing.T) {
 	require.Contains(t, h.ok("claim", "release", "db/pg-0", "--pool", "small"), "released ["+x.String()+"]")
 	require.Equal(t, exitOK, h.json(&rows, "claim", "list"))
 	require.Empty(t, rows)
-	require.Zero(t, h.count("/kvipam/v1/ips/small/"), "the kept address is free again")
+	require.Zero(t, h.count(etcdstore.IPsPrefix("small")), "the kept address is free again")
 
 	// A binding naming an address another owner holds is a finding.
 	y := n1.Allocate(t, "small", 0, 1, false)[0].Addr
