@@ -182,3 +182,38 @@ func assertNoErr(t *testing.T, err error, format string, args ...any) bool {
 	}
 	return true
 }
+
+// TestStickyGCAndStaticConflicts: GC's release of a sticky pod's address
+// keeps it for the identity, like a DEL; a static request for a kept
+// address, and a sticky pod's static request for another address than
+// its identity holds, fail clearly.
+func TestStickyGCAndStaticConflicts(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	first := stickyPod("web-0", 1)
+	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Hour))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	gone, err := a.alloc.ReleaseAllocation(ctx, x)
+	require.NoError(t, err)
+	require.True(t, gone, "GC's release ends the pod's hold")
+	held := holdersOf(t, a.cli)
+	require.Equal(t, allocator.StateKept, held[x.Addr].State, "but the address is kept for web-0, not freed")
+
+	_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(9), IPs: []netip.Addr{x.Addr}})
+	require.ErrorIs(t, err, allocator.ErrIPInUse)
+	require.ErrorContains(t, err, "sticky identity ns/web-0")
+
+	req := stickyReq(stickyPod("web-0", 2), time.Hour)
+	req.IPs = []netip.Addr{x.Addr.Next()}
+	_, err = a.alloc.Allocate(ctx, req)
+	require.ErrorIs(t, err, allocator.ErrBadRequest)
+	require.ErrorContains(t, err, "conflicts with sticky identity ns/web-0")
+
+	req.IPs = []netip.Addr{x.Addr}
+	res, err = a.alloc.Allocate(ctx, req)
+	require.NoError(t, err, "asking for its own address is fine")
+	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}

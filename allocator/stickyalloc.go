@@ -27,6 +27,12 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 	if err != nil {
 		return nil, err
 	}
+	for _, ip := range r.IPs {
+		if ok && !slices.Contains(b.Addrs, ip.Unmap()) {
+			return nil, fmt.Errorf("%w: requested ip %s conflicts with sticky identity %s, which holds %v (kvipamctl claim show %s --pool %s)",
+				ErrBadRequest, ip, b.Identity, b.Addrs, b.Identity, ps.pool.Name)
+		}
+	}
 	if !ok || b.Owner.Key() == r.Owner.Key() {
 		p, err := a.planOrdinary(ctx, r, pendErr)
 		if err != nil {

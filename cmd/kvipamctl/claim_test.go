@@ -45,6 +45,8 @@ func TestClaimCommands(t *testing.T) {
 	require.Equal(t, exitOK, h.json(&d, "pool", "show", "small"))
 	require.Equal(t, 1, d.Usage[0].Kept)
 	require.Equal(t, 1, d.Usage[0].Bindings)
+	require.Len(t, d.Sticky, 1)
+	require.Contains(t, h.ok("pool", "show", "small"), "db/pg-0")
 	require.Equal(t, exitOK, h.json(&struct{}{}, "check"), "a kept identity is no finding")
 
 	require.Contains(t, h.ok("claim", "release", "db/pg-0", "--pool", "small"), "released ["+x.String()+"]")

@@ -139,6 +139,8 @@ type poolDetail struct {
 	// Exhausted says, per family with no free address, what an ADD is
 	// told: why, and whether it is temporary.
 	Exhausted map[string]string `json:"exhausted,omitempty"`
+	// Sticky are the pool's sticky identities (kvipamctl claim list).
+	Sticky []inspect.BindingRec `json:"sticky,omitempty"`
 }
 
 func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
@@ -151,6 +153,11 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
 	}
 	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name)}
+	for _, b := range s.Bindings {
+		if b.Pool == name {
+			d.Sticky = append(d.Sticky, b)
+		}
+	}
 	for _, u := range d.Usage {
 		if u.Free.Sign() > 0 {
 			continue
@@ -181,6 +188,13 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		row(tw, "State:", state)
 		for _, r := range p.Reserved {
 			row(tw, "Reserved:", r.Range.String(), r.Reason)
+		}
+		for _, b := range d.Sticky {
+			holder := "kept (no pod) for up to " + b.Window().String()
+			if !b.Kept() {
+				holder = "held by " + b.Owner.Key() + " on " + b.Node
+			}
+			row(tw, "Sticky:", b.Identity, joinAddrs(b.Addrs), holder)
 		}
 		for _, u := range d.Usage {
 			fmt.Fprintln(tw)
@@ -220,4 +234,12 @@ func sizeCell(bits int) string {
 		return "-"
 	}
 	return fmt.Sprintf("/%d", bits)
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
 }
