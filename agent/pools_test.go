@@ -161,3 +161,34 @@ func status(t testing.TB, ta *testAgent) api.Status {
 	require.NoError(t, err)
 	return *st
 }
+
+// TestStickyRequestFields: a sticky request names its identity from the
+// pod or its ip-claim; a bad window or a pod without a name is refused,
+// naming the field; a second live pod of the identity is 409.
+func TestStickyRequestFields(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ta := startAgent(t, testConfig(t, e), Options{})
+	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Sticky: "soon"})
+	ae := apiErr(t, err)
+	require.Equal(t, http.StatusBadRequest, ae.Status)
+	require.Equal(t, "sticky", ae.Field)
+	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: api.Owner{ContainerID: "c", IfName: "eth0"}, Sticky: "10m"})
+	require.Equal(t, "sticky", apiErr(t, err).Field)
+
+	one := api.Owner{ContainerID: "vm-a", IfName: "eth0", Namespace: "vms", Pod: "launcher-a"}
+	two := api.Owner{ContainerID: "vm-b", IfName: "eth0", Namespace: "vms", Pod: "launcher-b"}
+	r1, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: one, Sticky: "10m", IPClaim: "vm1", Permanent: true})
+	require.NoError(t, err)
+	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: two, Sticky: "10m", IPClaim: "vm1", Permanent: true})
+	ae = apiErr(t, err)
+	require.Equal(t, http.StatusConflict, ae.Status)
+	require.Contains(t, ae.Message, "vms/vm1 is held by pod vms/launcher-a")
+	require.Equal(t, cni.ErrCodeAddressInUse, cni.Code(ae))
+	// The first launcher goes; the next, under another name, gets its addresses.
+	_, err = ta.c.Release(ctx, one)
+	require.NoError(t, err)
+	r2, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: two, Sticky: "10m", IPClaim: "vm1", Permanent: true})
+	require.NoError(t, err)
+	require.Equal(t, r1.IPs[0].Address, r2.IPs[0].Address)
+}

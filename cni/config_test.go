@@ -230,10 +230,18 @@ func TestPodAnnotations(t *testing.T) {
 	require.NoError(t, err, "the same address from both")
 	require.Empty(t, c.PodPool)
 
+	c, err = ParseConfig([]byte(conf(`{"kvipam.io/sticky":"10m","kvipam.io/ip-claim":"pg-primary"}`, "")))
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Minute, c.Sticky)
+	require.Equal(t, "pg-primary", c.IPClaim)
+
 	for ann, want := range map[string]string{
-		`{"kvipam.io/pool":""}`:                 `pod annotation kvipam.io/pool "" is not a pool name`,
-		`{"kvipam.io/ips":"10.62.0.x"}`:         `pod annotation kvipam.io/ips[0] "10.62.0.x" is not an IP address`,
-		`{"kvipam.io/ips":"10.1.1.1,10.1.1.2"}`: "more than one IPv4",
+		`{"kvipam.io/sticky":"forever"}`:                       `pod annotation kvipam.io/sticky "forever" is not a duration`,
+		`{"kvipam.io/ip-claim":"x"}`:                           "needs kvipam.io/sticky",
+		`{"kvipam.io/sticky":"1m","kvipam.io/ip-claim":"a/b"}`: `kvipam.io/ip-claim "a/b" is not a name`,
+		`{"kvipam.io/pool":""}`:                                `pod annotation kvipam.io/pool "" is not a pool name`,
+		`{"kvipam.io/ips":"10.62.0.x"}`:                        `pod annotation kvipam.io/ips[0] "10.62.0.x" is not an IP address`,
+		`{"kvipam.io/ips":"10.1.1.1,10.1.1.2"}`:                "more than one IPv4",
 	} {
 		_, err := ParseConfig([]byte(conf(ann, "")))
 		require.ErrorContains(t, err, want)
