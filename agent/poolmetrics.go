@@ -32,6 +32,7 @@ var (
 	descNodeFree  = prometheus.NewDesc("kvipam_node_free_addresses", "Free addresses in this node's blocks.", pf, nil)
 	descOwned     = prometheus.NewDesc("kvipam_blocks_owned", "Blocks this node holds a claim on.", pf, nil)
 	descSticky    = prometheus.NewDesc("kvipam_sticky_addresses", "Addresses this node's pods hold for sticky identities (kvipam.io/sticky).", pf, nil)
+	descIDs       = prometheus.NewDesc("kvipam_sticky_identities", "Sticky identities whose addresses this node's pods hold (bindings held).", pf, nil)
 	descKept      = prometheus.NewDesc("kvipam_kept_addresses", "Addresses of this node's blocks kept for a sticky identity between its pods.", pf, nil)
 	descBlocks    = prometheus.NewDesc("kvipam_pool_blocks", "The pool's blocks by state: claimed, orphaned (a gone node's, until kvipamctl node remove) or free (the same on every agent).",
 		[]string{"pool", "family", "state"}, nil)
@@ -48,7 +49,7 @@ type poolCollector struct {
 }
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSize, descResRanges, descAllocated, descBorrowed, descLent, descPending, descNodeFree, descOwned, descSticky, descKept, descBlocks, descDisabled, descLeaks} {
+	for _, d := range []*prometheus.Desc{descSize, descResRanges, descAllocated, descBorrowed, descLent, descPending, descNodeFree, descOwned, descSticky, descIDs, descKept, descBlocks, descDisabled, descLeaks} {
 		ch <- d
 	}
 }
@@ -69,6 +70,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descNodeFree, float64(u.Free), l...)
 		gauge(descOwned, float64(len(u.Blocks)), l...)
 		gauge(descSticky, float64(u.Sticky), l...)
+		gauge(descIDs, float64(u.Identities), l...)
 		gauge(descKept, float64(u.Kept), l...)
 		disabled[u.Pool] = u.Disabled
 	}

@@ -180,6 +180,12 @@ func TestStickyRequestFields(t *testing.T) {
 	two := api.Owner{ContainerID: "vm-b", IfName: "eth0", Namespace: "vms", Pod: "launcher-b"}
 	r1, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: one, Sticky: "10m", IPClaim: "vm1", Permanent: true})
 	require.NoError(t, err)
+	for _, u := range ta.a.alloc.Usage() {
+		if u.Family == allocator.IPv4 {
+			require.Equal(t, 1, u.Identities, "one binding held")
+			require.Equal(t, 1, u.Sticky)
+		}
+	}
 	_, err = ta.c.Allocate(ctx, api.AllocateRequest{Owner: two, Sticky: "10m", IPClaim: "vm1", Permanent: true})
 	ae = apiErr(t, err)
 	require.Equal(t, http.StatusConflict, ae.Status)

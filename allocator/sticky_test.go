@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -39,6 +40,10 @@ func TestStickyWindowExpires(t *testing.T) {
 	_, err = a.alloc.Release(ctx, stickyPod("web-0", 1))
 	require.NoError(t, err)
 	kept := time.Now()
+	hist, err := a.store.History(ctx, etcdstore.HistoryFilter{Pool: "one", IP: x})
+	require.NoError(t, err)
+	require.Len(t, hist, 1)
+	require.Equal(t, etcdstore.EndKept, hist[0].Reason, "IP history ends the pod's interval at its DEL")
 
 	// Every other address goes to other pods, on both nodes; x does not.
 	got := map[netip.Addr]bool{}
@@ -172,6 +177,9 @@ func TestStickyScaleDownUpRace(t *testing.T) {
 	lent, err := nodes[0].store.ListLent(ctx, "one")
 	require.NoError(t, err)
 	require.Empty(t, lent)
+	bs, err := nodes[0].store.ListBindings(ctx, "one")
+	require.NoError(t, err)
+	require.Empty(t, bs, "and the bindings with them")
 }
 
 func assertNoErr(t *testing.T, err error, format string, args ...any) bool {

@@ -48,8 +48,9 @@ type Usage struct {
 	// hold, Cooling released addresses waiting out the reuse cooldown.
 	Used, Reserved, Borrowed, Lent, Cooling int
 	// Sticky counts the addresses the node's pods hold for sticky
-	// identities, Kept those of its blocks kept for one between pods.
-	Sticky, Kept int
+	// identities (Identities of them), Kept those of its blocks kept for
+	// one between pods.
+	Sticky, Identities, Kept int
 	// Size and ReservedRanges are the pool's: its addresses of the
 	// family, and those in reserved ranges. Disabled is the pool's flag.
 	Size, ReservedRanges uint64
@@ -74,9 +75,13 @@ func (a *NodeAllocator) Usage() []Usage {
 				u.Capacity += ba.Capacity() - len(ps.pool.reservedOffsets(b))
 				u.Free += ba.Free()
 			}
+			ids := map[string]bool{}
 			for addr, al := range ps.byAddr {
 				if FamilyOf(addr) != f {
 					continue
+				}
+				if al.Identity != "" {
+					ids[al.Identity] = true
 				}
 				u.Used++
 				if al.State == StateReserved {
@@ -99,6 +104,7 @@ func (a *NodeAllocator) Usage() []Usage {
 					u.Kept++
 				}
 			}
+			u.Identities = len(ids)
 			out = append(out, u)
 		}
 	}

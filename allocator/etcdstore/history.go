@@ -48,6 +48,8 @@ const (
 	EndLapsed          = "reservation-lapsed"
 	EndNodeRemove      = "node-remove"
 	EndOperatorRelease = "operator-release"
+	// EndKept: a sticky pod's DEL; the address is kept for its identity.
+	EndKept = "kept-for-identity"
 )
 
 // HistoryOf is the record of al's interval ending at end.

@@ -100,6 +100,17 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 			ops = append(ops, clientv3.OpPut(LentKey(al.Pool, al.Addr), home, withLease))
 		}
 	}
+	for _, al := range als {
+		// The pod's interval ends here (IP history); the identity's
+		// next pod starts a new one.
+		op, _, ok, err := s.hist.Op(ctx, HistoryOf(al, s.now(), EndKept))
+		if err != nil {
+			return time.Time{}, err
+		}
+		if ok {
+			ops = append(ops, op)
+		}
+	}
 	kept := b
 	kept.Owner, kept.Node, kept.Since = allocator.Owner{}, "", s.now().UTC()
 	val, err := kvstore.EncodeJSON(kept)
