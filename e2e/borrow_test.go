@@ -25,19 +25,8 @@ import (
 func TestBorrowWhenNoBlockFree(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	r := newRouter(t)
-	type member struct {
-		n    *node
-		addr netip.Addr
-		l    *libcni.NetworkConfigList
-		pods []*pod
-		ips  []netip.Addr
-	}
-	join := func(name string, host int) *member {
-		n := newNode(t, name)
-		addr := r.attach(t, n, "A", host)
-		n.startAgent(agentOpts{pools: []string{"tight=10.9.0.0/25"}, etcd: c, extra: []string{"--node-address", addr.String()}})
-		return &member{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", "")}
-	}
+	type member = routedNode
+	join := func(name string, host int) *member { return joinRouted(t, c, r, name, host, "tight=10.9.0.0/25", "") }
 	addPod := func(m *member, name string) netip.Addr {
 		p := newPod(t, name)
 		v4, _ := podAddrs(t, m.n.mustAdd(m.l, p))
@@ -141,4 +130,23 @@ func TestBorrowWhenNoBlockFree(t *testing.T) {
 	require.Equal(t, 1, m1.n.poolStatus("tight", "ipv4").Lent)
 	require.NoError(t, ping(m1.pods[0].ns, c0), "node 3's pod is still reached")
 	_ = netlink.FAMILY_V4
+}
+
+// routedNode is a node on the router's subnet A whose agent runs on the
+// etcd cluster, with its conflist and the pods a test added.
+type routedNode struct {
+	n    *node
+	addr netip.Addr
+	l    *libcni.NetworkConfigList
+	pods []*pod
+	ips  []netip.Addr
+}
+
+// joinRouted starts node name at .host of subnet A serving pool (NAME=CIDR);
+// kvipamExtra is added to the kvipam plugin's configuration.
+func joinRouted(t *testing.T, c *cluster.Cluster, r *router, name string, host int, pool, kvipamExtra string) *routedNode {
+	n := newNode(t, name)
+	addr := r.attach(t, n, "A", host)
+	n.startAgent(agentOpts{pools: []string{pool}, etcd: c, extra: []string{"--node-address", addr.String()}})
+	return &routedNode{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", kvipamExtra)}
 }

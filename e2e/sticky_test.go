@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/e2e/cluster"
@@ -32,16 +31,9 @@ func stickyPodOf(t *testing.T, name string, gen int, window string) *pod {
 func TestStickyIPAcrossNodes(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	r := newRouter(t)
-	type member struct {
-		n    *node
-		addr netip.Addr
-		l    *libcni.NetworkConfigList
-	}
+	type member = routedNode
 	join := func(name string, host int) *member {
-		n := newNode(t, name)
-		addr := r.attach(t, n, "A", host)
-		n.startAgent(agentOpts{pools: []string{"sticky=10.10.0.0/24"}, etcd: c, extra: []string{"--node-address", addr.String()}})
-		return &member{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)}
+		return joinRouted(t, c, r, name, host, "sticky=10.10.0.0/24", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)
 	}
 	m1, m2, m3 := join("st1", 11), join("st2", 12), join("st3", 13)
 
