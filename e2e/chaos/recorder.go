@@ -1,0 +1,88 @@
+package chaos
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// Recorder keeps every change of every allocation key, from etcd's first
+// revision, by a watch: etcd's side of the history.
+type Recorder struct {
+	mu      sync.Mutex
+	changes []Change
+	cancel  context.CancelFunc
+	done    chan struct{}
+	err     error
+}
+
+// Record starts recording from revision 1. Stop ends it.
+func Record(ctx context.Context, cli *clientv3.Client) *Recorder {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &Recorder{cancel: cancel, done: make(chan struct{})}
+	go r.run(ctx, cli)
+	return r
+}
+
+func (r *Recorder) run(ctx context.Context, cli *clientv3.Client) {
+	defer close(r.done)
+	rev := int64(1)
+	for ctx.Err() == nil {
+		wc := cli.Watch(clientv3.WithRequireLeader(ctx), etcdstore.AllIPsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithPrevKV())
+		for resp := range wc {
+			if err := resp.Err(); err != nil {
+				r.mu.Lock()
+				r.err = err
+				r.mu.Unlock()
+				break
+			}
+			seen := time.Now()
+			for _, ev := range resp.Events {
+				r.add(ev, seen)
+				rev = ev.Kv.ModRevision + 1
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond): // a member went: watch again from where it stopped
+		}
+	}
+}
+
+func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
+	rest := strings.TrimPrefix(string(ev.Kv.Key), etcdstore.AllIPsPrefix())
+	pool, _, _ := strings.Cut(rest, "/")
+	_, addr, err := etcdstore.ParseIPKey(pool, string(ev.Kv.Key))
+	if err != nil {
+		return
+	}
+	c := Change{Addr: addr, Rev: ev.Kv.ModRevision, Seen: seen}
+	if ev.Type == clientv3.EventTypeDelete {
+		c.Deleted = true
+	} else if v, err := kvstore.Decode[allocator.Record](ev.Kv); err == nil {
+		c.Node, c.State = v.Value.Node, string(v.Value.State)
+		if v.Value.ContainerID != "" {
+			c.Owner = v.Value.Owner.Key()
+		}
+	}
+	r.mu.Lock()
+	r.changes = append(r.changes, c)
+	r.mu.Unlock()
+}
+
+// Stop ends the recording and returns every change seen, and the last
+// watch error (a compaction would lose history: the run must not compact).
+func (r *Recorder) Stop() ([]Change, error) {
+	r.cancel()
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changes, r.err
+}
