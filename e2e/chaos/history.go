@@ -107,7 +107,9 @@ func Check(ops []Op, changes []Change, final map[netip.Addr]string, end time.Tim
 	out = append(out, lost(hs, changes)...)
 	out = append(out, leaks(hs, final)...)
 	out = append(out, stickyMoves(ops)...)
-	slices.SortFunc(out, func(a, b Finding) int { return cmp.Or(cmp.Compare(a.Kind, b.Kind), a.Addr.Compare(b.Addr), cmp.Compare(a.Message, b.Message)) })
+	slices.SortFunc(out, func(a, b Finding) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), a.Addr.Compare(b.Addr), cmp.Compare(a.Message, b.Message))
+	})
 	return out
 }
 
