@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean image
+.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean image chaos
 
 all: build
 
@@ -28,6 +28,11 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 	$(GO) test -run '^$$' -bench AddDel -benchtime 200x ./e2e/
 	$(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/
+
+# The chaos workload (root): etcd members and agents as processes, faults
+# at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES.
+chaos: build
+	CHAOS_DURATION=$${CHAOS_DURATION:-3m} $(GO) test -count=1 -v -run '^TestChaosRun$$' -timeout 90m ./e2e/
 
 # The CNI parsers' fuzz targets, briefly (go test takes one -fuzz at a time).
 FUZZTIME ?= 15s

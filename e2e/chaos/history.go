@@ -44,6 +44,8 @@ type Change struct {
 	Node    string
 	State   string // reserved, allocated, kept; "" for a delete
 	Deleted bool
+	// Borrowed: the record is a node's in another node's block.
+	Borrowed bool
 	Rev     int64
 	Seen    time.Time // when the recorder got it: at or after it happened
 }

@@ -67,7 +67,7 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 	if ev.Type == clientv3.EventTypeDelete {
 		c.Deleted = true
 	} else if v, err := kvstore.Decode[allocator.Record](ev.Kv); err == nil {
-		c.Node, c.State = v.Value.Node, string(v.Value.State)
+		c.Node, c.State, c.Borrowed = v.Value.Node, string(v.Value.State), v.Value.Borrowed
 		if v.Value.ContainerID != "" {
 			c.Owner = v.Value.Owner.Key()
 		}
