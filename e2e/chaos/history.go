@@ -46,8 +46,8 @@ type Change struct {
 	Deleted bool
 	// Borrowed: the record is a node's in another node's block.
 	Borrowed bool
-	Rev     int64
-	Seen    time.Time // when the recorder got it: at or after it happened
+	Rev      int64
+	Seen     time.Time // when the recorder got it: at or after it happened
 }
 
 // Finding is one breach, with what names it.
