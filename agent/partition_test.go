@@ -2,11 +2,8 @@ package agent
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/netip"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,72 +12,26 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/cutproxy"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
-// cutProxy forwards loopback TCP to etcd until cut; then it drops every
-// connection and refuses new ones until healed: a network partition
-// between one agent and etcd, with everything else still connected.
-type cutProxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-}
+// cutProxy is a cutproxy.Proxy with the test's cleanup.
+type cutProxy struct{ *cutproxy.Proxy }
 
 func newCutProxy(t testing.TB, target string) *cutProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := cutproxy.New(target)
 	require.NoError(t, err)
-	p := &cutProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
-	go p.serve()
-	t.Cleanup(func() { ln.Close(); p.partition() })
-	return p
+	t.Cleanup(p.Close)
+	return &cutProxy{p}
 }
 
-func (p *cutProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close() }()
-		go func() { _, _ = io.Copy(c, up); c.Close() }()
-	}
-}
+func (p *cutProxy) partition() { p.Cut() }
 
-func (p *cutProxy) partition() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
+func (p *cutProxy) heal() { p.Heal() }
 
-func (p *cutProxy) heal() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
-
-func (p *cutProxy) endpoint() string { return "http://" + p.ln.Addr().String() }
+func (p *cutProxy) endpoint() string { return "http://" + p.Addr() }
 
 // TestPartitionedAgent cuts one agent off etcd for longer than its lease
 // while another keeps working (flannel's duplicate-subnet failure): the

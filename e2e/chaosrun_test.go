@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,10 +20,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/chaos"
 	"github.com/kvipam/kvipam/e2e/cluster"
+	"github.com/kvipam/kvipam/internal/cutproxy"
 )
 
 // TestChaosRun runs the chaos workload: a 3-member etcd cluster and
@@ -53,23 +56,28 @@ func TestChaosRun(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
 	rec := chaos.Record(context.Background(), c.Client(t, cluster.RootUser))
 	r := newRouter(t)
-	members := make([]*routedNode, nodes)
+	members := make([]*chaosNode, nodes)
 	for i := range members {
 		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i)
 	}
 
-	w := &chaosWorkload{members: members, seed: seed, until: time.Now().Add(dur)}
+	f := &chaosFaults{t: t, c: c, members: members, rng: rng, cli: c.Client(t, cluster.RootUser)}
+	w := &chaosWorkload{members: members, seed: seed, until: time.Now().Add(dur), faults: f}
 	var wg sync.WaitGroup
 	for i := range 2 * nodes {
 		wg.Go(func() { w.worker(i) })
 	}
-	f := &chaosFaults{t: t, c: c, members: members, rng: rng}
-	for time.Now().Before(w.until) {
-		time.Sleep(time.Duration(2000+rng.IntN(4000)) * time.Millisecond) // pacing, not synchronisation
+	// Every kind once, in order, then at random.
+	for k := 0; time.Now().Before(w.until); k++ {
+		time.Sleep(time.Duration(2000+rng.IntN(3000)) * time.Millisecond) // pacing, not synchronisation
 		if time.Now().After(w.until) {
 			break
 		}
-		f.inject()
+		kind := k
+		if k >= len(faultKinds) {
+			kind = rng.IntN(len(faultKinds))
+		}
+		f.inject(faultKinds[kind])
 	}
 	wg.Wait()
 	f.heal()
@@ -108,29 +116,63 @@ func TestChaosRun(t *testing.T) {
 	}
 	t.Logf("chaos: faults by kind %v; operations %d (%d failed, as expected under faults); %d borrowed and %d sticky-kept writes",
 		f.byKind, len(ops), w.failed.Load(), borrowed, kept)
-	t.Logf("chaos: seed=%d ops=%d faults=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, counts["duplicate"], counts["lost"], counts["leak"])
-	if t.Failed() {
-		keepHistory(t, seed, ops, changes)
+	if dur >= 2*time.Minute {
+		for _, k := range faultKinds {
+			if f.byKind[k] == 0 {
+				t.Errorf("fault kind %s never fired", k)
+			}
+		}
 	}
 	fc, err := c.ClientConfig(cluster.RootUser)
 	require.NoError(t, err)
 	out, err := exec.Command(filepath.Join(members[0].n.bin, "kvipamctl"), "check", "--endpoints", strings.Join(c.Endpoints(), ","),
 		"--cacert", fc.CAFile, "--cert", fc.CertFile, "--key", fc.KeyFile).CombinedOutput()
-	require.NoError(t, err, "kvipamctl check after the run:\n%s", out)
+	if err != nil {
+		t.Errorf("kvipamctl check after the run: %v\n%s", err, out)
+	}
+	if t.Failed() {
+		keepHistory(t, seed, ops, changes)
+	}
+	t.Logf("chaos: seed=%d ops=%d faults=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, counts["duplicate"], counts["lost"], counts["leak"])
 }
 
-func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int) *routedNode {
+// chaosNode is a chaos run's node: its agent reaches etcd through
+// proxies the run can cut, and its state directory is a small tmpfs the
+// run can make read-only.
+type chaosNode struct {
+	routedNode
+	proxies []*cutproxy.Proxy
+	state   string
+}
+
+func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int) *chaosNode {
 	n := newNode(t, name)
 	addr := r.attach(t, n, "A", host)
+	cn := &chaosNode{state: filepath.Join(n.dir, "state")}
+	var endpoints []string
+	for _, ep := range c.Endpoints() {
+		u, err := url.Parse(ep)
+		require.NoError(t, err)
+		p, err := cutproxy.New(u.Host)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		cn.proxies = append(cn.proxies, p)
+		endpoints = append(endpoints, u.Scheme+"://"+p.Addr())
+	}
+	require.NoError(t, os.MkdirAll(cn.state, 0o700))
+	require.NoError(t, unix.Mount("tmpfs", cn.state, "tmpfs", 0, "size=16m"))
+	t.Cleanup(func() { _ = unix.Unmount(cn.state, unix.MNT_DETACH) })
 	// 14 addresses in blocks of 4: nodes borrow across blocks.
-	n.startAgent(agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, reservationTTL: 10 * time.Second,
+	n.startAgent(agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, etcdEndpoints: endpoints, reservationTTL: 10 * time.Second,
 		extra: []string{"--node-address", addr.String(), "--lease-ttl", "5s", "--reuse-cooldown", "0s"}})
-	return &routedNode{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)}
+	cn.routedNode = routedNode{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)}
+	return cn
 }
 
 // chaosWorkload adds, checks and deletes pods at random.
 type chaosWorkload struct {
-	members []*routedNode
+	members []*chaosNode
+	faults  *chaosFaults
 	seed    uint64
 	until   time.Time
 	failed  atomic.Int64
@@ -166,8 +208,10 @@ func (w *chaosWorkload) worker(id int) {
 			p.rt.CapabilityArgs = map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{"kvipam.io/sticky": "1m"}}
 		}
 		owner := p.rt.ContainerID + "/" + p.rt.IfName
+		ctx, cancel := w.faults.pluginContext("ADD of " + owner + " on " + m.n.name)
 		start := time.Now()
-		res, err := m.n.add(m.l, p)
+		res, err := m.n.addCtx(ctx, m.l, p)
+		cancel()
 		op := chaos.Op{Kind: "add", Owner: owner, Identity: identity, Window: time.Minute, Node: m.n.name, Start: start, End: time.Now()}
 		if err != nil {
 			op.Err = err.Error()
@@ -186,8 +230,10 @@ func (w *chaosWorkload) worker(id int) {
 		// DEL, also after a failed ADD, as a runtime does; retried until it
 		// succeeds (a DEL with the agent down is queued and succeeds).
 		for {
+			ctx, cancel := w.faults.pluginContext("DEL of " + owner + " on " + m.n.name)
 			start := time.Now()
-			err := m.n.del(m.l, p)
+			err := m.n.delCtx(ctx, m.l, p)
+			cancel()
 			op := chaos.Op{Kind: "del", Owner: owner, Node: m.n.name, Start: start, End: time.Now()}
 			if err != nil {
 				op.Err = err.Error()
@@ -201,64 +247,137 @@ func (w *chaosWorkload) worker(id int) {
 	}
 }
 
+// The fault kinds, each fired at least once (in this order) by a run.
+var faultKinds = []string{"agent-kill", "agent-kill-mid-add", "agent-pause", "etcd-kill", "etcd-cut", "state-readonly", "plugin-kill", "power-cut", "agent-restart"}
+
 // chaosFaults injects faults at random, each logged with its time.
 type chaosFaults struct {
 	t       *testing.T
 	c       *cluster.Cluster
-	members []*routedNode
+	cli     *clientv3.Client
+	members []*chaosNode
 	rng     *rand.Rand
+	mu      sync.Mutex
 	total   int
 	byKind  map[string]int
+	// killPlugin makes the next plugin call be killed a few milliseconds in.
+	killPlugin atomic.Bool
 }
 
 func (f *chaosFaults) log(kind, format string, args ...any) {
+	f.mu.Lock()
 	if f.byKind == nil {
 		f.byKind = map[string]int{}
 	}
 	f.byKind[kind]++
 	f.total++
+	f.mu.Unlock()
 	f.t.Logf("fault %s at %s: %s", kind, time.Now().UTC().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
-func (f *chaosFaults) inject() {
+// pluginContext is the context of one plugin call: a few milliseconds
+// long when a plugin-kill fault is due, so libcni kills the plugin midway.
+func (f *chaosFaults) pluginContext(what string) (context.Context, context.CancelFunc) {
+	if !f.killPlugin.CompareAndSwap(true, false) {
+		return context.WithCancel(context.Background())
+	}
+	d := time.Duration(2+rand.IntN(40)) * time.Millisecond
+	f.log("plugin-kill", "the plugin of the %s is killed after %s", what, d)
+	return context.WithTimeout(context.Background(), d)
+}
+
+func (f *chaosFaults) inject(kind string) {
 	m := f.members[f.rng.IntN(len(f.members))]
-	switch k := f.rng.IntN(5); k {
-	case 0:
-		f.log("agent-kill", "SIGKILL agent %s", m.n.name)
+	switch kind {
+	case "agent-kill":
+		f.log(kind, "SIGKILL agent %s", m.n.name)
 		m.n.killAgent()
 		m.n.startAgent(m.n.agentArgs)
-	case 1:
-		f.log("agent-pause", "SIGSTOP agent %s for 7s (lease TTL 5s), then SIGCONT", m.n.name)
+	case "agent-kill-mid-add":
+		f.killMidAdd()
+	case "agent-pause":
+		f.log(kind, "SIGSTOP agent %s for 7s (lease TTL 5s), then SIGCONT", m.n.name)
 		_ = m.n.agent.Process.Signal(syscall.SIGSTOP)
 		time.Sleep(7 * time.Second)
 		_ = m.n.agent.Process.Signal(syscall.SIGCONT)
-	case 2:
+	case "etcd-kill":
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		i, err := f.c.Leader(ctx)
 		cancel()
 		if err != nil || f.rng.IntN(2) == 0 {
 			i = f.rng.IntN(f.c.Len())
 		}
-		f.log("etcd-kill", "SIGKILL etcd member %d, restart after 2s", i)
+		f.log(kind, "SIGKILL etcd member %d (leader: %v), restart after 2s", i, err == nil)
 		_ = f.c.Kill(i)
 		time.Sleep(2 * time.Second)
 		require.NoError(f.t, f.c.Restart(i))
-	case 3:
-		f.log("power-cut", "SIGKILL every agent, then start them all")
+	case "etcd-cut":
+		f.log(kind, "agent %s cut off from etcd for 8s (lease TTL 5s), then healed", m.n.name)
+		for _, p := range m.proxies {
+			p.Cut()
+		}
+		time.Sleep(8 * time.Second)
+		for _, p := range m.proxies {
+			p.Heal()
+		}
+	case "state-readonly":
+		f.log(kind, "agent %s's state directory read-only for 5s", m.n.name)
+		require.NoError(f.t, unix.Mount("", m.state, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""))
+		time.Sleep(5 * time.Second)
+		require.NoError(f.t, unix.Mount("", m.state, "", unix.MS_REMOUNT, "size=16m"))
+	case "plugin-kill":
+		f.killPlugin.Store(true) // the next ADD or DEL logs it
+	case "power-cut":
+		f.log(kind, "SIGKILL every agent, then start them all")
 		for _, x := range f.members {
 			x.n.killAgent()
 		}
 		for _, x := range f.members {
 			x.n.startAgent(x.n.agentArgs)
 		}
-	case 4:
-		f.log("agent-restart", "SIGTERM agent %s and start it again", m.n.name)
+	case "agent-restart":
+		f.log(kind, "SIGTERM agent %s and start it again", m.n.name)
 		m.n.restartAgent()
 	}
 }
 
-// heal makes sure every member and agent runs again.
+// killMidAdd waits for a reservation (an ADD between its allocate and
+// its endpoint) and kills that node's agent at once.
+func (f *chaosFaults) killMidAdd() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for resp := range f.cli.Watch(ctx, etcdstore.AllIPsPrefix(), clientv3.WithPrefix()) {
+		for _, ev := range resp.Events {
+			if ev.Type != clientv3.EventTypePut || ev.Kv.Lease == 0 {
+				continue
+			}
+			var rec struct {
+				Node  string `json:"node"`
+				State string `json:"state"`
+			}
+			if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.State != "reserved" {
+				continue
+			}
+			for _, m := range f.members {
+				if m.n.name == rec.Node {
+					f.log("agent-kill-mid-add", "SIGKILL agent %s right after its reservation %s", m.n.name, ev.Kv.Key)
+					m.n.killAgent()
+					m.n.startAgent(m.n.agentArgs)
+					return
+				}
+			}
+		}
+	}
+}
+
+// heal makes sure every member, proxy and agent runs again.
 func (f *chaosFaults) heal() {
+	for _, m := range f.members {
+		for _, p := range m.proxies {
+			p.Heal()
+		}
+		_ = unix.Mount("", m.state, "", unix.MS_REMOUNT, "size=16m")
+	}
 	for i := range f.c.Len() {
 		if !f.c.Running(i) {
 			require.NoError(f.t, f.c.Restart(i))

@@ -69,6 +69,9 @@ type agentOpts struct {
 	// manages the node namespace through --netns; its plugins still run in
 	// the node namespace and reach it over its unix socket.
 	etcd *cluster.Cluster
+	// etcdEndpoints, if set, replace the cluster's endpoints (proxies in
+	// front of its members, which a test can cut).
+	etcdEndpoints []string
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -149,7 +152,11 @@ func (n *node) startAgent(o agentOpts) {
 	if o.etcd != nil {
 		f, err := o.etcd.ClientConfig(cluster.RootUser)
 		require.NoError(t, err)
-		args = append(args, "--netns", n.host.Path(), "--etcd-endpoints", strings.Join(o.etcd.Endpoints(), ","),
+		endpoints := o.etcd.Endpoints()
+		if o.etcdEndpoints != nil {
+			endpoints = o.etcdEndpoints
+		}
+		args = append(args, "--netns", n.host.Path(), "--etcd-endpoints", strings.Join(endpoints, ","),
 			"--etcd-cacert", f.CAFile, "--etcd-cert", f.CertFile, "--etcd-key", f.KeyFile)
 		in = nil
 	}

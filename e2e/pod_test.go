@@ -64,9 +64,14 @@ func (n *node) kvipamList(name, version, kvipamExtra string, more ...string) *li
 
 // add runs ADD for p through libcni in the node namespace.
 func (n *node) add(l *libcni.NetworkConfigList, p *pod) (*current.Result, error) {
+	return n.addCtx(context.Background(), l, p)
+}
+
+// addCtx is add bounded by ctx: when ctx ends, libcni kills the plugin.
+func (n *node) addCtx(ctx context.Context, l *libcni.NetworkConfigList, p *pod) (*current.Result, error) {
 	var res types.Result
 	err := n.do(func() (err error) {
-		res, err = n.cni.AddNetworkList(context.Background(), l, p.rt)
+		res, err = n.cni.AddNetworkList(ctx, l, p.rt)
 		return err
 	})
 	if err != nil {
@@ -87,7 +92,12 @@ func (n *node) check(l *libcni.NetworkConfigList, p *pod) error {
 }
 
 func (n *node) del(l *libcni.NetworkConfigList, p *pod) error {
-	return n.do(func() error { return n.cni.DelNetworkList(context.Background(), l, p.rt) })
+	return n.delCtx(context.Background(), l, p)
+}
+
+// delCtx is del bounded by ctx: when ctx ends, libcni kills the plugin.
+func (n *node) delCtx(ctx context.Context, l *libcni.NetworkConfigList, p *pod) error {
+	return n.do(func() error { return n.cni.DelNetworkList(ctx, l, p.rt) })
 }
 
 func (n *node) statusOf(l *libcni.NetworkConfigList) error {
