@@ -100,6 +100,16 @@ func TestChaosRun(t *testing.T) {
 	}
 	ops := w.history()
 	findings := chaos.Check(ops, changes, final, end)
+	findings = append(findings, chaos.Placement(changes, rec.Homes())...)
+	hist, err := etcdstore.New(cli, etcdstore.Options{}).History(context.Background(), etcdstore.HistoryFilter{Pool: "chaos"})
+	require.NoError(t, err)
+	var ivs []chaos.Interval
+	for _, h := range hist {
+		if a, err := netip.ParseAddr(h.IP); err == nil {
+			ivs = append(ivs, chaos.Interval{Addr: a, Owner: h.Owner.Key(), Start: h.Start, End: h.End, Reason: h.Reason})
+		}
+	}
+	findings = append(findings, chaos.History(ops, ivs, end)...)
 	counts := map[string]int{}
 	for _, fd := range findings {
 		counts[fd.Kind]++
@@ -114,8 +124,8 @@ func TestChaosRun(t *testing.T) {
 			kept++
 		}
 	}
-	t.Logf("chaos: faults by kind %v; operations %d (%d failed, as expected under faults); %d borrowed and %d sticky-kept writes",
-		f.byKind, len(ops), w.failed.Load(), borrowed, kept)
+	t.Logf("chaos: faults by kind %v; recoveries %d (agents ready again, etcd healthy again); operations %d (%d failed, as expected under faults); %d borrowed and %d sticky-kept writes; %d IP history intervals agree",
+		f.byKind, f.recoveries, len(ops), w.failed.Load(), borrowed, kept, len(ivs))
 	if dur >= 2*time.Minute {
 		for _, k := range faultKinds {
 			if f.byKind[k] == 0 {
@@ -131,7 +141,7 @@ func TestChaosRun(t *testing.T) {
 		t.Errorf("kvipamctl check after the run: %v\n%s", err, out)
 	}
 	if t.Failed() {
-		keepHistory(t, seed, ops, changes)
+		keepHistory(t, seed, ops, changes, members)
 	}
 	t.Logf("chaos: seed=%d ops=%d faults=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, counts["duplicate"], counts["lost"], counts["leak"])
 }
@@ -260,6 +270,9 @@ type chaosFaults struct {
 	mu      sync.Mutex
 	total   int
 	byKind  map[string]int
+	// recoveries counts agents started again and ready, and etcd members
+	// restarted.
+	recoveries int
 	// killPlugin makes the next plugin call be killed a few milliseconds in.
 	killPlugin atomic.Bool
 }
@@ -293,6 +306,7 @@ func (f *chaosFaults) inject(kind string) {
 		f.log(kind, "SIGKILL agent %s", m.n.name)
 		m.n.killAgent()
 		m.n.startAgent(m.n.agentArgs)
+		f.recoveries++
 	case "agent-kill-mid-add":
 		f.killMidAdd()
 	case "agent-pause":
@@ -311,6 +325,7 @@ func (f *chaosFaults) inject(kind string) {
 		_ = f.c.Kill(i)
 		time.Sleep(2 * time.Second)
 		require.NoError(f.t, f.c.Restart(i))
+		f.recoveries++
 	case "etcd-cut":
 		f.log(kind, "agent %s cut off from etcd for 8s (lease TTL 5s), then healed", m.n.name)
 		for _, p := range m.proxies {
@@ -334,10 +349,12 @@ func (f *chaosFaults) inject(kind string) {
 		}
 		for _, x := range f.members {
 			x.n.startAgent(x.n.agentArgs)
+			f.recoveries++
 		}
 	case "agent-restart":
 		f.log(kind, "SIGTERM agent %s and start it again", m.n.name)
 		m.n.restartAgent()
+		f.recoveries++
 	}
 }
 
@@ -363,6 +380,7 @@ func (f *chaosFaults) killMidAdd() {
 					f.log("agent-kill-mid-add", "SIGKILL agent %s right after its reservation %s", m.n.name, ev.Kv.Key)
 					m.n.killAgent()
 					m.n.startAgent(m.n.agentArgs)
+					f.recoveries++
 					return
 				}
 			}
@@ -393,13 +411,19 @@ func (f *chaosFaults) heal() {
 	}
 }
 
-// keepHistory writes a failing run's history beside its seed, for replay.
-func keepHistory(t *testing.T, seed uint64, ops []chaos.Op, changes []chaos.Change) {
+// keepHistory writes a failing run's history and the agents' logs beside
+// its seed, for replay.
+func keepHistory(t *testing.T, seed uint64, ops []chaos.Op, changes []chaos.Change, members []*chaosNode) {
 	dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvipam-chaos-%d", seed))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
 	b, _ := json.MarshalIndent(map[string]any{"seed": seed, "ops": ops, "changes": changes}, "", " ")
 	_ = os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
-	t.Logf("chaos: history kept in %s", dir)
+	for _, m := range members {
+		if log, err := os.ReadFile(m.n.agentLog); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, m.n.name+"-agent.log"), log, 0o644)
+		}
+	}
+	t.Logf("chaos: history and agent logs kept in %s", dir)
 }

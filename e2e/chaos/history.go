@@ -40,6 +40,7 @@ type Op struct {
 // Change is one change of an allocation key in etcd.
 type Change struct {
 	Addr    netip.Addr
+	Block   netip.Prefix
 	Owner   string // containerID/ifName; "" for a delete or a kept record
 	Node    string
 	State   string // reserved, allocated, kept; "" for a delete

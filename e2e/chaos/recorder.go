@@ -18,6 +18,7 @@ import (
 type Recorder struct {
 	mu      sync.Mutex
 	changes []Change
+	homes   []HomeChange
 	cancel  context.CancelFunc
 	done    chan struct{}
 	err     error
@@ -35,7 +36,8 @@ func (r *Recorder) run(ctx context.Context, cli *clientv3.Client) {
 	defer close(r.done)
 	rev := int64(1)
 	for ctx.Err() == nil {
-		wc := cli.Watch(clientv3.WithRequireLeader(ctx), etcdstore.AllIPsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev), clientv3.WithPrevKV())
+		// One watch from the common root of allocations and homes.
+		wc := cli.Watch(clientv3.WithRequireLeader(ctx), etcdstore.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))
 		for resp := range wc {
 			if err := resp.Err(); err != nil {
 				r.mu.Lock()
@@ -57,13 +59,32 @@ func (r *Recorder) run(ctx context.Context, cli *clientv3.Client) {
 }
 
 func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
-	rest := strings.TrimPrefix(string(ev.Kv.Key), etcdstore.AllIPsPrefix())
+	key := string(ev.Kv.Key)
+	if rest, ok := strings.CutPrefix(key, etcdstore.AllHomesPrefix()); ok {
+		pool, name, _ := strings.Cut(rest, "/")
+		b, err := allocator.ParseBlockName(name)
+		if err != nil || !strings.HasPrefix(key, etcdstore.HomesPrefix(pool)) {
+			return // a lent address's home
+		}
+		h := HomeChange{Block: b, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
+		if v, err := kvstore.Decode[allocator.Home](ev.Kv); err == nil {
+			h.Node = v.Value.Node
+		}
+		r.mu.Lock()
+		r.homes = append(r.homes, h)
+		r.mu.Unlock()
+		return
+	}
+	rest, ok := strings.CutPrefix(key, etcdstore.AllIPsPrefix())
+	if !ok {
+		return
+	}
 	pool, _, _ := strings.Cut(rest, "/")
-	_, addr, err := etcdstore.ParseIPKey(pool, string(ev.Kv.Key))
+	block, addr, err := etcdstore.ParseIPKey(pool, key)
 	if err != nil {
 		return
 	}
-	c := Change{Addr: addr, Rev: ev.Kv.ModRevision, Seen: seen}
+	c := Change{Addr: addr, Block: block, Rev: ev.Kv.ModRevision, Seen: seen}
 	if ev.Type == clientv3.EventTypeDelete {
 		c.Deleted = true
 	} else if v, err := kvstore.Decode[allocator.Record](ev.Kv); err == nil {
@@ -77,12 +98,20 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 	r.mu.Unlock()
 }
 
-// Stop ends the recording and returns every change seen, and the last
-// watch error (a compaction would lose history: the run must not compact).
+// Stop ends the recording and returns every allocation change seen, and
+// the last watch error (a compaction would lose history: the run must
+// not compact).
 func (r *Recorder) Stop() ([]Change, error) {
 	r.cancel()
 	<-r.done
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.changes, r.err
+}
+
+// Homes returns the block home changes seen (after Stop).
+func (r *Recorder) Homes() []HomeChange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.homes
 }

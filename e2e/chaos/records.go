@@ -1,0 +1,89 @@
+package chaos
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+)
+
+// HomeChange is one change of a block's home in etcd: the node the
+// block belongs to (Deleted: the block was given back).
+type HomeChange struct {
+	Block   netip.Prefix
+	Node    string
+	Deleted bool
+	Rev     int64
+}
+
+// Placement checks that every allocation etcd held was in a block whose
+// home was its node at that revision, or was written as borrowed.
+func Placement(changes []Change, homes []HomeChange) []Finding {
+	byBlock := map[netip.Prefix][]HomeChange{}
+	for _, h := range homes {
+		byBlock[h.Block] = append(byBlock[h.Block], h)
+	}
+	for b := range byBlock {
+		slices.SortFunc(byBlock[b], func(x, y HomeChange) int { return int(x.Rev - y.Rev) })
+	}
+	var out []Finding
+	for _, c := range changes {
+		if c.Deleted || c.Borrowed || c.State == "kept" || !c.Block.IsValid() {
+			continue
+		}
+		home := ""
+		for _, h := range byBlock[c.Block] {
+			if h.Rev > c.Rev {
+				break
+			}
+			home = h.Node
+			if h.Deleted {
+				home = ""
+			}
+		}
+		if home != c.Node {
+			out = append(out, Finding{Kind: "misplaced", Addr: c.Addr, Message: fmt.Sprintf(
+				"%s of %s on node %s was written at revision %d into block %s, whose home was %q, and not as borrowed",
+				c.Addr, c.Owner, c.Node, c.Rev, c.Block, home)})
+		}
+	}
+	return out
+}
+
+// Interval is one ended ownership interval as IP history keeps it.
+type Interval struct {
+	Addr       netip.Addr
+	Owner      string
+	Start, End time.Time
+	Reason     string
+}
+
+// History checks IP history against the workload: every address an
+// owner held and gave back with a DEL has its interval in the history,
+// and every interval in the history is of an owner the workload had.
+func History(ops []Op, intervals []Interval, end time.Time) []Finding {
+	have := map[string]bool{}
+	for _, iv := range intervals {
+		have[iv.Owner+"@"+iv.Addr.String()] = true
+	}
+	var out []Finding
+	for _, h := range holds(ops, end) {
+		if h.hasDel && !have[h.owner+"@"+h.addr.String()] {
+			out = append(out, Finding{Kind: "history", Addr: h.addr, Message: fmt.Sprintf(
+				"IP history has no interval of %s for %s, which held it from %s and was deleted from %s", h.addr, h.owner, stamp(h.from), stamp(h.to))})
+		}
+	}
+	owners := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == "add" {
+			owners[op.Owner] = true
+		}
+	}
+	for _, iv := range intervals {
+		if !owners[iv.Owner] {
+			out = append(out, Finding{Kind: "history", Addr: iv.Addr, Message: fmt.Sprintf(
+				"IP history has an interval of %s for %s (%s to %s, %s), an owner the workload never had", iv.Addr, iv.Owner, stamp(iv.Start), stamp(iv.End), iv.Reason)})
+		}
+	}
+	return out
+}
