@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvipam/kvipam/e2e/chaos"
 	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/internal/cutproxy"
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 // TestChaosRun runs the chaos workload: a 3-member etcd cluster and
@@ -143,6 +145,9 @@ func TestChaosRun(t *testing.T) {
 	if t.Failed() {
 		keepHistory(t, seed, ops, changes, members)
 	}
+	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
+		t.Logf("chaos: %d file descriptors open at the end (pods release their namespaces)", len(fds))
+	}
 	t.Logf("chaos: seed=%d ops=%d faults=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, counts["duplicate"], counts["lost"], counts["leak"])
 }
 
@@ -209,7 +214,11 @@ func (w *chaosWorkload) worker(id int) {
 	rng := rand.New(rand.NewPCG(w.seed, uint64(id)+100))
 	for gen := 0; time.Now().Before(w.until); gen++ {
 		m := w.members[rng.IntN(len(w.members))]
-		p := newPod(m.n.t, fmt.Sprintf("w%d-%d", id, gen))
+		p, release, err := newEphemeralPod(fmt.Sprintf("w%d-%d", id, gen))
+		if err != nil {
+			m.n.t.Errorf("worker %d: %v", id, err)
+			return
+		}
 		var identity string
 		if rng.IntN(4) == 0 { // a sticky StatefulSet pod, re-created on any node
 			name := fmt.Sprintf("sts-%d", id)
@@ -233,6 +242,7 @@ func (w *chaosWorkload) worker(id int) {
 		if err == nil {
 			time.Sleep(time.Duration(200+rng.IntN(3000)) * time.Millisecond) // the pod's life
 			if time.Now().After(w.until) {
+				m.n.t.Cleanup(release)
 				return // live at the end: it must still hold its address
 			}
 			_ = m.n.check(m.l, p)
@@ -254,7 +264,21 @@ func (w *chaosWorkload) worker(id int) {
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
+		release()
 	}
+}
+
+// newEphemeralPod is newPod for the chaos workload, whose thousands of
+// pods each release their namespace after their DEL.
+func newEphemeralPod(name string) (*pod, func(), error) {
+	n, release, err := nstest.NewEphemeralNS()
+	if err != nil {
+		return nil, nil, err
+	}
+	return &pod{name: name, ns: n, rt: &libcni.RuntimeConf{
+		ContainerID: "ctr-" + name, NetNS: n.Path(), IfName: "eth0",
+		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}, {"K8S_POD_UID", podUID(name)}},
+	}}, release, nil
 }
 
 // The fault kinds, each fired at least once (in this order) by a run.

@@ -3,7 +3,9 @@
 package nstest
 
 import (
+	"fmt"
 	"os"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -25,23 +27,45 @@ func RequireRoot(tb testing.TB) {
 func NewNS(tb testing.TB) ns.NetNS {
 	tb.Helper()
 	RequireRoot(tb)
+	n, release, err := NewEphemeralNS()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(release)
+	return n
+}
+
+// NewEphemeralNS creates a network namespace with lo up, for a caller
+// that releases it itself (a long test making thousands of them must not
+// keep each one's file descriptor to its end). release may be called more
+// than once.
+func NewEphemeralNS() (ns.NetNS, func(), error) {
 	n, err := testutils.NewNS()
 	if err != nil {
-		tb.Fatalf("create netns: %v", err)
+		return nil, nil, fmt.Errorf("create netns: %w", err)
 	}
-	tb.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	h := Handle(tb, n)
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			_ = n.Close()
+			_ = testutils.UnmountNS(n)
+		})
+	}
+	h, err := netlink.NewHandleAt(netns.NsHandle(n.Fd()))
+	if err != nil {
+		release()
+		return nil, nil, fmt.Errorf("netlink handle in %s: %w", n.Path(), err)
+	}
+	defer h.Close()
 	lo, err := h.LinkByName("lo")
 	if err == nil {
 		err = h.LinkSetUp(lo)
 	}
 	if err != nil {
-		tb.Fatalf("set lo up in %s: %v", n.Path(), err)
+		release()
+		return nil, nil, fmt.Errorf("set lo up in %s: %w", n.Path(), err)
 	}
-	return n
+	return n, release, nil
 }
 
 // Handle is a netlink handle bound to n, closed at cleanup. It works from
