@@ -225,20 +225,19 @@ func (a *NodeAllocator) heldBy(req Request) map[netip.Addr]bool {
 }
 
 // giveBackBorrowed releases what the owner borrowed since before, after
-// its request failed with cause. If one cannot be released the owner
-// still holds it: the error then says try again, not a refusal.
+// its request failed with cause (giveBack).
 func (a *NodeAllocator) giveBackBorrowed(ctx context.Context, req Request, before map[netip.Addr]bool, cause error) error {
 	ps := a.pools[req.Pool]
 	if ps == nil {
 		return cause
 	}
-	p := &plan{ps: ps, req: req}
+	var lent []*Allocation
 	for _, al := range ps.byOwner[req.Owner.Key()] {
 		if al.Borrowed && !before[al.Addr] {
-			p.lent = append(p.lent, al)
+			lent = append(lent, al)
 		}
 	}
-	return a.abandon(ctx, p, cause)
+	return a.giveBack(ctx, ps, lent, cause)
 }
 
 // write sends a plan's writes, with its binding if it has one.

@@ -49,7 +49,7 @@ func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f 
 		}
 		b, addr, ok := a.lender(ps, f, snap, r.Owner)
 		if !ok {
-			return explainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
+			return ExplainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
 		}
 		got, err = a.writeBorrowed(ctx, ps, b, addr, a.newRecord(r, true), r.Reserve)
 		return err

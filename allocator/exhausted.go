@@ -72,13 +72,8 @@ func (e *ExhaustedError) Error() string {
 func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // ExplainExhausted says why family f of pool p has no address to hand
-// out, counted from snap (kvipamctl pool show says what an ADD would).
+// out, counted from snap: what an ADD is told, and kvipamctl pool show.
 func ExplainExhausted(ctx context.Context, st Store, p Pool, f Family, snap PoolSnapshot) *ExhaustedError {
-	return explainExhausted(ctx, st, p, f, snap)
-}
-
-// explainExhausted counts family f of pool p from snap.
-func explainExhausted(ctx context.Context, st Store, p Pool, f Family, snap PoolSnapshot) *ExhaustedError {
 	e := &ExhaustedError{Pool: p.Name, Family: f, Size: p.Size(f), Reserved: p.ReservedCount(f), Blocks: p.BlockCount(f)}
 	leases := map[int64]bool{}
 	for _, bi := range snap.Blocks {

@@ -107,14 +107,22 @@ func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr err
 // whose DEL or retry finds it).
 func (a *NodeAllocator) abandon(ctx context.Context, p *plan, cause error) error {
 	a.undo(p)
+	lent := p.lent
+	p.lent = nil
+	return a.giveBack(ctx, p.ps, lent, cause)
+}
+
+// giveBack releases borrowed addresses of a request that failed with
+// cause. If one cannot be released the owner still holds it: the error
+// then says try again, not a refusal.
+func (a *NodeAllocator) giveBack(ctx context.Context, ps *poolState, lent []*Allocation, cause error) error {
 	var errs []error
-	for _, al := range p.lent {
-		if err := a.release(ctx, p.ps, al); err != nil {
-			a.log.Warn("give back a borrowed address of a failed request", "pool", p.ps.pool.Name, "ip", al.Addr, "error", err)
+	for _, al := range lent {
+		if err := a.release(ctx, ps, al); err != nil {
+			a.log.Warn("give back a borrowed address of a failed request", "pool", ps.pool.Name, "ip", al.Addr, "error", err)
 			errs = append(errs, fmt.Errorf("%s: %w", al.Addr, err))
 		}
 	}
-	p.lent = nil
 	if len(errs) > 0 {
 		// The owner still holds what it borrowed: not a refusal any more.
 		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{ErrUnavailable}, errs...)...))

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
@@ -275,10 +274,7 @@ func newEphemeralPod(name string) (*pod, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return &pod{name: name, ns: n, rt: &libcni.RuntimeConf{
-		ContainerID: "ctr-" + name, NetNS: n.Path(), IfName: "eth0",
-		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}, {"K8S_POD_UID", podUID(name)}},
-	}}, release, nil
+	return podIn(name, n), release, nil
 }
 
 // The fault kinds, each fired at least once (in this order) by a run.

@@ -30,7 +30,11 @@ type pod struct {
 
 func newPod(t testing.TB, name string) *pod {
 	t.Helper()
-	n := newNS(t)
+	return podIn(name, newNS(t))
+}
+
+// podIn is the pod name in namespace n, as a runtime describes it.
+func podIn(name string, n ns.NetNS) *pod {
 	return &pod{name: name, ns: n, rt: &libcni.RuntimeConf{
 		ContainerID: "ctr-" + name, NetNS: n.Path(), IfName: "eth0",
 		Args: [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}, {"K8S_POD_UID", podUID(name)}},

@@ -97,14 +97,7 @@ func (a *app) renderBindings(ctx context.Context, s *etcdstore.Store, w io.Write
 	return a.render(w, rows, func(tw io.Writer) {
 		row(tw, "POOL", "IDENTITY", "ADDRESSES", "HELD BY", "NODE", "KEPT FOR", "WINDOW")
 		for _, r := range rows {
-			addrs := ""
-			for i, ad := range r.Addrs {
-				if i > 0 {
-					addrs += ","
-				}
-				addrs += ad.String()
-			}
-			row(tw, r.Pool, r.Identity, addrs, r.Holder, r.Node, r.KeptFor, r.Window().String())
+			row(tw, r.Pool, r.Identity, joinAddrs(r.Addrs), r.Holder, r.Node, r.KeptFor, r.Window().String())
 		}
 	})
 }
