@@ -221,8 +221,11 @@ func (a *Agent) start(ctx context.Context) error {
 		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost,
 		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
-	a.lease.renewed = a.endpoints.recheck
-	a.probe = &etcdProbe{ping: a.ping, log: a.log, reachable: a.endpoints.verify}
+	// Back in touch with etcd, the DELs plugins queued meanwhile go first
+	// (their pods are gone: re-asserting them would bring them back),
+	// then the endpoints are compared with etcd.
+	a.lease.renewed = func(ctx context.Context) { a.endpoints.drainNow(ctx); a.endpoints.recheck(ctx) }
+	a.probe = &etcdProbe{ping: a.ping, log: a.log, reachable: func(ctx context.Context) { a.endpoints.drainNow(ctx); a.endpoints.verify(ctx) }}
 	a.bindings = newNSBindings()
 	a.rec = &reconciler{
 		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain, recordLapses: a.alloc.RecordLapses,
@@ -268,9 +271,7 @@ func (a *Agent) restore(ctx context.Context, sess *kvstore.Session) error {
 	if err := a.alloc.Restore(ctx, sess); err != nil {
 		return fmt.Errorf("restore allocations: %w", err)
 	}
-	if err := a.endpoints.drain(ctx); err != nil {
-		a.log.Warn("queued DELs left for a later pass", "error", err)
-	}
+	a.endpoints.drainNow(ctx)
 	if err := a.endpoints.restore(ctx); err != nil {
 		return err
 	}

@@ -30,3 +30,12 @@ func (m *endpointManager) drain(ctx context.Context) error {
 	}
 	return err
 }
+
+// drainNow applies the queued DELs at once (at start, and when etcd or
+// the lease comes back) rather than at the reconciler's next pass; what
+// fails stays queued for that pass.
+func (m *endpointManager) drainNow(ctx context.Context) {
+	if err := m.drain(ctx); err != nil {
+		m.log.Warn("queued DELs left for a later pass", "error", err)
+	}
+}

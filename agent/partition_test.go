@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/cutproxy"
@@ -103,4 +104,51 @@ func TestPartitionedAgent(t *testing.T) {
 		after = append(after, r.IPs...)
 	}
 	require.Equal(t, held, after, "node-a kept every address through the partition")
+}
+
+// TestQueuedDelAppliedWhenEtcdReturns: a DEL a plugin queued while its
+// agent could not reach etcd is applied as soon as etcd answers again, not
+// at the reconciler's next pass (an hour here): the address must not stay
+// held by a pod that is gone.
+func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	u, err := url.Parse(e.Endpoints()[0])
+	require.NoError(t, err)
+	proxy := newCutProxy(t, u.Host)
+	cfg := testConfig(t, e)
+	cfg.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+	cfg.LeaseTTL = Duration{2 * time.Second}
+	cfg.RequestTimeout = Duration{time.Second}
+	a := startAgent(t, cfg, Options{})
+	for i := range 2 {
+		_, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
+		require.NoError(t, err)
+	}
+
+	lease := a.a.lease.session()
+	proxy.partition()
+	_, err = a.c.Release(ctx, owner(1))
+	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code, "the cut-off agent cannot release")
+	require.NoError(t, delqueue.Enqueue(cfg.delQueueDir(), owner(1))) // what the plugin does then
+	<-lease.Done()                                                    // past the lease, as in the chaos run
+	proxy.heal()
+
+	cli := etcdtest.Client(t, e)
+	require.Eventually(t, func() bool {
+		for _, al := range storeIPs(t, cli) {
+			if al.ContainerID == owner(1).ContainerID {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 50*time.Millisecond, "the queued DEL is applied once etcd answers again")
+	queued, err := delqueue.List(cfg.delQueueDir())
+	require.NoError(t, err)
+	require.Empty(t, queued)
+	held := storeIPs(t, cli)
+	require.NotEmpty(t, held)
+	for _, al := range held {
+		require.Equal(t, owner(0).ContainerID, al.ContainerID, "owner 0 keeps its addresses")
+	}
 }

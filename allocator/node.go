@@ -262,16 +262,16 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 	for i := range allocs {
 		al := &allocs[i]
 		ob.ba.Mark(al.Addr)
+		if al.State == StateKept { // no container: kept for its identity
+			ps.kept[al.Addr] = keptAddr{identity: al.Identity, until: expiry[al.Lease]}
+			continue
+		}
 		if al.ContainerID == "" {
 			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
 			continue
 		}
 		if al.Borrowed && al.Node != a.cfg.Node {
 			ps.lent[al.Addr] = al.Node // another node's pod: not ours to serve
-			continue
-		}
-		if al.State == StateKept {
-			ps.kept[al.Addr] = keptAddr{identity: al.Identity, until: expiry[al.Lease]}
 			continue
 		}
 		if newest == nil || al.Since.After(newest.Since) {

@@ -278,6 +278,9 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 	if al := ps.byAddr[addr]; al != nil {
 		a.dropIfLapsed(ps, al) // the create-if-absent write guards the rest
 	}
+	if _, kept := ps.kept[addr]; kept {
+		a.thawKept(ctx, ps, FamilyOf(addr)) // its window may have ended
+	}
 	if _, cooling := ps.cool.at[addr]; cooling && ps.byAddr[addr] == nil {
 		delete(ps.cool.at, addr) // asked for by name: no cooldown
 		ob.ba.Unmark(addr)

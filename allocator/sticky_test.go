@@ -75,6 +75,30 @@ func TestStickyWindowExpires(t *testing.T) {
 	require.False(t, ok, "the binding went with the window")
 }
 
+// TestStickyKeptSurvivesRestart: a node restarted while one of its
+// addresses is kept for an identity knows it as kept (not as an unknown
+// holder), and hands it out again once the window ends.
+func TestStickyKeptSurvivesRestart(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	res, err := a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 1), 2*time.Second))
+	require.NoError(t, err)
+	x := res.Allocations[0].Addr
+	_, err = a.alloc.Release(ctx, stickyPod("web-0", 1))
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{}) // the agent restarted
+	_, err = a2.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+	require.ErrorIs(t, err, allocator.ErrIPInUse)
+	require.Contains(t, err.Error(), "sticky identity ns/web-0 (kept until", "the restarted node knows why x is taken")
+	require.Eventually(t, func() bool {
+		_, err = a2.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+		return err == nil
+	}, 10*time.Second, 100*time.Millisecond, "x returns once the window ends: %v", err)
+}
+
 // TestStickyIdentityFollowsAcrossNodes: web-0 on node a gets x; DEL; the
 // re-created web-0 (new container and UID) on node b gets x, borrowed in
 // a's block; the first container's late DEL on a frees nothing of it; a
@@ -94,11 +118,21 @@ func TestStickyIdentityFollowsAcrossNodes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, x, res.Allocations[0].Addr, "the re-created pod gets its address on another node")
 	require.True(t, res.Allocations[0].Borrowed)
+	// IP history ends the first pod's interval at the takeover: the
+	// address had two owners, one after the other.
+	hist, err := b.store.History(ctx, etcdstore.HistoryFilter{Pool: "one", IP: x})
+	require.NoError(t, err)
+	require.Len(t, hist, 1)
+	require.Equal(t, first.Key(), hist[0].Owner.Key())
+	require.Equal(t, etcdstore.EndTakenOver, hist[0].Reason)
 	// The late DEL of the first container releases nothing of the second's.
 	_, err = a.alloc.Release(ctx, first)
 	require.NoError(t, err)
 	held := holdersOf(t, a.cli)
 	require.Equal(t, second.Key(), held[x].Owner.Key())
+	hist, err = a.store.History(ctx, etcdstore.HistoryFilter{Pool: "one", IP: x})
+	require.NoError(t, err)
+	require.Len(t, hist, 1, "the late DEL records no second interval")
 	// A pod of another name claiming the identity while web-0 lives.
 	other := stickyPod("web-0-copy", 1)
 	_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: other, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Minute}})

@@ -88,6 +88,9 @@ func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Reque
 				return nil, fmt.Errorf("sticky identity %s: its address %s is held by %s on node %s: %w", b.Identity, ref.Addr, c.Owner.Key(), c.Node, ErrIPInUse)
 			}
 			w.PrevRev = c.Rev
+			if c.State != StateKept {
+				w.Ends = &c
+			}
 		}
 		if ob := ps.own[ref.Block]; ob != nil {
 			w.ClaimRev = ob.claimRev

@@ -136,6 +136,10 @@ type IPWrite struct {
 	// must have a home, and the address gets a home of its own naming
 	// the writer, which every node routes.
 	Borrowed bool
+	// Ends, on a sticky takeover of an earlier pod's allocation (not a
+	// kept one), is that allocation: its interval ends in the same
+	// transaction (IP history).
+	Ends *Allocation
 }
 
 // WriteResult says what a batch write did.

@@ -38,7 +38,8 @@ type HistoryRecord struct {
 	End   time.Time `json:"end"`
 	// Reason is how the interval ended: released (a DEL or GC by the
 	// owner's node), reservation-lapsed (an ADD that never finished),
-	// node-remove or operator-release (an operator's audited release).
+	// node-remove or operator-release (an operator's audited release),
+	// kept-for-identity or taken-over-by-identity (sticky identities).
 	Reason string `json:"reason"`
 }
 
@@ -50,6 +51,10 @@ const (
 	EndOperatorRelease = "operator-release"
 	// EndKept: a sticky pod's DEL; the address is kept for its identity.
 	EndKept = "kept-for-identity"
+	// EndTakenOver: a sticky identity's next pod took the address over
+	// from a pod whose DEL had not reached etcd (its node was cut off, or
+	// the DEL was queued).
+	EndTakenOver = "taken-over-by-identity"
 )
 
 // HistoryOf is the record of al's interval ending at end.

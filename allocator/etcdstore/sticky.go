@@ -67,7 +67,22 @@ func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []al
 	if err != nil {
 		return allocator.WriteResult{}, err
 	}
-	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(key, val)})
+	puts := []clientv3.Op{clientv3.OpPut(key, val)}
+	for _, w := range writes {
+		if w.Ends == nil {
+			continue
+		}
+		// The earlier pod's DEL never reached etcd: its interval ends at
+		// the takeover (IP history).
+		op, _, ok, err := s.hist.Op(ctx, HistoryOf(*w.Ends, s.now(), EndTakenOver))
+		if err != nil {
+			return allocator.WriteResult{}, err
+		}
+		if ok {
+			puts = append(puts, op)
+		}
+	}
+	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, puts)
 }
 
 // Keep implements allocator.Store.

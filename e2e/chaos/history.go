@@ -61,7 +61,8 @@ type Finding struct {
 func (f Finding) String() string { return f.Kind + ": " + f.Message }
 
 // hold is an interval in which an owner surely believed it held addr:
-// from the end of its ADD to the start of its DEL (or the run's end).
+// from the end of its ADD to the start of its first DEL (or the run's
+// end).
 type hold struct {
 	owner, node string
 	addr        netip.Addr
@@ -79,16 +80,19 @@ func holds(ops []Op, end time.Time) []hold {
 	open := map[string][]int{} // owner -> indexes into out
 	var out []hold
 	for _, op := range sorted {
-		if op.Err != "" {
-			continue
-		}
 		switch op.Kind {
 		case "add":
+			if op.Err != "" {
+				continue // a failed ADD holds nothing
+			}
 			for _, a := range op.Addrs {
 				open[op.Owner] = append(open[op.Owner], len(out))
 				out = append(out, hold{owner: op.Owner, node: op.Node, addr: a, from: op.End, to: end, add: op})
 			}
 		case "del":
+			// Even a failed DEL (its plugin killed midway) ends the hold:
+			// the runtime sent it because the pod is going, and the agent
+			// may have released the address before the plugin died.
 			for _, i := range open[op.Owner] {
 				if op.Start.Before(out[i].to) {
 					out[i].to, out[i].hasDel = op.Start, true

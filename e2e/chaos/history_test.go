@@ -70,6 +70,17 @@ func TestCheckerCatchesLostAllocation(t *testing.T) {
 	require.Contains(t, kinds(fs), "lost")
 }
 
+// TestCheckerKilledDelEndsHold: a DEL whose plugin was killed midway
+// failed, yet the agent may have released the address already; the
+// runtime tore the pod down when it sent that DEL, so the hold ends at
+// its start, and the release seen before the retried DEL is no loss.
+func TestCheckerKilledDelEndsHold(t *testing.T) {
+	ops, changes, final := clean()
+	ops = append(ops, Op{Kind: "del", Owner: "a/eth0", Node: "n1", Start: at(90), End: at(97), Err: "signal: killed"})
+	changes[3].Seen = at(96) // released by the killed DEL
+	require.Empty(t, Check(ops, changes, final, at(1000)))
+}
+
 // TestCheckerCatchesLeak: after the run etcd still holds x for a, whose
 // DEL finished long ago.
 func TestCheckerCatchesLeak(t *testing.T) {
