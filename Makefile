@@ -16,6 +16,7 @@ test: build
 	$(GO) vet $(PKGS)
 	$(GO) test $(TEST_FLAGS) $(PKGS)
 	KVIPAM_E2E_DATAPATH=bpf $(GO) test $(TEST_FLAGS) ./e2e/
+	CHAOS_DURATION=3m $(GO) test $(TEST_FLAGS) -v -run '^TestChaosRun$$' ./e2e/
 	$(MAKE) race
 
 # The packages with concurrency, under the race detector (part of test).

@@ -28,7 +28,7 @@ func newCutProxy(t testing.TB, target string) *cutProxy {
 	return &cutProxy{p}
 }
 
-func (p *cutProxy) partition() { p.Cut() }
+func (p *cutProxy) partition() { p.Stall() } // packets dropped, connections hang
 
 func (p *cutProxy) heal() { p.Heal() }
 

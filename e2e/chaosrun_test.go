@@ -102,14 +102,13 @@ func TestChaosRun(t *testing.T) {
 	ops := w.history()
 	findings := chaos.Check(ops, changes, final, end)
 	findings = append(findings, chaos.Placement(changes, rec.Homes())...)
-	hist, err := etcdstore.New(cli, etcdstore.Options{}).History(context.Background(), etcdstore.HistoryFilter{Pool: "chaos"})
+	fc, err := c.ClientConfig(cluster.RootUser)
 	require.NoError(t, err)
-	var ivs []chaos.Interval
-	for _, h := range hist {
-		if a, err := netip.ParseAddr(h.IP); err == nil {
-			ivs = append(ivs, chaos.Interval{Addr: a, Owner: h.Owner.Key(), Start: h.Start, End: h.End, Reason: h.Reason})
-		}
+	ctl := func(args ...string) ([]byte, error) {
+		args = append(args, "--endpoints", strings.Join(c.Endpoints(), ","), "--cacert", fc.CAFile, "--cert", fc.CertFile, "--key", fc.KeyFile)
+		return exec.Command(filepath.Join(members[0].n.bin, "kvipamctl"), args...).CombinedOutput()
 	}
+	ivs := ipHistory(t, ctl, netip.MustParsePrefix("10.12.0.0/28"))
 	findings = append(findings, chaos.History(ops, ivs, end)...)
 	counts := map[string]int{}
 	for _, fd := range findings {
@@ -134,11 +133,7 @@ func TestChaosRun(t *testing.T) {
 			}
 		}
 	}
-	fc, err := c.ClientConfig(cluster.RootUser)
-	require.NoError(t, err)
-	out, err := exec.Command(filepath.Join(members[0].n.bin, "kvipamctl"), "check", "--endpoints", strings.Join(c.Endpoints(), ","),
-		"--cacert", fc.CAFile, "--cert", fc.CertFile, "--key", fc.KeyFile).CombinedOutput()
-	if err != nil {
+	if out, err := ctl("check"); err != nil {
 		t.Errorf("kvipamctl check after the run: %v\n%s", err, out)
 	}
 	if t.Failed() {
@@ -148,6 +143,27 @@ func TestChaosRun(t *testing.T) {
 		t.Logf("chaos: %d file descriptors open at the end (pods release their namespaces)", len(fds))
 	}
 	t.Logf("chaos: seed=%d ops=%d faults=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, counts["duplicate"], counts["lost"], counts["leak"])
+}
+
+// ipHistory reads the ended ownership intervals of every address of
+// pool from kvipamctl ip history, as an operator would.
+func ipHistory(t *testing.T, ctl func(args ...string) ([]byte, error), pool netip.Prefix) []chaos.Interval {
+	var ivs []chaos.Interval
+	for a := pool.Addr().Next(); pool.Contains(a.Next()); a = a.Next() {
+		out, err := ctl("ip", "history", a.String(), "--pool", "chaos", "-o", "json")
+		require.NoError(t, err, "kvipamctl ip history %s: %s", a, out)
+		var rows []struct {
+			etcdstore.HistoryRecord
+			Current bool `json:"current"`
+		}
+		require.NoError(t, json.Unmarshal(out, &rows), "kvipamctl ip history %s -o json", a)
+		for _, r := range rows {
+			if !r.Current {
+				ivs = append(ivs, chaos.Interval{Addr: a, Owner: r.Owner.Key(), Start: r.Start, End: r.End, Reason: r.Reason})
+			}
+		}
+	}
+	return ivs
 }
 
 // chaosNode is a chaos run's node: its agent reaches etcd through
@@ -347,9 +363,15 @@ func (f *chaosFaults) inject(kind string) {
 		require.NoError(f.t, f.c.Restart(i))
 		f.recoveries++
 	case "etcd-cut":
-		f.log(kind, "agent %s cut off from etcd for 8s (lease TTL 5s), then healed", m.n.name)
+		// Mostly a silent partition (packets dropped: requests and
+		// keepalives hang), sometimes a loud one (connections reset).
+		how, cut := "packets dropped, connections hang", (*cutproxy.Proxy).Stall
+		if f.rng.IntN(3) == 0 {
+			how, cut = "connections reset and refused", (*cutproxy.Proxy).Cut
+		}
+		f.log(kind, "agent %s cut off from etcd for 8s (lease TTL 5s; %s), then healed", m.n.name, how)
 		for _, p := range m.proxies {
-			p.Cut()
+			cut(p)
 		}
 		time.Sleep(8 * time.Second)
 		for _, p := range m.proxies {

@@ -60,17 +60,30 @@ type Interval struct {
 
 // History checks IP history against the workload: every address an
 // owner held and gave back with a DEL has its interval in the history,
+// begun before its ADD answered and ended no sooner than its DEL began,
 // and every interval in the history is of an owner the workload had.
 func History(ops []Op, intervals []Interval, end time.Time) []Finding {
-	have := map[string]bool{}
+	have := map[string][]Interval{}
 	for _, iv := range intervals {
-		have[iv.Owner+"@"+iv.Addr.String()] = true
+		k := iv.Owner + "@" + iv.Addr.String()
+		have[k] = append(have[k], iv)
 	}
 	var out []Finding
 	for _, h := range holds(ops, end) {
-		if h.hasDel && !have[h.owner+"@"+h.addr.String()] {
+		if !h.hasDel {
+			continue
+		}
+		ivs := have[h.owner+"@"+h.addr.String()]
+		if len(ivs) == 0 {
 			out = append(out, Finding{Kind: "history", Addr: h.addr, Message: fmt.Sprintf(
 				"IP history has no interval of %s for %s, which held it from %s and was deleted from %s", h.addr, h.owner, stamp(h.from), stamp(h.to))})
+			continue
+		}
+		if !slices.ContainsFunc(ivs, func(iv Interval) bool { return !iv.Start.After(h.from) && !iv.End.Before(h.to) }) {
+			iv := ivs[0]
+			out = append(out, Finding{Kind: "history", Addr: h.addr, Message: fmt.Sprintf(
+				"IP history has %s for %s from %s to %s (%s), which does not cover its hold from %s (ADD answered) to %s (DEL began)",
+				h.addr, h.owner, stamp(iv.Start), stamp(iv.End), iv.Reason, stamp(h.from), stamp(h.to))})
 		}
 	}
 	owners := map[string]bool{}

@@ -26,8 +26,8 @@ func TestPlacementCatchesMisplaced(t *testing.T) {
 }
 
 // TestHistoryCatchesMissingAndForeignIntervals: IP history must have the
-// interval of every address an owner gave back, and only owners the
-// workload had.
+// interval of every address an owner gave back, covering its hold, and
+// only owners the workload had.
 func TestHistoryCatchesMissingAndForeignIntervals(t *testing.T) {
 	ops, _, _ := clean()
 	ivs := []Interval{{Addr: x, Owner: "a/eth0", Start: at(10), End: at(105), Reason: "released"}}
@@ -38,4 +38,9 @@ func TestHistoryCatchesMissingAndForeignIntervals(t *testing.T) {
 	fs = History(ops, append(ivs, Interval{Addr: y, Owner: "z/eth0", Start: at(1), End: at(2), Reason: "released"}), at(1000))
 	require.Len(t, fs, 1)
 	require.Contains(t, fs[0].Message, "z/eth0 (10:00:00.001 to 10:00:00.002, released), an owner the workload never had")
+	// An interval that ended while its owner still held the address does
+	// not agree with the workload.
+	fs = History(ops, []Interval{{Addr: x, Owner: "a/eth0", Start: at(10), End: at(50), Reason: "released"}}, at(1000))
+	require.Len(t, fs, 1)
+	require.Equal(t, "IP history has 10.0.0.5 for a/eth0 from 10:00:00.010 to 10:00:00.050 (released), which does not cover its hold from 10:00:00.010 (ADD answered) to 10:00:00.100 (DEL began)", fs[0].Message)
 }

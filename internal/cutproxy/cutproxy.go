@@ -1,11 +1,13 @@
-// Package cutproxy forwards loopback TCP to a target until it is cut:
-// then it drops every connection and refuses new ones until healed. It
-// stands for a network partition between one process and etcd, with
-// everything else still connected, without touching the host's network.
+// Package cutproxy forwards loopback TCP to a target, and can partition
+// it in two ways without touching the host's network: Stall drops the
+// traffic as a network that loses every packet would (nothing arrives
+// either way, connections hang, and what was sent is delivered once
+// healed, as TCP retransmits it), and Cut resets every connection and
+// refuses new ones. Either stands for a partition between one process
+// and etcd, with everything else still connected.
 package cutproxy
 
 import (
-	"io"
 	"net"
 	"sync"
 )
@@ -15,7 +17,9 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
+	flow   *sync.Cond // signalled when cut or stalled change
 	cut    bool
+	stall  bool
 	conns  map[net.Conn]bool
 }
 
@@ -26,6 +30,7 @@ func New(target string) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	p.flow = sync.NewCond(&p.mu)
 	go p.serve()
 	return p, nil
 }
@@ -36,26 +41,74 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = true, true
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close() }()
-		go func() { _, _ = io.Copy(c, up); c.Close() }()
+		go p.handle(c)
 	}
 }
 
-// Cut drops every connection and refuses new ones.
+// handle connects c upstream once traffic flows: a connection made
+// while stalled waits, as a SYN would go unanswered.
+func (p *Proxy) handle(c net.Conn) {
+	if !p.waitFlow() {
+		c.Close()
+		return
+	}
+	up, err := net.Dial("tcp", p.target)
+	if err != nil {
+		c.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.cut {
+		p.mu.Unlock()
+		c.Close()
+		up.Close()
+		return
+	}
+	p.conns[c], p.conns[up] = true, true
+	p.mu.Unlock()
+	go p.pipe(up, c)
+	go p.pipe(c, up)
+}
+
+// waitFlow waits while stalled; false if cut.
+func (p *Proxy) waitFlow() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.stall && !p.cut {
+		p.flow.Wait()
+	}
+	return !p.cut
+}
+
+// pipe copies src to dst; bytes read while stalled wait to be written
+// until healed.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.waitFlow() {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Stall stops all traffic without closing anything, until Heal.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	p.stall = true
+	p.mu.Unlock()
+}
+
+// Cut drops every connection and refuses new ones, until Heal.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -64,13 +117,15 @@ func (p *Proxy) Cut() {
 		c.Close()
 	}
 	clear(p.conns)
+	p.flow.Broadcast()
 }
 
 // Heal forwards again.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
-	p.cut = false
+	p.cut, p.stall = false, false
 	p.mu.Unlock()
+	p.flow.Broadcast()
 }
 
 // Addr is the proxy's host:port.
