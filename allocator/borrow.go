@@ -77,6 +77,10 @@ func (a *NodeAllocator) ownRoom(ctx context.Context, ps *poolState, f Family, sn
 	return room
 }
 
+// enumerateLimit is the largest family (in blocks) that hasClaimable
+// lists whole; in larger ones the claim loop's walk finds a block.
+const enumerateLimit = 1 << 16
+
 // hasClaimable reports whether snap shows a block of family f that a
 // claim could take: no claim, no allocations, an address to hand out.
 func (ps *poolState) hasClaimable(f Family, snap PoolSnapshot) bool {

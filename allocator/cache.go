@@ -39,6 +39,12 @@ type poolState struct {
 	// kept are own-block addresses kept for a sticky identity between
 	// its pods (stickyalloc.go); they stay marked.
 	kept map[netip.Addr]keptAddr
+	// walks are the node's block walks, by family (blockwalk.go); a
+	// changed pool starts them again.
+	walks map[Family]*blockWalk
+	// claimUnsure: a claim's outcome is unknown; the next claim reads
+	// the pool's claims first, to adopt it if it landed.
+	claimUnsure bool
 }
 
 // pending is a store call of unknown outcome: a write (create or confirm)
@@ -77,6 +83,7 @@ func newPoolState(p Pool) *poolState {
 		pool:    p,
 		own:     map[netip.Prefix]*ownBlock{},
 		others:  map[netip.Prefix]otherBlock{},
+		walks:   map[Family]*blockWalk{},
 		byOwner: map[string][]*Allocation{},
 		byAddr:  map[netip.Addr]*Allocation{},
 		expires: map[netip.Addr]time.Time{},
@@ -144,6 +151,7 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 // reservations to the own blocks.
 func (ps *poolState) setPool(p Pool) {
 	ps.pool = p
+	clear(ps.walks)
 	for b, ob := range ps.own {
 		ob.ba.SetReserved(p.reservedOffsets(b))
 	}

@@ -3,34 +3,33 @@ package allocator
 import (
 	"context"
 	"errors"
-	"hash/fnv"
-	"math/rand/v2"
 	"net/netip"
 
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
-// enumerateLimit is the largest family (in blocks) whose every block is
-// ranked when choosing one; larger ones (an IPv6 /64 of /120 blocks has
-// 2^56) are probed at random, where collisions are vanishingly rare.
-const enumerateLimit = 1 << 16
-
-// claimBlock claims one more block of family f for this node. It refreshes
-// the view of other nodes' claims first, then tries candidates until one
-// claim transaction succeeds. Every lost race marks that block taken, so
-// the loop makes progress; it has no attempt budget. When no candidate is
-// left it reads the claims once more (a block may have been freed, or a
-// race that said "changed concurrently" may have been transient), and
-// reports the pool exhausted only if that read leaves nothing to try. The
-// caller's context bounds the whole.
+// claimBlock claims one more block of family f for this node. It tries
+// the candidates of the node's block walk until one claim transaction
+// succeeds. It does not read the pool's claims first: the node learned
+// them at restore, and learns every block taken since from the claim that
+// loses its race to it (which marks the block taken, so the loop makes
+// progress; it has no attempt budget). Only when no candidate is left
+// does it read the claims once more (a block may have been freed, or a
+// race that said "changed concurrently" may have been transient), and it
+// reports the pool exhausted only if that read leaves nothing to try. A
+// claim of unknown outcome makes the next claim read them first, to adopt
+// the claim if it landed. The caller's context bounds the whole.
 func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family) (netip.Prefix, error) {
-	if err := a.refreshOthers(ctx, ps); err != nil {
-		return netip.Prefix{}, err
+	fresh := false // others was read since the last lost race
+	if ps.claimUnsure {
+		if err := a.refreshOthers(ctx, ps); err != nil {
+			return netip.Prefix{}, err
+		}
+		fresh = true
 	}
 	if b, ok := ps.roomy(f); ok { // an adopted claim whose answer was lost
 		return b, nil
 	}
-	fresh := true // others was read since the last lost race
 	var got netip.Prefix
 	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
 		cand, ok := a.chooseBlock(ps, f)
@@ -88,6 +87,9 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 		ps.setPool(p)
 		return err
 	}
+	if err != nil && !errors.As(err, &ce) {
+		ps.claimUnsure = true // it may have landed: the next claim reads first
+	}
 	if errors.As(err, &ce) {
 		if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
 			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", ce.ClaimRev)
@@ -119,6 +121,7 @@ func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error 
 	if err != nil {
 		return err
 	}
+	ps.claimUnsure = false
 	prev := ps.others
 	ps.others = map[netip.Prefix]otherBlock{}
 	for _, info := range infos {
@@ -143,52 +146,20 @@ func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error 
 	return nil
 }
 
-// chooseBlock picks the next block to try. Nodes rank blocks by a hash of
-// (node, block) (rendezvous hashing): each node has its own preference
-// order, so many nodes starting at once mostly try different blocks, and a
-// node keeps preferring the same blocks across restarts.
+// chooseBlock picks the next block to try: the next block of the node's
+// walk (blockwalk.go) that is neither its own nor known to be another's.
+// A /32 (or /128) block that is a CIDR's network or broadcast address has
+// nothing to hand out and is never claimed.
 func (a *NodeAllocator) chooseBlock(ps *poolState, f Family) (netip.Prefix, bool) {
-	bits := ps.pool.BlockSize(f)
-	cidrs := ps.pool.CIDRsOf(f)
-	taken := func(b netip.Prefix) bool {
+	w := ps.walks[f]
+	if w == nil {
+		w = newBlockWalk(a.cfg.Node, ps.pool, f)
+		ps.walks[f] = w
+	}
+	single := (f == IPv4 && w.bits == 32) || (f == IPv6 && w.bits == 128)
+	return w.next(func(b netip.Prefix) bool {
 		_, mine := ps.own[b]
 		_, other := ps.others[b]
-		// A /32 (or /128) block that is a CIDR's network or broadcast
-		// address has nothing to hand out; never claim it.
-		return mine || other || len(ps.pool.Excluded(b)) >= BlockSize(b)
-	}
-	if ps.pool.BlockCount(f) <= enumerateLimit {
-		var best netip.Prefix
-		var bestScore uint64
-		found := false
-		for _, c := range cidrs {
-			n := BlockCount(c, bits)
-			for i := uint64(0); i < n; i++ {
-				b, err := BlockAt(c, bits, i)
-				if err != nil || taken(b) {
-					continue
-				}
-				if s := a.score(b); !found || s < bestScore {
-					best, bestScore, found = b, s, true
-				}
-			}
-		}
-		return best, found
-	}
-	for range 256 {
-		c := cidrs[rand.IntN(len(cidrs))]
-		b, err := BlockAt(c, bits, rand.Uint64N(BlockCount(c, bits)))
-		if err == nil && !taken(b) {
-			return b, true
-		}
-	}
-	return netip.Prefix{}, false
-}
-
-func (a *NodeAllocator) score(b netip.Prefix) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(a.cfg.Node))
-	h.Write([]byte{0})
-	h.Write([]byte(BlockName(b)))
-	return h.Sum64()
+		return mine || other || (single && len(ps.pool.Excluded(b)) > 0)
+	})
 }

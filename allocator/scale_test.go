@@ -1,0 +1,142 @@
+package allocator_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// conflictCounter counts claims lost to another node's (CAS conflicts).
+type conflictCounter struct {
+	allocator.Store
+	n *atomic.Int64
+}
+
+func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix, cl allocator.Claim, lease int64) (int64, error) {
+	rev, err := c.Store.Claim(ctx, pool, b, cl, lease)
+	var ce *allocator.ClaimError
+	if errors.As(err, &ce) {
+		c.n.Add(1)
+	}
+	return rev, err
+}
+
+// BenchmarkClaimStorm: KVIPAM_STORM_NODES node allocators (default
+// 1,000), each with its own lease of the agent's default TTL (15 s) and
+// sharing 16 clients, start at once on a /12 pool of /26 blocks (16,384
+// blocks) and each allocates one address, so each claims a block. The
+// baseline, measured in the same run on the same etcd, is the same
+// number of create-if-absent transactions at once. Reported: the storm's
+// seconds and its ratio to the baseline, CAS conflicts, failures and
+// lost leases; a duplicate address fails the benchmark.
+func BenchmarkClaimStorm(b *testing.B) {
+	nodes := 1000
+	if s := os.Getenv("KVIPAM_STORM_NODES"); s != "" {
+		var err error
+		if nodes, err = strconv.Atoi(s); err != nil {
+			b.Fatal("KVIPAM_STORM_NODES:", err)
+		}
+	}
+	const clients = 16
+	for range b.N {
+		b.StopTimer()
+		e := etcdtest.Start(b)
+		pool := allocator.Pool{Name: "storm", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26}
+		ensurePool(b, e, pool)
+		clis := make([]*clientv3.Client, clients)
+		for i := range clis {
+			clis[i] = etcdtest.Client(b, e)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		var conflicts atomic.Int64
+		als := make([]*allocator.NodeAllocator, nodes)
+		sessions := make([]*kvstore.Session, nodes)
+		for i := range als {
+			cli := clis[i%clients]
+			sess, err := kvstore.NewSession(ctx, cli, 15)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sessions[i] = sess
+			st := conflictCounter{Store: etcdstore.New(cli, etcdstore.Options{}), n: &conflicts}
+			al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%05d", i), Store: st, Pools: []string{"storm"}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := al.Restore(ctx, sess); err != nil {
+				b.Fatal(err)
+			}
+			als[i] = al
+		}
+		base := storm(nodes, func(i int) error {
+			_, err := kvstore.CreateJSON(ctx, clis[i%clients], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
+			return err
+		})
+		got := make([]netip.Addr, nodes)
+		var failed atomic.Int64
+		var firstErr sync.Once
+		b.StartTimer()
+		took := storm(nodes, func(i int) error {
+			r, err := als[i].Allocate(ctx, allocator.Request{Pool: "storm", Owner: owner(i)})
+			if err != nil {
+				failed.Add(1)
+				firstErr.Do(func() { b.Logf("node-%05d: %v", i, err) })
+				return nil
+			}
+			got[i] = r.Allocations[0].Addr
+			return nil
+		})
+		b.StopTimer()
+		lost := 0
+		for _, s := range sessions {
+			if s.Lost() {
+				lost++
+			}
+			s.Close()
+		}
+		seen := map[netip.Addr]bool{}
+		for _, a := range got {
+			if a.IsValid() && seen[a] {
+				b.Fatalf("%s handed out twice", a)
+			}
+			seen[a] = true
+		}
+		cancel()
+		b.ReportMetric(took.Seconds(), "s/storm")
+		b.ReportMetric(base.Seconds(), "s/baseline")
+		b.ReportMetric(took.Seconds()/base.Seconds(), "x-baseline")
+		b.ReportMetric(float64(conflicts.Load()), "conflicts")
+		b.ReportMetric(float64(failed.Load()), "failures")
+		b.ReportMetric(float64(lost), "lost-leases")
+	}
+}
+
+// storm runs f for 0..n-1 at once and returns how long all took.
+func storm(n int, f func(i int) error) time.Duration {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_ = f(i)
+		})
+	}
+	began := time.Now()
+	close(start)
+	wg.Wait()
+	return time.Since(began)
+}
