@@ -17,7 +17,10 @@ import (
 const (
 	DatapathRoutes = "routes"
 	DatapathBPF    = "bpf"
-	DatapathAuto   = "auto"
+	// BPFAttachAuto attaches the bpf datapath with a clsact filter, and
+	// with TCX for pods whose egress is limited (--bpf-attach).
+	BPFAttachAuto = "auto"
+	DatapathAuto  = "auto"
 )
 
 // Config is everything the agent is told at start: a plain struct that
@@ -51,6 +54,13 @@ type Config struct {
 	BatchWait Duration `json:"batchWait"`
 	// BPFPinDir is where the bpf datapath pins its maps and links.
 	BPFPinDir string `json:"bpfPinDir"`
+	// BPFAttach is how the bpf datapath attaches its program to a host
+	// veth: tcx (a TCX link: it composes with every other tc user, but
+	// each attach and detach waits for an RCU grace period, about 25 ms),
+	// tc (a clsact filter, about 1 ms, but a clsact qdisc excludes the
+	// ingress qdisc that the bandwidth plugin's egress shaping adds), or
+	// auto (the default): tc, and tcx for pods whose egress is limited.
+	BPFAttach string `json:"bpfAttach"`
 	// NetNS is the network namespace (a path such as /proc/1/ns/net) whose
 	// pod interfaces the datapath programs; empty is the agent's own. It
 	// lets an agent that is not in the host namespace manage the host's.
@@ -133,6 +143,7 @@ func DefaultConfig() Config {
 		MaxBatch:       allocator.MaxBatch,
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
+		BPFAttach:      BPFAttachAuto,
 		PeerRoutes:     true,
 		Routing:        RoutingHostGW,
 		VXLAN:          VXLANConfig{VNI: 1, Port: 4789},
@@ -183,6 +194,11 @@ func (c *Config) Validate() error {
 	case DatapathRoutes, DatapathBPF, DatapathAuto:
 	default:
 		bad("datapath: %q is not routes, bpf or auto", c.Datapath)
+	}
+	switch c.BPFAttach {
+	case "tc", "tcx", BPFAttachAuto:
+	default:
+		bad("bpf-attach: %q is not auto, tc or tcx", c.BPFAttach)
 	}
 	switch c.Routing {
 	case RoutingHostGW, RoutingVXLAN, RoutingNone:

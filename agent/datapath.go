@@ -120,7 +120,7 @@ func (d *routesDatapath) Close() error {
 func openDatapath(cfg Config, log hclog.Logger) (Datapath, error) {
 	mode := cfg.Datapath
 	if mode == DatapathBPF || mode == DatapathAuto {
-		dp, err := newBPFDatapath(cfg.BPFPinDir, cfg.NetNS, log)
+		dp, err := newBPFDatapath(cfg.BPFPinDir, cfg.BPFAttach, cfg.NetNS, log)
 		if err == nil {
 			return dp, nil
 		}

@@ -27,14 +27,18 @@ type bpfDatapath struct {
 	dp    *bpf.Datapath
 	nl    *netlink.Handle
 	netns string
-	log   hclog.Logger
+	// auto: attach with a clsact filter unless the pod's egress is limited
+	// (a chained bandwidth plugin then adds an ingress qdisc, which clsact
+	// would exclude): with TCX.
+	auto bool
+	log  hclog.Logger
 }
 
 var _ Datapath = (*bpfDatapath)(nil)
 
 // newBPFDatapath opens the eBPF datapath, or says why the kernel cannot
 // run it (auto mode then falls back to routes).
-func newBPFDatapath(pinDir, netnsPath string, log hclog.Logger) (Datapath, error) {
+func newBPFDatapath(pinDir, attach, netnsPath string, log hclog.Logger) (Datapath, error) {
 	if err := bpf.Supported(); err != nil {
 		return nil, fmt.Errorf("kernel cannot run the eBPF datapath: %w", err)
 	}
@@ -50,7 +54,15 @@ func newBPFDatapath(pinDir, netnsPath string, log hclog.Logger) (Datapath, error
 		nl.Close()
 		return nil, fmt.Errorf("open eBPF datapath in %s: %w", pinDir, err)
 	}
-	return &bpfDatapath{dp: d, nl: nl, netns: netnsPath, log: log}, nil
+	mode := attach
+	if attach == BPFAttachAuto {
+		mode = bpf.AttachTC
+	}
+	if err := d.SetAttachMode(mode); err != nil {
+		nl.Close()
+		return nil, errors.Join(err, d.Close())
+	}
+	return &bpfDatapath{dp: d, nl: nl, netns: netnsPath, auto: attach == BPFAttachAuto, log: log}, nil
 }
 
 // ensureBPFFS mounts bpffs on /sys/fs/bpf when the pin directory lives
@@ -86,6 +98,9 @@ func (d *bpfDatapath) inNetns(fn func() error) error {
 
 func (d *bpfDatapath) toBPF(ep api.Endpoint) (bpf.Endpoint, error) {
 	out := bpf.Endpoint{ID: ep.ID, HostIfIndex: ep.HostIfIndex, HostIfName: ep.HostIfName}
+	if d.auto && ep.EgressLimited {
+		out.Attach = bpf.AttachTCX
+	}
 	if ep.ContainerMAC != "" {
 		mac, err := net.ParseMAC(ep.ContainerMAC)
 		if err != nil {

@@ -46,18 +46,42 @@ func pinnedLinkID(t testing.TB, dir string, ifindex int) (link.ID, bool) {
 	return info.ID, true
 }
 
-// TestBPFEndpointLifecycle: in bpf mode, endpoint create attaches and pins
-// the program before it answers; an agent that stops leaves it enforcing;
-// the next agent adopts the same link (no detach); release removes it.
+// TestBPFEndpointLifecycle: in bpf mode, with either attach mode, endpoint
+// create attaches the program before it answers; an agent that stops
+// leaves it enforcing; the next agent adopts the same attachment (no
+// detach); release removes it.
 func TestBPFEndpointLifecycle(t *testing.T) {
+	for _, mode := range []string{"tc", "tcx"} {
+		t.Run(mode, func(t *testing.T) { testBPFEndpointLifecycle(t, mode) })
+	}
+}
+
+func testBPFEndpointLifecycle(t *testing.T, mode string) {
 	pins := bpfPinDir(t)
 	host := nstest.NewNS(t)
 	h := nstest.Handle(t, host)
 	l := nstest.AddLink(t, h, "kvbpf0")
 	e := etcdtest.Start(t)
 	cfg := testConfig(t, e)
-	cfg.Datapath, cfg.BPFPinDir, cfg.NetNS = DatapathBPF, pins, host.Path()
+	cfg.Datapath, cfg.BPFPinDir, cfg.NetNS, cfg.BPFAttach = DatapathBPF, pins, host.Path(), mode
 	ctx := context.Background()
+	// attached is the link ID (tcx) or the attached program's ID (tc).
+	attached := func() (uint32, bool) {
+		if mode == "tcx" {
+			id, ok := pinnedLinkID(t, pins, l.Attrs().Index)
+			return uint32(id), ok
+		}
+		filters, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			return 0, false
+		}
+		for _, f := range filters {
+			if bf, ok := f.(*netlink.BpfFilter); ok {
+				return uint32(bf.Id), true
+			}
+		}
+		return 0, false
+	}
 
 	ta := startAgent(t, cfg, Options{})
 	st, err := ta.c.Status(ctx)
@@ -69,26 +93,30 @@ func TestBPFEndpointLifecycle(t *testing.T) {
 	ep, err := ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: "kvbpf0"})
 	require.NoError(t, err)
 	require.Equal(t, "bpf", ep.Datapath)
-	id, ok := pinnedLinkID(t, pins, l.Attrs().Index)
-	require.True(t, ok, "the program is attached and pinned when endpoint create answers")
+	id, ok := attached()
+	require.True(t, ok, "the program is attached when endpoint create answers")
+	_, pinned := pinnedLinkID(t, pins, l.Attrs().Index)
+	require.Equal(t, mode == "tcx", pinned, "a TCX link is pinned; a tc filter needs no pin")
 	eps, err := ta.c.EndpointStats(ctx)
 	require.NoError(t, err)
 	require.NotNil(t, eps[0].Counters)
 
 	ta.shutdown()
-	again, ok := pinnedLinkID(t, pins, l.Attrs().Index)
-	require.True(t, ok, "the link outlives the agent")
+	again, ok := attached()
+	require.True(t, ok, "the attachment outlives the agent")
 	require.Equal(t, id, again)
 
 	ta = startAgent(t, cfg, Options{})
-	again, ok = pinnedLinkID(t, pins, l.Attrs().Index)
+	again, ok = attached()
 	require.True(t, ok)
-	require.Equal(t, id, again, "the restarted agent adopted the link without detaching it")
+	require.Equal(t, id, again, "the restarted agent adopted the attachment without detaching it")
 
 	_, err = ta.c.Release(ctx, o)
 	require.NoError(t, err)
+	_, ok = attached()
+	require.False(t, ok, "release detaches")
 	_, ok = pinnedLinkID(t, pins, l.Attrs().Index)
-	require.False(t, ok, "release detaches and unpins")
+	require.False(t, ok, "and unpins")
 	filters, err := h.FilterList(l, netlink.HANDLE_MIN_INGRESS)
 	if err == nil {
 		require.Empty(t, filters, "no clsact filter left either")

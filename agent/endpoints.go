@@ -76,7 +76,7 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	}
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
-		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, Datapath: m.dp.Name(), Created: time.Now().UTC(),
+		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
 	}
 	m.records.assignID(&ep)
 	if err := m.dp.Setup(ctx, &ep); err != nil {

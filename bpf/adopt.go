@@ -98,12 +98,12 @@ func (d *Datapath) adoptOne(ifindex uint32, ep *Endpoint, pinned bool) (bool, er
 		return false, err
 	}
 	if f != nil {
-		// The previous process fell back to clsact; this kernel has no TCX.
-		d.useTC = true
-	} else {
-		d.log.Warn("endpoint was not attached, attaching it", "id", ep.ID, "ifindex", ifindex)
+		// Attached with a clsact filter: keep it (replaced in place if the
+		// program differs).
+		return true, d.attachTC(int(ifindex))
 	}
-	if err := d.attachProgram(int(ifindex)); err != nil {
+	d.log.Warn("endpoint was not attached, attaching it", "id", ep.ID, "ifindex", ifindex)
+	if err := d.attachProgram(int(ifindex), ""); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -36,7 +36,7 @@ func (d *Datapath) Attach(ep Endpoint) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("write endpoint %d: %w", ep.ID, err), undo.run())
 	}
-	if err := d.attachProgram(ep.HostIfIndex); err != nil {
+	if err := d.attachProgram(ep.HostIfIndex, ep.Attach); err != nil {
 		return errors.Join(fmt.Errorf("attach endpoint %d: %w", ep.ID, err), undo.run())
 	}
 
@@ -56,16 +56,57 @@ func (d *Datapath) Attach(ep Endpoint) error {
 	return nil
 }
 
-// attachProgram attaches with TCX, or with a clsact filter once the kernel
-// has said it has no TCX.
-func (d *Datapath) attachProgram(ifindex int) error {
-	if !d.useTC {
+// How the program is attached to a host veth (SetAttachMode).
+const (
+	// AttachTCX: a TCX link at the head of the interface's chain, pinned.
+	// It orders the program before any other TCX program, but each attach
+	// and detach waits for an RCU grace period (about 25 ms here, more on
+	// a busy host).
+	AttachTCX = "tcx"
+	// AttachTC: a clsact qdisc and a BPF filter (priority 1). It runs
+	// after any TCX program on the interface, a clsact qdisc excludes the
+	// ingress qdisc (the bandwidth plugin's egress shaping adds one), and
+	// it costs about 1 ms to attach and detach: the kernel frees the old
+	// state after a grace period instead of waiting for one.
+	AttachTC = "tc"
+)
+
+// SetAttachMode chooses how Attach attaches the program to endpoints that
+// do not say (Endpoint.Attach), from now on: AttachTCX by default.
+// Endpoints already attached stay as they are.
+func (d *Datapath) SetAttachMode(mode string) error {
+	if err := d.lock(); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+	if err := checkMode(mode); err != nil {
+		return err
+	}
+	d.mode = mode
+	return nil
+}
+
+func checkMode(mode string) error {
+	if mode != AttachTCX && mode != AttachTC {
+		return fmt.Errorf("bpf: attach mode %q is not %s or %s", mode, AttachTCX, AttachTC)
+	}
+	return nil
+}
+
+// attachProgram attaches as mode says ("" is the datapath's mode): with
+// TCX, or with a clsact filter when chosen or once the kernel has said it
+// has no TCX.
+func (d *Datapath) attachProgram(ifindex int, mode string) error {
+	if mode == "" {
+		mode = d.mode
+	}
+	if mode == AttachTCX && !d.noTCX {
 		err := d.attachTCX(ifindex)
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			return err
 		}
 		d.log.Warn("kernel has no tcx, attaching with clsact filters", "error", err)
-		d.useTC = true
+		d.noTCX = true
 	}
 	return d.attachTC(ifindex)
 }

@@ -18,8 +18,8 @@ func BenchmarkAttachDetach(b *testing.B) {
 	p := h.addPod(b, 1)
 	d := openDatapath(b, pinDir(b))
 
-	run := func(b *testing.B, useTC bool) {
-		d.useTC = useTC
+	run := func(b *testing.B, mode string) {
+		d.mode = mode
 		err := h.ns.Do(func(ns.NetNS) error {
 			for b.Loop() {
 				if err := d.Attach(p.ep); err != nil {
@@ -35,10 +35,10 @@ func BenchmarkAttachDetach(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	b.Run("tcx", func(b *testing.B) { run(b, false) })
-	b.Run("clsact", func(b *testing.B) { run(b, true) })
+	b.Run("tcx", func(b *testing.B) { run(b, AttachTCX) })
+	b.Run("clsact", func(b *testing.B) { run(b, AttachTC) })
 	b.Run("reattach", func(b *testing.B) {
-		d.useTC = false
+		d.mode = AttachTCX
 		h.attach(b, d, p.ep)
 		err := h.ns.Do(func(ns.NetNS) error {
 			for b.Loop() {

@@ -39,9 +39,11 @@ type Datapath struct {
 	progID  ebpf.ProgramID
 	progTag string
 	mapIDs  []ebpf.MapID // sorted; with progTag, tells an adopted program is ours
-	// useTC is set once the kernel refused a TCX attach as unsupported;
+	// mode is how endpoints that do not say are attached (SetAttachMode).
+	mode string
+	// noTCX is set once the kernel refused a TCX attach as unsupported:
 	// from then on endpoints are attached with a clsact filter.
-	useTC  bool
+	noTCX  bool
 	closed bool
 }
 
@@ -68,7 +70,7 @@ func Open(pinDir string, log hclog.Logger) (*Datapath, error) {
 		return nil, fmt.Errorf("create links dir: %w", err)
 	}
 
-	d := &Datapath{log: log, pinDir: pinDir}
+	d := &Datapath{log: log, pinDir: pinDir, mode: AttachTCX}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	if err := loadKvipamObjects(&d.objs, opts); err != nil {
 		return nil, fmt.Errorf("load ebpf objects: %w", err)

@@ -26,6 +26,9 @@ type Endpoint struct {
 	MAC net.HardwareAddr
 	// IPs are the addresses the pod may use as a source.
 	IPs []netip.Addr
+	// Attach is how Attach attaches the program (AttachTCX or AttachTC);
+	// empty: the datapath's mode (SetAttachMode).
+	Attach string
 }
 
 // Address families as stored in addr_key.family.
@@ -51,6 +54,8 @@ func (ep Endpoint) normalize() (Endpoint, error) {
 		return ep, fmt.Errorf("%w: MAC %s is not 6 bytes", ErrInvalidEndpoint, ep.MAC)
 	case len(ep.IPs) == 0:
 		return ep, fmt.Errorf("%w: no addresses", ErrInvalidEndpoint)
+	case ep.Attach != "" && checkMode(ep.Attach) != nil:
+		return ep, fmt.Errorf("%w: %w", ErrInvalidEndpoint, checkMode(ep.Attach))
 	}
 	ips := make([]netip.Addr, 0, len(ep.IPs))
 	for _, a := range ep.IPs {

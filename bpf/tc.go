@@ -5,6 +5,7 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -101,9 +102,17 @@ func (d *Datapath) detachTC(ifindex int) error {
 
 // removeEmptyClsact deletes the clsact qdisc of ifindex when no filter is
 // left on either of its hooks: an empty clsact does nothing, and whoever
-// adds a filter next adds the qdisc as we do.
+// adds a filter next adds the qdisc as we do. Another tc user's ingress
+// qdisc (the same handle; our filter may have joined it) is left alone.
 func removeEmptyClsact(ifindex int) error {
 	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
+	qdiscs, err := netlink.QdiscList(dev)
+	if err != nil {
+		return fmt.Errorf("list qdiscs: %w", err)
+	}
+	if !slices.ContainsFunc(qdiscs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" }) {
+		return nil
+	}
 	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
 		filters, err := netlink.FilterList(dev, parent)
 		if err != nil {

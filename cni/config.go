@@ -58,6 +58,10 @@ type Config struct {
 	// its identity), IPClaim its kvipam.io/ip-claim identity name.
 	Sticky  time.Duration
 	IPClaim string
+	// EgressLimited: the runtime's bandwidth capability limits the pod's
+	// egress, so a chained bandwidth plugin adds an ingress qdisc on the
+	// host veth (the agent's bpf datapath then attaches with TCX).
+	EgressLimited bool
 	// PrevResult is the parsed prevResult, nil when none was given.
 	PrevResult *current.Result
 	// ValidAttachments is the GC list; nil when the configuration has
@@ -111,6 +115,12 @@ type common struct {
 		// PodAnnotations are the pod's annotations, which containerd and
 		// CRI-O pass when the conflist declares this capability.
 		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
+		// Bandwidth is the pod's traffic shaping, passed when the
+		// conflist declares the bandwidth capability for kvipam too.
+		Bandwidth *struct {
+			EgressRate  uint64 `json:"egressRate"`
+			EgressBurst uint64 `json:"egressBurst"`
+		} `json:"bandwidth"`
 	} `json:"runtimeConfig"`
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments"`
 	// Attachments is the name an early text of the spec used; libcni
@@ -226,6 +236,9 @@ func parseCommon(raw common) (*Config, error) {
 		return nil, invalidConf("name is empty")
 	}
 	c := &Config{CNIVersion: raw.CNIVersion, Name: raw.Name, DNS: raw.DNS}
+	if bw := raw.RuntimeConfig.Bandwidth; bw != nil {
+		c.EgressLimited = bw.EgressRate > 0 || bw.EgressBurst > 0
+	}
 	ips, err := parseStaticIPs(raw.RuntimeConfig.IPs, "runtimeConfig.ips")
 	if err != nil {
 		return nil, err

@@ -48,6 +48,16 @@ func TestParseConfig(t *testing.T) {
 			},
 		},
 		{
+			name: "bandwidth capability: egress limited or not",
+			conf: `{"cniVersion":"1.0.0","name":"pods","type":"kvipam","runtimeConfig":{"bandwidth":{"ingressRate":1000,"egressRate":2000,"egressBurst":400}}}`,
+			check: func(t *testing.T, c *Config) {
+				require.True(t, c.EgressLimited)
+				c2, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"pods","type":"kvipam","runtimeConfig":{"bandwidth":{"ingressRate":1000,"ingressBurst":10}}}`))
+				require.NoError(t, err)
+				require.False(t, c2.EgressLimited, "an ingress limit adds no ingress qdisc")
+			},
+		},
+		{
 			name: "gc list, either spelling",
 			conf: `{"cniVersion":"1.1.0","name":"pods","type":"kvipam","cni.dev/attachments":[{"containerID":"c1","ifname":"eth0"}]}`,
 			check: func(t *testing.T, c *Config) {

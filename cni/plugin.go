@@ -140,6 +140,7 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
 		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: spec.Addrs,
+		EgressLimited: c.EgressLimited,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
 		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)

@@ -9,12 +9,15 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/bpf"
+	"github.com/kvipam/kvipam/cni"
 )
 
 func requireBPF(t testing.TB) {
@@ -121,4 +124,33 @@ func TestBPFEnforcesThroughAgentKill(t *testing.T) {
 	entries, err := os.ReadDir(filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links"))
 	require.NoError(t, err)
 	require.Empty(t, entries, "DEL leaves no pinned link")
+}
+
+// attachedWith says how the bpf datapath's program is attached to p's host
+// veth: "tcx", "tc" (a clsact or ingress filter) or "" (not at all).
+func (n *node) attachedWith(t testing.TB, p *pod) string {
+	t.Helper()
+	how := ""
+	require.NoError(t, n.do(func() error {
+		l, err := netlink.LinkByName(cni.HostVethName(p.rt.ContainerID, p.rt.IfName))
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+		if err == nil && len(res.Programs) > 0 {
+			how = "tcx"
+			return nil
+		}
+		filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		if err != nil {
+			return nil // no ingress qdisc: no filter
+		}
+		for _, f := range filters {
+			if _, ok := f.(*netlink.BpfFilter); ok {
+				how = "tc"
+			}
+		}
+		return nil
+	}))
+	return how
 }

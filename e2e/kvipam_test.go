@@ -118,14 +118,16 @@ func TestKvipamAnswersInTheConflistVersion(t *testing.T) {
 
 // TestKvipamChained: kvipam first, then tuning, bandwidth and portmap, as
 // a Kubernetes conflist has them. A pod reaches another pod through the
-// node's host port.
+// node's host port. With the bpf datapath, the pod whose egress is limited
+// is attached with TCX (bandwidth then adds its ingress qdisc beside it),
+// the other with a clsact filter.
 func TestKvipamChained(t *testing.T) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("portmap needs iptables; .ci/run installs it")
 	}
 	n := newNode(t, "node-c")
 	n.startAgent(agentOpts{pools: []string{dualStackPool}})
-	l := n.kvipamList("chained", "1.0.0", ``,
+	l := n.kvipamList("chained", "1.0.0", `,"capabilities":{"bandwidth":true}`,
 		`{"type":"tuning","sysctl":{"net.ipv4.conf.eth0.arp_notify":"1"}}`,
 		`{"type":"bandwidth","capabilities":{"bandwidth":true}}`,
 		`{"type":"portmap","capabilities":{"portMappings":true},"backend":"iptables"}`,
@@ -138,6 +140,10 @@ func TestKvipamChained(t *testing.T) {
 	rw := n.mustAdd(l, web)
 	n.mustAdd(l, client)
 	w4, _ := podAddrs(t, rw)
+	if datapathFlag() == "bpf" {
+		require.Equal(t, "tcx", n.attachedWith(t, web), "egress limited: tcx, beside bandwidth's ingress qdisc")
+		require.Equal(t, "tc", n.attachedWith(t, client))
+	}
 
 	var v string
 	require.NoError(t, web.ns.Do(func(ns.NetNS) error {

@@ -153,6 +153,10 @@ type EndpointRequest struct {
 	// IPs are the pod's addresses with their host prefix (10.0.0.5/32),
 	// as the allocate answer gave them; each must be held by Owner.
 	IPs Prefixes `json:"ips"`
+	// EgressLimited: the pod's egress is limited (the runtime's bandwidth
+	// capability), so a chained bandwidth plugin will add an ingress qdisc
+	// on the host veth; the bpf datapath then attaches with TCX.
+	EgressLimited bool `json:"egressLimited,omitempty"`
 }
 
 // Endpoint is a pod attachment the agent has programmed.
@@ -166,9 +170,10 @@ type Endpoint struct {
 	Netns           string `json:"netns,omitempty"`
 	// IPs are the endpoint's addresses, without prefix: 10.0.0.5. The
 	// agent's endpoint records on disk hold the same text.
-	IPs      []netip.Addr `json:"ips"`
-	Datapath string       `json:"datapath"`
-	Created  time.Time    `json:"created"`
+	IPs           []netip.Addr `json:"ips"`
+	EgressLimited bool         `json:"egressLimited,omitempty"`
+	Datapath      string       `json:"datapath"`
+	Created       time.Time    `json:"created"`
 	// Counters are the datapath's per-endpoint counters (bpf mode only),
 	// filled when the list is asked for with ?stats=1.
 	Counters *Counters `json:"counters,omitempty"`

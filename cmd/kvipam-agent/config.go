@@ -60,6 +60,7 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.IntVar(&c.MaxBatch, "max-batch", c.MaxBatch, "most allocations in one etcd transaction")
 	fs.DurationVar(&c.BatchWait.Duration, "batch-wait", c.BatchWait.Duration, "longest a batch stays open for more requests under load")
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
+	fs.StringVar(&c.BPFAttach, "bpf-attach", c.BPFAttach, "how the bpf datapath attaches to a host veth: tcx (a TCX link; composes with other tc users; an RCU grace period per attach and detach), tc (a clsact filter: cheap, but excludes the ingress qdisc of the bandwidth plugin's egress shaping) or auto (tc, and tcx for pods whose egress is limited)")
 	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
 	var nodeAddrs string
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
