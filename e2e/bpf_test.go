@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -75,33 +76,40 @@ func (n *node) dropped(t testing.TB, containerID string) uint64 {
 	return 0
 }
 
-// TestBPFEnforcesThroughAgentKill: in bpf mode a pod's spoofed packets are
-// dropped and counted as soon as ADD returns; the agent killed with
-// SIGKILL leaves the program enforcing; the restarted agent adopts the
-// same link; DEL leaves no link behind.
+// TestBPFEnforcesThroughAgentKill: in bpf mode, attached either way, a
+// pod's spoofed packets are dropped and counted as soon as ADD returns;
+// the agent killed with SIGKILL leaves the program enforcing; the
+// restarted agent adopts the same attachment; DEL leaves nothing behind.
 func TestBPFEnforcesThroughAgentKill(t *testing.T) {
 	requireBPF(t)
-	n := newNode(t, "bpfkill")
-	n.startAgent(agentOpts{pools: []string{dualStackPool}, datapath: "bpf"})
+	for _, mode := range []string{"auto", "tcx"} {
+		t.Run(mode, func(t *testing.T) { testBPFEnforcesThroughAgentKill(t, mode) })
+	}
+}
+
+func testBPFEnforcesThroughAgentKill(t *testing.T, mode string) {
+	n := newNode(t, "bpfkill"+mode)
+	n.startAgent(agentOpts{pools: []string{dualStackPool}, datapath: "bpf", extra: []string{"--bpf-attach", mode}})
 	l := n.kvipamList("kv", "1.0.0", "")
 	p := newPod(t, "spoofer")
 	r := n.mustAdd(l, p)
 	own, _ := podAddrs(t, r)
 	id := p.rt.ContainerID
+	pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links")
 
-	linkID := func() link.ID {
+	attachment := func() string {
 		eps, err := n.client().Endpoints(context.Background())
 		require.NoError(t, err)
 		require.Len(t, eps, 1)
-		pins := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links", fmt.Sprint(eps[0].HostIfIndex))
-		lk, err := link.LoadPinnedLink(pins, nil)
-		require.NoError(t, err, "pinned link of the endpoint")
-		defer lk.Close()
-		info, err := lk.Info()
-		require.NoError(t, err)
-		return info.ID
+		how := n.attachmentOf(t, eps[0].HostIfIndex)
+		if mode == "auto" {
+			require.Contains(t, how, "tc program", "auto attaches a pod without egress limits with a clsact filter")
+		} else {
+			require.Contains(t, how, "tcx link")
+		}
+		return how
 	}
-	before := linkID()
+	before := attachment()
 
 	require.NoError(t, ping(p.ns, hostAddrV4), "own traffic passes")
 	base := n.dropped(t, id)
@@ -113,7 +121,7 @@ func TestBPFEnforcesThroughAgentKill(t *testing.T) {
 	n.killAgent()
 	sendUDP4(t, p.ns, netip.MustParseAddr("10.1.250.251"), hostAddrV4) // while no agent runs
 	n.restartAgent()
-	require.Equal(t, before, linkID(), "the restarted agent adopted the link without detaching it")
+	require.Equal(t, before, attachment(), "the restarted agent adopted the attachment without detaching it")
 	require.Equal(t, base+3, n.dropped(t, id), "the program kept dropping while the agent was dead")
 	require.NoError(t, ping(p.ns, hostAddrV4))
 
@@ -121,7 +129,7 @@ func TestBPFEnforcesThroughAgentKill(t *testing.T) {
 	eps, err := n.client().Endpoints(context.Background())
 	require.NoError(t, err)
 	require.Empty(t, eps)
-	entries, err := os.ReadDir(filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links"))
+	entries, err := os.ReadDir(pins)
 	require.NoError(t, err)
 	require.Empty(t, entries, "DEL leaves no pinned link")
 }
@@ -130,24 +138,47 @@ func TestBPFEnforcesThroughAgentKill(t *testing.T) {
 // veth: "tcx", "tc" (a clsact or ingress filter) or "" (not at all).
 func (n *node) attachedWith(t testing.TB, p *pod) string {
 	t.Helper()
-	how := ""
+	var index int
 	require.NoError(t, n.do(func() error {
 		l, err := netlink.LinkByName(cni.HostVethName(p.rt.ContainerID, p.rt.IfName))
-		if err != nil {
-			return err
+		if err == nil {
+			index = l.Attrs().Index
 		}
-		res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+		return err
+	}))
+	how, _, _ := strings.Cut(n.attachmentOf(t, index), " ")
+	return how
+}
+
+// attachmentOf names what attaches the program to the host interface
+// ifindex: "tcx link <link ID>" (pinned by the agent), "tc program <ID>"
+// (a clsact or ingress filter), or "" (nothing).
+func (n *node) attachmentOf(t testing.TB, ifindex int) string {
+	t.Helper()
+	how := ""
+	require.NoError(t, n.do(func() error {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: ebpf.AttachTCXIngress})
 		if err == nil && len(res.Programs) > 0 {
-			how = "tcx"
+			pin := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links", fmt.Sprint(ifindex))
+			lk, err := link.LoadPinnedLink(pin, nil)
+			if err != nil {
+				return fmt.Errorf("a TCX program without the agent's pinned link: %w", err)
+			}
+			defer lk.Close()
+			info, err := lk.Info()
+			if err != nil {
+				return err
+			}
+			how = fmt.Sprint("tcx link ", info.ID)
 			return nil
 		}
-		filters, err := netlink.FilterList(l, netlink.HANDLE_MIN_INGRESS)
+		filters, err := netlink.FilterList(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}, netlink.HANDLE_MIN_INGRESS)
 		if err != nil {
 			return nil // no ingress qdisc: no filter
 		}
 		for _, f := range filters {
-			if _, ok := f.(*netlink.BpfFilter); ok {
-				how = "tc"
+			if bf, ok := f.(*netlink.BpfFilter); ok {
+				how = fmt.Sprint("tc program ", bf.Id)
 			}
 		}
 		return nil

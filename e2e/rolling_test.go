@@ -3,12 +3,10 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/e2e/cluster"
@@ -19,8 +17,8 @@ import (
 // rolling upgrade does, while pods on the two nodes ping each other every
 // 10 ms. The agents use a 3-member etcd cluster (member processes). No
 // route or link in either node namespace is removed, re-added or changed
-// during the restarts (netlink is watched), the datapath's pinned eBPF
-// links stay the same ones, each restart costs at most one interval of
+// during the restarts (netlink is watched), the datapath's eBPF
+// attachments stay the same ones, each restart costs at most one interval of
 // lost packets (in practice none), and no pod's address changes.
 func TestClusterAgentRollingRestart(t *testing.T) {
 	c := cluster.Start(t, cluster.Options{})
@@ -44,9 +42,9 @@ func TestClusterAgentRollingRestart(t *testing.T) {
 	require.NoError(t, ping(pb.ns, ipa))
 
 	addrsBefore := map[string][]string{a.name: endpointIPs(t, a), b.name: endpointIPs(t, b)}
-	linksBefore := map[string]map[string]link.ID{a.name: pinnedLinks(t, a), b.name: pinnedLinks(t, b)}
+	attachedBefore := map[string]map[string]string{a.name: attachments(t, a), b.name: attachments(t, b)}
 	if datapathFlag() == "bpf" {
-		require.NotEmpty(t, linksBefore[a.name], "the bpf datapath pins a link per endpoint")
+		require.NotEmpty(t, attachedBefore[a.name], "the bpf datapath attaches its program to each endpoint")
 	}
 	watches := map[string]*nlWatch{a.name: watchNetlink(t, a.host), b.name: watchNetlink(t, b.host)}
 	const every = 10 * time.Millisecond
@@ -92,7 +90,7 @@ func TestClusterAgentRollingRestart(t *testing.T) {
 	}
 	for _, n := range []*node{a, b} {
 		require.Equal(t, addrsBefore[n.name], endpointIPs(t, n), "%s's pods keep their addresses", n.name)
-		require.Equal(t, linksBefore[n.name], pinnedLinks(t, n), "%s's datapath links are the same ones", n.name)
+		require.Equal(t, attachedBefore[n.name], attachments(t, n), "%s's datapath attachments are the same ones", n.name)
 	}
 	require.NoError(t, a.check(la, pa))
 	require.NoError(t, b.check(lb, pb))
@@ -119,24 +117,18 @@ func endpointIPs(t *testing.T, n *node) []string {
 	return out
 }
 
-// pinnedLinks are the IDs of the eBPF links the bpf datapath pinned, by
-// pin name; empty with the routes datapath.
-func pinnedLinks(t *testing.T, n *node) map[string]link.ID {
+// attachments are how the datapath's program is attached to each of the
+// node's endpoints (the TCX link or the clsact filter's program), by
+// container ID; empty in the routes datapath.
+func attachments(t *testing.T, n *node) map[string]string {
 	t.Helper()
-	dir := filepath.Join("/sys/fs/bpf", "kvipam-e2e-"+filepath.Base(n.dir), "links")
-	entries, err := os.ReadDir(dir)
-	if os.IsNotExist(err) {
-		return map[string]link.ID{}
-	}
+	eps, err := n.client().Endpoints(context.Background())
 	require.NoError(t, err)
-	out := map[string]link.ID{}
-	for _, e := range entries {
-		lk, err := link.LoadPinnedLink(filepath.Join(dir, e.Name()), nil)
-		require.NoError(t, err)
-		info, err := lk.Info()
-		lk.Close()
-		require.NoError(t, err)
-		out[e.Name()] = info.ID
+	out := map[string]string{}
+	for _, ep := range eps {
+		if how := n.attachmentOf(t, ep.HostIfIndex); how != "" {
+			out[ep.Owner.ContainerID] = how
+		}
 	}
 	return out
 }
