@@ -30,6 +30,8 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 	$(GO) test -run '^$$' -bench AddDel -benchtime 200x ./e2e/
 	$(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/
+	$(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
+	KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
 
 # The chaos workload (root): etcd members and agents as processes, faults
 # at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES.

@@ -176,3 +176,85 @@ func BenchmarkAddDatapath(b *testing.B) {
 	b.ReportMetric(ratio(adds["bpf-tcx"], adds["routes"], 50), "add-p50-bpftcx/routes")
 	b.ReportMetric(ratio(dels["bpf-tcx"], dels["routes"], 50), "del-p50-bpftcx/routes")
 }
+
+// BenchmarkBurst100 adds 100 pods at once on one node and deletes them,
+// for kvipam (the agent's default datapath for KVIPAM_E2E_DATAPATH),
+// bridge + host-local, and the loopback plugin: the exec floor, what any
+// plugin costs the runtime. The three are interleaved, once per
+// iteration. It reports each burst's completion time, kvipam's and
+// bridge's time above the floor and their ratio (below 1: kvipam
+// faster), and the p99 of one ADD within a burst.
+//
+//	go test -run '^$' -bench Burst100 -benchtime 3x ./e2e/
+func BenchmarkBurst100(b *testing.B) {
+	const pods = 100
+	n := newNode(b, "burst")
+	n.startAgent(agentOpts{pools: []string{"default=10.1.0.0/16"}})
+	lists := map[string]*libcni.NetworkConfigList{
+		"kvipam": n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`),
+		"bridge": conflist(b, fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","plugins":[{"type":"bridge","bridge":"burstbr0",
+			"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, n.dir+"/host-local")),
+		"floor": conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
+	}
+	ps := make([]*pod, pods)
+	for i := range ps {
+		ps[i] = newPod(b, fmt.Sprintf("b%d", i))
+	}
+	burst := func(l *libcni.NetworkConfigList, tag string) (time.Duration, []time.Duration) {
+		adds := make([]time.Duration, pods)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		errs := make(chan error, pods)
+		for i, p := range ps {
+			wg.Go(func() {
+				rt := *p.rt
+				rt.ContainerID = fmt.Sprintf("%s-%d", tag, i)
+				<-start
+				began := time.Now()
+				err := n.do(func() error { _, err := n.cni.AddNetworkList(context.Background(), l, &rt); return err })
+				adds[i] = time.Since(began)
+				if err != nil {
+					errs <- err
+				}
+			})
+		}
+		began := time.Now()
+		close(start)
+		wg.Wait()
+		took := time.Since(began)
+		close(errs)
+		for err := range errs {
+			b.Fatalf("ADD on %s: %v", l.Name, err)
+		}
+		for i, p := range ps { // DEL, not measured
+			rt := *p.rt
+			rt.ContainerID = fmt.Sprintf("%s-%d", tag, i)
+			require.NoError(b, n.do(func() error { return n.cni.DelNetworkList(context.Background(), l, &rt) }))
+		}
+		return took, adds
+	}
+	for name, l := range lists { // warm the bridge and the caches
+		burst(l, "warm-"+name)
+	}
+	b.ResetTimer()
+	total := map[string]time.Duration{}
+	all := map[string][]time.Duration{}
+	for i := range b.N {
+		for _, name := range []string{"floor", "kvipam", "bridge"} {
+			took, adds := burst(lists[name], fmt.Sprintf("%s%d", name, i))
+			total[name] += took
+			all[name] = append(all[name], adds...)
+		}
+	}
+	b.StopTimer()
+	per := func(name string) float64 { return ms(total[name]) / float64(b.N) }
+	for _, name := range []string{"floor", "kvipam", "bridge"} {
+		b.ReportMetric(per(name), name+"-burst-ms")
+		b.ReportMetric(ms(pct(all[name], 99)), name+"-add-p99-ms")
+	}
+	b.ReportMetric(per("kvipam")-per("floor"), "kvipam-above-floor-ms")
+	b.ReportMetric(per("bridge")-per("floor"), "bridge-above-floor-ms")
+	if d := per("bridge") - per("floor"); d > 0 {
+		b.ReportMetric((per("kvipam")-per("floor"))/d, "above-floor-kvipam/bridge")
+	}
+}
