@@ -38,20 +38,27 @@ func roundTrip(t *testing.T, c net.Conn, r *bufio.Reader, msg string) {
 	require.Equal(t, msg+"\n", line)
 }
 
-// TestStallHoldsTrafficUntilHeal: a stalled proxy delivers nothing either
-// way and keeps the connection; once healed, what was sent arrives.
-func TestStallHoldsTrafficUntilHeal(t *testing.T) {
+// proxied is a proxy to an echo listener and a connection through it,
+// which has echoed one line.
+func proxied(t *testing.T) (*Proxy, net.Conn, *bufio.Reader) {
 	p, err := New(echo(t))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	c, err := net.Dial("tcp", p.Addr())
 	require.NoError(t, err)
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	r := bufio.NewReader(c)
 	roundTrip(t, c, r, "before")
+	return p, c, r
+}
+
+// TestStallHoldsTrafficUntilHeal: a stalled proxy delivers nothing either
+// way and keeps the connection; once healed, what was sent arrives.
+func TestStallHoldsTrafficUntilHeal(t *testing.T) {
+	p, c, r := proxied(t)
 
 	p.Stall()
-	_, err = c.Write([]byte("during\n"))
+	_, err := c.Write([]byte("during\n"))
 	require.NoError(t, err)
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(300*time.Millisecond)))
 	_, err = r.ReadString('\n')
@@ -68,16 +75,9 @@ func TestStallHoldsTrafficUntilHeal(t *testing.T) {
 // TestCutResetsAndRefuses: a cut proxy drops its connections and refuses
 // new ones until healed.
 func TestCutResetsAndRefuses(t *testing.T) {
-	p, err := New(echo(t))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	c, err := net.Dial("tcp", p.Addr())
-	require.NoError(t, err)
-	defer c.Close()
-	r := bufio.NewReader(c)
-	roundTrip(t, c, r, "before")
+	p, _, r := proxied(t)
 	p.Cut()
-	_, err = r.ReadString('\n')
+	_, err := r.ReadString('\n')
 	require.Error(t, err, "the connection is dropped")
 	c2, err := net.Dial("tcp", p.Addr())
 	require.NoError(t, err)
