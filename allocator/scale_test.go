@@ -44,13 +44,7 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 // seconds and its ratio to the baseline, CAS conflicts, failures and
 // lost leases; a duplicate address fails the benchmark.
 func BenchmarkClaimStorm(b *testing.B) {
-	nodes := 1000
-	if s := os.Getenv("KVIPAM_STORM_NODES"); s != "" {
-		var err error
-		if nodes, err = strconv.Atoi(s); err != nil {
-			b.Fatal("KVIPAM_STORM_NODES:", err)
-		}
-	}
+	nodes := envInt(b, "KVIPAM_STORM_NODES", 1000)
 	const clients = 16
 	for range b.N {
 		b.StopTimer()
@@ -139,4 +133,77 @@ func storm(n int, f func(i int) error) time.Duration {
 	close(start)
 	wg.Wait()
 	return time.Since(began)
+}
+
+// BenchmarkFill fills a /12 pool of /26 blocks from KVIPAM_FILL_NODES node
+// allocators (default 5,000), KVIPAM_FILL_ADDRS addresses each (default
+// 30), started 1,000 at a time (a fifth of them, if fewer), each group
+// allocating at once. A node's
+// claims must not cost more as the pool fills (no claim re-reads every
+// claim of the pool): reported are the first and the last group's
+// seconds and their ratio (the baseline is the first group, same run).
+func BenchmarkFill(b *testing.B) {
+	nodes, addrs := envInt(b, "KVIPAM_FILL_NODES", 5000), envInt(b, "KVIPAM_FILL_ADDRS", 30)
+	const clients = 16
+	group := min(1000, max(nodes/5, 1))
+	for range b.N {
+		b.StopTimer()
+		e := etcdtest.Start(b)
+		pool := allocator.Pool{Name: "fill", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26}
+		ensurePool(b, e, pool)
+		clis := make([]*clientv3.Client, clients)
+		for i := range clis {
+			clis[i] = etcdtest.Client(b, e)
+		}
+		ctx := context.Background()
+		var times []time.Duration
+		var failed atomic.Int64
+		for first := 0; first < nodes; first += group {
+			n := min(group, nodes-first)
+			als := make([]*allocator.NodeAllocator, n)
+			for i := range als {
+				cli := clis[(first+i)%clients]
+				sess, err := kvstore.NewSession(ctx, cli, 60)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(sess.Close)
+				al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%05d", first+i), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"fill"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := al.Restore(ctx, sess); err != nil {
+					b.Fatal(err)
+				}
+				als[i] = al
+			}
+			b.StartTimer()
+			took := storm(n, func(i int) error {
+				for k := range addrs {
+					if _, err := als[i].Allocate(ctx, allocator.Request{Pool: "fill", Owner: owner((first+i)*addrs + k)}); err != nil {
+						failed.Add(1)
+					}
+				}
+				return nil
+			})
+			b.StopTimer()
+			times = append(times, took)
+		}
+		b.ReportMetric(times[0].Seconds(), "s/first-group")
+		b.ReportMetric(times[len(times)-1].Seconds(), "s/last-group")
+		b.ReportMetric(float64(times[len(times)-1])/float64(times[0]), "x-first")
+		b.ReportMetric(float64(failed.Load()), "failures")
+	}
+}
+
+func envInt(b *testing.B, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		b.Fatalf("%s: %v", name, err)
+	}
+	return v
 }
