@@ -308,8 +308,8 @@ func (a *Agent) maintain(ctx context.Context) {
 		a.mu.Unlock()
 	}
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); a.rec.run(ctx) }()
+	wg.Go(func() { a.rec.run(ctx) })
+	wg.Go(func() { a.endpoints.watchQueue(ctx, time.Second) })
 	a.lease.run(ctx)
 	wg.Wait()
 }

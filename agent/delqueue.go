@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"github.com/kvipam/kvipam/agent/delqueue"
 )
@@ -37,5 +38,23 @@ func (m *endpointManager) drain(ctx context.Context) error {
 func (m *endpointManager) drainNow(ctx context.Context) {
 	if err := m.drain(ctx); err != nil {
 		m.log.Warn("queued DELs left for a later pass", "error", err)
+	}
+}
+
+// watchQueue applies DELs queued while the agent runs, every interval: a
+// plugin that found the agent restarting queues its DEL, perhaps after
+// the drain at start. A look at an empty queue is one directory read.
+func (m *endpointManager) watchQueue(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if entries, err := delqueue.List(m.delQueueDir); err == nil && len(entries) > 0 {
+			m.drainNow(ctx)
+		}
 	}
 }

@@ -152,3 +152,19 @@ func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
 		require.Equal(t, owner(0).ContainerID, al.ContainerID, "owner 0 keeps its addresses")
 	}
 }
+
+// TestQueuedDelAppliedWhileRunning: a DEL a plugin queued while its agent
+// was restarting, after the agent drained the queue at start, is applied
+// within seconds, not at the reconciler's next pass (an hour here).
+func TestQueuedDelAppliedWhileRunning(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cfg := testConfig(t, e)
+	a := startAgent(t, cfg, Options{})
+	_, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true})
+	require.NoError(t, err)
+	require.NoError(t, delqueue.Enqueue(cfg.delQueueDir(), owner(1)))
+	cli := etcdtest.Client(t, e)
+	require.Eventually(t, func() bool { return len(storeIPs(t, cli)) == 0 }, 10*time.Second, 50*time.Millisecond,
+		"the queued DEL is applied while the agent runs")
+}
