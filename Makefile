@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench fuzz demo lint check-layout generate check-generate clean image chaos
+.PHONY: all build test race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos
 
 all: build
 
@@ -23,17 +23,39 @@ test: build
 race:
 	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/... ./cni/... ./e2e/cluster/...
 
+# Benchmarks: each command's output goes to $(BENCH_OUT)/<name>.txt, then
+# kvipam-benchreport writes docs/BENCHMARKS.md and docs/benchmarks.json
+# (every figure beside its baseline from the same run). bench-quick is the
+# same at smaller sizes, in a few minutes.
+BENCH_OUT ?= bench-out
+STORM_NODES ?= 5000
+FILL_NODES ?= 5000
+FILL_ADDRS ?= 30
+LAT_N ?= 200
 bench:
+	$(MAKE) bench-run
 	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|AgentRestart|^BenchmarkFill$$' -benchtime 2000x ./allocator/... ./agent/...
-	$(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/
-	$(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/
-	KVIPAM_STORM_NODES=5000 $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/
-	$(GO) test -run '^$$' -bench '^BenchmarkFill$$' -benchtime 1x -timeout 30m ./allocator/
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
-	$(GO) test -run '^$$' -bench AddDel -benchtime 200x ./e2e/
-	$(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/
-	$(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
-	KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
+
+bench-quick:
+	$(MAKE) bench-run STORM_NODES=1000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50
+
+bench-run: build
+	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
+	@run() { name=$$1; shift; echo "$$*" >> $(BENCH_OUT)/commands.txt; echo "$$*"; \
+		env "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
+	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/ && \
+	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/ && \
+	run fill KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) $(GO) test -run '^$$' -bench '^BenchmarkFill$$' -benchtime 1x -timeout 30m ./allocator/ && \
+	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/ && \
+	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \
+	run attach $(GO) test -run '^$$' -bench AttachDetach -benchtime 50x ./bpf/ && \
+	run datapath $(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/ && \
+	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ && \
+	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
+	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
+	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md
+	@echo "wrote docs/BENCHMARKS.md and docs/benchmarks.json"
 
 # The chaos workload (root): etcd members and agents as processes, faults
 # at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES.

@@ -1,0 +1,62 @@
+package benchreport
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const sample = `goos: linux
+BenchmarkAddDel/concurrency=1-2         	     200	  73184341 ns/op	         0.8955 add-p50-ratio	        11.53 bridge-add-p50-ms	        20.24 bridge-del-p50-ms	        10.32 kvipam-add-p50-ms	        21.57 kvipam-del-p50-ms
+BenchmarkAddDel/concurrency=50-2        	     200	  24954990 ns/op	       512.7 bridge-add-p50-ms	       230.7 kvipam-add-p50-ms
+    bench_test.go:12: BenchmarkNotAResult is a log line
+PASS
+`
+
+// TestReportFromBenchOutput: figures come out of go test -bench output
+// with their baselines and ratios; what is missing is named, not guessed.
+func TestReportFromBenchOutput(t *testing.T) {
+	rs, err := Parse(strings.NewReader(sample))
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	require.Equal(t, "BenchmarkAddDel/concurrency=1", rs[0].Name)
+	require.InDelta(t, 10.32, rs[0].Metrics["kvipam-add-p50-ms"], 1e-9)
+
+	figs, missing := Figures(map[string][]Result{"adddel": rs})
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	add := byName["cni.add.p50.default_vs_bridge"]
+	require.InDelta(t, 10.32, add.Value, 1e-9)
+	require.InDelta(t, 11.53, add.Baseline, 1e-9)
+	require.InDelta(t, 0.895, add.Ratio, 1e-9)
+	require.Contains(t, byName, "cni.del.p50.default_vs_bridge")
+	require.Contains(t, byName, "cni.add.p50.c50.default_vs_bridge")
+	require.Contains(t, missing, "scale.claim5000.seconds")
+	require.NotContains(t, missing, "cni.add.p50.default_vs_bridge")
+
+	var js bytes.Buffer
+	require.NoError(t, WriteJSON(&js, figs))
+	var back []map[string]any
+	require.NoError(t, json.Unmarshal(js.Bytes(), &back))
+	require.Equal(t, []string{"baseline", "name", "ratio", "source", "unit", "value"}, keys(back[0]))
+
+	var md bytes.Buffer
+	require.NoError(t, WriteMarkdown(&md, Machine{CPU: "test", CPUs: 2}, []string{"go test -bench AddDel ./e2e/"}, figs, missing))
+	require.Contains(t, md.String(), "| `cni.add.p50.default_vs_bridge` | 10.32 ms | 11.53 | 0.895 | bridge + host-local |")
+	require.Contains(t, md.String(), "`scale.150k.max_rate`: no benchmark measures it yet")
+}
+
+func keys(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,126 @@
+package benchreport
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Figure is one named figure of the report, beside its baseline from the
+// same run.
+type Figure struct {
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Baseline float64 `json:"baseline"`
+	Ratio    float64 `json:"ratio"`
+	Unit     string  `json:"unit"`
+	// Source is the file and benchmark it came from.
+	Source string `json:"source"`
+}
+
+// spec says where a figure comes from: a benchmark of one output file,
+// the metric that is its value, and the metric that is its baseline (or,
+// when only a ratio is reported, the ratio's).
+type spec struct {
+	name, file, bench   string
+	value, baseline     string
+	ratio               string // used when baseline is empty
+	unit, baselineLabel string
+}
+
+// specs are the figures the report names (issue 20 and the pools issue's
+// tight-pool figures).
+var specs = []spec{
+	{name: "cni.add.p50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=1", value: "kvipam-add-p50-ms", baseline: "bridge-add-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "cni.del.p50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=1", value: "kvipam-del-p50-ms", baseline: "bridge-del-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "cni.add.p50.c50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=50", value: "kvipam-add-p50-ms", baseline: "bridge-add-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "cni.add.p50.bpf_vs_routes", file: "datapath", bench: "BenchmarkAddDatapath", value: "bpf-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath"},
+	{name: "cni.add.p50.bpf_tcx_vs_routes", file: "datapath", bench: "BenchmarkAddDatapath", value: "bpf-tcx-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath"},
+	{name: "burst100.above_floor.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-above-floor-ms", baseline: "bridge-above-floor-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "burst100.add_p99.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-add-p99-ms", baseline: "bridge-add-p99-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "restart.10k.seconds", file: "restart", bench: "BenchmarkAgentRestart", value: "s/restart-10k", baseline: "s/restart-empty", unit: "s", baselineLabel: "the same agent on an empty node"},
+	{name: "scale.claim5000.seconds", file: "storm", bench: "BenchmarkClaimStorm", value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once"},
+	{name: "scale.claim5000.failures", file: "storm", bench: "BenchmarkClaimStorm", value: "failures", unit: "count"},
+	{name: "scale.claim5000.lost_leases", file: "storm", bench: "BenchmarkClaimStorm", value: "lost-leases", unit: "count"},
+	{name: "scale.fill150k.last_vs_first", file: "fill", bench: "BenchmarkFill", value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
+	{name: "scale.choose_block.slash8_vs_slash20", file: "choose", bench: "BenchmarkChooseBlock", value: "x-/20-on-/8", unit: "ratio", ratio: "x-/20-on-/8"},
+	{name: "bpf.attach_detach.tcx_vs_clsact", file: "attach", bench: "BenchmarkAttachDetach/tcx", value: "ns/op", unit: "ns", baselineLabel: "clsact"},
+	{name: "tight1000.create.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.create.seconds", ratio: "tight1000.create.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
+	{name: "tight1000.recreate.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.recreate.seconds", ratio: "tight1000.recreate.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
+	{name: "tight1000.recovery.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.recovery.seconds", ratio: "tight1000.recovery.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
+	{name: "tight1000.delete.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.delete.seconds", ratio: "tight1000.delete.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
+	{name: "tight1000.failures", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.failures", unit: "count"},
+}
+
+// NotMeasured are figures the report names but no benchmark measures yet.
+var NotMeasured = []string{"scale.150k.alloc_p99_ms", "scale.150k.alloc_p99_vs_raw", "scale.150k.max_rate"}
+
+// Figures picks the named figures out of the results, by output file
+// name (without extension). A figure whose file or metric is missing is
+// left out, and named in missing.
+func Figures(byFile map[string][]Result) (figs []Figure, missing []string) {
+	for _, s := range specs {
+		f, ok := s.figure(byFile)
+		if !ok {
+			missing = append(missing, s.name)
+			continue
+		}
+		figs = append(figs, f)
+	}
+	sort.SliceStable(figs, func(i, j int) bool { return figs[i].Name < figs[j].Name })
+	return figs, missing
+}
+
+func (s spec) figure(byFile map[string][]Result) (Figure, bool) {
+	res, ok := find(byFile[s.file], s.bench)
+	if !ok {
+		return Figure{}, false
+	}
+	v, ok := res.Metrics[s.value]
+	if !ok {
+		return Figure{}, false
+	}
+	f := Figure{Name: s.name, Value: v, Unit: s.unit, Source: fmt.Sprintf("%s.txt: %s", s.file, s.bench)}
+	switch {
+	case s.name == "bpf.attach_detach.tcx_vs_clsact":
+		other, ok := find(byFile[s.file], "BenchmarkAttachDetach/clsact")
+		if !ok {
+			return Figure{}, false
+		}
+		f.Baseline = other.Metrics["ns/op"]
+	case s.baseline != "":
+		f.Baseline = res.Metrics[s.baseline]
+	case s.ratio != "" && s.unit == "ratio":
+		f.Ratio, f.Baseline = v, 1
+		return f, true
+	case s.ratio != "":
+		if r := res.Metrics[s.ratio]; r > 0 {
+			f.Baseline = v / r
+		}
+	}
+	if f.Baseline > 0 {
+		f.Ratio = round(f.Value / f.Baseline)
+	}
+	return f, true
+}
+
+func find(rs []Result, name string) (Result, bool) {
+	for i := len(rs) - 1; i >= 0; i-- { // the last run of a name wins
+		if rs[i].Name == name {
+			return rs[i], true
+		}
+	}
+	return Result{}, false
+}
+
+func round(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+// BaselineOf says what a figure's baseline is, for the report's table.
+func BaselineOf(name string) string {
+	for _, s := range specs {
+		if s.name == name {
+			return s.baselineLabel
+		}
+	}
+	return ""
+}

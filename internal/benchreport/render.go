@@ -1,0 +1,69 @@
+package benchreport
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Machine describes where the figures were measured.
+type Machine struct {
+	CPU, Kernel, Go string
+	CPUs            int
+	Versions        []string // module versions that matter (etcd, ebpf, netlink, cni)
+	When            string
+}
+
+// WriteJSON writes the figures as a JSON list.
+func WriteJSON(w io.Writer, figs []Figure) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(figs)
+}
+
+// WriteMarkdown writes the report: the machine, the commands, every
+// figure beside its baseline, and what was not measured.
+func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, missing []string) error {
+	var b strings.Builder
+	b.WriteString("# Benchmarks\n\n")
+	b.WriteString("Written by `make bench` (or `make bench-quick`, smaller) from the output of its commands; do not edit by hand. ")
+	b.WriteString("Every figure stands beside a baseline measured in the same run, on the same machine; a ratio below 1 is kvipam faster or cheaper than its baseline.\n\n")
+	fmt.Fprintf(&b, "- When: %s\n- Machine: %s, %d CPUs, Linux %s\n- Go: %s\n", m.When, m.CPU, m.CPUs, m.Kernel, m.Go)
+	for _, v := range m.Versions {
+		fmt.Fprintf(&b, "- %s\n", v)
+	}
+	b.WriteString("\n## Figures\n\n| name | value | baseline | ratio | the baseline is |\n|---|---|---|---|---|\n")
+	for _, f := range figs {
+		fmt.Fprintf(&b, "| `%s` | %s %s | %s | %s | %s |\n", f.Name, num(f.Value), f.Unit, num(f.Baseline), num(f.Ratio), BaselineOf(f.Name))
+	}
+	if len(missing) > 0 || len(NotMeasured) > 0 {
+		b.WriteString("\n## Not in this run\n\n")
+		for _, n := range missing {
+			fmt.Fprintf(&b, "- `%s`: its benchmark's output is missing from this run\n", n)
+		}
+		for _, n := range NotMeasured {
+			fmt.Fprintf(&b, "- `%s`: no benchmark measures it yet (the 150k steady phase on a 3-member cluster)\n", n)
+		}
+	}
+	b.WriteString("\n## Commands\n\n```\n")
+	for _, c := range commands {
+		b.WriteString(c + "\n")
+	}
+	b.WriteString("```\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func num(x float64) string {
+	switch {
+	case x == 0:
+		return "-"
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 1:
+		return fmt.Sprintf("%.2f", x)
+	default:
+		return fmt.Sprintf("%.3g", x)
+	}
+}
