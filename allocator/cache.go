@@ -42,9 +42,6 @@ type poolState struct {
 	// walks are the node's block walks, by family (blockwalk.go); a
 	// changed pool starts them again.
 	walks map[Family]*blockWalk
-	// claimUnsure: a claim's outcome is unknown; the next claim reads
-	// the pool's claims first, to adopt it if it landed.
-	claimUnsure bool
 }
 
 // pending is a store call of unknown outcome: a write (create or confirm)

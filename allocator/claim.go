@@ -17,16 +17,13 @@ import (
 // does it read the claims once more (a block may have been freed, or a
 // race that said "changed concurrently" may have been transient), and it
 // reports the pool exhausted only if that read leaves nothing to try. A
-// claim of unknown outcome makes the next claim read them first, to adopt
-// the claim if it landed. The caller's context bounds the whole.
+// claim of unknown outcome leaves its block neither own nor taken, so the
+// walk stays on it and the next claim tries it again first: a claim found
+// to be this node's own, on its lease, is adopted. No read of every claim
+// is needed, which matters most when etcd is slow enough that many claims
+// time out at once. The caller's context bounds the whole.
 func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family) (netip.Prefix, error) {
-	fresh := false // others was read since the last lost race
-	if ps.claimUnsure {
-		if err := a.refreshOthers(ctx, ps); err != nil {
-			return netip.Prefix{}, err
-		}
-		fresh = true
-	}
+	fresh := false                // others was read since the last lost race
 	if b, ok := ps.roomy(f); ok { // an adopted claim whose answer was lost
 		return b, nil
 	}
@@ -87,9 +84,6 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 		ps.setPool(p)
 		return err
 	}
-	if err != nil && !errors.As(err, &ce) {
-		ps.claimUnsure = true // it may have landed: the next claim reads first
-	}
 	if errors.As(err, &ce) {
 		if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
 			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", ce.ClaimRev)
@@ -121,7 +115,6 @@ func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error 
 	if err != nil {
 		return err
 	}
-	ps.claimUnsure = false
 	prev := ps.others
 	ps.others = map[netip.Prefix]otherBlock{}
 	for _, info := range infos {

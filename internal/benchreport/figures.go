@@ -41,6 +41,7 @@ var specs = []spec{
 	{name: "restart.10k.seconds", file: "restart", bench: "BenchmarkAgentRestart", value: "s/restart-10k", baseline: "s/restart-empty", unit: "s", baselineLabel: "the same agent on an empty node"},
 	{name: "scale.claim5000.seconds", file: "storm", bench: "BenchmarkClaimStorm", value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once"},
 	{name: "scale.claim5000.failures", file: "storm", bench: "BenchmarkClaimStorm", value: "failures", unit: "count"},
+	{name: "scale.claim5000.try_again", file: "storm", bench: "BenchmarkClaimStorm", value: "try-again", unit: "count"},
 	{name: "scale.claim5000.lost_leases", file: "storm", bench: "BenchmarkClaimStorm", value: "lost-leases", unit: "count"},
 	{name: "scale.fill150k.last_vs_first", file: "fill", bench: "BenchmarkFill", value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
 	{name: "scale.choose_block.slash8_vs_slash20", file: "choose", bench: "BenchmarkChooseBlock", value: "x-/20-on-/8", unit: "ratio", ratio: "x-/20-on-/8"},

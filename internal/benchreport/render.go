@@ -35,7 +35,11 @@ func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, mis
 	}
 	b.WriteString("\n## Figures\n\n| name | value | baseline | ratio | the baseline is |\n|---|---|---|---|---|\n")
 	for _, f := range figs {
-		fmt.Fprintf(&b, "| `%s` | %s %s | %s | %s | %s |\n", f.Name, num(f.Value), f.Unit, num(f.Baseline), num(f.Ratio), BaselineOf(f.Name))
+		value := num(f.Value)
+		if f.Value == 0 {
+			value = "0"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s %s | %s | %s | %s |\n", f.Name, value, f.Unit, num(f.Baseline), num(f.Ratio), BaselineOf(f.Name))
 	}
 	if len(missing) > 0 || len(NotMeasured) > 0 {
 		b.WriteString("\n## Not in this run\n\n")
