@@ -309,7 +309,7 @@ func (a *Agent) maintain(ctx context.Context) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { a.rec.run(ctx) })
-	wg.Go(func() { a.endpoints.watchQueue(ctx, time.Second) })
+	wg.Go(func() { a.endpoints.watchQueue(ctx, time.Second, a.readyErr) })
 	a.lease.run(ctx)
 	wg.Wait()
 }

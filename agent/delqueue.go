@@ -44,7 +44,9 @@ func (m *endpointManager) drainNow(ctx context.Context) {
 // watchQueue applies DELs queued while the agent runs, every interval: a
 // plugin that found the agent restarting queues its DEL, perhaps after
 // the drain at start. A look at an empty queue is one directory read.
-func (m *endpointManager) watchQueue(ctx context.Context, interval time.Duration) {
+// While ready says no (etcd unreachable, the lease lost) it waits: the
+// drain on etcd's or the lease's return comes first.
+func (m *endpointManager) watchQueue(ctx context.Context, interval time.Duration, ready func() error) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -53,7 +55,7 @@ func (m *endpointManager) watchQueue(ctx context.Context, interval time.Duration
 			return
 		case <-t.C:
 		}
-		if entries, err := delqueue.List(m.delQueueDir); err == nil && len(entries) > 0 {
+		if pending, err := delqueue.Pending(m.delQueueDir); err == nil && pending && ready() == nil {
 			m.drainNow(ctx)
 		}
 	}

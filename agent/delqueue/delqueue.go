@@ -94,6 +94,12 @@ func List(dir string) ([]Entry, error) {
 	return out, errors.Join(errs...)
 }
 
+// Pending reports whether dir holds a queued DEL (one directory read).
+func Pending(dir string) (bool, error) {
+	files, err := queued(dir)
+	return len(files) > 0, err
+}
+
 // queued lists the entry files in dir, including those a Drain had
 // claimed when it was killed.
 func queued(dir string) ([]string, error) {
