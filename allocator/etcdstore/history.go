@@ -167,6 +167,22 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 	return clientv3.OpPut(HistoryKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
 }
 
+// Ops are the puts that record rs, for a transaction that ends their
+// intervals; none when history is off.
+func (h *HistoryRecorder) Ops(ctx context.Context, rs ...HistoryRecord) ([]clientv3.Op, error) {
+	var ops []clientv3.Op
+	for _, r := range rs {
+		op, _, ok, err := h.Op(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			ops = append(ops, op)
+		}
+	}
+	return ops, nil
+}
+
 // Commit runs commit with the operation that records r (none when
 // history is off), for the transaction that ends r's interval. If etcd no
 // longer knows the lease of r's hour (revoked by hand), it grants another

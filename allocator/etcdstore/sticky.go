@@ -67,22 +67,19 @@ func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []al
 	if err != nil {
 		return allocator.WriteResult{}, err
 	}
-	puts := []clientv3.Op{clientv3.OpPut(key, val)}
+	// An earlier pod whose DEL never reached etcd: its interval ends at
+	// the takeover (IP history).
+	var ended []HistoryRecord
 	for _, w := range writes {
-		if w.Ends == nil {
-			continue
-		}
-		// The earlier pod's DEL never reached etcd: its interval ends at
-		// the takeover (IP history).
-		op, _, ok, err := s.hist.Op(ctx, HistoryOf(*w.Ends, s.now(), EndTakenOver))
-		if err != nil {
-			return allocator.WriteResult{}, err
-		}
-		if ok {
-			puts = append(puts, op)
+		if w.Ends != nil {
+			ended = append(ended, HistoryOf(*w.Ends, s.now(), EndTakenOver))
 		}
 	}
-	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, puts)
+	puts, err := s.hist.Ops(ctx, ended...)
+	if err != nil {
+		return allocator.WriteResult{}, err
+	}
+	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, append(puts, clientv3.OpPut(key, val)))
 }
 
 // Keep implements allocator.Store.
@@ -115,17 +112,17 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 			ops = append(ops, clientv3.OpPut(LentKey(al.Pool, al.Addr), home, withLease))
 		}
 	}
-	for _, al := range als {
-		// The pod's interval ends here (IP history); the identity's
-		// next pod starts a new one.
-		op, _, ok, err := s.hist.Op(ctx, HistoryOf(al, s.now(), EndKept))
-		if err != nil {
-			return time.Time{}, err
-		}
-		if ok {
-			ops = append(ops, op)
-		}
+	// The pod's interval ends here (IP history); the identity's next pod
+	// starts a new one.
+	ended := make([]HistoryRecord, len(als))
+	for i, al := range als {
+		ended[i] = HistoryOf(al, s.now(), EndKept)
 	}
+	hist, err := s.hist.Ops(ctx, ended...)
+	if err != nil {
+		return time.Time{}, err
+	}
+	ops = append(ops, hist...)
 	kept := b
 	kept.Owner, kept.Node, kept.Since = allocator.Owner{}, "", s.now().UTC()
 	val, err := kvstore.EncodeJSON(kept)
