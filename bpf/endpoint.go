@@ -54,8 +54,11 @@ func (ep Endpoint) normalize() (Endpoint, error) {
 		return ep, fmt.Errorf("%w: MAC %s is not 6 bytes", ErrInvalidEndpoint, ep.MAC)
 	case len(ep.IPs) == 0:
 		return ep, fmt.Errorf("%w: no addresses", ErrInvalidEndpoint)
-	case ep.Attach != "" && checkMode(ep.Attach) != nil:
-		return ep, fmt.Errorf("%w: %w", ErrInvalidEndpoint, checkMode(ep.Attach))
+	}
+	if ep.Attach != "" {
+		if err := checkMode(ep.Attach); err != nil {
+			return ep, fmt.Errorf("%w: %w", ErrInvalidEndpoint, err)
+		}
 	}
 	ips := make([]netip.Addr, 0, len(ep.IPs))
 	for _, a := range ep.IPs {
