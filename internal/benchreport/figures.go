@@ -19,11 +19,13 @@ type Figure struct {
 }
 
 // spec says where a figure comes from: a benchmark of one output file,
-// the metric that is its value, and the metric that is its baseline (or,
-// when only a ratio is reported, the ratio's).
+// the metric that is its value, and the metric that is its baseline (of
+// baselineBench's line when set, else of the same line), or, when only a
+// ratio is reported, the ratio's.
 type spec struct {
 	name, file, bench   string
 	value, baseline     string
+	baselineBench       string
 	ratio               string // used when baseline is empty
 	unit, baselineLabel string
 }
@@ -45,7 +47,7 @@ var specs = []spec{
 	{name: "scale.claim5000.lost_leases", file: "storm", bench: "BenchmarkClaimStorm", value: "lost-leases", unit: "count"},
 	{name: "scale.fill150k.last_vs_first", file: "fill", bench: "BenchmarkFill", value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
 	{name: "scale.choose_block.slash8_vs_slash20", file: "choose", bench: "BenchmarkChooseBlock", value: "x-/20-on-/8", unit: "ratio", ratio: "x-/20-on-/8"},
-	{name: "bpf.attach_detach.tcx_vs_clsact", file: "attach", bench: "BenchmarkAttachDetach/tcx", value: "ns/op", unit: "ns", baselineLabel: "clsact"},
+	{name: "bpf.attach_detach.tcx_vs_clsact", file: "attach", bench: "BenchmarkAttachDetach/tcx", value: "ns/op", baseline: "ns/op", baselineBench: "BenchmarkAttachDetach/clsact", unit: "ns", baselineLabel: "clsact"},
 	{name: "tight1000.create.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.create.seconds", ratio: "tight1000.create.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
 	{name: "tight1000.recreate.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.recreate.seconds", ratio: "tight1000.recreate.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
 	{name: "tight1000.recovery.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.recovery.seconds", ratio: "tight1000.recovery.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
@@ -83,17 +85,14 @@ func (s spec) figure(byFile map[string][]Result) (Figure, bool) {
 	}
 	f := Figure{Name: s.name, Value: v, Unit: s.unit, Source: fmt.Sprintf("%s.txt: %s", s.file, s.bench)}
 	switch {
-	case s.name == "bpf.attach_detach.tcx_vs_clsact":
-		other, ok := find(byFile[s.file], "BenchmarkAttachDetach/clsact")
-		if !ok {
-			return Figure{}, false
-		}
-		f.Baseline = other.Metrics["ns/op"]
 	case s.baseline != "":
-		f.Baseline = res.Metrics[s.baseline]
-	case s.ratio != "" && s.unit == "ratio":
-		f.Ratio, f.Baseline = v, 1
-		return f, true
+		base := res
+		if s.baselineBench != "" {
+			if base, ok = find(byFile[s.file], s.baselineBench); !ok {
+				return Figure{}, false
+			}
+		}
+		f.Baseline = base.Metrics[s.baseline]
 	case s.ratio != "":
 		if r := res.Metrics[s.ratio]; r > 0 {
 			f.Baseline = v / r
