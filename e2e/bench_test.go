@@ -27,8 +27,7 @@ func BenchmarkAddDel(b *testing.B) {
 	n := newNode(b, "bench")
 	n.startAgent(agentOpts{pools: []string{"default=10.1.0.0/16"}})
 	kv := n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`)
-	br := conflist(b, fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","plugins":[{"type":"bridge","bridge":"benchbr0",
-		"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, n.dir+"/host-local"))
+	br := bridgeList(b, n, "benchbr0")
 
 	for _, c := range []int{1, 50} {
 		b.Run(fmt.Sprintf("concurrency=%d", c), func(b *testing.B) {
@@ -57,6 +56,13 @@ func BenchmarkAddDel(b *testing.B) {
 			b.ReportMetric(ratio(kvDel, brDel, 99), "del-p99-ratio")
 		})
 	}
+}
+
+// bridgeList is the reference network: bridge + host-local on n, with a
+// gateway on the bridge named bridge.
+func bridgeList(b *testing.B, n *node, bridge string) *libcni.NetworkConfigList {
+	return conflist(b, fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","plugins":[{"type":"bridge","bridge":%q,
+		"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, bridge, n.dir+"/host-local"))
 }
 
 // runAddDel runs iterations of ADD then DEL on l, spread over one worker
@@ -192,8 +198,7 @@ func BenchmarkBurst100(b *testing.B) {
 	n.startAgent(agentOpts{pools: []string{"default=10.1.0.0/16"}})
 	lists := map[string]*libcni.NetworkConfigList{
 		"kvipam": n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`),
-		"bridge": conflist(b, fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","plugins":[{"type":"bridge","bridge":"burstbr0",
-			"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, n.dir+"/host-local")),
+		"bridge": bridgeList(b, n, "burstbr0"),
 		"floor": conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
 	}
 	ps := make([]*pod, pods)

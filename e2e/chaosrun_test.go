@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -102,12 +101,7 @@ func TestChaosRun(t *testing.T) {
 	ops := w.history()
 	findings := chaos.Check(ops, changes, final, end)
 	findings = append(findings, chaos.Placement(changes, rec.Homes())...)
-	fc, err := c.ClientConfig(cluster.RootUser)
-	require.NoError(t, err)
-	ctl := func(args ...string) ([]byte, error) {
-		args = append(args, "--endpoints", strings.Join(c.Endpoints(), ","), "--cacert", fc.CAFile, "--cert", fc.CertFile, "--key", fc.KeyFile)
-		return exec.Command(filepath.Join(members[0].n.bin, "kvipamctl"), args...).CombinedOutput()
-	}
+	ctl := members[0].n.clusterCtl(c)
 	ivs := ipHistory(t, ctl, netip.MustParsePrefix("10.12.0.0/28"))
 	findings = append(findings, chaos.History(ops, ivs, end)...)
 	counts := map[string]int{}

@@ -312,3 +312,15 @@ func datapathFlag() string {
 	}
 	return "routes"
 }
+
+// clusterCtl returns a runner of n's kvipamctl against cluster c as its
+// root user (TLS): it appends the endpoints and client files to args.
+func (n *node) clusterCtl(c *cluster.Cluster) func(args ...string) ([]byte, error) {
+	n.t.Helper()
+	f, err := c.ClientConfig(cluster.RootUser)
+	require.NoError(n.t, err)
+	return func(args ...string) ([]byte, error) {
+		args = append(args, "--endpoints", strings.Join(c.Endpoints(), ","), "--cacert", f.CAFile, "--cert", f.CertFile, "--key", f.KeyFile)
+		return exec.Command(filepath.Join(n.bin, "kvipamctl"), args...).CombinedOutput()
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -92,13 +91,10 @@ func TestRestoreFromOlderSnapshot(t *testing.T) {
 	key := keyOf(t, cli, victim)
 	_, err = cli.Put(ctx, key, `{"containerID":"intruder","ifName":"eth0","node":"elsewhere","state":"allocated","since":"2026-11-23T00:00:00Z"}`)
 	require.NoError(t, err)
-	ctl := filepath.Join(a.bin, "kvipamctl")
-	f, err := c.ClientConfig(cluster.RootUser)
-	require.NoError(t, err)
+	ctl := a.clusterCtl(c)
 	var out []byte
 	waitFor(t, 30*time.Second, "kvipamctl check to report the address node a could not re-assert", func() bool {
-		cmd := exec.Command(ctl, "check", "--endpoints", strings.Join(c.Endpoints(), ","), "--cacert", f.CAFile, "--cert", f.CertFile, "--key", f.KeyFile)
-		out, err = cmd.CombinedOutput()
+		out, err = ctl("check")
 		return err != nil && strings.Contains(string(out), victim.String()) && strings.Contains(string(out), "could not re-assert")
 	})
 	t.Logf("kvipamctl check:\n%s", out)

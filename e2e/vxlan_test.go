@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -120,11 +118,7 @@ func TestClusterThreeNodesVXLAN(t *testing.T) {
 		require.NoError(t, fourth.n.del(fourth.l, p))
 	}
 	fourth.n.stopAgent()
-	f, err := c.ClientConfig(cluster.RootUser)
-	require.NoError(t, err)
-	out, err := exec.Command(filepath.Join(fourth.n.bin, "kvipamctl"), "node", "remove", fourth.n.name, "--confirm-gone", fourth.n.name,
-		"--last-seen", "0s", "--force", "--endpoints", strings.Join(c.Endpoints(), ","),
-		"--cacert", f.CAFile, "--cert", f.CertFile, "--key", f.KeyFile).CombinedOutput()
+	out, err := fourth.n.clusterCtl(c)("node", "remove", fourth.n.name, "--confirm-gone", fourth.n.name, "--last-seen", "0s", "--force")
 	require.NoError(t, err, "kvipamctl node remove: %s", out)
 	removed := time.Now()
 	vtep4 := netip.MustParseAddr("10.254.2.14")
