@@ -46,39 +46,15 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 // leases; a duplicate address fails the benchmark.
 func BenchmarkClaimStorm(b *testing.B) {
 	nodes := envInt(b, "KVIPAM_STORM_NODES", 1000)
-	const clients = 16
 	for range b.N {
 		b.StopTimer()
-		e := etcdtest.Start(b)
-		pool := allocator.Pool{Name: "storm", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26}
-		ensurePool(b, e, pool)
-		clis := make([]*clientv3.Client, clients)
-		for i := range clis {
-			clis[i] = etcdtest.Client(b, e)
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		f := newFleet(b, "storm")
 		var conflicts atomic.Int64
-		als := make([]*allocator.NodeAllocator, nodes)
-		sessions := make([]*kvstore.Session, nodes)
-		for i := range als {
-			cli := clis[i%clients]
-			sess, err := kvstore.NewSession(ctx, cli, 15)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sessions[i] = sess
-			st := conflictCounter{Store: etcdstore.New(cli, etcdstore.Options{}), n: &conflicts}
-			al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%05d", i), Store: st, Pools: []string{"storm"}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := al.Restore(ctx, sess); err != nil {
-				b.Fatal(err)
-			}
-			als[i] = al
-		}
+		als, sessions := f.start(ctx, 0, nodes, 15, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts} })
+		clis := f.clis
 		base := storm(nodes, func(i int) error {
-			_, err := kvstore.CreateJSON(ctx, clis[i%clients], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
+			_, err := kvstore.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 			return err
 		})
 		got := make([]netip.Addr, nodes)
@@ -130,6 +106,52 @@ func BenchmarkClaimStorm(b *testing.B) {
 	}
 }
 
+// fleet is an etcd, a /12 pool of /26 blocks named pool, and 16 clients
+// that simulated nodes share.
+type fleet struct {
+	b    *testing.B
+	pool string
+	clis []*clientv3.Client
+}
+
+func newFleet(b *testing.B, pool string) *fleet {
+	e := etcdtest.Start(b)
+	ensurePool(b, e, allocator.Pool{Name: pool, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26})
+	f := &fleet{b: b, pool: pool, clis: make([]*clientv3.Client, 16)}
+	for i := range f.clis {
+		f.clis[i] = etcdtest.Client(b, e)
+	}
+	return f
+}
+
+// start restores n node allocators, node-<first> on, each on its own lease
+// of ttl seconds; wrap, if set, wraps each one's store.
+func (f *fleet) start(ctx context.Context, first, n int, ttl int64, wrap func(allocator.Store) allocator.Store) ([]*allocator.NodeAllocator, []*kvstore.Session) {
+	als := make([]*allocator.NodeAllocator, n)
+	sessions := make([]*kvstore.Session, n)
+	for i := range als {
+		cli := f.clis[(first+i)%len(f.clis)]
+		sess, err := kvstore.NewSession(ctx, cli, ttl)
+		if err != nil {
+			f.b.Fatal(err)
+		}
+		f.b.Cleanup(sess.Close)
+		var st allocator.Store = etcdstore.New(cli, etcdstore.Options{})
+		if wrap != nil {
+			st = wrap(st)
+		}
+		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%05d", first+i), Store: st, Pools: []string{f.pool}})
+		if err != nil {
+			f.b.Fatal(err)
+		}
+		if err := al.Restore(ctx, sess); err != nil {
+			f.b.Fatal(err)
+		}
+		als[i], sessions[i] = al, sess
+	}
+	return als, sessions
+}
+
 // storm runs f for 0..n-1 at once and returns how long all took.
 func storm(n int, f func(i int) error) time.Duration {
 	start := make(chan struct{})
@@ -155,39 +177,16 @@ func storm(n int, f func(i int) error) time.Duration {
 // seconds and their ratio (the baseline is the first group, same run).
 func BenchmarkFill(b *testing.B) {
 	nodes, addrs := envInt(b, "KVIPAM_FILL_NODES", 5000), envInt(b, "KVIPAM_FILL_ADDRS", 30)
-	const clients = 16
 	group := min(1000, max(nodes/5, 1))
 	for range b.N {
 		b.StopTimer()
-		e := etcdtest.Start(b)
-		pool := allocator.Pool{Name: "fill", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26}
-		ensurePool(b, e, pool)
-		clis := make([]*clientv3.Client, clients)
-		for i := range clis {
-			clis[i] = etcdtest.Client(b, e)
-		}
+		f := newFleet(b, "fill")
 		ctx := context.Background()
 		var times []time.Duration
 		var failed atomic.Int64
 		for first := 0; first < nodes; first += group {
 			n := min(group, nodes-first)
-			als := make([]*allocator.NodeAllocator, n)
-			for i := range als {
-				cli := clis[(first+i)%clients]
-				sess, err := kvstore.NewSession(ctx, cli, 60)
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(sess.Close)
-				al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%05d", first+i), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"fill"}})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := al.Restore(ctx, sess); err != nil {
-					b.Fatal(err)
-				}
-				als[i] = al
-			}
+			als, _ := f.start(ctx, first, n, 60, nil)
 			b.StartTimer()
 			took := storm(n, func(i int) error {
 				for k := range addrs {
