@@ -199,7 +199,7 @@ func BenchmarkBurst100(b *testing.B) {
 	lists := map[string]*libcni.NetworkConfigList{
 		"kvipam": n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`),
 		"bridge": bridgeList(b, n, "burstbr0"),
-		"floor": conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
+		"floor":  conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
 	}
 	ps := make([]*pod, pods)
 	for i := range ps {
