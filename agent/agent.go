@@ -51,6 +51,7 @@ type Agent struct {
 	alloc     *allocator.NodeAllocator
 	batch     *batcher
 	dp        Datapath
+	reaper    *linkReaper
 	endpoints *endpointManager
 	lease     *leaseKeeper
 	probe     *etcdProbe
@@ -108,7 +109,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
-	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain,
+	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
@@ -217,8 +218,13 @@ func (a *Agent) start(ctx context.Context) error {
 		grant: a.grant, restore: func(ctx context.Context, s *kvstore.Session) error { return a.alloc.Restore(ctx, s) }, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
 	}
+	nl, err := openNetlink(a.cfg.NetNS)
+	if err != nil {
+		return err
+	}
+	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp.Forget, a.log.Named("reaper"))
 	a.endpoints = &endpointManager{
-		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost,
+		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,
 		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
 	// Back in touch with etcd, the DELs plugins queued meanwhile go first
@@ -320,32 +326,6 @@ func (a *Agent) isRestored() bool {
 	return a.restored
 }
 
-// holder finds the pool of addr and who holds it in etcd now.
-func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *allocator.Allocation, error) {
-	for _, p := range a.cfg.Pools {
-		if p.Contains(addr) {
-			al, err := a.store.Holder(ctx, p, addr)
-			return p.Name, al, err
-		}
-	}
-	return "", nil, nil
-}
-
-// reportLost publishes endpoints found lost: the gauge, and the node
-// record rewritten on the current lease (a later lease's record carries
-// them too).
-func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
-	n, changed := a.recorder.addLost(lost)
-	a.m.lostEPs.Set(float64(n))
-	sess := a.lease.session()
-	if sess == nil || !changed {
-		return
-	}
-	if err := a.recorder.write(ctx, sess.ID()); err != nil {
-		a.log.Warn("cannot list lost endpoints in the node record", "error", err)
-	}
-}
-
 // ping is the etcd probe's read.
 func (a *Agent) ping(ctx context.Context) error {
 	return a.store.Ping(ctx)
@@ -412,6 +392,9 @@ func (a *Agent) shutdown() {
 	}
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
+	}
+	if a.reaper != nil {
+		a.reaper.nl.Close()
 	}
 	if a.cli != nil {
 		a.cli.Close()

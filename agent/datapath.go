@@ -23,6 +23,11 @@ type Datapath interface {
 	Setup(ctx context.Context, ep *api.Endpoint) error
 	// Teardown removes what Setup made; the host interface may be gone.
 	Teardown(ctx context.Context, ep api.Endpoint) error
+	// Retire stops ep's traffic for good while its host interface waits
+	// to be deleted: its addresses may be handed out at once after.
+	Retire(ctx context.Context, ep api.Endpoint) error
+	// Forget removes what a retired ep left once its interface is gone.
+	Forget(ep api.Endpoint) error
 	// Adopt takes over the state a previous agent left for eps, without
 	// a gap in enforcement.
 	Adopt(ctx context.Context, eps []api.Endpoint) error
@@ -88,6 +93,11 @@ func (d *routesDatapath) Setup(_ context.Context, ep *api.Endpoint) error {
 }
 
 func (d *routesDatapath) Teardown(context.Context, api.Endpoint) error { return nil }
+
+// Retire has nothing to do: the retired veth has no routes and is down.
+func (d *routesDatapath) Retire(context.Context, api.Endpoint) error { return nil }
+
+func (d *routesDatapath) Forget(api.Endpoint) error { return nil }
 
 func (d *routesDatapath) Adopt(context.Context, []api.Endpoint) error { return nil }
 

@@ -141,6 +141,23 @@ func (d *bpfDatapath) Teardown(_ context.Context, ep api.Endpoint) error {
 	return d.inNetns(func() error { return d.dp.Detach(bep) })
 }
 
+// Retire removes ep's map entries and keeps the program attached: it
+// drops everything on the veth until the veth is deleted.
+func (d *bpfDatapath) Retire(_ context.Context, ep api.Endpoint) error {
+	if ep.HostIfIndex == 0 {
+		return nil // never attached
+	}
+	return d.dp.Disarm(bpf.Endpoint{ID: ep.ID, HostIfIndex: ep.HostIfIndex})
+}
+
+// Forget unpins a retired endpoint's TCX link once its veth is gone.
+func (d *bpfDatapath) Forget(ep api.Endpoint) error {
+	if ep.HostIfIndex == 0 {
+		return nil
+	}
+	return d.inNetns(func() error { return d.dp.Forget(ep.HostIfIndex) })
+}
+
 // Adopt keeps every pinned attachment that belongs to a known endpoint
 // (no detach, so no gap), attaches known endpoints the pins lack (a crash
 // between the record and the attach), and detaches pinned endpoints the

@@ -33,7 +33,13 @@ type endpointManager struct {
 	// freed runs after a release freed addresses.
 	freed func()
 	// reasserted counts allocations written back after etcd lost them.
-	reasserted  prometheus.Counter
+	reasserted prometheus.Counter
+	// reaper retires the host veths of DELs and deletes them later.
+	reaper interface {
+		retire(name string) (int, error)
+		retiredEndpoint(ep api.Endpoint)
+		reap() error
+	}
 	delQueueDir string
 	log         hclog.Logger
 
@@ -117,10 +123,52 @@ func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
 }
 
 // release tears the owner's endpoint down and frees its IPs; idempotent.
-func (m *endpointManager) release(ctx context.Context, o api.Owner) ([]string, error) {
+// hostIf, when set, is the attachment's host veth (DEL): it is retired
+// before anything is released, and the endpoint on it is retired with it
+// (the datapath drops its traffic) rather than torn down; the reaper
+// deletes both later. It returns what became of hostIf.
+func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error) {
+	// The veth is the kernel's, not the manager's: it is retired outside
+	// the lock, so that concurrent DELs' netlink work overlaps.
+	var state string
+	var ifindex int
+	if hostIf != "" {
+		var err error
+		if ifindex, err = m.reaper.retire(hostIf); err != nil {
+			return nil, "", err
+		}
+		state = api.HostIfAbsent
+		if ifindex != 0 {
+			state = api.HostIfRetired
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.releaseLocked(ctx, o)
+	if ifindex != 0 {
+		if err := m.retireLocked(ctx, o, hostIf, ifindex); err != nil {
+			return nil, state, err
+		}
+	}
+	ips, err := m.releaseLocked(ctx, o)
+	return ips, state, err
+}
+
+// retireLocked retires o's endpoint if it is the one on the retired veth
+// ifindex, and hands it to the reaper. Any other endpoint of o is torn
+// down by releaseLocked.
+func (m *endpointManager) retireLocked(ctx context.Context, o api.Owner, hostIf string, ifindex int) error {
+	ep, ok := m.records.get(o)
+	if !ok || ep.HostIfName != hostIf || ep.HostIfIndex != ifindex {
+		return nil
+	}
+	if err := m.dp.Retire(ctx, ep); err != nil {
+		return fmt.Errorf("retire endpoint %s: %w", o.Key(), err)
+	}
+	if err := m.records.remove(o); err != nil {
+		return err
+	}
+	m.reaper.retiredEndpoint(ep)
+	return nil
 }
 
 func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]string, error) {
@@ -193,6 +241,11 @@ func (m *endpointManager) releaseAllocations(ctx context.Context, als []allocato
 func (m *endpointManager) restore(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Veths a DEL retired before the last agent could delete them go
+	// first, so that the datapath finds their interfaces gone.
+	if err := m.reaper.reap(); err != nil {
+		m.log.Warn("could not delete the host veths retired before the restart", "error", err)
+	}
 	keep := m.checkEndpoints(ctx, m.records.list())
 	if err := m.dp.Adopt(ctx, keep); err != nil {
 		return fmt.Errorf("adopt endpoints: %w", err)

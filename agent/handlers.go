@@ -29,7 +29,7 @@ type handlers struct {
 	exhausted  *exhaustion
 	endpoints  interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
-		release(ctx context.Context, o api.Owner) ([]string, error)
+		release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error)
 		delete(ctx context.Context, o api.Owner) error
 		list() []api.Endpoint
 	}
@@ -170,11 +170,11 @@ func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {
 func checkRelease(req api.ReleaseRequest) error { return validOwner(req.Owner) }
 
 func (h *handlers) release(ctx context.Context, req api.ReleaseRequest) (api.ReleaseResponse, error) {
-	released, err := h.endpoints.release(ctx, req.Owner)
+	released, hostIf, err := h.endpoints.release(ctx, req.Owner, req.HostIfName)
 	if err != nil {
 		return api.ReleaseResponse{}, err
 	}
-	return api.ReleaseResponse{Released: released}, nil
+	return api.ReleaseResponse{Released: released, HostIf: hostIf}, nil
 }
 
 func checkEndpoint(req api.EndpointRequest) error {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
@@ -94,4 +95,30 @@ func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gon
 		le.IPs = append(le.IPs, ip)
 	}
 	return le
+}
+
+// holder finds the pool of addr and who holds it in etcd now.
+func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *allocator.Allocation, error) {
+	for _, p := range a.cfg.Pools {
+		if p.Contains(addr) {
+			al, err := a.store.Holder(ctx, p, addr)
+			return p.Name, al, err
+		}
+	}
+	return "", nil, nil
+}
+
+// reportLost publishes endpoints found lost: the gauge, and the node
+// record rewritten on the current lease (a later lease's record carries
+// them too).
+func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
+	n, changed := a.recorder.addLost(lost)
+	a.m.lostEPs.Set(float64(n))
+	sess := a.lease.session()
+	if sess == nil || !changed {
+		return
+	}
+	if err := a.recorder.write(ctx, sess.ID()); err != nil {
+		a.log.Warn("cannot list lost endpoints in the node record", "error", err)
+	}
 }

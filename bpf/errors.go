@@ -15,3 +15,7 @@ var (
 	// owners, so this means a stale endpoint the agent has to Detach first.
 	ErrAddressInUse = errors.New("bpf: address in use by another endpoint")
 )
+
+// ErrInterfaceExists is returned by Forget while the endpoint's interface
+// still exists: detaching then would let its frames through unchecked.
+var ErrInterfaceExists = errors.New("bpf: interface still exists")

@@ -19,7 +19,7 @@ type Agent interface {
 	Config(ctx context.Context) (*api.Config, error)
 	Allocate(ctx context.Context, req api.AllocateRequest) (*api.AllocateResponse, error)
 	CreateEndpoint(ctx context.Context, req api.EndpointRequest) (*api.Endpoint, error)
-	Release(ctx context.Context, o api.Owner) (*api.ReleaseResponse, error)
+	ReleaseAttachment(ctx context.Context, req api.ReleaseRequest) (*api.ReleaseResponse, error)
 	Endpoints(ctx context.Context) ([]api.Endpoint, error)
 	Status(ctx context.Context) (*api.Status, error)
 	GC(ctx context.Context, req api.GCRequest) (*api.GCResponse, error)

@@ -101,7 +101,10 @@ func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (
 	return &ep, nil
 }
 
-func (f *fakeAgent) Release(_ context.Context, o api.Owner) (*api.ReleaseResponse, error) {
+// ReleaseAttachment acts as an agent from before ReleaseRequest.HostIfName:
+// it leaves the veth to the plugin.
+func (f *fakeAgent) ReleaseAttachment(_ context.Context, req api.ReleaseRequest) (*api.ReleaseResponse, error) {
+	o := req.Owner
 	f.record("release %s", o.Key())
 	if f.errRelease != nil {
 		return nil, f.errRelease

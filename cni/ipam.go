@@ -68,7 +68,7 @@ func (p *IPAM) Del(args *skel.CmdArgs) error {
 	}
 	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
 	defer closeLog()
-	_, err = releaseOrQueue(p.agent(c), c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, log)
+	_, err = releaseOrQueue(p.agent(c), c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, "", log)
 	return err
 }
 

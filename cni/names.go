@@ -8,7 +8,7 @@ import (
 )
 
 // HostVethPrefix starts the name of every host-side veth kvipam creates.
-const HostVethPrefix = "kv"
+const HostVethPrefix = api.HostVethPrefix
 
 // HostVethName is the host-side veth of the attachment (containerID,
 // ifName): "kv" and 11 hex digits of a SHA-256 of its owner key

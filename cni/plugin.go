@@ -149,9 +149,11 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 	return podResult(spec, links, c.DNS), links.HostIfName, nil
 }
 
-// Del removes the host veth, if any (the pod end goes with it), then
-// releases the owner's IPs, or queues the release when the agent is down.
-// It needs no netns and succeeds when there is nothing to delete.
+// Del releases the owner's IPs through the agent, which retires the host
+// veth first (no routes, no traffic: the datapath drops it) and deletes it
+// in the background, the pod end with it; or, when the agent is down, it
+// deletes the veth and queues the release. It needs no netns and
+// succeeds when there is nothing to delete.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	c, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -160,18 +162,12 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	log, closeLog := newLogger("kvipam", c, p.Stderr)
 	defer closeLog()
 	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
-	// The veth goes first: once the IPs are released they may be handed
-	// out again, and must not still be routed to this pod.
 	hostIf := HostVethName(o.ContainerID, o.IfName)
-	removed, err := DeleteHostVeth(hostIf)
+	queued, err := releaseOrQueue(p.agent(c), c, o, hostIf, log)
 	if err != nil {
 		return err
 	}
-	queued, err := releaseOrQueue(p.agent(c), c, o, log)
-	if err != nil {
-		return err
-	}
-	log.Info("deleted", "owner", o.Key(), "veth_removed", removed, "release_queued", queued)
+	log.Info("deleted", "owner", o.Key(), "host_if", hostIf, "release_queued", queued)
 	return nil
 }
 

@@ -12,27 +12,46 @@ import (
 	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
-// releaseOrQueue releases an owner's IPs. When the agent cannot be reached
-// at all, the release goes to the DEL queue, which the agent drains when
-// it starts, and that counts as done. When the agent answers but cannot
+// releaseOrQueue releases an owner's IPs. With hostIf (DEL), the agent
+// retires that veth before it releases (routes deleted, the datapath
+// drops its traffic) and deletes it in the background; an agent that
+// does not say it did (older than ReleaseRequest.HostIfName) leaves it
+// here. When the agent cannot be reached at all, the veth is deleted
+// here, the release goes to the DEL queue, which the agent drains when it
+// is back, and that counts as done. When the agent answers but cannot
 // release now (etcd down), the error stands, with code 11, so the runtime
-// retries: an entry queued while the agent runs would wait for its next
-// restart.
-func releaseOrQueue(ag Agent, c *Config, o api.Owner, log hclog.Logger) (queued bool, err error) {
+// retries.
+func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger) (queued bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
-	res, err := ag.Release(ctx, api.Owner{ContainerID: o.ContainerID, IfName: o.IfName})
+	owner := api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}
+	res, err := ag.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: owner, HostIfName: hostIf})
 	var ae *api.Error
 	switch {
 	case err == nil:
-		log.Debug("released", "owner", o.Key(), "ips", res.Released)
+		log.Debug("released", "owner", o.Key(), "ips", res.Released, "host_if", res.HostIf)
+		if hostIf != "" && res.HostIf == "" {
+			_, err := DeleteHostVeth(hostIf)
+			return false, err
+		}
 		return false, nil
 	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
+		if hostIf != "" {
+			_, err := DeleteHostVeth(hostIf)
+			return false, err
+		}
 		return false, nil
 	case !errors.Is(err, client.ErrUnreachable):
 		return false, fmt.Errorf("release %s: %w", o.Key(), err)
 	}
-	if qerr := delqueue.Enqueue(c.DelQueueDir, api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}); qerr != nil {
+	// The veth goes first: once the IPs are released they may be handed
+	// out again, and must not still be routed to this pod.
+	if hostIf != "" {
+		if _, derr := DeleteHostVeth(hostIf); derr != nil {
+			return false, fmt.Errorf("release %s: %w; and %w", o.Key(), err, derr)
+		}
+	}
+	if qerr := delqueue.Enqueue(c.DelQueueDir, owner); qerr != nil {
 		return false, fmt.Errorf("release %s: %w; and could not queue it: %w", o.Key(), err, qerr)
 	}
 	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.Key(), "queue", c.DelQueueDir, "error", err)
@@ -49,7 +68,7 @@ func rollback(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger,
 			errs = append(errs, fmt.Errorf("roll back: %w", err))
 		}
 	}
-	if _, err := releaseOrQueue(ag, c, o, log); err != nil {
+	if _, err := releaseOrQueue(ag, c, o, "", log); err != nil {
 		errs = append(errs, fmt.Errorf("roll back: %w", err))
 	}
 	log.Info("add rolled back", "owner", o.Key(), "cause", cause, "cleanup_errors", len(errs))

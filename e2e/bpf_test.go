@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -129,9 +130,12 @@ func testBPFEnforcesThroughAgentKill(t *testing.T, mode string) {
 	eps, err := n.client().Endpoints(context.Background())
 	require.NoError(t, err)
 	require.Empty(t, eps)
-	entries, err := os.ReadDir(pins)
-	require.NoError(t, err)
-	require.Empty(t, entries, "DEL leaves no pinned link")
+	// The agent deletes the retired veth, then its link's pin, after DEL.
+	waitFor(t, 5*time.Second, "DEL to leave no pinned link", func() bool {
+		entries, err := os.ReadDir(pins)
+		require.NoError(t, err)
+		return len(entries) == 0
+	})
 }
 
 // attachedWith says how the bpf datapath's program is attached to p's host

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -58,14 +59,18 @@ func TestKvipamTwoPods(t *testing.T) {
 	}
 
 	require.NoError(t, n.del(l, a))
-	hostIf := cni.HostVethName(a.rt.ContainerID, "eth0")
-	_, err := nlHandle(t, n.host).LinkByName(hostIf)
-	require.Error(t, err, "host veth removed")
-	_, err = nlHandle(t, a.ns).LinkByName("eth0")
-	require.Error(t, err, "pod interface removed")
+	// The routes are gone when DEL answers; the veth (retired, down) is
+	// deleted by the agent in the background.
 	for _, ip := range []netip.Addr{a4, a6} {
 		require.False(t, hostRouteTo(t, n, ip), "host route to %s removed", ip)
 	}
+	hostIf := cni.HostVethName(a.rt.ContainerID, "eth0")
+	waitFor(t, 5*time.Second, "the host veth to be deleted", func() bool {
+		_, err := nlHandle(t, n.host).LinkByName(hostIf)
+		return err != nil
+	})
+	_, err := nlHandle(t, a.ns).LinkByName("eth0")
+	require.Error(t, err, "pod interface removed")
 	require.Empty(t, n.ipKeys(a.rt.ContainerID), "etcd records removed")
 	eps, err := n.client().Endpoints(context.Background())
 	require.NoError(t, err)

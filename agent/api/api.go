@@ -134,13 +134,32 @@ type AllocateResponse struct {
 // ReleaseRequest frees an owner's IPs and removes its endpoint.
 type ReleaseRequest struct {
 	Owner Owner `json:"owner"`
+	// HostIfName, when set, is the attachment's host veth, which must be a
+	// veth named with HostVethPrefix. The agent retires it before it
+	// releases: its routes are deleted, the datapath drops its traffic,
+	// and it is marked for deletion, which the agent does in the
+	// background (many veths in one netlink operation).
+	HostIfName string `json:"hostIfName,omitempty"`
 }
 
 // ReleaseResponse lists the addresses released, as text ("10.0.0.5");
 // empty if none were held.
 type ReleaseResponse struct {
 	Released []string `json:"released"`
+	// HostIf says what became of the request's HostIfName: HostIfRetired
+	// or HostIfAbsent. An agent that does not know the field leaves it
+	// empty, and the caller deletes the veth itself.
+	HostIf string `json:"hostIf,omitempty"`
 }
+
+// What became of a release's host veth (ReleaseResponse.HostIf).
+const (
+	HostIfRetired = "retired" // retired now or earlier; deleted in the background
+	HostIfAbsent  = "absent"  // no such interface
+)
+
+// HostVethPrefix starts the name of every host-side veth kvipam creates.
+const HostVethPrefix = "kv"
 
 // EndpointRequest asks the agent to finish an ADD: make the reservation
 // permanent and program the datapath for the pod, before it answers.

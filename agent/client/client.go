@@ -93,8 +93,14 @@ func (c *Client) Allocate(ctx context.Context, req api.AllocateRequest) (*api.Al
 
 // Release frees an owner's IPs and removes its endpoint; idempotent.
 func (c *Client) Release(ctx context.Context, o api.Owner) (*api.ReleaseResponse, error) {
+	return c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: o})
+}
+
+// ReleaseAttachment is Release with the attachment's host veth, which the
+// agent retires first and deletes in the background (CNI DEL).
+func (c *Client) ReleaseAttachment(ctx context.Context, req api.ReleaseRequest) (*api.ReleaseResponse, error) {
 	var out api.ReleaseResponse
-	return &out, c.do(ctx, http.MethodPost, api.PathRelease, api.ReleaseRequest{Owner: o}, &out)
+	return &out, c.do(ctx, http.MethodPost, api.PathRelease, req, &out)
 }
 
 // CreateEndpoint confirms the reservation and programs the datapath.

@@ -1,0 +1,67 @@
+//go:build linux
+
+package bpf
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+)
+
+// Disarm removes ep's map entries and leaves the program attached to its
+// host interface, which then drops every frame the pod sends (an interface
+// without an ifaces entry fails closed, counted under ID 0). It is the
+// first half of deleting an endpoint whose interface is about to be
+// deleted: the addresses may be handed out again at once, since no entry
+// names them, and the interface carries nothing while its deletion waits.
+// Forget finishes it once the interface is gone. Only HostIfIndex and ID
+// are used; disarming what has no entries succeeds.
+func (d *Datapath) Disarm(ep Endpoint) error {
+	if ep.HostIfIndex <= 0 {
+		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
+	}
+	if err := d.lock(); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+	if err := d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID); err != nil {
+		return fmt.Errorf("disarm endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	}
+	d.log.Debug("endpoint disarmed", "id", ep.ID, "ifindex", ep.HostIfIndex)
+	return nil
+}
+
+// Forget removes what a disarmed endpoint left once its interface has been
+// deleted: the pin of its TCX link (a clsact filter goes with the
+// interface). It refuses while the interface exists, since detaching then
+// would let the pod's frames through unchecked. If the ifindex already
+// names a new endpoint (ifaces entry present), its link is that
+// endpoint's and is left alone.
+func (d *Datapath) Forget(ifindex int) error {
+	if ifindex <= 0 {
+		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ifindex)
+	}
+	if err := d.lock(); err != nil {
+		return err
+	}
+	defer d.mu.Unlock()
+	var info kvipamIfaceInfo
+	switch err := d.objs.KvipamIfaces.Lookup(uint32(ifindex), &info); {
+	case err == nil:
+		return nil
+	case !errors.Is(err, ebpf.ErrKeyNotExist):
+		return fmt.Errorf("look up iface %d: %w", ifindex, err)
+	}
+	switch _, err := netlink.LinkByIndex(ifindex); {
+	case err == nil:
+		return fmt.Errorf("forget ifindex %d: %w", ifindex, ErrInterfaceExists)
+	case !errors.As(err, new(netlink.LinkNotFoundError)):
+		return fmt.Errorf("find link %d: %w", ifindex, err)
+	}
+	if _, err := d.detachTCX(ifindex); err != nil {
+		return fmt.Errorf("forget ifindex %d: %w", ifindex, err)
+	}
+	return nil
+}
