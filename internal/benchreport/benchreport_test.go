@@ -47,7 +47,7 @@ func TestReportFromBenchOutput(t *testing.T) {
 	require.Equal(t, []string{"baseline", "name", "ratio", "source", "unit", "value"}, keys(back[0]))
 
 	var md bytes.Buffer
-	require.NoError(t, WriteMarkdown(&md, Machine{CPU: "test", CPUs: 2}, []string{"go test -bench AddDel ./e2e/"}, figs, missing))
+	require.NoError(t, WriteMarkdown(&md, Machine{CPU: "test", CPUs: 2}, []string{"go test -bench AddDel ./e2e/"}, figs, missing, nil))
 	require.Contains(t, md.String(), "| `cni.add.p50.default_vs_bridge` | 10.32 ms | 11.53 | 0.895 | bridge + host-local |")
 	require.Contains(t, md.String(), "`scale.150k.max_rate`: no benchmark measures it yet")
 }
