@@ -61,7 +61,7 @@ func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, mis
 	if len(missing) > 0 || len(NotMeasured) > 0 || len(notDrawn) > 0 {
 		b.WriteString("\n## Not in this run\n\n")
 		for _, p := range notDrawn {
-			fmt.Fprintf(&b, "- plot %q: not measured (%s)\n", p.Title, p.Missing)
+			fmt.Fprintf(&b, "- plot %q: not measured: %s\n", p.Title, p.Missing)
 		}
 		for _, n := range missing {
 			fmt.Fprintf(&b, "- `%s`: its benchmark's output is missing from this run\n", n)

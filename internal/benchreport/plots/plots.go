@@ -129,7 +129,7 @@ func bursts(set benchreport.SampleSet) []figure {
 		}
 		f := figure{name: name, title: "100 pods added at once, kvipam on the " + s.Datapath + " datapath",
 			xLabel: "time since the burst's start (ms)", yLabel: "pods added (mean over bursts)",
-			caption: fmt.Sprintf("Pods whose ADD has completed, against the time since 100 ADDs were started at once; the mean of %d bursts. The loopback plugin is the exec floor, what any plugin costs the runtime.", runs)}
+			caption: fmt.Sprintf("Pods whose ADD has completed, against the time since 100 ADDs were started at once; the mean of %s. The loopback plugin is the exec floor, what any plugin costs the runtime.", plural(runs, "burst"))}
 		for _, name := range []string{"kvipam", "bridge", "floor"} {
 			if ms := s.SeriesMS[name]; len(ms) > 0 {
 				f.add(line{label: burstLabels[name], source: fmt.Sprintf("%s (%s)", burst100, s.Datapath), xy: completion(ms, float64(runs), 1), dashed: name != "kvipam"})
@@ -201,7 +201,7 @@ func storm(set benchreport.SampleSet) figure {
 	f := figure{name: "claim-storm", title: "Claim storm: nodes with their first block, over time",
 		xLabel: "time since the storm's start (s)", yLabel: "nodes whose claim completed",
 		caption: "Every node claims its first block at once; a dashed line is the baseline, as many bare create-if-absent transactions at once.",
-		missing: "no claim storm samples (bench-out/samples/storm-*.json)"}
+		missing: "no claim storm samples, bench-out/samples/storm-*.json"}
 	for _, s := range set.Storms {
 		src := fmt.Sprintf("BenchmarkClaimStorm (%d nodes)", s.Nodes)
 		if len(s.CompletionsMS) > 0 {
@@ -244,6 +244,13 @@ func completion(ms []float64, runs, unit float64) plotter.XYs {
 		xy = append(xy, plotter.XY{X: v / unit, Y: float64(i+1) / runs})
 	}
 	return xy
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // sources says where the lines come from.
@@ -306,8 +313,24 @@ func (f figure) draw(path string) error {
 		p.X.Min, p.X.Max = 0, p.X.Max*1.05
 	default:
 		p.X.Max *= 1.05
+		p.X.Tick.Marker = plainTicks{}
 	}
+	p.Y.Tick.Marker = plainTicks{}
 	return p.Save(16*vg.Centimeter, 10*vg.Centimeter, path)
+}
+
+// plainTicks are plot.DefaultTicks labelled without trailing zeros
+// (2500, not 2500.00).
+type plainTicks struct{}
+
+func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+	ticks := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i, t := range ticks {
+		if t.Label != "" {
+			ticks[i].Label = strconv.FormatFloat(t.Value, 'g', 6, 64)
+		}
+	}
+	return ticks
 }
 
 // logTicks label 1, 2 and 5 times each power of ten (plot.LogTicks

@@ -63,7 +63,7 @@ func TestPlotsFromSamples(t *testing.T) {
 	var md bytes.Buffer
 	require.NoError(t, benchreport.WriteMarkdown(&md, benchreport.Machine{}, nil, nil, nil, got))
 	require.Contains(t, md.String(), "![CNI ADD latency, one pod at a time](plots/add-latency-cdf.svg)")
-	require.Contains(t, md.String(), `plot "Claim storm: nodes with their first block, over time": not measured (no claim storm samples`)
+	require.Contains(t, md.String(), `plot "Claim storm: nodes with their first block, over time": not measured: no claim storm samples`)
 	_, err = os.Stat(filepath.Join(dir, "claim-storm.svg"))
 	require.True(t, os.IsNotExist(err))
 }
