@@ -23,10 +23,11 @@ test: build
 race:
 	$(GO) test -count=1 -race ./allocator/... ./kvstore/... ./internal/... ./agent/... ./cni/... ./e2e/cluster/...
 
-# Benchmarks: each command's output goes to $(BENCH_OUT)/<name>.txt, then
-# kvipam-benchreport writes docs/BENCHMARKS.md and docs/benchmarks.json
-# (every figure beside its baseline from the same run). bench-quick is the
-# same at smaller sizes, in a few minutes.
+# Benchmarks: each command's output goes to $(BENCH_OUT)/<name>.txt and
+# their raw samples to $(BENCH_OUT)/samples (KVIPAM_BENCH_SAMPLES), then
+# kvipam-benchreport writes docs/BENCHMARKS.md, docs/benchmarks.json (every
+# figure beside its baseline from the same run) and the plots, docs/plots.
+# bench-quick is the same at smaller sizes, in a few minutes.
 BENCH_OUT ?= bench-out
 STORM_NODES ?= 5000
 FILL_NODES ?= 5000
@@ -43,7 +44,7 @@ bench-quick:
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
 	@run() { name=$$1; shift; echo "$$*" >> $(BENCH_OUT)/commands.txt; echo "$$*"; \
-		env "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
+		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
 	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/ && \
 	run fill KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) $(GO) test -run '^$$' -bench '^BenchmarkFill$$' -benchtime 1x -timeout 30m ./allocator/ && \
@@ -54,8 +55,8 @@ bench-run: build
 	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ && \
 	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
-	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md
-	@echo "wrote docs/BENCHMARKS.md and docs/benchmarks.json"
+	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md -svg docs/plots
+	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"
 
 # The chaos workload (root): etcd members and agents as processes, faults
 # at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES.

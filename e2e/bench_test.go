@@ -12,6 +12,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/internal/benchreport"
 )
 
 // BenchmarkAddDel measures ADD and DEL latency through libcni, as a
@@ -39,9 +41,15 @@ func BenchmarkAddDel(b *testing.B) {
 				runAddDel(b, n, l, pods, len(pods), "warm")
 			}
 			b.ResetTimer()
+			start := time.Now()
 			kvAdd, kvDel := runAddDel(b, n, kv, pods, b.N, "kv")
+			kvWall, start := time.Since(start), time.Now()
 			brAdd, brDel := runAddDel(b, n, br, pods, b.N, "br")
+			brWall := time.Since(start)
 			b.StopTimer()
+			writeSamples(b, benchreport.Samples{Datapath: datapathFlag(), Concurrency: c},
+				map[string][]time.Duration{"kvipam-add": kvAdd, "kvipam-del": kvDel, "bridge-add": brAdd, "bridge-del": brDel},
+				map[string]time.Duration{"kvipam": kvWall, "bridge": brWall})
 
 			for _, m := range []struct {
 				name string
@@ -172,6 +180,11 @@ func BenchmarkAddDatapath(b *testing.B) {
 		}
 	}
 	b.StopTimer()
+	series := map[string][]time.Duration{}
+	for _, c := range configs {
+		series[c.name+"-add"], series[c.name+"-del"] = adds[c.name], dels[c.name]
+	}
+	writeSamples(b, benchreport.Samples{Concurrency: 1}, series, nil)
 	for _, c := range configs {
 		b.ReportMetric(ms(pct(adds[c.name], 50)), c.name+"-add-p50-ms")
 		b.ReportMetric(ms(pct(dels[c.name], 50)), c.name+"-del-p50-ms")
@@ -205,8 +218,11 @@ func BenchmarkBurst100(b *testing.B) {
 	for i := range ps {
 		ps[i] = newPod(b, fmt.Sprintf("b%d", i))
 	}
-	burst := func(l *libcni.NetworkConfigList, tag string) (time.Duration, []time.Duration) {
-		adds := make([]time.Duration, pods)
+	// burst returns the burst's completion time, each ADD's latency, and
+	// each ADD's completion since the burst's start.
+	burst := func(l *libcni.NetworkConfigList, tag string) (time.Duration, []time.Duration, []time.Duration) {
+		adds, done := make([]time.Duration, pods), make([]time.Duration, pods)
+		var began time.Time // set before start is closed
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		errs := make(chan error, pods)
@@ -215,15 +231,15 @@ func BenchmarkBurst100(b *testing.B) {
 				rt := *p.rt
 				rt.ContainerID = fmt.Sprintf("%s-%d", tag, i)
 				<-start
-				began := time.Now()
+				t0 := time.Now()
 				err := n.do(func() error { _, err := n.cni.AddNetworkList(context.Background(), l, &rt); return err })
-				adds[i] = time.Since(began)
+				adds[i], done[i] = time.Since(t0), time.Since(began)
 				if err != nil {
 					errs <- err
 				}
 			})
 		}
-		began := time.Now()
+		began = time.Now()
 		close(start)
 		wg.Wait()
 		took := time.Since(began)
@@ -236,22 +252,23 @@ func BenchmarkBurst100(b *testing.B) {
 			rt.ContainerID = fmt.Sprintf("%s-%d", tag, i)
 			require.NoError(b, n.do(func() error { return n.cni.DelNetworkList(context.Background(), l, &rt) }))
 		}
-		return took, adds
+		return took, adds, done
 	}
 	for name, l := range lists { // warm the bridge and the caches
 		burst(l, "warm-"+name)
 	}
 	b.ResetTimer()
 	total := map[string]time.Duration{}
-	all := map[string][]time.Duration{}
+	all, completed := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for i := range b.N {
 		for _, name := range []string{"floor", "kvipam", "bridge"} {
-			took, adds := burst(lists[name], fmt.Sprintf("%s%d", name, i))
+			took, adds, done := burst(lists[name], fmt.Sprintf("%s%d", name, i))
 			total[name] += took
-			all[name] = append(all[name], adds...)
+			all[name], completed[name] = append(all[name], adds...), append(completed[name], done...)
 		}
 	}
 	b.StopTimer()
+	writeSamples(b, benchreport.Samples{Datapath: datapathFlag(), Runs: b.N}, completed, nil)
 	per := func(name string) float64 { return ms(total[name]) / float64(b.N) }
 	for _, name := range []string{"floor", "kvipam", "bridge"} {
 		b.ReportMetric(per(name), name+"-burst-ms")

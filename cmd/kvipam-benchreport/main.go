@@ -1,6 +1,7 @@
 // Command kvipam-benchreport writes docs/BENCHMARKS.md and
 // docs/benchmarks.json from the output files of `make bench`: one file
-// per command (<name>.txt, go test -bench output) and commands.txt.
+// per command (<name>.txt, go test -bench output) and commands.txt, and
+// the plots (SVG) from the benchmarks' raw samples (<in>/samples).
 package main
 
 import (
@@ -15,20 +16,22 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/benchreport/plots"
 )
 
 func main() {
 	in := flag.String("in", "bench-out", "directory of the bench commands' output")
 	jsonOut := flag.String("json", "docs/benchmarks.json", "JSON report to write")
 	mdOut := flag.String("md", "docs/BENCHMARKS.md", "Markdown report to write")
+	svgOut := flag.String("svg", "docs/plots", "directory of the plots (SVG) to write, its *.svg replaced; empty draws none")
 	flag.Parse()
-	if err := run(*in, *jsonOut, *mdOut); err != nil {
+	if err := run(*in, *jsonOut, *mdOut, *svgOut); err != nil {
 		fmt.Fprintln(os.Stderr, "kvipam-benchreport:", err)
 		os.Exit(1)
 	}
 }
 
-func run(in, jsonOut, mdOut string) error {
+func run(in, jsonOut, mdOut, svgOut string) error {
 	files, err := filepath.Glob(filepath.Join(in, "*.txt"))
 	if err != nil {
 		return err
@@ -55,11 +58,21 @@ func run(in, jsonOut, mdOut string) error {
 	if len(figs) == 0 {
 		return fmt.Errorf("no figures in %s: run make bench first", in)
 	}
+	var drawn []benchreport.Plot
+	if svgOut != "" {
+		set, err := benchreport.ReadSamples(filepath.Join(in, "samples"))
+		if err != nil {
+			return err
+		}
+		if drawn, err = plots.Write(svgOut, filepath.Dir(mdOut), set); err != nil {
+			return err
+		}
+	}
 	var js, md bytes.Buffer
 	if err := benchreport.WriteJSON(&js, figs); err != nil {
 		return err
 	}
-	if err := benchreport.WriteMarkdown(&md, machine(), commands, figs, missing); err != nil {
+	if err := benchreport.WriteMarkdown(&md, machine(), commands, figs, missing, drawn); err != nil {
 		return err
 	}
 	if err := os.WriteFile(jsonOut, js.Bytes(), 0o644); err != nil {

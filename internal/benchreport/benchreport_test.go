@@ -38,6 +38,7 @@ func TestReportFromBenchOutput(t *testing.T) {
 	require.Contains(t, byName, "cni.del.p50.default_vs_bridge")
 	require.Contains(t, byName, "cni.add.p50.c50.default_vs_bridge")
 	require.Contains(t, missing, "scale.claim5000.seconds")
+	require.Contains(t, missing, "agent.rss.10k_mb")
 	require.NotContains(t, missing, "cni.add.p50.default_vs_bridge")
 
 	var js bytes.Buffer
@@ -47,9 +48,25 @@ func TestReportFromBenchOutput(t *testing.T) {
 	require.Equal(t, []string{"baseline", "name", "ratio", "source", "unit", "value"}, keys(back[0]))
 
 	var md bytes.Buffer
-	require.NoError(t, WriteMarkdown(&md, Machine{CPU: "test", CPUs: 2}, []string{"go test -bench AddDel ./e2e/"}, figs, missing))
+	require.NoError(t, WriteMarkdown(&md, Machine{CPU: "test", CPUs: 2}, []string{"go test -bench AddDel ./e2e/"}, figs, missing, nil))
 	require.Contains(t, md.String(), "| `cni.add.p50.default_vs_bridge` | 10.32 ms | 11.53 | 0.895 | bridge + host-local |")
 	require.Contains(t, md.String(), "`scale.150k.max_rate`: no benchmark measures it yet")
+}
+
+// TestAgentRSS: the agent's resident set with 10,000 allocations stands
+// beside its resident set idle.
+func TestAgentRSS(t *testing.T) {
+	rs, err := Parse(strings.NewReader("BenchmarkAgentRestart-2   	       5	 250133214 ns/op	        41.79 MB/rss-10k	        32.04 MB/rss-idle	         0.2445 s/restart-10k\n"))
+	require.NoError(t, err)
+	figs, _ := Figures(map[string][]Result{"restart": rs})
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	require.InDelta(t, 32.04, byName["agent.rss.idle_mb"].Value, 1e-9)
+	require.InDelta(t, 41.79, byName["agent.rss.10k_mb"].Value, 1e-9)
+	require.InDelta(t, 32.04, byName["agent.rss.10k_mb"].Baseline, 1e-9)
+	require.InDelta(t, 1.304, byName["agent.rss.10k_mb"].Ratio, 1e-9)
 }
 
 func keys(m map[string]any) []string {

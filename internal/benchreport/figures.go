@@ -41,6 +41,8 @@ var specs = []spec{
 	{name: "burst100.above_floor.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-above-floor-ms", baseline: "bridge-above-floor-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "burst100.add_p99.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-add-p99-ms", baseline: "bridge-add-p99-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "restart.10k.seconds", file: "restart", bench: "BenchmarkAgentRestart", value: "s/restart-10k", baseline: "s/restart-empty", unit: "s", baselineLabel: "the same agent on an empty node"},
+	{name: "agent.rss.idle_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-idle", unit: "MB"},
+	{name: "agent.rss.10k_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-10k", baseline: "MB/rss-idle", unit: "MB", baselineLabel: "the same agent idle, on an empty node"},
 	{name: "scale.claim5000.seconds", file: "storm", bench: "BenchmarkClaimStorm", value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once"},
 	{name: "scale.claim5000.failures", file: "storm", bench: "BenchmarkClaimStorm", value: "failures", unit: "count"},
 	{name: "scale.claim5000.try_again", file: "storm", bench: "BenchmarkClaimStorm", value: "try-again", unit: "count"},

@@ -22,9 +22,15 @@ func WriteJSON(w io.Writer, figs []Figure) error {
 	return enc.Encode(figs)
 }
 
+// Plot is one plot of the report: drawn into File (a path relative to
+// the Markdown report), or, when File is empty, not drawn for Missing.
+type Plot struct {
+	Title, File, Caption, Missing string
+}
+
 // WriteMarkdown writes the report: the machine, the commands, every
-// figure beside its baseline, and what was not measured.
-func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, missing []string) error {
+// figure beside its baseline, the plots, and what was not measured.
+func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, missing []string, plots []Plot) error {
 	var b strings.Builder
 	b.WriteString("# Benchmarks\n\n")
 	b.WriteString("Written by `make bench` (or `make bench-quick`, smaller) from the output of its commands; do not edit by hand. ")
@@ -41,8 +47,22 @@ func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, mis
 		}
 		fmt.Fprintf(&b, "| `%s` | %s %s | %s | %s | %s |\n", f.Name, value, f.Unit, num(f.Baseline), num(f.Ratio), BaselineOf(f.Name))
 	}
-	if len(missing) > 0 || len(NotMeasured) > 0 {
+	var notDrawn []Plot
+	for i, p := range plots {
+		if i == 0 {
+			b.WriteString("\n## Plots\n\nDrawn from the benchmarks' raw samples (bench-out/samples, written when " + SamplesEnv + " is set).\n")
+		}
+		if p.File == "" {
+			notDrawn = append(notDrawn, p)
+			continue
+		}
+		fmt.Fprintf(&b, "\n### %s\n\n![%s](%s)\n\n%s\n", p.Title, p.Title, p.File, p.Caption)
+	}
+	if len(missing) > 0 || len(NotMeasured) > 0 || len(notDrawn) > 0 {
 		b.WriteString("\n## Not in this run\n\n")
+		for _, p := range notDrawn {
+			fmt.Fprintf(&b, "- plot %q: not measured: %s\n", p.Title, p.Missing)
+		}
 		for _, n := range missing {
 			fmt.Fprintf(&b, "- `%s`: its benchmark's output is missing from this run\n", n)
 		}

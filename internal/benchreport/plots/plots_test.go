@@ -1,0 +1,83 @@
+package plots
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/internal/benchreport"
+)
+
+// TestPlotsFromSamples: the fixture's sample files (testdata/samples)
+// give every plot as a valid SVG file, named in the report; without the
+// claim storm's file, that plot is listed as not measured.
+func TestPlotsFromSamples(t *testing.T) {
+	set, err := benchreport.ReadSamples("testdata/samples")
+	require.NoError(t, err)
+	require.Len(t, set.Samples, 4)
+	require.Len(t, set.Storms, 1)
+
+	docs := t.TempDir()
+	dir := filepath.Join(docs, "plots")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "stale.svg"), []byte("<svg/>"), 0o644))
+	got, err := Write(dir, docs, set)
+	require.NoError(t, err)
+	files := map[string]bool{}
+	for _, p := range got {
+		require.NotEmpty(t, p.File, "%s: %s", p.Title, p.Missing)
+		require.Contains(t, p.Caption, "Sources:")
+		files[p.File] = true
+		b, err := os.ReadFile(filepath.Join(docs, p.File))
+		require.NoError(t, err)
+		require.True(t, bytes.HasPrefix(b, []byte("<?xml")) || bytes.HasPrefix(b, []byte("<svg")), "%s starts %q", p.File, b[:min(len(b), 20)])
+		require.Contains(t, string(b), "<svg")
+		require.True(t, strings.HasSuffix(strings.TrimSpace(string(b)), "</svg>"), p.File)
+	}
+	require.Equal(t, map[string]bool{"plots/add-latency-cdf.svg": true, "plots/del-latency-cdf.svg": true,
+		"plots/burst100-bpf.svg": true, "plots/add-throughput.svg": true, "plots/claim-storm.svg": true}, files)
+	_, err = os.Stat(filepath.Join(dir, "stale.svg"))
+	require.True(t, os.IsNotExist(err), "an earlier run's plots are replaced")
+
+	// The routes line comes from BenchmarkAddDatapath when BenchmarkAddDel
+	// ran on bpf only.
+	add := latencyCDF(set, "add", "ADD")
+	require.Len(t, add.lines, 3)
+	require.Equal(t, "kvipam, routes datapath", add.lines[0].label)
+	require.Equal(t, addDatapath, add.lines[0].source)
+	require.Equal(t, "bridge + host-local", add.lines[2].label)
+	// Throughput: 5 ADDs in 190.5 ms, 4 in 70 ms.
+	tp := throughput(set)
+	require.Len(t, tp.lines, 2)
+	require.InDelta(t, 5/0.1905, tp.lines[0].xy[0].Y, 1e-9)
+	require.InDelta(t, 50, tp.lines[0].xy[1].X, 1e-9)
+	require.InDelta(t, 4/0.070, tp.lines[0].xy[1].Y, 1e-9)
+
+	set.Storms = nil
+	got, err = Write(dir, docs, set)
+	require.NoError(t, err)
+	var md bytes.Buffer
+	require.NoError(t, benchreport.WriteMarkdown(&md, benchreport.Machine{}, nil, nil, nil, got))
+	require.Contains(t, md.String(), "![CNI ADD latency, one pod at a time](plots/add-latency-cdf.svg)")
+	require.Contains(t, md.String(), `plot "Claim storm: nodes with their first block, over time": not measured: no claim storm samples`)
+	_, err = os.Stat(filepath.Join(dir, "claim-storm.svg"))
+	require.True(t, os.IsNotExist(err))
+}
+
+// TestNoSamples: a run without samples draws nothing and names every
+// plot as not measured.
+func TestNoSamples(t *testing.T) {
+	set, err := benchreport.ReadSamples(filepath.Join(t.TempDir(), "missing"))
+	require.NoError(t, err)
+	got, err := Write(t.TempDir(), ".", set)
+	require.NoError(t, err)
+	require.Len(t, got, 5)
+	for _, p := range got {
+		require.Empty(t, p.File)
+		require.NotEmpty(t, p.Missing, p.Title)
+	}
+}
