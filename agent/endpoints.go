@@ -20,8 +20,10 @@ import (
 
 // endpointManager owns the node's endpoints: the datapath state and the
 // on-disk record of each attachment, and the release of its allocations.
-// One lock serializes create, delete and release, since each touches the
-// datapath, the record and etcd together. It is safe for concurrent use.
+// The requests of one owner (create, delete, release) are serialized,
+// since each touches its datapath, record and allocations together;
+// different owners' run at once, and a whole-node pass (restore, recheck,
+// verify, GC) runs alone. It is safe for concurrent use.
 type endpointManager struct {
 	alloc   endpointAllocator
 	dp      Datapath
@@ -43,7 +45,20 @@ type endpointManager struct {
 	delQueueDir string
 	log         hclog.Logger
 
-	mu sync.Mutex
+	// mu is held exclusively by whole-node passes, and shared, with the
+	// owner's lock in owners, by one owner's requests (lockOwner).
+	mu     sync.RWMutex
+	owners ownerLocks
+}
+
+// lockOwner takes what one owner's request needs and returns its unlock.
+func (m *endpointManager) lockOwner(o api.Owner) (unlock func()) {
+	m.mu.RLock()
+	done := m.owners.lock(o.Key())
+	return func() {
+		done()
+		m.mu.RUnlock()
+	}
 }
 
 // endpointAllocator is what the endpoint manager needs of the allocator.
@@ -60,8 +75,7 @@ type endpointAllocator interface {
 // saved, all before the answer. A failure leaves the allocation for the
 // plugin's rollback (release) to undo.
 func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.lockOwner(req.Owner)()
 	owner := toOwner(req.Owner)
 	held := m.alloc.Lookup(owner)
 	if len(held) == 0 {
@@ -106,11 +120,11 @@ func (m *endpointManager) list() []api.Endpoint { return m.records.list() }
 // delete removes an endpoint's datapath state and record, keeping its
 // IPs. Deleting what does not exist succeeds.
 func (m *endpointManager) delete(ctx context.Context, o api.Owner) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.lockOwner(o)()
 	return m.deleteLocked(ctx, o)
 }
 
+// deleteLocked and releaseLocked need the owner's lock or m.mu.
 func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
 	ep, ok := m.records.get(o)
 	if !ok {
@@ -142,8 +156,7 @@ func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf strin
 			state = api.HostIfRetired
 		}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.lockOwner(o)()
 	if ifindex != 0 {
 		if err := m.retireLocked(ctx, o, hostIf, ifindex); err != nil {
 			return nil, state, err
@@ -191,8 +204,7 @@ func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]str
 // judged that one, not a later ADD of the same attachment. same reports
 // whether it was.
 func (m *endpointManager) releaseEndpoint(ctx context.Context, ep api.Endpoint) (ips []string, same bool, err error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.lockOwner(ep.Owner)()
 	cur, ok := m.records.get(ep.Owner)
 	if !ok || cur.ID != ep.ID || !cur.Created.Equal(ep.Created) {
 		return nil, false, nil
