@@ -118,7 +118,9 @@ func openNetns(path string) (netns.NsHandle, error) {
 // createVeth adds the pair with the peer born in the pod netns: ~10x
 // cheaper than creating it in the host and moving it. A host veth of the
 // same name is a leftover of this same attachment (the name is a hash of
-// it), so it is replaced.
+// it), such as one a DEL retired and the agent has not deleted yet (an ADD
+// again in the same netns), so it is replaced; if it vanishes meanwhile
+// (the agent deleted it), the pair is simply made again.
 func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink.Veth, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = s.HostIfName
@@ -126,13 +128,17 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 	la.HardwareAddr = HostVethMAC
 	v := &netlink.Veth{LinkAttrs: la, PeerName: s.IfName, PeerNamespace: netlink.NsFd(podNS), PeerTxQLen: -1}
 	err := host.LinkAdd(v)
-	if errors.Is(err, unix.EEXIST) {
+	for try := 0; errors.Is(err, unix.EEXIST) && try < 2; try++ {
 		old, lerr := host.LinkByName(s.HostIfName)
-		if lerr != nil {
+		switch {
+		case isNotFound(lerr) && try == 0:
+			// Gone since: a pair being deleted held the pod's name.
+		case lerr != nil:
 			return nil, fmt.Errorf("create veth %s: interface %s already exists in netns %s", s.HostIfName, s.IfName, s.Netns)
-		}
-		if derr := host.LinkDel(old); derr != nil {
-			return nil, fmt.Errorf("remove leftover veth %s: %w", s.HostIfName, derr)
+		default:
+			if derr := host.LinkDel(old); derr != nil && !isNotFound(derr) {
+				return nil, fmt.Errorf("remove leftover veth %s: %w", s.HostIfName, derr)
+			}
 		}
 		err = host.LinkAdd(v)
 	}

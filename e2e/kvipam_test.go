@@ -217,3 +217,20 @@ func TestKvipamGC(t *testing.T) {
 	require.NoError(t, ping(keep.ns, hostAddrV4))
 	require.NoError(t, n.check(l, keep))
 }
+
+// TestKvipamAddAgainAfterDel: an ADD right after a DEL of the same
+// attachment, in the same netns (as cnitool or a runtime retrying a
+// sandbox does), works whether or not the agent has deleted the retired
+// veth yet, and the pod is reachable each time.
+func TestKvipamAddAgainAfterDel(t *testing.T) {
+	n := newNode(t, "node-again")
+	n.startAgent(agentOpts{pools: []string{dualStackPool}})
+	l := n.kvipamList("pods", "1.1.0", "")
+	a := newPod(t, "a")
+	for i := range 5 {
+		r := n.mustAdd(l, a)
+		a4, _ := podAddrs(t, r)
+		require.NoError(t, ping(n.host, a4), "round %d: the node reaches the pod", i)
+		require.NoError(t, n.del(l, a), "round %d", i)
+	}
+}
