@@ -50,6 +50,7 @@ type Agent struct {
 	store     *etcdstore.Store
 	alloc     *allocator.NodeAllocator
 	batch     *batcher
+	confirms  *confirmBatcher
 	dp        Datapath
 	reaper    *linkReaper
 	endpoints *endpointManager
@@ -109,7 +110,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	bg, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
-	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run,
+	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
@@ -223,8 +224,9 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp.Forget, a.log.Named("reaper"))
+	a.confirms = newConfirmBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
-		alloc: a.alloc, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,
+		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,
 		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
 	// Back in touch with etcd, the DELs plugins queued meanwhile go first

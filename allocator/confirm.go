@@ -1,0 +1,174 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Confirm makes the owner's reservations permanent, in every pool, with
+// one fenced transaction. Confirming what is already permanent is a no-op.
+// A confirm whose outcome is unknown is settled from etcd, so a retried
+// confirm succeeds when the first one landed.
+func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
+	out := a.ConfirmBatch(ctx, []Owner{o})
+	return out[0].Allocations, out[0].Err
+}
+
+// ConfirmOutcome is one owner's answer from ConfirmBatch.
+type ConfirmOutcome struct {
+	Allocations []Allocation
+	Err         error
+}
+
+// ConfirmBatch confirms several owners' reservations (group commit): one
+// fenced transaction for all of them, as Confirm does for one. If etcd
+// refuses that transaction (a reservation lapsed or changed, a fence
+// moved), nothing of it was written, and each owner is confirmed on its
+// own, so one owner's failure is not the others'. Outcomes are in the
+// order of owners.
+func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []ConfirmOutcome {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]ConfirmOutcome, len(owners))
+	if err := a.ready(); err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	settleErr := a.settlePending(ctx)
+	plans := make([]confirmPlan, len(owners))
+	var writes []IPWrite
+	for i, o := range owners {
+		if settleErr != nil && a.anyPending(o) {
+			out[i].Err = fmt.Errorf("confirm %s: %w", o.Key(), settleErr)
+			continue
+		}
+		plans[i], out[i].Err = a.planConfirm(ctx, o)
+		writes = append(writes, plans[i].writes...)
+	}
+	if len(writes) == 0 {
+		for i, o := range owners {
+			if out[i].Err == nil {
+				out[i].Allocations, out[i].Err = a.finishConfirm(o, plans[i])
+			}
+		}
+		return out
+	}
+	err := a.writeConfirms(ctx, writes)
+	for i, o := range owners {
+		if out[i].Err != nil {
+			continue
+		}
+		switch {
+		case err == nil:
+			out[i].Allocations, out[i].Err = a.finishConfirm(o, plans[i])
+		case len(owners) > 1 && !outcomeUnknown(err):
+			// Nothing was written: each owner on its own. One whose
+			// reservation the refusal showed gone (dropped from the
+			// cache) is told so, as Confirm would.
+			out[i].Allocations, out[i].Err = a.confirmAlone(ctx, o)
+			if errors.Is(out[i].Err, ErrNotFound) && len(plans[i].writes) > 0 {
+				out[i].Err = fmt.Errorf("confirm %s: %w: %w", o.Key(), ErrReservationGone, err)
+			}
+		default:
+			out[i].Err = fmt.Errorf("confirm %s: %w", o.Key(), err)
+		}
+	}
+	return out
+}
+
+// confirmPlan is one owner's part of a confirm: the writes that make its
+// reservations permanent, and its allocations that already are.
+type confirmPlan struct {
+	writes []IPWrite
+	done   []Allocation
+}
+
+func (a *NodeAllocator) planConfirm(ctx context.Context, o Owner) (confirmPlan, error) {
+	var p confirmPlan
+	for _, ps := range a.pools {
+		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
+			if al.State != StateReserved {
+				p.done = append(p.done, *al)
+				continue
+			}
+			if a.dropIfLapsed(ps, al) {
+				return p, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
+			}
+			fence, err := a.writeFence(ctx, ps, al)
+			if err != nil {
+				return p, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, err)
+			}
+			rec := al.Record
+			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
+			if o.Namespace != "" || o.Pod != "" {
+				rec.Namespace, rec.Pod = o.Namespace, o.Pod
+			}
+			p.writes = append(p.writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: fence, Addr: al.Addr, Record: rec, PrevRev: al.Rev, Borrowed: al.Borrowed})
+		}
+	}
+	if len(p.writes) == 0 && len(p.done) == 0 {
+		return p, fmt.Errorf("confirm %s: %w", o.Key(), ErrNotFound)
+	}
+	return p, nil
+}
+
+// writeConfirms writes confirms and applies what etcd answered to the
+// cache: the new records on success; on an unknown outcome the writes are
+// parked and settled from etcd, and nil is returned once they are.
+func (a *NodeAllocator) writeConfirms(ctx context.Context, writes []IPWrite) error {
+	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	switch {
+	case err == nil:
+		for _, w := range writes {
+			al := a.pools[w.Pool].byAddr[w.Addr]
+			al.Record, al.Rev, al.Lease = w.Record, res.Rev, 0
+			delete(a.pools[w.Pool].expires, w.Addr)
+		}
+		return nil
+	case outcomeUnknown(err):
+		for _, w := range writes {
+			a.park(a.pools[w.Pool], []IPWrite{w})
+		}
+		return a.settlePending(ctx)
+	default:
+		a.learn(ctx, err)
+		var we *WriteError
+		if errors.As(err, &we) {
+			return fmt.Errorf("%w: %w", ErrReservationGone, err)
+		}
+		return err
+	}
+}
+
+// confirmAlone confirms one owner in its own transaction.
+func (a *NodeAllocator) confirmAlone(ctx context.Context, o Owner) ([]Allocation, error) {
+	p, err := a.planConfirm(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.writes) > 0 {
+		if err := a.writeConfirms(ctx, p.writes); err != nil {
+			return nil, fmt.Errorf("confirm %s: %w", o.Key(), err)
+		}
+	}
+	return a.finishConfirm(o, p)
+}
+
+// finishConfirm reports o's allocations once its writes are applied (or
+// settled): each must now hold the record that was written.
+func (a *NodeAllocator) finishConfirm(o Owner, p confirmPlan) ([]Allocation, error) {
+	done := slices.Clone(p.done)
+	for _, w := range p.writes {
+		al := a.pools[w.Pool].byAddr[w.Addr]
+		if al == nil || !sameRecord(al.Record, w.Record) {
+			return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), w.Addr, ErrReservationGone)
+		}
+		done = append(done, *al)
+	}
+	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return done, nil
+}

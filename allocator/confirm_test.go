@@ -1,0 +1,80 @@
+package allocator_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestConfirmBatch: several owners' confirms go to etcd in one
+// transaction; an owner that cannot be confirmed (never reserved; its
+// reservation gone from etcd behind the node's back, which makes etcd
+// refuse the whole transaction) fails alone while the others are
+// confirmed; a batch whose write landed but was reported failed (unknown
+// outcome) is settled, and every owner in it is confirmed.
+func TestConfirmBatch(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	var writes atomic.Int32
+	h.Before("WriteIPs", func(context.Context) error { writes.Add(1); return nil })
+	reserve := func(i int) allocator.Result {
+		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i), Reserve: true})
+		require.NoError(t, err)
+		return r
+	}
+	confirmed := func(i int) {
+		t.Helper()
+		for _, al := range ownerIPs(t, n.cli, owner(i)) {
+			require.Equal(t, allocator.StateAllocated, al.State, "owner %d", i)
+			require.Zero(t, al.Lease, "owner %d", i)
+		}
+	}
+
+	for i := 1; i <= 3; i++ {
+		reserve(i)
+	}
+	writes.Store(0)
+	out := n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(1), owner(2), owner(9), owner(3)})
+	require.EqualValues(t, 1, writes.Load(), "one transaction for the batch")
+	for _, i := range []int{0, 1, 3} {
+		require.NoError(t, out[i].Err)
+		require.Len(t, out[i].Allocations, 1)
+	}
+	require.ErrorIs(t, out[2].Err, allocator.ErrNotFound, "never reserved")
+	confirmed(1)
+	confirmed(2)
+	confirmed(3)
+
+	r5 := reserve(5)
+	reserve(6)
+	reserve(7)
+	al := r5.Allocations[0]
+	_, err := n.cli.Delete(ctx, etcdstore.IPKey("small", al.Block, al.Addr))
+	require.NoError(t, err)
+	out = n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(5), owner(6), owner(7)})
+	require.ErrorIs(t, out[0].Err, allocator.ErrReservationGone)
+	require.NoError(t, out[1].Err)
+	require.NoError(t, out[2].Err)
+	confirmed(6)
+	confirmed(7)
+
+	reserve(10)
+	reserve(11)
+	h.After("WriteIPs", commitThenFail(1))
+	out = n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(10), owner(11)})
+	require.NoError(t, out[0].Err, "the landed batch is settled from etcd")
+	require.NoError(t, out[1].Err)
+	confirmed(10)
+	confirmed(11)
+	again, err := n.alloc.Confirm(ctx, owner(10))
+	require.NoError(t, err)
+	require.Equal(t, out[0].Allocations, again, "confirming again is a no-op")
+}
