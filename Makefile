@@ -51,7 +51,8 @@ bench-run: build
 	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/ && \
 	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \
 	run attach $(GO) test -run '^$$' -bench AttachDetach -benchtime 50x ./bpf/ && \
-	run datapath $(GO) test -run '^$$' -bench AddDatapath -benchtime 100x ./e2e/ && \
+	run datapath $(GO) test -run '^$$' -bench 'AddDatapath$$' -benchtime 100x ./e2e/ && \
+	run datapath-loaded $(GO) test -run '^$$' -bench AddDatapathLoaded -benchtime $(LAT_N)x ./e2e/ && \
 	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ && \
 	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -152,7 +154,25 @@ func ratio(a, b []time.Duration, p int) float64 {
 // interleaved in rounds. Ratios are against routes.
 //
 //	go test -run '^$' -bench AddDatapath -benchtime 100x ./e2e/
-func BenchmarkAddDatapath(b *testing.B) {
+func BenchmarkAddDatapath(b *testing.B) { addDatapath(b, 0) }
+
+// BenchmarkAddDatapathLoaded is BenchmarkAddDatapath on a busy node,
+// where the kernel's grace periods are slow: a CPU hog (a busy shell loop
+// per CPU) runs beside it, and each node already has 100 pods attached.
+//
+//	go test -run '^$' -bench AddDatapathLoaded -benchtime 100x ./e2e/
+func BenchmarkAddDatapathLoaded(b *testing.B) { addDatapath(b, 100) }
+
+// cpuHog keeps every CPU busy until the benchmark ends.
+func cpuHog(b *testing.B) {
+	for range runtime.NumCPU() {
+		cmd := exec.Command("sh", "-c", "while :; do :; done")
+		require.NoError(b, cmd.Start())
+		b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	}
+}
+
+func addDatapath(b *testing.B, attached int) {
 	requireBPF(b)
 	configs := []struct{ name, datapath, attach string }{{"routes", "routes", ""}, {"bpf", "bpf", ""}, {"bpf-tcx", "bpf", "tcx"}}
 	lists := map[string]*libcni.NetworkConfigList{}
@@ -169,6 +189,12 @@ func BenchmarkAddDatapath(b *testing.B) {
 	pods := []*pod{newPod(b, "dpw")}
 	for name, n := range nodes {
 		runAddDel(b, n, lists[name], pods, 1, "warm")
+		for i := range attached {
+			n.mustAdd(lists[name], newPod(b, fmt.Sprintf("%s-bg%d", name, i)))
+		}
+	}
+	if attached > 0 {
+		cpuHog(b)
 	}
 	b.ResetTimer()
 	adds, dels := map[string][]time.Duration{}, map[string][]time.Duration{}

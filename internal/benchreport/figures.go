@@ -37,6 +37,8 @@ var specs = []spec{
 	{name: "cni.del.p50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=1", value: "kvipam-del-p50-ms", baseline: "bridge-del-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "cni.add.p50.c50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=50", value: "kvipam-add-p50-ms", baseline: "bridge-add-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "cni.add.p50.bpf_vs_routes", file: "datapath", bench: "BenchmarkAddDatapath", value: "bpf-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath"},
+	{name: "cni.add.p50.bpf_vs_routes.loaded", file: "datapath-loaded", bench: "BenchmarkAddDatapathLoaded", value: "bpf-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath, CPU hog and 100 pods attached"},
+	{name: "cni.add.p50.bpf_tcx_vs_routes.loaded", file: "datapath-loaded", bench: "BenchmarkAddDatapathLoaded", value: "bpf-tcx-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath, CPU hog and 100 pods attached"},
 	{name: "cni.add.p50.bpf_tcx_vs_routes", file: "datapath", bench: "BenchmarkAddDatapath", value: "bpf-tcx-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath"},
 	{name: "burst100.above_floor.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-above-floor-ms", baseline: "bridge-above-floor-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "burst100.add_p99.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-add-p99-ms", baseline: "bridge-add-p99-ms", unit: "ms", baselineLabel: "bridge + host-local"},
