@@ -15,6 +15,9 @@ import (
 func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.waitOwner(ctx, o.Key()); err != nil {
+		return nil, fmt.Errorf("confirm: %w", err)
+	}
 	if err := a.ready(); err != nil {
 		return nil, err
 	}
@@ -106,6 +109,9 @@ func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Alloc
 func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.waitOwner(ctx, o.Key()); err != nil {
+		return nil, fmt.Errorf("release: %w", err)
+	}
 	if !a.restored {
 		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
 	}
@@ -149,6 +155,9 @@ func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, err
 func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.waitOwner(ctx, al.Owner.Key()); err != nil {
+		return false, fmt.Errorf("release %s: %w", al.Addr, err)
+	}
 	if !a.restored {
 		return false, fmt.Errorf("release %s: %w", al.Addr, ErrLeaseLost)
 	}
