@@ -65,6 +65,10 @@ type fleet struct {
 	// status is the status of the member that leads (the only one when
 	// embedded): its database size and raft term.
 	status func(ctx context.Context) (*clientv3.StatusResponse, error)
+	// callTimeout bounds each etcd request of the nodes' stores
+	// (KVIPAM_CALL_TIMEOUT, as the agent's --etcd-call-timeout; default
+	// the agent's, 1 s).
+	callTimeout time.Duration
 }
 
 // clusterFlags give the member processes the embedded etcd's compaction
@@ -72,7 +76,14 @@ type fleet struct {
 var clusterFlags = []string{"--auto-compaction-mode=revision", "--auto-compaction-retention=10000"}
 
 func newFleet(b *testing.B, backend, pool string) *fleet {
-	f := &fleet{b: b, pool: pool, clis: make([]*clientv3.Client, 16)}
+	f := &fleet{b: b, pool: pool, clis: make([]*clientv3.Client, 16), callTimeout: kvstore.DefaultCallTimeout}
+	if s := os.Getenv("KVIPAM_CALL_TIMEOUT"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			b.Fatalf("KVIPAM_CALL_TIMEOUT: %v", err)
+		}
+		f.callTimeout = d
+	}
 	switch backend {
 	case etcdEmbed:
 		e := etcdtest.Start(b)
@@ -152,7 +163,7 @@ func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(alloc
 		return nil, nil, err
 	}
 	f.b.Cleanup(sess.Close)
-	var st allocator.Store = etcdstore.New(cli, etcdstore.Options{})
+	var st allocator.Store = etcdstore.New(cli, etcdstore.Options{CallTimeout: f.callTimeout})
 	if wrap != nil {
 		st = wrap(st)
 	}
