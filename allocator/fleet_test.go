@@ -3,6 +3,7 @@ package allocator_test
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +71,9 @@ type fleet struct {
 	// (KVIPAM_CALL_TIMEOUT, as the agent's --etcd-call-timeout; default
 	// the agent's, 1 s).
 	callTimeout time.Duration
+	// restoreRetries counts node starts whose restore etcd did not answer
+	// in time, tried again (startNode).
+	restoreRetries atomic.Int64
 }
 
 // clusterFlags give the member processes the embedded etcd's compaction
@@ -155,7 +160,7 @@ func (f *fleet) start(ctx context.Context, first, n int, ttl int64, wrap func(al
 }
 
 // startNode is one node's start: a new lease, a new allocator, its
-// restore. The session is closed by the benchmark's cleanup.
+// restore (tried again while etcd does not answer in time). The session is closed by the benchmark's cleanup.
 func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(allocator.Store) allocator.Store) (*allocator.NodeAllocator, *kvstore.Session, error) {
 	cli := f.clis[i%len(f.clis)]
 	sess, err := kvstore.NewSession(ctx, cli, ttl)
@@ -171,7 +176,15 @@ func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(alloc
 	if err != nil {
 		return nil, sess, err
 	}
-	return al, sess, al.Restore(ctx, sess)
+	// A restore etcd did not answer in time is tried again after a
+	// back-off, as the agent's maintain loop does, and counted.
+	err = al.Restore(ctx, sess)
+	for try := 0; try < 10 && errors.Is(err, allocator.ErrUnavailable); try++ {
+		f.restoreRetries.Add(1)
+		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
+		err = al.Restore(ctx, sess)
+	}
+	return al, sess, err
 }
 
 // storm runs f for 0..n-1 at once and returns how long all took.

@@ -118,6 +118,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	b.ReportMetric(float64(failed.Load()), "failures")
 	b.ReportMetric(float64(tryAgain.Load()), "try-again")
 	b.ReportMetric(float64(lost), "lost-leases")
+	b.ReportMetric(float64(f.restoreRetries.Load()), "start-retries")
 	b.ReportMetric(float64(elections), "elections")
 	b.ReportMetric(float64(dups), "duplicates")
 	b.ReportMetric(float64(missing), "missing")

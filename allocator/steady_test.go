@@ -41,7 +41,9 @@ import (
 //     agent's start costs the allocator on a store this size (a new lease,
 //     a new NodeAllocator, its Restore: the pool's claims and homes, its
 //     block re-claimed from the old lease, the block's allocations). The
-//     restored node must know every allocation it answered;
+//     restored node must know every allocation it answered. start-retries
+//     counts the node starts (fill and restarts) whose restore etcd did
+//     not answer within the call timeout, tried again as the agent does;
 //   - elections during the benchmark, and duplicates and missing read
 //     back from etcd at the end (fleet.audit): a duplicate fails it.
 //
@@ -95,6 +97,7 @@ func BenchmarkSteady(b *testing.B) {
 			med, worst := f.restartCost(ctx, r.als, restarts)
 			b.ReportMetric(ms(med), "restart-ms")
 			b.ReportMetric(ms(worst), "restart-max-ms")
+			b.ReportMetric(float64(f.restoreRetries.Load()), "start-retries")
 
 			b.ReportMetric(float64(f.term(ctx)-term), "elections")
 			dups, missing := f.audit(ctx, append(r.answers, g.answers...))
