@@ -61,8 +61,11 @@ const MaxBatch = 48
 // request cannot fail the others. Requests for the same owner in one
 // batch are served in order.
 func (a *NodeAllocator) AllocateBatch(ctx context.Context, reqs []Request) []Outcome {
+	a.allocMu.Lock()
+	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	defer a.markBusy(reqs)()
 	out := make([]Outcome, 0, len(reqs))
 	for chunk := range slices.Chunk(reqs, MaxBatch) {
 		out = append(out, a.allocateChunk(ctx, chunk)...)

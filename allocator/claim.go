@@ -68,11 +68,15 @@ func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b neti
 // own, empty block. A lost race is noted in ps.others and returned. A
 // claim found held by this node on its current lease is this node's own
 // earlier claim whose answer was lost (an unknown outcome): it is adopted,
-// not counted as taken.
+// not counted as taken. An allocation lets go of mu while the transaction
+// is in etcd (offLock).
 func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
 	c := a.claimRecord()
 	c.PoolRev = ps.pool.Rev
-	rev, err := a.cfg.Store.Claim(ctx, ps.pool.Name, b, c, a.lease.ID())
+	pool, lease := ps.pool.Name, a.lease.ID()
+	var rev int64
+	var err error
+	a.offLock(func() { rev, err = a.cfg.Store.Claim(ctx, pool, b, c, lease) })
 	var ce *ClaimError
 	if errors.As(err, &ce) && ce.PoolChanged {
 		// An operator changed the pool since it was read: read it again
@@ -109,9 +113,13 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 
 // refreshOthers re-reads which blocks other nodes hold. A claim of this
 // node on its current lease that the node does not know is its own claim
-// whose answer was lost; it is adopted.
+// whose answer was lost; it is adopted. An allocation lets go of mu while
+// the listing is in etcd (offLock).
 func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error {
-	infos, err := a.cfg.Store.ListBlocks(ctx, ps.pool.Name)
+	pool := ps.pool.Name
+	var infos []BlockInfo
+	var err error
+	a.offLock(func() { infos, err = a.cfg.Store.ListBlocks(ctx, pool) })
 	if err != nil {
 		return err
 	}

@@ -32,9 +32,25 @@ func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []Conf
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]ConfirmOutcome, len(owners))
+	// An owner whose allocation is in flight is confirmed after it
+	// (waitOwner lets go of mu): wait until none of them is.
+	for again := true; again; {
+		again = false
+		for i, o := range owners {
+			if out[i].Err != nil || !a.busy[o.Key()] {
+				continue
+			}
+			again = true
+			if err := a.waitOwner(ctx, o.Key()); err != nil {
+				out[i].Err = fmt.Errorf("confirm: %w", err)
+			}
+		}
+	}
 	if err := a.ready(); err != nil {
 		for i := range out {
-			out[i].Err = err
+			if out[i].Err == nil {
+				out[i].Err = err
+			}
 		}
 		return out
 	}
@@ -42,6 +58,9 @@ func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []Conf
 	plans := make([]confirmPlan, len(owners))
 	var writes []IPWrite
 	for i, o := range owners {
+		if out[i].Err != nil {
+			continue
+		}
 		if settleErr != nil && a.anyPending(o) {
 			out[i].Err = fmt.Errorf("confirm %s: %w", o.Key(), settleErr)
 			continue

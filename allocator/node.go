@@ -56,15 +56,23 @@ type NodeConfig struct {
 // source of truth; the in-memory maps are a cache rebuilt by Restore and
 // corrected whenever a write finds them wrong.
 //
-// NodeAllocator is safe for concurrent use. Calls are serialized: a batch
-// (AllocateBatch) is the way to get throughput, one transaction for many
-// requests.
+// NodeAllocator is safe for concurrent use. Allocations are serialized: a
+// batch (AllocateBatch) is the way to get throughput, one transaction for
+// many requests. Releases, confirms and views wait for an allocation's
+// writes, not for its claims (inflight.go).
 type NodeAllocator struct {
 	cfg    NodeConfig
 	log    hclog.Logger
 	events hclog.Logger // one line per allocation and release (events.go)
 
-	mu       sync.Mutex
+	// allocMu serializes allocations, Restore, Reassert, UpdatePool and
+	// GiveBackEmpty; it is taken before mu (inflight.go).
+	allocMu sync.Mutex
+	mu      sync.Mutex
+	// busy holds the owners of the allocation in flight, and busyDone is
+	// closed when it ends; both nil between allocations (inflight.go).
+	busy     map[string]bool
+	busyDone chan struct{}
 	lease    Lease
 	restored bool
 	pools    map[string]*poolState
@@ -115,6 +123,8 @@ func (a *NodeAllocator) Node() string { return a.cfg.Node }
 // without it would forget its pods (a DEL would free nothing, a retried
 // ADD would get a second address).
 func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
+	a.allocMu.Lock()
+	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.restored = false

@@ -41,6 +41,8 @@ type Conflict struct {
 // returns the allocations it wrote back and the conflicts; an error means
 // etcd could not be read or written (try again later).
 func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored []Allocation, conflicts []Conflict, err error) {
+	a.allocMu.Lock()
+	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.ready(); err != nil {

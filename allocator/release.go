@@ -32,6 +32,9 @@ func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Alloc
 func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.waitOwner(ctx, o.Key()); err != nil {
+		return nil, fmt.Errorf("release: %w", err)
+	}
 	if !a.restored {
 		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
 	}
@@ -75,6 +78,9 @@ func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, err
 func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if err := a.waitOwner(ctx, al.Owner.Key()); err != nil {
+		return false, fmt.Errorf("release %s: %w", al.Addr, err)
+	}
 	if !a.restored {
 		return false, fmt.Errorf("release %s: %w", al.Addr, ErrLeaseLost)
 	}

@@ -115,6 +115,8 @@ func (a *NodeAllocator) Usage() []Usage {
 // pools in etcd): reservations, the disabled flag and new cidrs apply at
 // once. A spec older than the one held is ignored.
 func (a *NodeAllocator) UpdatePool(p Pool) {
+	a.allocMu.Lock()
+	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[p.Name]
@@ -129,6 +131,8 @@ func (a *NodeAllocator) UpdatePool(p Pool) {
 // pool, so that the pool can be deleted once its pods are gone. It
 // reports how many it gave back.
 func (a *NodeAllocator) GiveBackEmpty(ctx context.Context, pool string) int {
+	a.allocMu.Lock()
+	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[pool]

@@ -1,0 +1,247 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// BenchmarkSteady is issue 20's steady phase on a filled store, on each
+// etcd of KVIPAM_SCALE_ETCD (sub-benchmarks etcd=cluster3, the default,
+// and etcd=embed):
+//
+//   - the fill of BenchmarkFill: KVIPAM_FILL_NODES node allocators
+//     (default 5,000) x KVIPAM_FILL_ADDRS addresses (default 30), reported
+//     as s/first-group, s/last-group, x-first and fill-failures;
+//   - allocations at a steady open-loop KVIPAM_STEADY_RATE a second
+//     (default 500), each by a node picked at random, and in alternate
+//     half-second slices as many raw create-if-absent transactions (one
+//     key, If(CreateRevision==0) Then(Put), a value the size of an
+//     allocation's) a second on the same clients: the baseline. Each kind
+//     runs KVIPAM_STEADY_SECONDS (default 10). Reported: alloc-p50-ms,
+//     alloc-p99-ms, raw-p50-ms, raw-p99-ms, x-raw-p99 (the p99s' ratio)
+//     and steady-failures (timeouts: 10 s);
+//   - a sweep of KVIPAM_SWEEP_RATES (default 100,250,500,1000,2000; 0
+//     skips it), KVIPAM_SWEEP_SECONDS each kind (default 3), reporting
+//     r<rate>-alloc-p99-ms, r<rate>-raw-p99-ms and r<rate>-failures, and
+//     max-rate-under-50ms: the highest rate of the sweep whose allocation
+//     p99 is under 50 ms with no failure (0 if none; the sweep stops at a
+//     rate whose p99 passes 250 ms);
+//   - db-size-mb and db-in-use-mb (10^6 bytes) of the leader's database;
+//   - restart-ms (median) and restart-max-ms over KVIPAM_RESTARTS
+//     (default 5) filled nodes, one at a time on the idle store: what an
+//     agent's start costs the allocator on a store this size (a new lease,
+//     a new NodeAllocator, its Restore: the pool's claims and homes, its
+//     block re-claimed from the old lease, the block's allocations). The
+//     restored node must know every allocation it answered. start-retries
+//     counts the node starts (fill and restarts) whose restore etcd did
+//     not answer within the call timeout, tried again as the agent does;
+//   - elections during the benchmark, and duplicates and missing read
+//     back from etcd at the end (fleet.audit): a duplicate fails it.
+//
+// An allocation is one Allocate of a permanent address (the agent's
+// Permanent requests; an ADD's reservation is the same write on a
+// reservation lease, confirmed later by a second one).
+func BenchmarkSteady(b *testing.B) {
+	nodes, addrs := envInt(b, "KVIPAM_FILL_NODES", 5000), envInt(b, "KVIPAM_FILL_ADDRS", 30)
+	rate := envInt(b, "KVIPAM_STEADY_RATE", 500)
+	secs := time.Duration(envInt(b, "KVIPAM_STEADY_SECONDS", 10)) * time.Second
+	rates := envInts(b, "KVIPAM_SWEEP_RATES", "100,250,500,1000,2000")
+	sweepSecs := time.Duration(envInt(b, "KVIPAM_SWEEP_SECONDS", 3)) * time.Second
+	restarts := envInt(b, "KVIPAM_RESTARTS", 5)
+	if rate <= 0 || slices.ContainsFunc(rates, func(r int) bool { return r < 0 }) {
+		b.Fatalf("KVIPAM_STEADY_RATE %d, KVIPAM_SWEEP_RATES %v: rates are positive", rate, rates)
+	}
+	forEachBackend(b, func(b *testing.B, backend string) {
+		for range b.N {
+			b.StopTimer()
+			ctx := context.Background()
+			f := newFleet(b, backend, "steady")
+			term := f.term(ctx)
+			r := f.fill(ctx, nodes, addrs)
+			b.ReportMetric(r.times[0].Seconds(), "s/first-group")
+			b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
+			b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
+			b.ReportMetric(float64(r.failed), "fill-failures")
+
+			g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
+			al, raw := g.run(ctx, rate, secs)
+			b.Logf("%d/s for %v each: allocation p50 %.2f ms p99 %.2f ms (%d); raw p50 %.2f ms p99 %.2f ms (%d)",
+				rate, secs, ms(quantile(al, 0.5)), ms(quantile(al, 0.99)), len(al), ms(quantile(raw, 0.5)), ms(quantile(raw, 0.99)), len(raw))
+			b.ReportMetric(ms(quantile(al, 0.5)), "alloc-p50-ms")
+			b.ReportMetric(ms(quantile(al, 0.99)), "alloc-p99-ms")
+			b.ReportMetric(ms(quantile(raw, 0.5)), "raw-p50-ms")
+			b.ReportMetric(ms(quantile(raw, 0.99)), "raw-p99-ms")
+			b.ReportMetric(float64(quantile(al, 0.99))/float64(quantile(raw, 0.99)), "x-raw-p99")
+			b.ReportMetric(float64(g.failed.Swap(0)), "steady-failures")
+
+			if !slices.Equal(rates, []int{0}) {
+				b.ReportMetric(float64(g.sweep(ctx, b, rates, sweepSecs)), "max-rate-under-50ms")
+			}
+
+			st, err := f.status(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(st.DbSize)/1e6, "db-size-mb")
+			b.ReportMetric(float64(st.DbSizeInUse)/1e6, "db-in-use-mb")
+
+			med, worst := f.restartCost(ctx, r.als, restarts)
+			b.ReportMetric(ms(med), "restart-ms")
+			b.ReportMetric(ms(worst), "restart-max-ms")
+			b.ReportMetric(float64(f.restoreRetries.Load()), "start-retries")
+
+			b.ReportMetric(float64(f.term(ctx)-term), "elections")
+			dups, missing := f.audit(ctx, append(r.answers, g.answers...))
+			b.ReportMetric(float64(dups), "duplicates")
+			b.ReportMetric(float64(missing), "missing")
+			if dups > 0 {
+				b.Fatalf("%d duplicates read back from etcd", dups)
+			}
+		}
+	})
+}
+
+// loadGen sends a steady, open-loop load of allocations (by the fleet's
+// node allocators) and raw transactions.
+type loadGen struct {
+	f      *fleet
+	als    []*allocator.NodeAllocator
+	next   int64 // owner numbers of the load: from the fill's last on
+	seq    atomic.Int64
+	failed atomic.Int64
+
+	mu      sync.Mutex
+	answers []answer
+}
+
+// slice is how long the load runs one kind before the other.
+const slice = 500 * time.Millisecond
+
+// run sends rate requests a second, in alternate slices of allocations
+// and of raw transactions, for d of each kind. It is open loop: each
+// request starts at its scheduled time whether or not earlier ones have
+// answered, and its latency counts from that time, so a backlog shows in
+// the latencies instead of slowing the load down.
+func (g *loadGen) run(ctx context.Context, rate int, d time.Duration) (alloc, raw []time.Duration) {
+	perSlice := max(1, rate*int(slice/time.Millisecond)/1000)
+	interval := time.Second / time.Duration(rate)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	began, k := time.Now(), 0
+	for s := range 2 * max(1, int(d/slice)) {
+		isAlloc := s%2 == 0
+		for range perSlice {
+			at := began.Add(time.Duration(k) * interval)
+			k++
+			time.Sleep(time.Until(at))
+			wg.Go(func() {
+				op := g.raw
+				if isAlloc {
+					op = g.allocate
+				}
+				if err := op(ctx); err != nil {
+					g.failed.Add(1)
+					return
+				}
+				lat := time.Since(at)
+				mu.Lock()
+				defer mu.Unlock()
+				if isAlloc {
+					alloc = append(alloc, lat)
+				} else {
+					raw = append(raw, lat)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return alloc, raw
+}
+
+// allocate is one allocation of a new owner by a node picked at random.
+func (g *loadGen) allocate(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	al := g.als[rand.IntN(len(g.als))]
+	o := owner(int(g.next + g.seq.Add(1)))
+	r, err := al.Allocate(ctx, allocator.Request{Pool: g.f.pool, Owner: o})
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.answers = append(g.answers, answer{node: al.Node(), owner: o, al: r.Allocations[0]})
+	g.mu.Unlock()
+	return nil
+}
+
+// raw is the baseline: one create-if-absent transaction of a new key,
+// whose value is an allocation record's, on a client picked at random.
+func (g *loadGen) raw(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	i := rand.IntN(len(g.als))
+	n := g.next + g.seq.Add(1)
+	rec := allocator.Record{Owner: owner(int(n)), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
+	_, err := kvstore.CreateJSON(ctx, g.f.clis[i%len(g.f.clis)], fmt.Sprintf("/raw-floor/%d", n), rec)
+	return err
+}
+
+// sweep runs the load at each rate for d of each kind and returns the
+// highest rate whose allocation p99 is under 50 ms, with no failure.
+func (g *loadGen) sweep(ctx context.Context, b *testing.B, rates []int, d time.Duration) int {
+	best := 0
+	for _, rate := range rates {
+		if rate == 0 {
+			continue
+		}
+		al, raw := g.run(ctx, rate, d)
+		p99, rawP99 := quantile(al, 0.99), quantile(raw, 0.99)
+		b.Logf("sweep %d/s: allocation p99 %.2f ms (%d), raw p99 %.2f ms (%d)", rate, ms(p99), len(al), ms(rawP99), len(raw))
+		b.ReportMetric(ms(p99), fmt.Sprintf("r%d-alloc-p99-ms", rate))
+		b.ReportMetric(ms(rawP99), fmt.Sprintf("r%d-raw-p99-ms", rate))
+		failed := g.failed.Swap(0)
+		b.ReportMetric(float64(failed), fmt.Sprintf("r%d-failures", rate))
+		if len(al) > 0 && failed == 0 && p99 < 50*time.Millisecond {
+			best = max(best, rate)
+		}
+		if p99 > 250*time.Millisecond {
+			b.Logf("sweep stopped: past saturation")
+			break
+		}
+	}
+	return best
+}
+
+// restartCost starts n of the nodes of als anew, one at a time (fleet.
+// startNode: a lease, an allocator, its Restore), and returns the median
+// and the longest start. A restored node must hold what it held before.
+func (f *fleet) restartCost(ctx context.Context, als []*allocator.NodeAllocator, n int) (median, worst time.Duration) {
+	var took []time.Duration
+	for j := range min(n, len(als)) {
+		i := j * len(als) / n
+		want := len(als[i].Allocations())
+		began := time.Now()
+		al, _, err := f.startNode(ctx, i, 60, nil)
+		took = append(took, time.Since(began))
+		if err != nil {
+			f.b.Fatalf("restart %s: %v", nodeName(i), err)
+		}
+		if got := len(al.Allocations()); got != want {
+			f.b.Fatalf("restart %s: restored %d allocations, held %d", nodeName(i), got, want)
+		}
+		als[i] = al // the old one's claim is gone to the new lease
+	}
+	if len(took) == 0 {
+		return 0, 0
+	}
+	return quantile(took, 0.5), slices.Max(took)
+}
