@@ -33,13 +33,15 @@ STORM_NODES ?= 5000
 FILL_NODES ?= 5000
 FILL_ADDRS ?= 30
 LAT_N ?= 200
+STEADY_SECONDS ?= 10
+SWEEP_SECONDS ?= 3
 bench:
 	$(MAKE) bench-run
-	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|AgentRestart|^BenchmarkFill$$' -benchtime 2000x ./allocator/... ./agent/...
+	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|AgentRestart|^BenchmarkFill$$|^BenchmarkSteady$$' -benchtime 2000x ./allocator/... ./agent/...
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
-	$(MAKE) bench-run STORM_NODES=1000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50
+	$(MAKE) bench-run STORM_NODES=1000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 STEADY_SECONDS=3 SWEEP_SECONDS=2
 
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
@@ -47,7 +49,7 @@ bench-run: build
 		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
 	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/ && \
-	run fill KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) $(GO) test -run '^$$' -bench '^BenchmarkFill$$' -benchtime 1x -timeout 30m ./allocator/ && \
+	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/ && \
 	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/ && \
 	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \
 	run attach $(GO) test -run '^$$' -bench AttachDetach -benchtime 50x ./bpf/ && \

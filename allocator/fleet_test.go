@@ -189,18 +189,28 @@ func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(alloc
 
 // storm runs f for 0..n-1 at once and returns how long all took.
 func storm(n int, f func(i int) error) time.Duration {
+	took, _ := stormTimes(n, f)
+	return took
+}
+
+// stormTimes is storm, also returning when each call ended, in ms after
+// the start, in call order.
+func stormTimes(n int, f func(i int) error) (time.Duration, []float64) {
 	start := make(chan struct{})
+	ends := make([]float64, n)
 	var wg sync.WaitGroup
+	var began time.Time
 	for i := range n {
 		wg.Go(func() {
 			<-start
 			_ = f(i)
+			ends[i] = float64(time.Since(began)) / float64(time.Millisecond)
 		})
 	}
-	began := time.Now()
+	began = time.Now()
 	close(start)
 	wg.Wait()
-	return time.Since(began)
+	return time.Since(began), ends
 }
 
 // answer is an allocation a node reported to its caller.

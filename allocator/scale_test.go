@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/benchreport"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -67,7 +69,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	ttl := int64(envInt(b, "KVIPAM_STORM_TTL", 15))
 	als, sessions := f.start(ctx, 0, nodes, ttl, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
 	clis := f.clis
-	base := storm(nodes, func(i int) error {
+	base, baseEnds := stormTimes(nodes, func(i int) error {
 		_, err := kvstore.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 		return err
 	})
@@ -76,7 +78,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	var firstErr sync.Once
 	term := f.term(ctx)
 	b.StartTimer()
-	took := storm(nodes, func(i int) error {
+	took, ends := stormTimes(nodes, func(i int) error {
 		// A try-again (a call past its deadline on this loaded etcd) is
 		// retried after a back-off, as the runtime retries CNI code 11,
 		// and counted.
@@ -110,6 +112,12 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	}
 	// Read back while the leases, and so the claims, live.
 	dups, missing := f.audit(ctx, answers)
+	if dir := os.Getenv(benchreport.SamplesEnv); dir != "" {
+		st := benchreport.Storm{Nodes: nodes, CompletionsMS: ends, BaselineCompletionsMS: baseEnds}
+		if err := benchreport.WriteStorm(dir, fmt.Sprintf("%s-%d", backend, nodes), st); err != nil {
+			b.Logf("write storm samples: %v", err)
+		}
+	}
 	b.ReportMetric(took.Seconds(), "s/storm")
 	b.ReportMetric(base.Seconds(), "s/baseline")
 	b.ReportMetric(took.Seconds()/base.Seconds(), "x-baseline")

@@ -17,7 +17,7 @@ import (
 // ListBlocks implements allocator.Store. Claims and homes are read in one
 // transaction so they describe the same revision.
 func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
-	resp, err := s.kv.Txn(ctx).Then(
+	resp, err := s.claims.Txn(ctx).Then(
 		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
 		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
 	).Commit()
@@ -110,7 +110,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c alloca
 		// it was removed, the pool was not deleted.
 		cmps = append(cmps, kvstore.Unchanged(PoolKey(pool), c.PoolRev))
 	}
-	resp, err := s.kv.Txn(ctx).
+	resp, err := s.claims.Txn(ctx).
 		If(cmps...).
 		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)).
 		Else(claimReads(pool, b)...).
@@ -176,7 +176,7 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 	if prev.Claim != nil {
 		claimCmp = kvstore.Unchanged(ck, prev.ClaimRev)
 	}
-	resp, err := s.kv.Txn(ctx).
+	resp, err := s.claims.Txn(ctx).
 		If(claimCmp, kvstore.Unchanged(hk, prev.HomeRev)).
 		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease)))).
 		Else(claimReads(pool, b)...).

@@ -67,7 +67,7 @@ func WriteMarkdown(w io.Writer, m Machine, commands []string, figs []Figure, mis
 			fmt.Fprintf(&b, "- `%s`: its benchmark's output is missing from this run\n", n)
 		}
 		for _, n := range NotMeasured {
-			fmt.Fprintf(&b, "- `%s`: no benchmark measures it yet (the 150k steady phase on a 3-member cluster)\n", n)
+			fmt.Fprintf(&b, "- `%s`: no benchmark measures it yet\n", n)
 		}
 	}
 	b.WriteString("\n## Commands\n\n```\n")

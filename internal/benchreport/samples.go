@@ -87,6 +87,19 @@ func WriteSamples(dir string, s Samples) error {
 	return os.WriteFile(filepath.Join(dir, SamplesFile(s)), b, 0o644)
 }
 
+// WriteStorm writes a claim storm's completions into dir (created if
+// missing) as storm-<name>.json, replacing an earlier run's.
+func WriteStorm(dir, name string, s Storm) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "storm-"+name+".json"), b, 0o644)
+}
+
 // ReadSamples reads every *.json file of dir: storm-*.json as Storm, the
 // others as Samples. A missing directory is an empty set.
 func ReadSamples(dir string) (SampleSet, error) {
