@@ -1,12 +1,14 @@
 package cni
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -259,7 +261,16 @@ func requireTCP(t *testing.T, host, pod ns.NetNS, dst string) {
 		}
 	}()
 	require.NoError(t, in(t, pod, func() error {
+		// Now and then (about one run in ten here) the pod's first IPv6
+		// connect, right after SetupPod, fails with "network is
+		// unreachable" while its routes, address and gateway neighbour
+		// are all in place, and succeeds a moment later; the kernel's
+		// reason is not found yet (docs/cni.md). Retried for up to 2 s.
 		c, err := net.Dial("tcp", ln.Addr().String())
+		for deadline := time.Now().Add(2 * time.Second); errors.Is(err, unix.ENETUNREACH) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+			c, err = net.Dial("tcp", ln.Addr().String())
+		}
 		if err != nil {
 			return err
 		}
