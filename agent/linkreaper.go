@@ -17,9 +17,9 @@ import (
 )
 
 // reapGroup is the link group of host veths retired by a DEL and waiting
-// to be deleted ("kvip"). Membership is kernel state, so a veth retired
-// just before the agent died is still found, and deleted, at its start.
-const reapGroup = 0x6b766970
+// to be deleted. Membership is kernel state, so a veth retired just
+// before the agent died is still found, and deleted, at its start.
+const reapGroup = api.ReapLinkGroup
 
 // linkReaper takes a host veth off a DEL's path. The kernel's
 // unregistration of a veth takes tens of milliseconds, mostly RCU grace

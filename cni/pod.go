@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/kvipam/kvipam/agent/api"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -132,7 +134,12 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 		old, lerr := host.LinkByName(s.HostIfName)
 		switch {
 		case isNotFound(lerr) && try == 0:
-			// Gone since: a pair being deleted held the pod's name.
+			// The pod's interface name is taken: by the pod end of a
+			// veth an earlier DEL retired (its pair has gone since, or
+			// is deleted now), or by something else.
+			if ok, err := removeRetiredPair(host, podNS, s.IfName); err != nil || !ok {
+				return nil, errors.Join(fmt.Errorf("create veth %s: interface %s already exists in netns %s", s.HostIfName, s.IfName, s.Netns), err)
+			}
 		case lerr != nil:
 			return nil, fmt.Errorf("create veth %s: interface %s already exists in netns %s", s.HostIfName, s.IfName, s.Netns)
 		default:
@@ -146,6 +153,42 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 		return nil, fmt.Errorf("create veth %s with peer %s in %s: %w", s.HostIfName, s.IfName, s.Netns, err)
 	}
 	return v, nil
+}
+
+// removeRetiredPair deletes the veth whose pod end holds name in the pod
+// netns when its host end is one a DEL retired (in api.ReapLinkGroup,
+// waiting for the agent to delete it), and reports whether name is free
+// now. Anything else holding the name is left alone.
+func removeRetiredPair(host *netlink.Handle, podNS netns.NsHandle, name string) (bool, error) {
+	pod, err := netlink.NewHandleAt(podNS)
+	if err != nil {
+		return false, fmt.Errorf("open netlink in the pod netns: %w", err)
+	}
+	defer pod.Close()
+	pl, err := pod.LinkByName(name)
+	if isNotFound(err) {
+		return true, nil // deleted meanwhile
+	}
+	if err != nil {
+		return false, fmt.Errorf("find %s in the pod netns: %w", name, err)
+	}
+	if _, ok := pl.(*netlink.Veth); !ok || pl.Attrs().ParentIndex == 0 {
+		return false, nil
+	}
+	peer, err := host.LinkByIndex(pl.Attrs().ParentIndex)
+	if isNotFound(err) {
+		return true, nil // the pair is being deleted: gone once LinkAdd runs
+	}
+	if err != nil {
+		return false, fmt.Errorf("find the host end of %s: %w", name, err)
+	}
+	if peer.Attrs().Group != api.ReapLinkGroup || !strings.HasPrefix(peer.Attrs().Name, HostVethPrefix) {
+		return false, nil
+	}
+	if err := host.LinkDel(peer); err != nil && !isNotFound(err) {
+		return false, fmt.Errorf("delete retired veth %s: %w", peer.Attrs().Name, err)
+	}
+	return true, nil
 }
 
 func configure(host, pod *netlink.Handle, podNS netns.NsHandle, hv *netlink.Veth, s PodSpec, hasV6 bool) (*PodLinks, error) {

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -211,6 +212,37 @@ func TestSetupPodReplacesALeftoverHostVeth(t *testing.T) {
 	require.NoError(t, in(t, host, func() error { _, err := SetupPod(s); return err }))
 	_, err := hh.LinkByName("stale0")
 	require.Error(t, err, "the leftover pair is gone")
+}
+
+// TestSetupPodReplacesARetiredPair: the pod's interface name is still held
+// by the pod end of a pair an earlier DEL retired (another container ID,
+// so another host veth name; the agent has not deleted it yet): ADD
+// deletes that pair and goes on. A pair that was not retired is left
+// alone, and ADD fails.
+func TestSetupPodReplacesARetiredPair(t *testing.T) {
+	for _, retired := range []bool{true, false} {
+		t.Run(fmt.Sprintf("retired=%v", retired), func(t *testing.T) {
+			host, pod := newHostNS(t), newNS(t)
+			hh := handle(t, host)
+			old := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: HostVethName("c0", "eth0")}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(pod.Fd()))}
+			require.NoError(t, hh.LinkAdd(old))
+			if retired {
+				require.NoError(t, hh.LinkSetGroup(old, api.ReapLinkGroup))
+			}
+			s := podSpec(pod, "10.1.0.10/32")
+			err := in(t, host, func() error { _, err := SetupPod(s); return err })
+			_, lerr := hh.LinkByName(old.Name)
+			if !retired {
+				require.ErrorContains(t, err, "already exists")
+				require.NoError(t, lerr, "a pair that was not retired was deleted")
+				return
+			}
+			require.NoError(t, err)
+			require.Error(t, lerr, "the retired pair is gone")
+			_, err = hh.LinkByName(s.HostIfName)
+			require.NoError(t, err)
+		})
+	}
 }
 
 func TestSetupPodEnablesIPv6WhereTheRuntimeDisabledIt(t *testing.T) {

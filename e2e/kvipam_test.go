@@ -218,16 +218,20 @@ func TestKvipamGC(t *testing.T) {
 	require.NoError(t, n.check(l, keep))
 }
 
-// TestKvipamAddAgainAfterDel: an ADD right after a DEL of the same
-// attachment, in the same netns (as cnitool or a runtime retrying a
-// sandbox does), works whether or not the agent has deleted the retired
+// TestKvipamAddAgainAfterDel: an ADD right after a DEL, in the same netns,
+// of the same attachment (as cnitool or a runtime retrying a sandbox does)
+// or of another container, works whether or not the agent has deleted the retired
 // veth yet, and the pod is reachable each time.
 func TestKvipamAddAgainAfterDel(t *testing.T) {
 	n := newNode(t, "node-again")
 	n.startAgent(agentOpts{pools: []string{dualStackPool}})
 	l := n.kvipamList("pods", "1.1.0", "")
 	a := newPod(t, "a")
-	for i := range 5 {
+	id := a.rt.ContainerID
+	for i := range 6 {
+		// Every other round another container in the same netns (as a
+		// runtime reusing a sandbox's netns does).
+		a.rt.ContainerID = fmt.Sprintf("%s-%d", id, i%2)
 		r := n.mustAdd(l, a)
 		a4, _ := podAddrs(t, r)
 		require.NoError(t, ping(n.host, a4), "round %d: the node reaches the pod", i)

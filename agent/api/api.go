@@ -161,6 +161,12 @@ const (
 // HostVethPrefix starts the name of every host-side veth kvipam creates.
 const HostVethPrefix = "kv"
 
+// ReapLinkGroup is the link group of host veths a DEL retired, which the
+// agent deletes in the background ("kvip"). Until then the pod end of
+// such a veth may still hold the pod's interface name, and an ADD that
+// needs the name deletes the retired pair itself.
+const ReapLinkGroup = 0x6b766970
+
 // EndpointRequest asks the agent to finish an ADD: make the reservation
 // permanent and program the datapath for the pod, before it answers.
 type EndpointRequest struct {
