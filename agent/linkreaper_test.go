@@ -16,6 +16,16 @@ import (
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
+// hostNSConfig is an agent configuration on a fresh etcd, in a scratch
+// host namespace of the test's, and a netlink handle in that namespace.
+func hostNSConfig(t *testing.T) (Config, *netlink.Handle) {
+	nstest.RequireRoot(t)
+	host := nstest.NewNS(t)
+	cfg := testConfig(t, etcdtest.Start(t))
+	cfg.NetNS = host.Path()
+	return cfg, nstest.Handle(t, host)
+}
+
 // releaseSpy runs check when the allocator is asked to release, that is
 // at the moment the addresses could be handed out again.
 type releaseSpy struct {
@@ -41,12 +51,7 @@ func TestReleaseRetiresHostVethFirst(t *testing.T) {
 }
 
 func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
-	nstest.RequireRoot(t)
-	host := nstest.NewNS(t)
-	h := nstest.Handle(t, host)
-	e := etcdtest.Start(t)
-	cfg := testConfig(t, e)
-	cfg.NetNS = host.Path()
+	cfg, h := hostNSConfig(t)
 	if dp != DatapathRoutes {
 		cfg.Datapath, cfg.BPFPinDir, cfg.BPFAttach = DatapathBPF, bpfPinDir(t), dp
 	}
@@ -123,12 +128,7 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 // host veths; anything else named in a release is refused before any
 // address is released.
 func TestReleaseRefusesForeignInterface(t *testing.T) {
-	nstest.RequireRoot(t)
-	host := nstest.NewNS(t)
-	h := nstest.Handle(t, host)
-	e := etcdtest.Start(t)
-	cfg := testConfig(t, e)
-	cfg.NetNS = host.Path()
+	cfg, h := hostNSConfig(t)
 	ta := startAgent(t, cfg, Options{})
 	ctx := context.Background()
 	nstest.AddLink(t, h, "eth9")
@@ -151,12 +151,7 @@ func TestReleaseRefusesForeignInterface(t *testing.T) {
 // before deleting it is deleted when the next agent starts, before it
 // serves.
 func TestRetiredVethDeletedAtStart(t *testing.T) {
-	nstest.RequireRoot(t)
-	host := nstest.NewNS(t)
-	h := nstest.Handle(t, host)
-	e := etcdtest.Start(t)
-	cfg := testConfig(t, e)
-	cfg.NetNS = host.Path()
+	cfg, h := hostNSConfig(t)
 	retired := nstest.AddLink(t, h, "kvdead0")
 	require.NoError(t, h.LinkSetGroup(retired, reapGroup))
 	live := nstest.AddLink(t, h, "kvlive0")

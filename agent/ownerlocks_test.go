@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/internal/nstest"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // gatedDatapath holds Setup for one host interface until gate closes.
@@ -32,12 +31,7 @@ func (g gatedDatapath) Setup(ctx context.Context, ep *api.Endpoint) error {
 // the datapath, another owner's create and release complete, and a
 // release of the held owner waits for its create.
 func TestOwnersRequestsOverlap(t *testing.T) {
-	nstest.RequireRoot(t)
-	host := nstest.NewNS(t)
-	h := nstest.Handle(t, host)
-	e := etcdtest.Start(t)
-	cfg := testConfig(t, e)
-	cfg.NetNS = host.Path()
+	cfg, h := hostNSConfig(t)
 	ta := startAgent(t, cfg, Options{})
 	ctx := context.Background()
 	nstest.AddLink(t, h, "kvslow0")
