@@ -91,9 +91,11 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 			return api.Endpoint{}, &FieldError{Field: field, Msg: fmt.Sprintf("%s %q is not held by %s (holds %v)", field, p, owner.Key(), ips)}
 		}
 	}
+	start := time.Now()
 	if _, err := m.alloc.Confirm(ctx, owner); err != nil {
 		return api.Endpoint{}, err
 	}
+	confirmed := time.Now()
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
@@ -106,11 +108,13 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		}
 		return api.Endpoint{}, fmt.Errorf("program datapath: %w", err)
 	}
+	programmed := time.Now()
 	if err := m.records.put(ep); err != nil {
 		_ = m.dp.Teardown(ctx, ep)
 		return api.Endpoint{}, err
 	}
-	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName)
+	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName,
+		"confirm", confirmed.Sub(start), "datapath", programmed.Sub(confirmed), "record", time.Since(programmed))
 	return ep, nil
 }
 
