@@ -35,7 +35,7 @@ type Options struct {
 }
 
 // Agent is one node's daemon: the composition root that builds the parts
-// (allocator, batcher, datapath, endpoint manager, lease keeper, etcd
+// (allocator, group commits, datapath, endpoint manager, lease keeper, etcd
 // probe, reconciler, GC collector, peer router, API server) and wires each
 // to the few things it needs. Run it once; it is safe for concurrent use
 // by its API handlers.
@@ -49,8 +49,8 @@ type Agent struct {
 	cli       *clientv3.Client
 	store     *etcdstore.Store
 	alloc     *allocator.NodeAllocator
-	batch     *batcher
-	confirms  *confirmBatcher
+	batch     *groupCommit[allocator.Request, allocator.Outcome]
+	confirms  *groupCommit[allocator.Owner, allocator.ConfirmOutcome]
 	dp        Datapath
 	reaper    *linkReaper
 	endpoints *endpointManager
@@ -193,7 +193,9 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration, a.m)
+	a.batch = newGroupCommit(a.alloc.AllocateBatch, func(err error) allocator.Outcome { return allocator.Outcome{Err: err} },
+		a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
+	a.batch.observe = func(n int) { a.m.batch.Observe(float64(n)) }
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
 	}
@@ -224,7 +226,9 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp.Forget, a.log.Named("reaper"))
-	a.confirms = newConfirmBatcher(a.alloc, a.cfg.MaxBatch, a.cfg.RequestTimeout.Duration)
+	// Confirms are sent as soon as the last batch is done, without a wait.
+	a.confirms = newGroupCommit(a.alloc.ConfirmBatch, func(err error) allocator.ConfirmOutcome { return allocator.ConfirmOutcome{Err: err} },
+		a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
 		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,
 		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
@@ -368,7 +372,7 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 	h := &handlers{
 		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), bindingFor: a.bindings.poolFor, podMTU: a.podMTU,
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
-		allocateFn: a.batch.allocate, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp.Counters,
+		allocateFn: a.allocate, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp.Counters,
 		collect: a.gc.collect, lookup: a.alloc.Lookup, statusFn: a.status,
 	}
 	as := &apiServer{ready: a.readyErr, restored: a.isRestored, timeout: a.cfg.RequestTimeout.Duration, requests: a.m.requests, log: a.log, h: h}

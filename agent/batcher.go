@@ -4,45 +4,47 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
-
-	"github.com/kvipam/kvipam/allocator"
 )
 
-// batcher is the group commit: concurrent allocation requests queue on a
-// channel and one goroutine hands each queue-full to AllocateBatch, one
-// etcd transaction per batch. Requests that arrive while a batch is in
-// flight form the next one. When callers are on their way to the queue
-// (entered allocate, not yet taken), the batcher also holds the batch open
-// for them, up to wait, because a fast etcd can otherwise drain the queue
-// one request at a time; a lone request goes out at once.
-type batcher struct {
-	alloc *allocator.NodeAllocator
-	max   int
-	in    chan *batchItem
-	m     *metrics
+// groupCommit is the agent's group commit: concurrent requests queue on a
+// channel and one goroutine hands each queue-full to commit, one etcd
+// transaction per batch. Requests that arrive while a batch is in flight
+// form the next one. With a wait, when callers are on their way to the
+// queue (entered do, not yet taken), the batch is also held open for
+// them, up to wait, because a fast etcd can otherwise drain the queue one
+// request at a time; a lone request goes out at once. Allocations use it
+// with a wait, endpoint creates' confirms without.
+type groupCommit[R, O any] struct {
+	commit func(ctx context.Context, reqs []R) []O
+	// failed is the outcome of a caller that gave up before its batch.
+	failed func(err error) O
+	// observe, if set, sees each batch's size.
+	observe func(n int)
+	max     int
+	in      chan *groupItem[R, O]
 	// timeout is the etcd budget of one batch. It is detached from the
 	// callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
 	wait    time.Duration
-	// coming counts callers that entered allocate and whose item no batch
-	// has taken yet.
+	// coming counts callers that entered do and whose item no batch has
+	// taken yet.
 	coming atomic.Int64
 }
 
-type batchItem struct {
+type groupItem[R, O any] struct {
 	ctx  context.Context
-	req  allocator.Request
-	done chan allocator.Outcome
+	req  R
+	done chan O
 }
 
-func newBatcher(a *allocator.NodeAllocator, max int, wait, timeout time.Duration, m *metrics) *batcher {
-	return &batcher{alloc: a, max: max, in: make(chan *batchItem, max), m: m, wait: wait, timeout: timeout}
+func newGroupCommit[R, O any](commit func(context.Context, []R) []O, failed func(error) O, max int, wait, timeout time.Duration) *groupCommit[R, O] {
+	return &groupCommit[R, O]{commit: commit, failed: failed, max: max, in: make(chan *groupItem[R, O], max), wait: wait, timeout: timeout}
 }
 
 // run serves batches until ctx ends. Its owner (the agent) waits for it.
-func (b *batcher) run(ctx context.Context) {
+func (b *groupCommit[R, O]) run(ctx context.Context) {
 	for {
-		var first *batchItem
+		var first *groupItem[R, O]
 		select {
 		case <-ctx.Done():
 			return
@@ -55,8 +57,8 @@ func (b *batcher) run(ctx context.Context) {
 
 // fill collects a batch behind first: whatever is queued, and under load
 // whatever arrives within the wait window, up to max.
-func (b *batcher) fill(ctx context.Context, first *batchItem) []*batchItem {
-	items := []*batchItem{first}
+func (b *groupCommit[R, O]) fill(ctx context.Context, first *groupItem[R, O]) []*groupItem[R, O] {
+	items := []*groupItem[R, O]{first}
 	var window <-chan time.Time
 	for len(items) < b.max {
 		select {
@@ -87,12 +89,12 @@ func (b *batcher) fill(ctx context.Context, first *batchItem) []*batchItem {
 	return items
 }
 
-func (b *batcher) serve(items []*batchItem) {
+func (b *groupCommit[R, O]) serve(items []*groupItem[R, O]) {
 	// Callers that gave up are dropped before the transaction.
 	live := items[:0]
 	for _, it := range items {
 		if it.ctx.Err() != nil {
-			it.done <- allocator.Outcome{Err: it.ctx.Err()}
+			it.done <- b.failed(it.ctx.Err())
 			continue
 		}
 		live = append(live, it)
@@ -100,36 +102,40 @@ func (b *batcher) serve(items []*batchItem) {
 	if len(live) == 0 {
 		return
 	}
-	reqs := make([]allocator.Request, len(live))
+	reqs := make([]R, len(live))
 	for i, it := range live {
 		reqs[i] = it.req
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	out := b.alloc.AllocateBatch(ctx, reqs)
-	b.m.batch.Observe(float64(len(live)))
+	out := b.commit(ctx, reqs)
+	if b.observe != nil {
+		b.observe(len(live))
+	}
 	for i, it := range live {
 		it.done <- out[i]
 	}
 }
 
-// allocate queues one request and waits for its outcome.
-func (b *batcher) allocate(ctx context.Context, req allocator.Request) (allocator.Result, error) {
-	it := &batchItem{ctx: ctx, req: req, done: make(chan allocator.Outcome, 1)}
+// do queues one request and waits for its outcome, or returns ctx's
+// error when the caller gives up first. The batch may still write it:
+// a retried allocation of the same owner gets the same addresses back
+// and an abandoned reservation expires with its lease; a confirm's ADD
+// is rolled back by the plugin, which releases the owner.
+func (b *groupCommit[R, O]) do(ctx context.Context, req R) (O, error) {
+	it := &groupItem[R, O]{ctx: ctx, req: req, done: make(chan O, 1)}
+	var zero O
 	b.coming.Add(1)
 	select {
 	case b.in <- it:
 	case <-ctx.Done():
 		b.coming.Add(-1)
-		return allocator.Result{}, ctx.Err()
+		return zero, ctx.Err()
 	}
 	select {
 	case o := <-it.done:
-		return o.Result, o.Err
+		return o, nil
 	case <-ctx.Done():
-		// The batch may still write it; a retried request with the same
-		// owner gets the same addresses back, and an abandoned
-		// reservation expires with its lease.
-		return allocator.Result{}, ctx.Err()
+		return zero, ctx.Err()
 	}
 }

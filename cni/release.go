@@ -26,30 +26,31 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.L
 	defer cancel()
 	owner := api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}
 	res, err := ag.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: owner, HostIfName: hostIf})
+	// deleteVeth deletes the veth here, when the agent did not take it.
+	deleteVeth := func() error {
+		if hostIf == "" {
+			return nil
+		}
+		_, err := DeleteHostVeth(hostIf)
+		return err
+	}
 	var ae *api.Error
 	switch {
 	case err == nil:
 		log.Debug("released", "owner", o.Key(), "ips", res.Released, "host_if", res.HostIf)
-		if hostIf != "" && res.HostIf == "" {
-			_, err := DeleteHostVeth(hostIf)
-			return false, err
+		if res.HostIf != "" {
+			return false, nil // retired by the agent
 		}
-		return false, nil
+		return false, deleteVeth()
 	case errors.As(err, &ae) && ae.Code == api.CodeNotFound:
-		if hostIf != "" {
-			_, err := DeleteHostVeth(hostIf)
-			return false, err
-		}
-		return false, nil
+		return false, deleteVeth()
 	case !errors.Is(err, client.ErrUnreachable):
 		return false, fmt.Errorf("release %s: %w", o.Key(), err)
 	}
 	// The veth goes first: once the IPs are released they may be handed
 	// out again, and must not still be routed to this pod.
-	if hostIf != "" {
-		if _, derr := DeleteHostVeth(hostIf); derr != nil {
-			return false, fmt.Errorf("release %s: %w; and %w", o.Key(), err, derr)
-		}
+	if derr := deleteVeth(); derr != nil {
+		return false, fmt.Errorf("release %s: %w; and %w", o.Key(), err, derr)
 	}
 	if qerr := delqueue.Enqueue(c.DelQueueDir, owner); qerr != nil {
 		return false, fmt.Errorf("release %s: %w; and could not queue it: %w", o.Key(), err, qerr)
