@@ -30,6 +30,12 @@ type spec struct {
 	unit, baselineLabel string
 }
 
+// The scale figures come from the runs on the 3-member cluster.
+const (
+	stormBench  = "BenchmarkClaimStorm/etcd=cluster3"
+	steadyBench = "BenchmarkSteady/etcd=cluster3"
+)
+
 // specs are the figures the report names (issue 20 and the pools issue's
 // tight-pool figures).
 var specs = []spec{
@@ -45,20 +51,20 @@ var specs = []spec{
 	{name: "restart.10k.seconds", file: "restart", bench: "BenchmarkAgentRestart", value: "s/restart-10k", baseline: "s/restart-empty", unit: "s", baselineLabel: "the same agent on an empty node"},
 	{name: "agent.rss.idle_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-idle", unit: "MB"},
 	{name: "agent.rss.10k_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-10k", baseline: "MB/rss-idle", unit: "MB", baselineLabel: "the same agent idle, on an empty node"},
-	{name: "scale.claim5000.seconds", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once, 3 members"},
-	{name: "scale.claim5000.failures", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "failures", unit: "count"},
-	{name: "scale.claim5000.try_again", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "try-again", unit: "count"},
-	{name: "scale.claim5000.lost_leases", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "lost-leases", unit: "count"},
-	{name: "scale.claim5000.conflicts", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "conflicts", unit: "count"},
-	{name: "scale.claim5000.duplicates", file: "storm", bench: "BenchmarkClaimStorm/etcd=cluster3", value: "duplicates", unit: "count"},
-	{name: "scale.fill150k.last_vs_first", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
-	{name: "scale.150k.alloc_p99_ms", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
-	{name: "scale.150k.alloc_p99_vs_raw", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
-	{name: "scale.150k.alloc_p50_ms", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "alloc-p50-ms", baseline: "raw-p50-ms", unit: "ms", baselineLabel: "raw create-if-absent p50"},
-	{name: "scale.150k.max_rate", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "max-rate-under-50ms", unit: "allocations/s"},
-	{name: "scale.150k.db_size_mb", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "db-size-mb", unit: "MB"},
-	{name: "scale.150k.restart_ms", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "restart-ms", unit: "ms"},
-	{name: "scale.150k.duplicates", file: "steady", bench: "BenchmarkSteady/etcd=cluster3", value: "duplicates", unit: "count"},
+	{name: "scale.claim5000.seconds", file: "storm", bench: stormBench, value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once, 3 members"},
+	{name: "scale.claim5000.failures", file: "storm", bench: stormBench, value: "failures", unit: "count"},
+	{name: "scale.claim5000.try_again", file: "storm", bench: stormBench, value: "try-again", unit: "count"},
+	{name: "scale.claim5000.lost_leases", file: "storm", bench: stormBench, value: "lost-leases", unit: "count"},
+	{name: "scale.claim5000.conflicts", file: "storm", bench: stormBench, value: "conflicts", unit: "count"},
+	{name: "scale.claim5000.duplicates", file: "storm", bench: stormBench, value: "duplicates", unit: "count"},
+	{name: "scale.fill150k.last_vs_first", file: "steady", bench: steadyBench, value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
+	{name: "scale.150k.alloc_p99_ms", file: "steady", bench: steadyBench, value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
+	{name: "scale.150k.alloc_p99_vs_raw", file: "steady", bench: steadyBench, value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
+	{name: "scale.150k.alloc_p50_ms", file: "steady", bench: steadyBench, value: "alloc-p50-ms", baseline: "raw-p50-ms", unit: "ms", baselineLabel: "raw create-if-absent p50"},
+	{name: "scale.150k.max_rate", file: "steady", bench: steadyBench, value: "max-rate-under-50ms", unit: "allocations/s"},
+	{name: "scale.150k.db_size_mb", file: "steady", bench: steadyBench, value: "db-size-mb", unit: "MB"},
+	{name: "scale.150k.restart_ms", file: "steady", bench: steadyBench, value: "restart-ms", unit: "ms"},
+	{name: "scale.150k.duplicates", file: "steady", bench: steadyBench, value: "duplicates", unit: "count"},
 	{name: "scale.choose_block.slash8_vs_slash20", file: "choose", bench: "BenchmarkChooseBlock", value: "x-/20-on-/8", unit: "ratio", ratio: "x-/20-on-/8"},
 	{name: "bpf.attach_detach.tcx_vs_clsact", file: "attach", bench: "BenchmarkAttachDetach/tcx", value: "ns/op", baseline: "ns/op", baselineBench: "BenchmarkAttachDetach/clsact", unit: "ns", baselineLabel: "clsact"},
 	{name: "tight1000.create.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.create.seconds", ratio: "tight1000.create.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
