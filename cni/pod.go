@@ -83,7 +83,7 @@ func SetupPod(s PodSpec) (*PodLinks, error) {
 	if hasV6 && !ipv6Enabled() {
 		return nil, fmt.Errorf("pod %s needs IPv6 but IPv6 is disabled in the host netns", s.IfName)
 	}
-	hv, err := createVeth(host, podNS, s)
+	hv, err := createVeth(host, pod, podNS, s)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +123,7 @@ func openNetns(path string) (netns.NsHandle, error) {
 // it), such as one a DEL retired and the agent has not deleted yet (an ADD
 // again in the same netns), so it is replaced; if it vanishes meanwhile
 // (the agent deleted it), the pair is simply made again.
-func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink.Veth, error) {
+func createVeth(host, pod *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink.Veth, error) {
 	la := netlink.NewLinkAttrs()
 	la.Name = s.HostIfName
 	la.MTU = s.MTU
@@ -137,7 +137,7 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 			// The pod's interface name is taken: by the pod end of a
 			// veth an earlier DEL retired (its pair has gone since, or
 			// is deleted now), or by something else.
-			if ok, err := removeRetiredPair(host, podNS, s.IfName); err != nil || !ok {
+			if ok, err := removeRetiredPair(host, pod, s.IfName); err != nil || !ok {
 				return nil, errors.Join(fmt.Errorf("create veth %s: interface %s already exists in netns %s", s.HostIfName, s.IfName, s.Netns), err)
 			}
 		case lerr != nil:
@@ -159,12 +159,7 @@ func createVeth(host *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*netlink
 // netns when its host end is one a DEL retired (in api.ReapLinkGroup,
 // waiting for the agent to delete it), and reports whether name is free
 // now. Anything else holding the name is left alone.
-func removeRetiredPair(host *netlink.Handle, podNS netns.NsHandle, name string) (bool, error) {
-	pod, err := netlink.NewHandleAt(podNS)
-	if err != nil {
-		return false, fmt.Errorf("open netlink in the pod netns: %w", err)
-	}
-	defer pod.Close()
+func removeRetiredPair(host, pod *netlink.Handle, name string) (bool, error) {
 	pl, err := pod.LinkByName(name)
 	if isNotFound(err) {
 		return true, nil // deleted meanwhile
