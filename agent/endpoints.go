@@ -71,8 +71,12 @@ type endpointAllocator interface {
 }
 
 // create finishes an ADD: the owner's reservation becomes permanent (a
-// fenced etcd write), then the datapath is programmed, then the record is
-// saved, all before the answer. A failure leaves the allocation for the
+// fenced etcd write) while the datapath is programmed and the record
+// saved, and all three are done before the answer. They overlap because
+// none needs another's result: the pod already has its addresses on its
+// interface, and until the answer it is not running. If the confirm
+// fails (the reservation lapsed), the datapath and the record are undone
+// before the error is returned. Any failure leaves the allocation for the
 // plugin's rollback (release) to undo.
 func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
 	defer m.lockOwner(req.Owner)()
@@ -92,30 +96,60 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		}
 	}
 	start := time.Now()
-	if _, err := m.alloc.Confirm(ctx, owner); err != nil {
-		return api.Endpoint{}, err
-	}
-	confirmed := time.Now()
+	confirmed := make(chan error, 1)
+	var confirmTook time.Duration
+	go func() {
+		_, err := m.alloc.Confirm(ctx, owner)
+		confirmTook = time.Since(start)
+		confirmed <- err
+	}()
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
 	}
 	m.records.assignID(&ep)
-	if err := m.dp.Setup(ctx, &ep); err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return api.Endpoint{}, &FieldError{Field: "hostIfName", Msg: err.Error()}
+	programmed, err := m.program(ctx, &ep)
+	if cerr := <-confirmed; cerr != nil {
+		if err == nil {
+			m.undo(ctx, ep)
 		}
-		return api.Endpoint{}, fmt.Errorf("program datapath: %w", err)
+		return api.Endpoint{}, cerr
 	}
-	programmed := time.Now()
-	if err := m.records.put(ep); err != nil {
-		_ = m.dp.Teardown(ctx, ep)
+	if err != nil {
 		return api.Endpoint{}, err
 	}
 	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName,
-		"confirm", confirmed.Sub(start), "datapath", programmed.Sub(confirmed), "record", time.Since(programmed))
+		"confirm", confirmTook, "datapath", programmed, "record", time.Since(start)-programmed, "took", time.Since(start))
 	return ep, nil
+}
+
+// program sets up the datapath for ep and saves its record, returning how
+// long the datapath took. On failure neither is left behind.
+func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (time.Duration, error) {
+	start := time.Now()
+	if err := m.dp.Setup(ctx, ep); err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return 0, &FieldError{Field: "hostIfName", Msg: err.Error()}
+		}
+		return 0, fmt.Errorf("program datapath: %w", err)
+	}
+	programmed := time.Since(start)
+	if err := m.records.put(*ep); err != nil {
+		_ = m.dp.Teardown(ctx, *ep)
+		return 0, err
+	}
+	return programmed, nil
+}
+
+// undo removes what program made, for an ADD whose confirm failed.
+func (m *endpointManager) undo(ctx context.Context, ep api.Endpoint) {
+	if err := m.dp.Teardown(ctx, ep); err != nil {
+		m.log.Warn("undo endpoint: tear down datapath", "owner", ep.Owner.Key(), "error", err)
+	}
+	if err := m.records.remove(ep.Owner); err != nil {
+		m.log.Warn("undo endpoint: remove record", "owner", ep.Owner.Key(), "error", err)
+	}
 }
 
 // list returns every endpoint ordered by ID.

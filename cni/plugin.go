@@ -73,10 +73,11 @@ func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 
 // Add sets a pod up with two calls to the agent: reserve IPs (waiting
 // for the agent if it is restarting; the answer carries the gateways and
-// the MTU), create and configure the veth, have the agent create the
-// endpoint (which confirms the reservation and programs the datapath
-// before it answers), then print the result. Any failure after the
-// reservation removes the veth and releases the IPs.
+// the MTU) while the veth pair is created, configure the veth with the
+// addresses, have the agent create the endpoint (which confirms the
+// reservation and programs the datapath before it answers), then print
+// the result. Any failure removes the veth and, after the reservation,
+// releases the IPs.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	c, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -99,29 +100,48 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
-	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
-	if err != nil {
+	// The veth is made while the agent allocates: its names come from
+	// the owner, its addresses later. The allocation runs in another
+	// goroutine because the veth must be made on this thread, the one
+	// in the host netns (a caller may have locked it there).
+	allocated := make(chan error, 1)
+	var alloc *api.AllocateResponse
+	go func() {
+		var err error
+		alloc, err = allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
+		allocated <- err
+	}()
+	hostIf := HostVethName(o.ContainerID, o.IfName)
+	veth, verr := CreatePodVeth(PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: hostIf, MTU: podMTU(c.MTU)})
+	if err := <-allocated; err != nil {
+		if verr == nil {
+			err = errors.Join(err, veth.Remove())
+			veth.Close()
+		}
 		return err
 	}
 	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires, "allocate", time.Since(start))
+	if verr != nil {
+		return rollback(ag, c, o, "", log, verr)
+	}
+	defer veth.Close()
 
-	res, hostIf, err := p.setUp(ctx, ag, c, o, args, alloc, log)
+	res, err := p.setUp(ctx, ag, c, o, args, veth, alloc, log)
 	if err != nil {
 		return rollback(ag, c, o, hostIf, log, err)
 	}
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
-		return rollback(ag, c, o, HostVethName(o.ContainerID, o.IfName), log, err)
+		return rollback(ag, c, o, hostIf, log, err)
 	}
 	log.Info("added", "owner", o.Key(), "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
 	return nil
 }
 
-// setUp is ADD after the reservation. It returns the host veth's name
-// once the veth exists, so a rollback knows to remove it.
-func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, alloc *api.AllocateResponse, log hclog.Logger) (_ *current.Result, hostIf string, _ error) {
+// setUp is ADD after the reservation, on the veth made meanwhile.
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, veth *PodVeth, alloc *api.AllocateResponse, log hclog.Logger) (*current.Result, error) {
 	als, err := parseAllocation(alloc)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	spec := PodSpec{
@@ -132,9 +152,9 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 		spec.Addrs = append(spec.Addrs, al.Addr)
 	}
 	start := time.Now()
-	links, err := SetupPod(spec)
+	links, err := veth.Configure(spec)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	setup := time.Since(start)
 	req := api.EndpointRequest{
@@ -143,10 +163,10 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 		EgressLimited: c.EgressLimited,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
-		return nil, links.HostIfName, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
+		return nil, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
 	}
-	log.Debug("set up", "owner", o.Key(), "veth", setup, "endpoint", time.Since(start)-setup)
-	return podResult(spec, links, c.DNS), links.HostIfName, nil
+	log.Debug("set up", "owner", o.Key(), "configure", setup, "endpoint", time.Since(start)-setup)
+	return podResult(spec, links, c.DNS), nil
 }
 
 // Del releases the owner's IPs through the agent, which retires the host

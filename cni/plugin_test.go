@@ -14,9 +14,11 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/delqueue"
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 type pluginEnv struct {
@@ -108,6 +110,8 @@ func TestPluginAddFailures(t *testing.T) {
 		wantMsg     string
 		wantRelease bool
 		wantQueued  bool
+		// podIfTaken: the pod's interface name is held by the test's own.
+		podIfTaken bool
 	}{
 		{
 			name:     "agent never ready",
@@ -158,6 +162,13 @@ func TestPluginAddFailures(t *testing.T) {
 			wantCode: types.ErrInternal, wantMsg: "agent answered gateway fe80::ecee:eeff:feee:eeee for 10.1.0.5/32", wantRelease: true,
 		},
 		{
+			// The veth is made while the agent allocates: when it cannot
+			// be, the reservation made meanwhile is released.
+			name:     "pod interface name taken",
+			prepare:  func(*pluginEnv, *skel.CmdArgs) {},
+			wantCode: types.ErrInternal, wantMsg: "interface eth0 already exists", wantRelease: true, podIfTaken: true,
+		},
+		{
 			name:     "netns missing: nothing is allocated",
 			prepare:  func(_ *pluginEnv, a *skel.CmdArgs) { a.Netns = "/var/run/netns/none-such" },
 			wantCode: types.ErrInvalidEnvironmentVariables, wantMsg: "CNI_NETNS",
@@ -178,6 +189,10 @@ func TestPluginAddFailures(t *testing.T) {
 			e := newPluginEnv(t, true)
 			a := e.args("c1", e.conf(""))
 			tt.prepare(e, a)
+			var taken netlink.Link
+			if tt.podIfTaken {
+				taken = nstest.AddLink(t, handle(t, e.pod), "eth0")
+			}
 			err := e.run(t, e.p.Funcs().Add, a)
 			var te *types.Error
 			require.ErrorAs(t, err, &te)
@@ -189,8 +204,13 @@ func TestPluginAddFailures(t *testing.T) {
 			require.Equal(t, tt.wantRelease, strings.Contains(calls, "release c1/eth0"), "calls:\n%s", calls)
 			_, err = handle(t, e.host).LinkByName(HostVethName("c1", "eth0"))
 			require.Error(t, err, "no veth is left behind")
-			_, err = handle(t, e.pod).LinkByName("eth0")
-			require.Error(t, err, "no pod interface is left behind")
+			podIf, err := handle(t, e.pod).LinkByName("eth0")
+			if tt.podIfTaken {
+				require.NoError(t, err)
+				require.Equal(t, taken.Attrs().Index, podIf.Attrs().Index, "the pod's own interface was left alone")
+			} else {
+				require.Error(t, err, "no pod interface is left behind")
+			}
 			queued, err := delqueue.List(e.queue)
 			require.NoError(t, err)
 			require.Equal(t, tt.wantQueued, len(queued) == 1)
