@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/nstest"
 )
 
 // BenchmarkAddDel measures ADD and DEL latency through libcni, as a
@@ -35,18 +36,14 @@ func BenchmarkAddDel(b *testing.B) {
 
 	for _, c := range []int{1, 50} {
 		b.Run(fmt.Sprintf("concurrency=%d", c), func(b *testing.B) {
-			pods := make([]*pod, c)
-			for i := range pods {
-				pods[i] = newPod(b, fmt.Sprintf("w%d", i))
-			}
 			for _, l := range []*libcni.NetworkConfigList{kv, br} { // warm caches and the bridge
-				runAddDel(b, n, l, pods, len(pods), "warm")
+				runAddDel(b, n, l, c, c, "warm-"+l.Name)
 			}
 			b.ResetTimer()
 			start := time.Now()
-			kvAdd, kvDel := runAddDel(b, n, kv, pods, b.N, "kv")
+			kvAdd, kvDel := runAddDel(b, n, kv, c, b.N, "kv")
 			kvWall, start := time.Since(start), time.Now()
-			brAdd, brDel := runAddDel(b, n, br, pods, b.N, "br")
+			brAdd, brDel := runAddDel(b, n, br, c, b.N, "br")
 			brWall := time.Since(start)
 			b.StopTimer()
 			writeSamples(b, benchreport.Samples{Datapath: datapathFlag(), Concurrency: c},
@@ -75,15 +72,25 @@ func bridgeList(b *testing.B, n *node, bridge string) *libcni.NetworkConfigList 
 		"isGateway":true,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.3.0.0/16"}]],"dataDir":%q}}]}`, bridge, n.dir+"/host-local"))
 }
 
-// runAddDel runs iterations of ADD then DEL on l, spread over one worker
-// per pod, and returns every ADD's and every DEL's latency.
-func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, pods []*pod, iterations int, tag string) (adds, dels []time.Duration) {
+// runAddDel runs iterations of ADD then DEL on l, spread over workers
+// concurrent workers, each sandbox in a fresh pod netns as a runtime's
+// (made before and removed after the timed part), and returns every
+// ADD's and every DEL's latency.
+func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, workers, iterations int, tag string) (adds, dels []time.Duration) {
 	b.Helper()
+	sandboxes, releases := make([]*pod, iterations), make([]func(), iterations)
+	for i := range sandboxes {
+		nsn, release, err := nstest.NewEphemeralNS()
+		require.NoError(b, err)
+		b.Cleanup(release)
+		sandboxes[i], releases[i] = podIn(fmt.Sprintf("%s-%d", tag, i), nsn), release
+	}
+	workers = min(workers, iterations)
 	var next atomic.Int64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	errs := make(chan error, len(pods))
-	for _, p := range pods {
+	errs := make(chan error, workers)
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -92,8 +99,7 @@ func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, pods []*pod, 
 				if i > int64(iterations) {
 					return
 				}
-				rt := *p.rt
-				rt.ContainerID = fmt.Sprintf("%s-%s-%d", tag, p.name, i)
+				rt := *sandboxes[i-1].rt
 				var add, del time.Duration
 				err := n.do(func() error {
 					start := time.Now()
@@ -108,6 +114,7 @@ func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, pods []*pod, 
 					del = time.Since(start)
 					return nil
 				})
+				releases[i-1]() // as the runtime removes the sandbox's netns
 				if err != nil {
 					errs <- err
 					return
@@ -186,9 +193,8 @@ func addDatapath(b *testing.B, attached int) {
 		n.startAgent(o)
 		nodes[c.name], lists[c.name] = n, n.kvipamList("kv", "1.0.0", `,"logLevel":"off"`)
 	}
-	pods := []*pod{newPod(b, "dpw")}
 	for name, n := range nodes {
-		runAddDel(b, n, lists[name], pods, 1, "warm")
+		runAddDel(b, n, lists[name], 1, 1, "warm")
 		for i := range attached {
 			n.mustAdd(lists[name], newPod(b, fmt.Sprintf("%s-bg%d", name, i)))
 		}
@@ -201,7 +207,7 @@ func addDatapath(b *testing.B, attached int) {
 	const rounds = 5
 	for r := range rounds {
 		for _, c := range configs {
-			a, d := runAddDel(b, nodes[c.name], lists[c.name], pods, max(b.N/rounds, 1), fmt.Sprintf("%s%d", c.name, r))
+			a, d := runAddDel(b, nodes[c.name], lists[c.name], 1, max(b.N/rounds, 1), fmt.Sprintf("%s%d", c.name, r))
 			adds[c.name], dels[c.name] = append(adds[c.name], a...), append(dels[c.name], d...)
 		}
 	}
@@ -240,14 +246,17 @@ func BenchmarkBurst100(b *testing.B) {
 		"bridge": bridgeList(b, n, "burstbr0"),
 		"floor":  conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
 	}
-	ps := make([]*pod, pods)
-	for i := range ps {
-		ps[i] = newPod(b, fmt.Sprintf("b%d", i))
-	}
 	// burst returns the burst's completion time, each ADD's latency, and
 	// each ADD's completion since the burst's start.
 	burst := func(l *libcni.NetworkConfigList, tag string) (time.Duration, []time.Duration, []time.Duration) {
 		adds, done := make([]time.Duration, pods), make([]time.Duration, pods)
+		ps, releases := make([]*pod, pods), make([]func(), pods)
+		for i := range ps { // a fresh netns per sandbox, as a runtime's
+			nsn, release, err := nstest.NewEphemeralNS()
+			require.NoError(b, err)
+			b.Cleanup(release)
+			ps[i], releases[i] = podIn(fmt.Sprintf("%s-%d", tag, i), nsn), release
+		}
 		var began time.Time // set before start is closed
 		start := make(chan struct{})
 		var wg sync.WaitGroup
@@ -277,6 +286,7 @@ func BenchmarkBurst100(b *testing.B) {
 			rt := *p.rt
 			rt.ContainerID = fmt.Sprintf("%s-%d", tag, i)
 			require.NoError(b, n.do(func() error { return n.cni.DelNetworkList(context.Background(), l, &rt) }))
+			releases[i]()
 		}
 		return took, adds, done
 	}
