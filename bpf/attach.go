@@ -23,33 +23,45 @@ func (d *Datapath) Attach(ep Endpoint) error {
 	if err != nil {
 		return err
 	}
-	if err := d.lock(); err != nil {
+	unlock, err := d.lockEndpoint(ep.HostIfIndex)
+	if err != nil {
 		return err
 	}
-	defer d.mu.Unlock()
+	defer unlock()
 
 	ifindex := uint32(ep.HostIfIndex)
-	var prev kvipamIfaceInfo
-	hadPrev := d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil
-
-	undo, err := d.writeEndpoint(ep)
-	if err != nil {
-		return errors.Join(fmt.Errorf("write endpoint %d: %w", ep.ID, err), undo.run())
+	var (
+		prev    kvipamIfaceInfo
+		hadPrev bool
+		undo    undoList
+	)
+	if err := d.withMaps(func() error {
+		hadPrev = d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil
+		var err error
+		undo, err = d.writeEndpoint(ep)
+		if err != nil {
+			return errors.Join(fmt.Errorf("write endpoint %d: %w", ep.ID, err), undo.run())
+		}
+		return nil
+	}); err != nil {
+		return err
 	}
 	if err := d.attachProgram(ep.HostIfIndex, ep.Attach); err != nil {
-		return errors.Join(fmt.Errorf("attach endpoint %d: %w", ep.ID, err), undo.run())
+		return errors.Join(fmt.Errorf("attach endpoint %d: %w", ep.ID, err), d.withMaps(undo.run))
 	}
 
-	var errs []error
-	if err := d.removeAddrs(ifindex, ep.IPs); err != nil {
-		errs = append(errs, err)
-	}
-	if hadPrev && prev.EndpointId != ep.ID {
-		if err := d.dropUnusedCounters(prev.EndpointId); err != nil {
+	if err := d.withMaps(func() error {
+		var errs []error
+		if err := d.removeAddrs(ifindex, ep.IPs); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
+		if hadPrev && prev.EndpointId != ep.ID {
+			if err := d.dropUnusedCounters(prev.EndpointId); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}); err != nil {
 		return fmt.Errorf("clean up previous entries of ifindex %d: %w", ifindex, err)
 	}
 	d.log.Debug("endpoint attached", "id", ep.ID, "ifindex", ep.HostIfIndex, "ifname", ep.HostIfName, "ips", ep.IPs)
@@ -93,20 +105,28 @@ func checkMode(mode string) error {
 	return nil
 }
 
+// attachHook, when set (by tests only), is called at the start of each
+// kernel attach, with the lock of the interface held.
+var attachHook func(ifindex int)
+
 // attachProgram attaches as mode says ("" is the datapath's mode): with
 // TCX, or with a clsact filter when chosen or once the kernel has said it
 // has no TCX.
 func (d *Datapath) attachProgram(ifindex int, mode string) error {
+	if attachHook != nil {
+		attachHook(ifindex)
+	}
 	if mode == "" {
 		mode = d.mode
 	}
-	if mode == AttachTCX && !d.noTCX {
+	if mode == AttachTCX && !d.noTCX.Load() {
 		err := d.attachTCX(ifindex)
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			return err
 		}
-		d.log.Warn("kernel has no tcx, attaching with clsact filters", "error", err)
-		d.noTCX = true
+		if d.noTCX.CompareAndSwap(false, true) {
+			d.log.Warn("kernel has no tcx, attaching with clsact filters", "error", err)
+		}
 	}
 	return d.attachTC(ifindex)
 }
@@ -120,15 +140,16 @@ func (d *Datapath) Detach(ep Endpoint) error {
 	if ep.HostIfIndex <= 0 {
 		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
 	}
-	if err := d.lock(); err != nil {
+	unlock, err := d.lockEndpoint(ep.HostIfIndex)
+	if err != nil {
 		return err
 	}
-	defer d.mu.Unlock()
+	defer unlock()
 
 	if err := d.detachProgram(ep.HostIfIndex); err != nil {
 		return fmt.Errorf("detach endpoint on ifindex %d: %w", ep.HostIfIndex, err)
 	}
-	if err := d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID); err != nil {
+	if err := d.withMaps(func() error { return d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID) }); err != nil {
 		return fmt.Errorf("remove endpoint on ifindex %d: %w", ep.HostIfIndex, err)
 	}
 	d.log.Debug("endpoint detached", "id", ep.ID, "ifindex", ep.HostIfIndex)

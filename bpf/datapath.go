@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
@@ -26,24 +27,34 @@ const linksDir = "links"
 
 // Datapath owns the loaded program and maps and the pins under one directory.
 //
-// It is safe for concurrent use; calls that change kernel state are
-// serialised. Attach, Detach and Adopt resolve interface indexes in the
-// network namespace of the calling thread, which must be the one holding the
-// host-side veths (use ns.Do from containernetworking's pkg/ns for another).
+// It is safe for concurrent use: calls on different host interfaces run at
+// once, calls on the same interface one after another, and Close,
+// SetAttachMode and Adopt wait for the others (locks.go). Attach, Detach
+// and Adopt resolve interface indexes in the network namespace of the
+// calling thread, which must be the one holding the host-side veths (use
+// ns.Do from containernetworking's pkg/ns for another).
 type Datapath struct {
 	log    hclog.Logger
 	pinDir string
 
-	mu      sync.Mutex
+	// mu is held shared by calls on one endpoint, which also hold the
+	// lock of its ifindex in ifLocks, and exclusively by whole-datapath
+	// calls.
+	mu      sync.RWMutex
+	ifLocks ifLocks
+	// mapsMu serializes the map sections of calls holding mu shared.
+	mapsMu sync.Mutex
+
 	objs    kvipamObjects
 	progID  ebpf.ProgramID
 	progTag string
 	mapIDs  []ebpf.MapID // sorted; with progTag, tells an adopted program is ours
-	// mode is how endpoints that do not say are attached (SetAttachMode).
+	// mode is how endpoints that do not say are attached (SetAttachMode);
+	// written with mu held exclusively.
 	mode string
 	// noTCX is set once the kernel refused a TCX attach as unsupported:
 	// from then on endpoints are attached with a clsact filter.
-	noTCX  bool
+	noTCX  atomic.Bool
 	closed bool
 }
 
@@ -131,16 +142,6 @@ func (d *Datapath) Close() error {
 	d.closed = true
 	if err := d.objs.Close(); err != nil {
 		return fmt.Errorf("close ebpf objects: %w", err)
-	}
-	return nil
-}
-
-// lock takes the mutex unless the datapath is closed.
-func (d *Datapath) lock() error {
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return ErrClosed
 	}
 	return nil
 }

@@ -493,7 +493,7 @@ func TestClsactFallback(t *testing.T) {
 	p := h.addPod(t, 1)
 	dir := pinDir(t)
 	d := openDatapath(t, dir)
-	d.noTCX = true // as on a kernel without TCX
+	d.noTCX.Store(true) // as on a kernel without TCX
 	h.attach(t, d, p.ep)
 	require.Empty(t, h.tcx(t, p.ep.HostIfIndex).programs)
 	st := h.tc(t, p.ep.HostIfIndex)

@@ -10,8 +10,11 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+// The functions here read and write the maps; callers hold mapsMu, or mu
+// exclusively (locks.go).
+
 // undoList collects the inverse of each map write so a failed Attach leaves
-// the maps as it found them.
+// the maps as it found them. It runs holding mapsMu, like the writes.
 type undoList []func() error
 
 func (u undoList) run() error {
@@ -59,12 +62,20 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 	}
 
 	var undo undoList
+	var prev kvipamIfaceInfo
+	if d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil && prev.EndpointId != ep.ID {
+		// Run last: the restored ifaces entry needs its counters, which
+		// another interface's removal may have dropped since.
+		undo = append(undo, func() error { _, err := d.ensureCounters(prev.EndpointId); return err })
+	}
 	created, err := d.ensureCounters(ep.ID)
 	if err != nil {
 		return undo, err
 	}
 	if created {
-		undo = append(undo, func() error { return deleteIfPresent(d.objs.KvipamCounters, ep.ID) })
+		// Not a plain delete: another interface with the same ID may
+		// have been attached since, finding these counters.
+		undo = append(undo, func() error { return d.dropUnusedCounters(ep.ID) })
 	}
 
 	restore, err := putRestorable(d.objs.KvipamIfaces, ifindex, ep.ifaceInfo())

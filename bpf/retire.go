@@ -22,11 +22,12 @@ func (d *Datapath) Disarm(ep Endpoint) error {
 	if ep.HostIfIndex <= 0 {
 		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
 	}
-	if err := d.lock(); err != nil {
+	unlock, err := d.lockEndpoint(ep.HostIfIndex)
+	if err != nil {
 		return err
 	}
-	defer d.mu.Unlock()
-	if err := d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID); err != nil {
+	defer unlock()
+	if err := d.withMaps(func() error { return d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID) }); err != nil {
 		return fmt.Errorf("disarm endpoint on ifindex %d: %w", ep.HostIfIndex, err)
 	}
 	d.log.Debug("endpoint disarmed", "id", ep.ID, "ifindex", ep.HostIfIndex)
@@ -43,10 +44,13 @@ func (d *Datapath) Forget(ifindex int) error {
 	if ifindex <= 0 {
 		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ifindex)
 	}
-	if err := d.lock(); err != nil {
+	unlock, err := d.lockEndpoint(ifindex)
+	if err != nil {
 		return err
 	}
-	defer d.mu.Unlock()
+	defer unlock()
+	// One lookup needs no mapsMu: only this ifindex's lock holder changes
+	// its ifaces entry.
 	var info kvipamIfaceInfo
 	switch err := d.objs.KvipamIfaces.Lookup(uint32(ifindex), &info); {
 	case err == nil:

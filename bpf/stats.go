@@ -23,11 +23,17 @@ func (c *Counters) add(v kvipamCounters) {
 // Stats returns the counters of every attached endpoint by endpoint ID. ID 0,
 // present only when non-zero, counts frames dropped on an interface that
 // runs the program but has no endpoint (the program fails closed).
+//
+// Stats does not wait for attaches in flight: it holds mu shared and
+// mapsMu, so no entry is deleted while it walks the counters.
 func (d *Datapath) Stats() (map[uint32]Counters, error) {
-	if err := d.lock(); err != nil {
-		return nil, err
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return nil, ErrClosed
 	}
-	defer d.mu.Unlock()
+	d.mapsMu.Lock()
+	defer d.mapsMu.Unlock()
 
 	out := make(map[uint32]Counters)
 	var (

@@ -1,0 +1,103 @@
+//go:build linux
+
+package bpf
+
+import "sync"
+
+// Locking. Calls on one endpoint (Attach, Detach, Disarm, Forget) take
+// Datapath.mu shared and then the lock of their host ifindex, so that
+// calls on different interfaces run at once (their kernel attaches and
+// detaches, rtnl and RCU waits, are the slow part) and calls on the same
+// interface run one after another. Whole-datapath calls (Close,
+// SetAttachMode, Adopt) take mu exclusively: they wait for the calls in
+// flight, and the calls that follow see closed and the new mode.
+//
+// What endpoints share, and why it is safe:
+//   - The maps. Every write this process makes to them, and every walk of
+//     them, happens under Datapath.mapsMu (or mu held exclusively), in
+//     short sections with no netlink call inside. Each section leaves the
+//     maps consistent: an address is checked free and claimed in one
+//     section, so two interfaces cannot both take it during a replace; an
+//     ifaces entry and the counters of its ID are created in one section,
+//     and an ifaces entry is deleted and its counters dropped if unused in
+//     another, so dropUnusedCounters never deletes the counters of an
+//     endpoint that is being attached. Walks see no concurrent delete from
+//     this process, and the program never inserts or deletes entries.
+//   - Between sections, the entries that name an ifindex (its ifaces
+//     entry, addresses whose entry has its ifindex, its link pin) are
+//     changed only by the holder of that ifindex's lock, so an Attach's
+//     cleanup and undo, run in later sections, find them as it left them.
+//     An undo drops the counters it created only if no other interface
+//     took up the same ID meanwhile, and recreates those of an entry it
+//     restores.
+//   - Go state: mode is written under mu held exclusively; noTCX is
+//     atomic; objs, progID, progTag and mapIDs do not change after Open.
+
+// ifLocks serializes the calls on one host ifindex and lets those on
+// different ones run at once. An entry lives while someone holds or waits
+// for it (as agent/ownerlocks.go does for owners).
+type ifLocks struct {
+	mu sync.Mutex
+	m  map[int]*ifLock
+}
+
+type ifLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock takes ifindex's lock and returns its unlock.
+func (l *ifLocks) lock(ifindex int) (unlock func()) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[int]*ifLock{}
+	}
+	e := l.m[ifindex]
+	if e == nil {
+		e = &ifLock{}
+		l.m[ifindex] = e
+	}
+	e.refs++
+	l.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		l.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(l.m, ifindex)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// lockEndpoint takes mu shared, unless the datapath is closed, and the lock
+// of ifindex, and returns their unlock.
+func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
+	d.mu.RLock()
+	if d.closed {
+		d.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	unlockIf := d.ifLocks.lock(ifindex)
+	return func() {
+		unlockIf()
+		d.mu.RUnlock()
+	}, nil
+}
+
+// lock takes mu exclusively unless the datapath is closed.
+func (d *Datapath) lock() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+// withMaps runs fn holding mapsMu, for a caller holding mu shared.
+func (d *Datapath) withMaps(fn func() error) error {
+	d.mapsMu.Lock()
+	defer d.mapsMu.Unlock()
+	return fn()
+}
