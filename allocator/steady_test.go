@@ -23,7 +23,7 @@ import (
 //     as s/first-group, s/last-group, x-first and fill-failures;
 //   - allocations at a steady open-loop KVIPAM_STEADY_RATE a second
 //     (default 500), each by a node picked at random, and in alternate
-//     half-second slices as many raw create-if-absent transactions (one
+//     100 ms slices as many raw create-if-absent transactions (one
 //     key, If(CreateRevision==0) Then(Put), a value the size of an
 //     allocation's) a second on the same clients: the baseline. Each kind
 //     runs KVIPAM_STEADY_SECONDS (default 10). Reported: alloc-p50-ms,
@@ -123,8 +123,11 @@ type loadGen struct {
 	answers []answer
 }
 
-// slice is how long the load runs one kind before the other.
-const slice = 500 * time.Millisecond
+// slice is how long the load runs one kind before the other: short, so
+// that a stall of etcd's (a compaction's batch, a snapshot, a slow fsync)
+// or of this process's (a GC of the fleet's heap) longer than a slice
+// lands on both kinds rather than on whichever ran then.
+const slice = 100 * time.Millisecond
 
 // run sends rate requests a second, in alternate slices of allocations
 // and of raw transactions, for d of each kind. It is open loop: each
