@@ -198,6 +198,7 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 			return nil
 		})
 		f.b.StopTimer()
+		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far)", first, first+n-1, took.Round(time.Millisecond), failed.Load())
 		r.times = append(r.times, took)
 		r.als = append(r.als, als...)
 	}
