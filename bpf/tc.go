@@ -35,15 +35,22 @@ func clsact(ifindex int) *netlink.GenericQdisc {
 // attachTC makes sure the clsact ingress of ifindex has our filter running
 // this process's program. Replacing the filter is atomic.
 func (d *Datapath) attachTC(ifindex int) error {
-	if err := netlink.QdiscAdd(clsact(ifindex)); err != nil && !errors.Is(err, unix.EEXIST) {
+	err := netlink.QdiscAdd(clsact(ifindex))
+	if err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add clsact qdisc: %w", err)
 	}
-	old, err := findTCFilter(ifindex)
 	if err != nil {
-		return err
-	}
-	if old != nil && d.sameProgram(ebpf.ProgramID(old.Id)) {
-		return nil
+		// The qdisc was there: ours from an earlier attach, or another
+		// tc user's. A fresh one has no filter to look for, which spares
+		// a new endpoint one rtnl operation (a burst of ADDs queues on
+		// rtnl).
+		old, err := findTCFilter(ifindex)
+		if err != nil {
+			return err
+		}
+		if old != nil && d.sameProgram(ebpf.ProgramID(old.Id)) {
+			return nil
+		}
 	}
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{

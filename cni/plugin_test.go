@@ -83,6 +83,9 @@ func TestPluginAddCheckDel(t *testing.T) {
 	l, err := handle(t, e.pod).LinkByName("eth0")
 	require.NoError(t, err)
 	require.Equal(t, 1450, l.Attrs().MTU, "the agent's MTU")
+	hl, err := handle(t, e.host).LinkByName(HostVethName("c1", "eth0"))
+	require.NoError(t, err)
+	require.Equal(t, 1450, hl.Attrs().MTU, "the agent's MTU on the host end (the veth is made before the answer)")
 
 	check := e.conf(`,"prevResult":` + e.out.String())
 	require.NoError(t, e.run(t, e.p.Check, e.args("c1", check)))

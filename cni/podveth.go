@@ -28,7 +28,6 @@ type PodVeth struct {
 	podNS      netns.NsHandle
 	host, pod  *netlink.Handle
 	hv         *netlink.Veth
-	mtu        int
 	hostHasV6  bool
 	hostIfName string
 	ifName     string
@@ -38,7 +37,7 @@ type PodVeth struct {
 // MTU; the addresses are not used) with the host end up. On error nothing
 // is left behind.
 func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
-	v := &PodVeth{podNS: netns.None(), mtu: s.MTU, hostHasV6: ipv6Enabled(), hostIfName: s.HostIfName, ifName: s.IfName}
+	v := &PodVeth{podNS: netns.None(), hostHasV6: ipv6Enabled(), hostIfName: s.HostIfName, ifName: s.IfName}
 	defer func() {
 		if err != nil {
 			v.Close()
@@ -77,7 +76,8 @@ func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
 }
 
 // Configure gives the pair s's addresses, gateways and routes (and s.MTU,
-// when the pair was made with another) and waits until both ends are up.
+// when the pair has another: each set is an rtnl operation, which a burst
+// of ADDs queues on) and waits until both ends are up.
 // On error the pair is left for the caller to Remove.
 func (v *PodVeth) Configure(s PodSpec) (*PodLinks, error) {
 	hasV6 := false
@@ -91,7 +91,7 @@ func (v *PodVeth) Configure(s PodSpec) (*PodLinks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find %s in %s: %w", s.IfName, s.Netns, err)
 	}
-	if s.MTU != 0 && s.MTU != v.mtu {
+	if s.MTU != 0 && s.MTU != pl.Attrs().MTU {
 		if err := v.host.LinkSetMTU(v.hv, s.MTU); err != nil {
 			return nil, fmt.Errorf("set the MTU of %s: %w", s.HostIfName, err)
 		}
