@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/internal/benchreport"
 	"github.com/kvipam/kvipam/kvstore"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // conflictCounter counts claims lost to another node's (CAS conflicts),
@@ -155,17 +156,57 @@ func BenchmarkFill(b *testing.B) {
 
 // filled is what fleet.fill did.
 type filled struct {
-	als     []*allocator.NodeAllocator
-	times   []time.Duration
-	failed  int64
-	answers []answer
+	als   []*allocator.NodeAllocator
+	times []time.Duration
+	// rawTimes are the raw groups' (fleet.rawGroup), one after each group.
+	rawTimes []time.Duration
+	failed   int64
+	answers  []answer
 }
 
 func (r filled) report(b *testing.B) {
 	b.ReportMetric(r.times[0].Seconds(), "s/first-group")
 	b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
 	b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
+	r.reportRaw(b)
 	b.ReportMetric(float64(r.failed), "failures")
+}
+
+// reportRaw reports the raw groups: the same growth measured on bare
+// transactions, what etcd and this process add as the store fills.
+func (r filled) reportRaw(b *testing.B) {
+	b.ReportMetric(r.rawTimes[0].Seconds(), "s/first-raw-group")
+	b.ReportMetric(r.rawTimes[len(r.rawTimes)-1].Seconds(), "s/last-raw-group")
+	b.ReportMetric(float64(r.rawTimes[len(r.rawTimes)-1])/float64(r.rawTimes[0]), "x-first-raw")
+}
+
+// rawGroup is a fill group's baseline on the store as it is: n
+// goroutines at once, each making addrs create-if-absent transactions of
+// an allocation-sized record one after another, on the fleet's clients;
+// the keys are deleted after it. It returns how long they took.
+func (f *fleet) rawGroup(ctx context.Context, n, addrs int) time.Duration {
+	const prefix = "/raw-fill/"
+	var failed atomic.Int64
+	took := storm(n, func(i int) error {
+		for k := range addrs {
+			rec := allocator.Record{Owner: owner(i*addrs + k), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err := kvstore.CreateJSON(cctx, f.clis[i%len(f.clis)], fmt.Sprintf("%s%d/%d", prefix, i, k), rec)
+			cancel()
+			if err != nil {
+				failed.Add(1)
+				return err
+			}
+		}
+		return nil
+	})
+	if _, err := f.clis[0].Delete(ctx, prefix, clientv3.WithPrefix()); err != nil {
+		f.b.Fatalf("delete the raw group: %v", err)
+	}
+	if n := failed.Load(); n > 0 {
+		f.b.Logf("raw group: %d nodes stopped on a failed transaction", n)
+	}
+	return took
 }
 
 // fill starts nodes node allocators (leases of 60 s), 1,000 at a time (a
@@ -198,8 +239,9 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 			return nil
 		})
 		f.b.StopTimer()
-		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far)", first, first+n-1, took.Round(time.Millisecond), failed.Load())
-		r.times = append(r.times, took)
+		raw := f.rawGroup(ctx, n, addrs)
+		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far); the raw group after it %v", first, first+n-1, took.Round(time.Millisecond), failed.Load(), raw.Round(time.Millisecond))
+		r.times, r.rawTimes = append(r.times, took), append(r.rawTimes, raw)
 		r.als = append(r.als, als...)
 	}
 	r.failed = failed.Load()

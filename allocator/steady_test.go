@@ -20,7 +20,10 @@ import (
 //
 //   - the fill of BenchmarkFill: KVIPAM_FILL_NODES node allocators
 //     (default 5,000) x KVIPAM_FILL_ADDRS addresses (default 30), reported
-//     as s/first-group, s/last-group, x-first and fill-failures;
+//     as s/first-group, s/last-group, x-first and fill-failures, and
+//     after each group a raw group (fleet.rawGroup, the same shape of
+//     bare transactions) as s/first-raw-group, s/last-raw-group and
+//     x-first-raw: how much of the growth etcd and the process bring;
 //   - allocations at a steady open-loop KVIPAM_STEADY_RATE a second
 //     (default 500), each by a node picked at random, and in alternate
 //     100 ms slices as many raw create-if-absent transactions (one
@@ -70,6 +73,7 @@ func BenchmarkSteady(b *testing.B) {
 			b.ReportMetric(r.times[0].Seconds(), "s/first-group")
 			b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
 			b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
+			r.reportRaw(b)
 			b.ReportMetric(float64(r.failed), "fill-failures")
 
 			g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
