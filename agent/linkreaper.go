@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
@@ -70,7 +71,7 @@ func (r *linkReaper) retire(name string) (int, error) {
 	if err := r.nl.LinkSetGroup(l, reapGroup); err != nil {
 		return 0, fmt.Errorf("retire host veth %s: set link group: %w", name, err)
 	}
-	routes, err := r.nl.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: ifindex}, netlink.RT_FILTER_OIF)
+	routes, err := netlinksafe.Handle{Handle: r.nl}.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: ifindex}, netlink.RT_FILTER_OIF)
 	if gone(err) {
 		return ifindex, nil
 	}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"syscall"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
 )
@@ -68,5 +69,5 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 
 // ownRoutes are the routes the agent made (routeProtocol).
 func ownRoutes(h *netlink.Handle, family int) ([]netlink.Route, error) {
-	return h.RouteListFiltered(family, &netlink.Route{Protocol: routeProtocol}, netlink.RT_FILTER_PROTOCOL)
+	return netlinksafe.Handle{Handle: h}.RouteListFiltered(family, &netlink.Route{Protocol: routeProtocol}, netlink.RT_FILTER_PROTOCOL)
 }

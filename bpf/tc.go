@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -20,6 +21,11 @@ const (
 	tcFilterHandle   = 0x6b76
 	tcFilterName     = "kvipam_ingress"
 )
+
+// safeNL lists in the calling thread's netns, as netlink's package
+// functions do, and lists again when a dump was interrupted by changes
+// meanwhile (a burst of ADDs and DELs), returning the error if it still is.
+var safeNL = &netlinksafe.Handle{Handle: &netlink.Handle{}}
 
 func clsact(ifindex int) *netlink.GenericQdisc {
 	return &netlink.GenericQdisc{
@@ -73,7 +79,7 @@ func (d *Datapath) attachTC(ifindex int) error {
 // findTCFilter returns our filter on the clsact ingress of ifindex, or nil.
 func findTCFilter(ifindex int) (*netlink.BpfFilter, error) {
 	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
-	filters, err := netlink.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
+	filters, err := safeNL.FilterList(dev, netlink.HANDLE_MIN_INGRESS)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
 			return nil, nil // no clsact qdisc
@@ -113,7 +119,7 @@ func (d *Datapath) detachTC(ifindex int) error {
 // qdisc (the same handle; our filter may have joined it) is left alone.
 func removeEmptyClsact(ifindex int) error {
 	dev := &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: ifindex}}
-	qdiscs, err := netlink.QdiscList(dev)
+	qdiscs, err := safeNL.QdiscList(dev)
 	if err != nil {
 		return fmt.Errorf("list qdiscs: %w", err)
 	}
@@ -121,7 +127,7 @@ func removeEmptyClsact(ifindex int) error {
 		return nil
 	}
 	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-		filters, err := netlink.FilterList(dev, parent)
+		filters, err := safeNL.FilterList(dev, parent)
 		if err != nil {
 			return fmt.Errorf("list filters: %w", err)
 		}

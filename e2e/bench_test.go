@@ -144,7 +144,9 @@ func awaitReaped(b *testing.B, n *node) {
 	h := nlHandle(b, n.host)
 	require.Eventually(b, func() bool {
 		links, err := h.LinkList()
-		require.NoError(b, err)
+		if err != nil {
+			return false // a dump interrupted by changes meanwhile (ErrDumpInterrupted): read again
+		}
 		return !slices.ContainsFunc(links, func(l netlink.Link) bool { return l.Attrs().Group == api.ReapLinkGroup })
 	}, 30*time.Second, 5*time.Millisecond, "retired veths still there")
 }
