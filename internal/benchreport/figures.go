@@ -63,7 +63,7 @@ var specs = []spec{
 	{name: "scale.150k.alloc_p99_vs_raw", file: "steady", bench: steadyBench, value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
 	{name: "scale.150k.alloc_p50_ms", file: "steady", bench: steadyBench, value: "alloc-p50-ms", baseline: "raw-p50-ms", unit: "ms", baselineLabel: "raw create-if-absent p50"},
 	{name: "scale.150k.max_rate", file: "steady", bench: steadyBench, value: "max-rate-under-50ms", unit: "allocations/s"},
-	{name: "scale.150k.db_size_mb", file: "steady", bench: steadyBench, value: "db-size-mb", unit: "MB"},
+	{name: "scale.150k.db_size_mb", file: "steady", bench: steadyBench, value: "db-in-use-mb", unit: "MB"},
 	{name: "scale.150k.restart_ms", file: "steady", bench: steadyBench, value: "restart-ms", unit: "ms"},
 	{name: "scale.150k.duplicates", file: "steady", bench: steadyBench, value: "duplicates", unit: "count"},
 	{name: "scale.choose_block.slash8_vs_slash20", file: "choose", bench: "BenchmarkChooseBlock", value: "x-/20-on-/8", unit: "ratio", ratio: "x-/20-on-/8"},
