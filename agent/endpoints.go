@@ -16,6 +16,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/keylock"
 )
 
 // endpointManager owns the node's endpoints: the datapath state and the
@@ -48,13 +49,13 @@ type endpointManager struct {
 	// mu is held exclusively by whole-node passes, and shared, with the
 	// owner's lock in owners, by one owner's requests (lockOwner).
 	mu     sync.RWMutex
-	owners ownerLocks
+	owners keylock.Map[string]
 }
 
 // lockOwner takes what one owner's request needs and returns its unlock.
 func (m *endpointManager) lockOwner(o api.Owner) (unlock func()) {
 	m.mu.RLock()
-	done := m.owners.lock(o.Key())
+	done := m.owners.Lock(o.Key())
 	return func() {
 		done()
 		m.mu.RUnlock()

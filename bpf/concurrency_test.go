@@ -126,7 +126,7 @@ func TestAttachSameInterfaceSerialized(t *testing.T) {
 	done2 := h.goAttach(t, d, second)
 	// The second Attach has queued once it holds a reference to the
 	// interface's lock; it must get no further while the first is paused.
-	require.Eventually(t, func() bool { return d.ifLocks.waiters(p.ep.HostIfIndex) == 2 },
+	require.Eventually(t, func() bool { return d.ifLocks.Waiters(p.ep.HostIfIndex) == 2 },
 		blockWait, time.Millisecond, "the second Attach never queued on the interface lock")
 	select {
 	case err := <-done2:
@@ -139,7 +139,7 @@ func TestAttachSameInterfaceSerialized(t *testing.T) {
 	wait(t, done2, "second Attach")
 	require.Equal(t, 2, entered)
 	requireEntries(t, dir, second)
-	require.Zero(t, d.ifLocks.waiters(p.ep.HostIfIndex), "lock entry not freed")
+	require.Zero(t, d.ifLocks.Waiters(p.ep.HostIfIndex), "lock entry not freed")
 }
 
 // TestCloseWaitsForAttach: Close waits for an Attach in flight, which
@@ -236,14 +236,4 @@ func TestConcurrentAttachDetach(t *testing.T) {
 		require.Empty(t, h.tcx(t, p.ep.HostIfIndex).programs)
 		require.False(t, h.tc(t, p.ep.HostIfIndex).clsact)
 	}
-}
-
-// waiters is how many calls hold or wait for ifindex's lock.
-func (l *ifLocks) waiters(ifindex int) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if e := l.m[ifindex]; e != nil {
-		return e.refs
-	}
-	return 0
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvipam/kvipam/internal/keylock"
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +42,7 @@ type Datapath struct {
 	// lock of its ifindex in ifLocks, and exclusively by whole-datapath
 	// calls.
 	mu      sync.RWMutex
-	ifLocks ifLocks
+	ifLocks keylock.Map[int]
 	// mapsMu serializes the map sections of calls holding mu shared.
 	mapsMu sync.Mutex
 

@@ -2,8 +2,6 @@
 
 package bpf
 
-import "sync"
-
 // Locking. Calls on one endpoint (Attach, Detach, Disarm, Forget) take
 // Datapath.mu shared and then the lock of their host ifindex, so that
 // calls on different interfaces run at once (their kernel attaches and
@@ -33,43 +31,6 @@ import "sync"
 //   - Go state: mode is written under mu held exclusively; noTCX is
 //     atomic; objs, progID, progTag and mapIDs do not change after Open.
 
-// ifLocks serializes the calls on one host ifindex and lets those on
-// different ones run at once. An entry lives while someone holds or waits
-// for it (as agent/ownerlocks.go does for owners).
-type ifLocks struct {
-	mu sync.Mutex
-	m  map[int]*ifLock
-}
-
-type ifLock struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// lock takes ifindex's lock and returns its unlock.
-func (l *ifLocks) lock(ifindex int) (unlock func()) {
-	l.mu.Lock()
-	if l.m == nil {
-		l.m = map[int]*ifLock{}
-	}
-	e := l.m[ifindex]
-	if e == nil {
-		e = &ifLock{}
-		l.m[ifindex] = e
-	}
-	e.refs++
-	l.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		l.mu.Lock()
-		if e.refs--; e.refs == 0 {
-			delete(l.m, ifindex)
-		}
-		l.mu.Unlock()
-	}
-}
-
 // lockEndpoint takes mu shared, unless the datapath is closed, and the lock
 // of ifindex, and returns their unlock.
 func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
@@ -78,7 +39,7 @@ func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
 		d.mu.RUnlock()
 		return nil, ErrClosed
 	}
-	unlockIf := d.ifLocks.lock(ifindex)
+	unlockIf := d.ifLocks.Lock(ifindex)
 	return func() {
 		unlockIf()
 		d.mu.RUnlock()
