@@ -228,7 +228,8 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 	var mu sync.Mutex
 	for first := 0; first < nodes; first += group {
 		n := min(group, nodes-first)
-		als, _ := f.start(ctx, first, n, 60, nil)
+		var conflicts, own atomic.Int64
+		als, _ := f.start(ctx, first, n, 60, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
 		f.b.StartTimer()
 		took := storm(n, func(i int) error {
 			got := make([]answer, 0, addrs)
@@ -248,7 +249,8 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 		})
 		f.b.StopTimer()
 		raw := f.rawGroup(ctx, n, addrs)
-		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far); the raw group after it %v", first, first+n-1, took.Round(time.Millisecond), failed.Load(), raw.Round(time.Millisecond))
+		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far, %d claims lost to conflicts); the raw group after it %v",
+			first, first+n-1, took.Round(time.Millisecond), failed.Load(), conflicts.Load(), raw.Round(time.Millisecond))
 		r.times, r.rawTimes = append(r.times, took), append(r.rawTimes, raw)
 		r.als = append(r.als, als...)
 	}
