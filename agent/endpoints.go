@@ -109,10 +109,12 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
 	}
 	m.records.assignID(&ep)
-	programmed, err := m.program(ctx, &ep)
+	datapath, record, err := m.program(ctx, &ep)
 	if cerr := <-confirmed; cerr != nil {
 		if err == nil {
-			m.undo(ctx, ep)
+			if uerr := m.deleteLocked(ctx, ep.Owner); uerr != nil {
+				m.log.Warn("confirm failed; removing the endpoint", "owner", ep.Owner.Key(), "error", uerr)
+			}
 		}
 		return api.Endpoint{}, cerr
 	}
@@ -120,37 +122,27 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		return api.Endpoint{}, err
 	}
 	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName,
-		"confirm", confirmTook, "datapath", programmed, "record", time.Since(start)-programmed, "took", time.Since(start))
+		"confirm", confirmTook, "datapath", datapath, "record", record, "took", time.Since(start))
 	return ep, nil
 }
 
-// program sets up the datapath for ep and saves its record, returning how
-// long the datapath took. On failure neither is left behind.
-func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (time.Duration, error) {
+// program sets up the datapath for ep and saves its record, returning
+// how long each took. On failure neither is left behind.
+func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (datapath, record time.Duration, _ error) {
 	start := time.Now()
 	if err := m.dp.Setup(ctx, ep); err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			return 0, &FieldError{Field: "hostIfName", Msg: err.Error()}
+			return 0, 0, &FieldError{Field: "hostIfName", Msg: err.Error()}
 		}
-		return 0, fmt.Errorf("program datapath: %w", err)
+		return 0, 0, fmt.Errorf("program datapath: %w", err)
 	}
-	programmed := time.Since(start)
+	datapath = time.Since(start)
 	if err := m.records.put(*ep); err != nil {
 		_ = m.dp.Teardown(ctx, *ep)
-		return 0, err
+		return 0, 0, err
 	}
-	return programmed, nil
-}
-
-// undo removes what program made, for an ADD whose confirm failed.
-func (m *endpointManager) undo(ctx context.Context, ep api.Endpoint) {
-	if err := m.dp.Teardown(ctx, ep); err != nil {
-		m.log.Warn("undo endpoint: tear down datapath", "owner", ep.Owner.Key(), "error", err)
-	}
-	if err := m.records.remove(ep.Owner); err != nil {
-		m.log.Warn("undo endpoint: remove record", "owner", ep.Owner.Key(), "error", err)
-	}
+	return datapath, time.Since(start) - datapath, nil
 }
 
 // list returns every endpoint ordered by ID.
