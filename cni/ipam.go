@@ -48,12 +48,12 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 	}
 	als, err := parseAllocation(alloc)
 	if err != nil {
-		return rollback(ag, c, o, "", log, err)
+		return rollback(ag, c, o, nil, log, err)
 	}
 	gw4, gw6 := gateways(als, netip.Addr{}, netip.Addr{})
 	res := ipamResult(als, c, gw4, gw6)
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
-		return rollback(ag, c, o, "", log, err)
+		return rollback(ag, c, o, nil, log, err)
 	}
 	log.Info("allocated", "owner", o.Key(), "ips", alloc.IPs)
 	return nil

@@ -122,16 +122,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	log.Debug("reserved", "owner", o.Key(), "ips", alloc.IPs, "expires", alloc.Expires, "allocate", time.Since(start))
 	if verr != nil {
-		return rollback(ag, c, o, "", log, verr)
+		return rollback(ag, c, o, nil, log, verr)
 	}
 	defer veth.Close()
 
 	res, err := p.setUp(ctx, ag, c, o, args, veth, alloc, log)
 	if err != nil {
-		return rollback(ag, c, o, hostIf, log, err)
+		return rollback(ag, c, o, veth.Remove, log, err)
 	}
 	if err := PrintResult(p.Stdout, res, c.CNIVersion); err != nil {
-		return rollback(ag, c, o, hostIf, log, err)
+		return rollback(ag, c, o, veth.Remove, log, err)
 	}
 	log.Info("added", "owner", o.Key(), "pod", o.Namespace+"/"+o.Pod, "ips", alloc.IPs, "took", time.Since(start))
 	return nil

@@ -25,19 +25,17 @@ import (
 // the gateways and permanent neighbour entries for them (the first packet
 // needs no ARP or NDP), and on the host a /32 or /128 route per address.
 type PodVeth struct {
-	podNS      netns.NsHandle
-	host, pod  *netlink.Handle
-	hv         *netlink.Veth
-	hostHasV6  bool
-	hostIfName string
-	ifName     string
+	podNS     netns.NsHandle
+	host, pod *netlink.Handle
+	hv        *netlink.Veth
+	hostHasV6 bool
 }
 
 // CreatePodVeth creates the pair named by s (HostIfName, IfName, Netns,
 // MTU; the addresses are not used) with the host end up. On error nothing
 // is left behind.
 func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
-	v := &PodVeth{podNS: netns.None(), hostHasV6: ipv6Enabled(), hostIfName: s.HostIfName, ifName: s.IfName}
+	v := &PodVeth{podNS: netns.None(), hostHasV6: ipv6Enabled()}
 	defer func() {
 		if err != nil {
 			v.Close()
@@ -142,7 +140,7 @@ func (v *PodVeth) Configure(s PodSpec) (*PodLinks, error) {
 // Remove deletes the pair (its pod end and host routes with it).
 func (v *PodVeth) Remove() error {
 	if err := v.host.LinkDel(v.hv); err != nil && !isNotFound(err) {
-		return fmt.Errorf("remove veth %s: %w", v.hostIfName, err)
+		return fmt.Errorf("remove veth %s: %w", v.hv.Attrs().Name, err)
 	}
 	return nil
 }

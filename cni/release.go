@@ -59,13 +59,13 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.L
 	return true, nil
 }
 
-// rollback undoes an ADD after its allocation: it removes the host veth
-// (when one was made) and releases the owner. The CNI code stays that of
-// cause; cleanup failures are joined to its message.
-func rollback(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger, cause error) error {
+// rollback undoes an ADD after its allocation: it removes the veth (when
+// one was made: removeVeth is not nil) and releases the owner. The CNI
+// code stays that of cause; cleanup failures are joined to its message.
+func rollback(ag Agent, c *Config, o api.Owner, removeVeth func() error, log hclog.Logger, cause error) error {
 	var errs []error
-	if hostIf != "" {
-		if _, err := DeleteHostVeth(hostIf); err != nil {
+	if removeVeth != nil {
+		if err := removeVeth(); err != nil {
 			errs = append(errs, fmt.Errorf("roll back: %w", err))
 		}
 	}
