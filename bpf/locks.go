@@ -34,16 +34,24 @@ package bpf
 // lockEndpoint takes mu shared, unless the datapath is closed, and the lock
 // of ifindex, and returns their unlock.
 func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
-	d.mu.RLock()
-	if d.closed {
-		d.mu.RUnlock()
-		return nil, ErrClosed
+	if err := d.rlock(); err != nil {
+		return nil, err
 	}
 	unlockIf := d.ifLocks.Lock(ifindex)
 	return func() {
 		unlockIf()
 		d.mu.RUnlock()
 	}, nil
+}
+
+// rlock takes mu shared unless the datapath is closed.
+func (d *Datapath) rlock() error {
+	d.mu.RLock()
+	if d.closed {
+		d.mu.RUnlock()
+		return ErrClosed
+	}
+	return nil
 }
 
 // lock takes mu exclusively unless the datapath is closed.

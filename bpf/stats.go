@@ -27,11 +27,10 @@ func (c *Counters) add(v kvipamCounters) {
 // Stats does not wait for attaches in flight: it holds mu shared and
 // mapsMu, so no entry is deleted while it walks the counters.
 func (d *Datapath) Stats() (map[uint32]Counters, error) {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	if d.closed {
-		return nil, ErrClosed
+	if err := d.rlock(); err != nil {
+		return nil, err
 	}
+	defer d.mu.RUnlock()
 	d.mapsMu.Lock()
 	defer d.mapsMu.Unlock()
 
