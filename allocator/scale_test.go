@@ -180,6 +180,17 @@ func (r filled) reportRaw(b *testing.B) {
 	b.ReportMetric(float64(r.rawTimes[len(r.rawTimes)-1])/float64(r.rawTimes[0]), "x-first-raw")
 }
 
+// rawCreate is the baseline of one allocation: a create-if-absent
+// transaction of key with an allocation's record of owner number n on
+// node i, on node i's client.
+func (f *fleet) rawCreate(ctx context.Context, i, n int, key string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rec := allocator.Record{Owner: owner(n), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
+	_, err := kvstore.CreateJSON(ctx, f.clis[i%len(f.clis)], key, rec)
+	return err
+}
+
 // rawGroup is a fill group's baseline on the store as it is: n
 // goroutines at once, each making addrs create-if-absent transactions of
 // an allocation-sized record one after another, on the fleet's clients;
@@ -191,11 +202,7 @@ func (f *fleet) rawGroup(ctx context.Context, n, addrs int) time.Duration {
 	var failed atomic.Int64
 	took := storm(n, func(i int) error {
 		for k := range addrs {
-			rec := allocator.Record{Owner: owner(i*addrs + k), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := kvstore.CreateJSON(cctx, f.clis[i%len(f.clis)], fmt.Sprintf("%s%d/%d", prefix, i, k), rec)
-			cancel()
-			if err != nil {
+			if err := f.rawCreate(ctx, i, i*addrs+k, fmt.Sprintf("%s%d/%d", prefix, i, k)); err != nil {
 				failed.Add(1)
 				return err
 			}

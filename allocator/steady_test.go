@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/kvstore"
 )
 
 // BenchmarkSteady is issue 20's steady phase on a filled store, on each
@@ -193,13 +192,8 @@ func (g *loadGen) allocate(ctx context.Context) error {
 // raw is the baseline: one create-if-absent transaction of a new key,
 // whose value is an allocation record's, on a client picked at random.
 func (g *loadGen) raw(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	i := rand.IntN(len(g.als))
 	n := g.next + g.seq.Add(1)
-	rec := allocator.Record{Owner: owner(int(n)), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
-	_, err := kvstore.CreateJSON(ctx, g.f.clis[i%len(g.f.clis)], fmt.Sprintf("/raw-floor/%d", n), rec)
-	return err
+	return g.f.rawCreate(ctx, rand.IntN(len(g.als)), int(n), fmt.Sprintf("/raw-floor/%d", n))
 }
 
 // sweep runs the load at each rate for d of each kind and returns the
