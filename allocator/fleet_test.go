@@ -74,6 +74,12 @@ type fleet struct {
 	// restoreRetries counts node starts whose restore etcd did not answer
 	// in time, tried again (startNode).
 	restoreRetries atomic.Int64
+	// etcdCPU is the CPU the member processes have used; nil when etcd
+	// runs in this process.
+	etcdCPU func() (time.Duration, error)
+	// leaderProfile is a CPU profile of the leading member over d (with
+	// KVIPAM_FILL_PROFILE set); nil when etcd runs in this process.
+	leaderProfile func(ctx context.Context, d time.Duration) ([]byte, error)
 }
 
 // clusterFlags give the member processes the embedded etcd's compaction
@@ -99,7 +105,11 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 			return f.clis[0].Status(ctx, e.Endpoints()[0])
 		}
 	case etcdCluster3:
-		c := cluster.Start(b, cluster.Options{Members: 3, Flags: clusterFlags})
+		flags := clusterFlags
+		if os.Getenv(profileEnv) != "" {
+			flags = append(slices.Clone(flags), "--enable-pprof")
+		}
+		c := cluster.Start(b, cluster.Options{Members: 3, Flags: flags})
 		for i := range f.clis {
 			f.clis[i] = c.Client(b, "kvipam")
 		}
@@ -110,6 +120,8 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 			}
 			return c.Status(ctx, l)
 		}
+		f.etcdCPU = c.CPUTime
+		f.leaderProfile = func(ctx context.Context, d time.Duration) ([]byte, error) { return leaderProfile(ctx, c, d) }
 	default:
 		b.Fatalf("no etcd %q", backend)
 	}

@@ -160,8 +160,11 @@ type filled struct {
 	times []time.Duration
 	// rawTimes are the raw groups' (fleet.rawGroup), one after each group.
 	rawTimes []time.Duration
-	failed   int64
-	answers  []answer
+	// cpu and rawCPU are where each group's and each raw group's CPU
+	// went.
+	cpu, rawCPU []cpuSample
+	failed      int64
+	answers     []answer
 }
 
 func (r filled) report(b *testing.B) {
@@ -169,7 +172,26 @@ func (r filled) report(b *testing.B) {
 	b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
 	b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
 	r.reportRaw(b)
+	r.reportCPU(b)
 	b.ReportMetric(float64(r.failed), "failures")
+}
+
+// reportCPU reports the CPU seconds, the fleet process's and the etcd
+// members', of the first and the last group and raw group. On a machine
+// whose cores they fill, a group's time is their sum over the cores.
+func (r filled) reportCPU(b *testing.B) {
+	for _, g := range []struct {
+		name string
+		cpu  []cpuSample
+	}{{"group", r.cpu}, {"raw-group", r.rawCPU}} {
+		first, last := g.cpu[0], g.cpu[len(g.cpu)-1]
+		b.ReportMetric(first.process.Seconds(), "process-cpu-s/first-"+g.name)
+		b.ReportMetric(last.process.Seconds(), "process-cpu-s/last-"+g.name)
+		if first.etcd > 0 {
+			b.ReportMetric(first.etcd.Seconds(), "etcd-cpu-s/first-"+g.name)
+			b.ReportMetric(last.etcd.Seconds(), "etcd-cpu-s/last-"+g.name)
+		}
+	}
 }
 
 // reportRaw reports the raw groups: the same growth measured on bare
@@ -196,10 +218,11 @@ func (f *fleet) rawCreate(ctx context.Context, i, n int, key string) error {
 // an allocation-sized record one after another, on the fleet's clients;
 // the keys are deleted and compacted after it (the database file keeps
 // the pages it grew by; db-in-use-mb does not count them). It returns how
-// long they took.
-func (f *fleet) rawGroup(ctx context.Context, n, addrs int) time.Duration {
+// long they took and the CPU they used.
+func (f *fleet) rawGroup(ctx context.Context, n, addrs int) (time.Duration, cpuSample) {
 	const prefix = "/raw-fill/"
 	var failed atomic.Int64
+	before := f.sampleCPU()
 	took := storm(n, func(i int) error {
 		for k := range addrs {
 			if err := f.rawCreate(ctx, i, i*addrs+k, fmt.Sprintf("%s%d/%d", prefix, i, k)); err != nil {
@@ -209,6 +232,7 @@ func (f *fleet) rawGroup(ctx context.Context, n, addrs int) time.Duration {
 		}
 		return nil
 	})
+	cpu := f.sampleCPU().sub(before)
 	del, err := f.clis[0].Delete(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		f.b.Fatalf("delete the raw group: %v", err)
@@ -221,7 +245,7 @@ func (f *fleet) rawGroup(ctx context.Context, n, addrs int) time.Duration {
 	if n := failed.Load(); n > 0 {
 		f.b.Logf("raw group: %d nodes stopped on a failed transaction", n)
 	}
-	return took
+	return took, cpu
 }
 
 // fill starts nodes node allocators (leases of 60 s), 1,000 at a time (a
@@ -237,6 +261,14 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 		n := min(group, nodes-first)
 		var conflicts, own atomic.Int64
 		als, _ := f.start(ctx, first, n, 60, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
+		before := f.sampleCPU()
+		time.Sleep(time.Second)
+		idle := f.sampleCPU().sub(before)
+		var prof *groupProfile
+		if first == 0 || first+n >= nodes {
+			prof = f.startProfiles(ctx, 5*time.Second)
+		}
+		before = f.sampleCPU()
 		f.b.StartTimer()
 		took := storm(n, func(i int) error {
 			got := make([]answer, 0, addrs)
@@ -255,10 +287,17 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 			return nil
 		})
 		f.b.StopTimer()
-		raw := f.rawGroup(ctx, n, addrs)
-		f.b.Logf("fill: nodes %d-%d in %v (%d failed so far, %d claims lost to conflicts); the raw group after it %v",
-			first, first+n-1, took.Round(time.Millisecond), failed.Load(), conflicts.Load(), raw.Round(time.Millisecond))
+		cpu := f.sampleCPU().sub(before)
+		if first == 0 {
+			f.stopProfiles(prof, "first-group")
+		} else {
+			f.stopProfiles(prof, "last-group")
+		}
+		raw, rawCPU := f.rawGroup(ctx, n, addrs)
+		f.b.Logf("fill: nodes %d-%d: %v (%d failed so far, %d claims lost to conflicts); the raw group after it %v; an idle second %v",
+			first, first+n-1, cpu, failed.Load(), conflicts.Load(), rawCPU, idle)
 		r.times, r.rawTimes = append(r.times, took), append(r.rawTimes, raw)
+		r.cpu, r.rawCPU = append(r.cpu, cpu), append(r.rawCPU, rawCPU)
 		r.als = append(r.als, als...)
 	}
 	r.failed = failed.Load()

@@ -73,6 +73,7 @@ func BenchmarkSteady(b *testing.B) {
 			b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
 			b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
 			r.reportRaw(b)
+			r.reportCPU(b)
 			b.ReportMetric(float64(r.failed), "fill-failures")
 
 			g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}

@@ -22,7 +22,10 @@ func TestClusterHarness(t *testing.T) {
 	defer cancel()
 	cli := c.Client(t, "tester")
 
-	_, err := cli.Put(ctx, "/harness/a", "1")
+	cpu, err := c.CPUTime()
+	require.NoError(t, err)
+	require.Positive(t, cpu, "the members' CPU time: starting took some")
+	_, err = cli.Put(ctx, "/harness/a", "1")
 	require.NoError(t, err)
 	got, err := cli.Get(ctx, "/harness/a")
 	require.NoError(t, err)

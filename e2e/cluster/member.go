@@ -238,3 +238,14 @@ func (c *Cluster) Running(i int) bool {
 	m, err := c.member(i)
 	return err == nil && m.running()
 }
+
+// cpu is the CPU time the member's running process has used; 0 when it
+// is killed.
+func (m *member) cpu() (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc == nil || m.proc.exited() {
+		return 0, nil
+	}
+	return processCPU(m.proc.cmd.Process.Pid)
+}

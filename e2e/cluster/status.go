@@ -200,3 +200,18 @@ func poll(ctx context.Context, try func() error) error {
 		}
 	}
 }
+
+// CPUTime is the CPU time, user plus system, that the members' running
+// processes have used since each started: the cluster's share of a
+// benchmark's CPU, which its own process's counters leave out.
+func (c *Cluster) CPUTime() (time.Duration, error) {
+	var sum time.Duration
+	for _, m := range c.members {
+		d, err := m.cpu()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", m.name, err)
+		}
+		sum += d
+	}
+	return sum, nil
+}

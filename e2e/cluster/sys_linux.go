@@ -45,3 +45,34 @@ func waitStopped(pid int, stopped bool, done <-chan struct{}) error {
 		}
 	}
 }
+
+// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ): 100
+// on every Linux architecture Go supports.
+const clockTicks = 100
+
+// processCPU is the CPU time process pid has used, user plus system.
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("read process stat: %w", err)
+	}
+	// The fields after the command name (in parentheses): state is the
+	// stat's field 3, utime and stime its fields 14 and 15.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("process %d: no command name in its stat", pid)
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("process %d: short stat", pid)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(string(s), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("process %d: stat CPU time %q: %w", pid, s, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}

@@ -2,7 +2,11 @@
 
 package cluster
 
-import "syscall"
+import (
+	"errors"
+	"syscall"
+	"time"
+)
 
 // sysProcAttr is nil off Linux: there is no Pdeathsig, and a killed test
 // binary leaves its members running.
@@ -10,3 +14,8 @@ func sysProcAttr() *syscall.SysProcAttr { return nil }
 
 // waitStopped does not wait off Linux: there is no /proc to ask.
 func waitStopped(pid int, stopped bool, done <-chan struct{}) error { return nil }
+
+// processCPU is not known off Linux.
+func processCPU(pid int) (time.Duration, error) {
+	return 0, errors.New("cluster: process CPU time needs Linux's /proc")
+}

@@ -59,6 +59,8 @@ var specs = []spec{
 	{name: "scale.claim5000.duplicates", file: "storm", bench: stormBench, value: "duplicates", unit: "count"},
 	{name: "scale.fill150k.last_vs_first", file: "steady", bench: steadyBench, value: "s/last-group", baseline: "s/first-group", unit: "s", baselineLabel: "the first 1,000 nodes"},
 	{name: "scale.fill150k.raw_last_vs_first", file: "steady", bench: steadyBench, value: "s/last-raw-group", baseline: "s/first-raw-group", unit: "s", baselineLabel: "bare transactions in the same shape, after the first 1,000 nodes"},
+	{name: "scale.fill150k.etcd_cpu_last_vs_first", file: "steady", bench: steadyBench, value: "etcd-cpu-s/last-group", baseline: "etcd-cpu-s/first-group", unit: "s", baselineLabel: "the etcd members' CPU in the first 1,000 nodes"},
+	{name: "scale.fill150k.process_cpu_last_vs_first", file: "steady", bench: steadyBench, value: "process-cpu-s/last-group", baseline: "process-cpu-s/first-group", unit: "s", baselineLabel: "the fleet process's CPU in the first 1,000 nodes"},
 	{name: "scale.150k.alloc_p99_ms", file: "steady", bench: steadyBench, value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
 	{name: "scale.150k.alloc_p99_vs_raw", file: "steady", bench: steadyBench, value: "alloc-p99-ms", baseline: "raw-p99-ms", unit: "ms", baselineLabel: "raw create-if-absent p99, same rate, same cluster"},
 	{name: "scale.150k.alloc_p50_ms", file: "steady", bench: steadyBench, value: "alloc-p50-ms", baseline: "raw-p50-ms", unit: "ms", baselineLabel: "raw create-if-absent p50"},
