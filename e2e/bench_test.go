@@ -252,7 +252,9 @@ func addDatapath(b *testing.B, attached int) {
 // plugin costs the runtime. The three are interleaved, once per
 // iteration. It reports each burst's completion time, kvipam's and
 // bridge's time above the floor and their ratio (below 1: kvipam
-// faster), and the p99 of one ADD within a burst.
+// faster), and the p99 of one ADD within a burst. With
+// KVIPAM_LOCK_TRACE=1 it also says how long the ADDs waited for rtnl
+// (burstLocks).
 //
 //	go test -run '^$' -bench Burst100 -benchtime 3x ./e2e/
 func BenchmarkBurst100(b *testing.B) {
@@ -264,9 +266,11 @@ func BenchmarkBurst100(b *testing.B) {
 		"bridge": bridgeList(b, n, "burstbr0"),
 		"floor":  conflist(b, `{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}`),
 	}
+	locks := newBurstLocks(b)
 	// burst returns the burst's completion time, each ADD's latency, and
-	// each ADD's completion since the burst's start.
-	burst := func(l *libcni.NetworkConfigList, tag string) (time.Duration, []time.Duration, []time.Duration) {
+	// each ADD's completion since the burst's start; traced, its mutex
+	// waits are added to name's.
+	burst := func(l *libcni.NetworkConfigList, tag, name string, traced bool) (time.Duration, []time.Duration, []time.Duration) {
 		adds, done := make([]time.Duration, pods), make([]time.Duration, pods)
 		// A fresh netns per sandbox, as a runtime's, removed at the end:
 		// the kernel tears a netns down in the background, holding rtnl,
@@ -292,10 +296,15 @@ func BenchmarkBurst100(b *testing.B) {
 				}
 			})
 		}
+		stopTrace := func() {}
+		if traced {
+			stopTrace = locks.start(name)
+		}
 		began = time.Now()
 		close(start)
 		wg.Wait()
 		took := time.Since(began)
+		stopTrace()
 		close(errs)
 		for err := range errs {
 			b.Fatalf("ADD on %s: %v", l.Name, err)
@@ -309,14 +318,14 @@ func BenchmarkBurst100(b *testing.B) {
 		return took, adds, done
 	}
 	for name, l := range lists { // warm the bridge and the caches
-		burst(l, "warm-"+name)
+		burst(l, "warm-"+name, name, false)
 	}
 	b.ResetTimer()
 	total := map[string]time.Duration{}
 	all, completed := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for i := range b.N {
 		for _, name := range []string{"floor", "kvipam", "bridge"} {
-			took, adds, done := burst(lists[name], fmt.Sprintf("%s%d", name, i))
+			took, adds, done := burst(lists[name], fmt.Sprintf("%s%d", name, i), name, true)
 			total[name] += took
 			all[name], completed[name] = append(all[name], adds...), append(completed[name], done...)
 		}
@@ -328,6 +337,7 @@ func BenchmarkBurst100(b *testing.B) {
 		b.ReportMetric(per(name), name+"-burst-ms")
 		b.ReportMetric(ms(pct(all[name], 99)), name+"-add-p99-ms")
 	}
+	locks.report([]string{"floor", "kvipam", "bridge"}, b.N, pods)
 	b.ReportMetric(per("kvipam")-per("floor"), "kvipam-above-floor-ms")
 	b.ReportMetric(per("bridge")-per("floor"), "bridge-above-floor-ms")
 	if d := per("bridge") - per("floor"); d > 0 {
