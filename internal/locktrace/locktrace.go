@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Root is where tracefs is mounted.
@@ -29,6 +31,8 @@ var ErrUnsupported = errors.New("locktrace: no tracefs lock contention events")
 type Trace struct {
 	dir   string
 	began time.Time
+	// mounted: Start mounted tracefs, and removing the instance unmounts it.
+	mounted bool
 }
 
 // mutexFlag is LCB_F_MUTEX of contention_begin's flags: a sleeping mutex
@@ -38,14 +42,20 @@ const mutexFlag = 32
 // Start begins recording mutex contention, with the kernel stack of each
 // wait's start, in a new tracefs instance of name (unique per process).
 func Start(name string) (*Trace, error) {
+	t := &Trace{dir: filepath.Join(Root, "instances", fmt.Sprintf("%s-%d", name, os.Getpid()))}
+	if _, err := os.Stat(filepath.Join(Root, "events")); err != nil {
+		// Not mounted (a minimal host): mount it for this trace.
+		if err := unix.Mount("nodev", Root, "tracefs", 0, ""); err != nil {
+			return nil, fmt.Errorf("%w: mount tracefs on %s: %v", ErrUnsupported, Root, err)
+		}
+		t.mounted = true
+	}
 	if _, err := os.Stat(filepath.Join(Root, "events/lock/contention_begin")); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
+		return nil, errors.Join(fmt.Errorf("%w: %v", ErrUnsupported, err), t.unmount())
 	}
-	dir := filepath.Join(Root, "instances", fmt.Sprintf("%s-%d", name, os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create tracefs instance: %w", err)
+	if err := os.Mkdir(t.dir, 0o755); err != nil {
+		return nil, errors.Join(fmt.Errorf("create tracefs instance: %w", err), t.unmount())
 	}
-	t := &Trace{dir: dir}
 	writes := [][2]string{
 		{"buffer_size_kb", "32768"},
 		{"events/lock/contention_begin/filter", fmt.Sprintf("flags & %d", mutexFlag)},
@@ -55,7 +65,7 @@ func Start(name string) (*Trace, error) {
 		{"tracing_on", "1"},
 	}
 	for _, w := range writes {
-		if err := os.WriteFile(filepath.Join(dir, w[0]), []byte(w[1]), 0); err != nil {
+		if err := os.WriteFile(filepath.Join(t.dir, w[0]), []byte(w[1]), 0); err != nil {
 			return nil, errors.Join(fmt.Errorf("tracefs %s: %w", w[0], err), t.remove())
 		}
 	}
@@ -112,7 +122,18 @@ func (t *Trace) remove() error {
 		_ = os.WriteFile(filepath.Join(t.dir, w[0]), []byte(w[1]), 0)
 	}
 	if err := os.Remove(t.dir); err != nil {
-		return fmt.Errorf("remove tracefs instance: %w", err)
+		return errors.Join(fmt.Errorf("remove tracefs instance: %w", err), t.unmount())
+	}
+	return t.unmount()
+}
+
+// unmount unmounts tracefs if Start mounted it.
+func (t *Trace) unmount() error {
+	if !t.mounted {
+		return nil
+	}
+	if err := unix.Unmount(Root, 0); err != nil {
+		return fmt.Errorf("unmount tracefs: %w", err)
 	}
 	return nil
 }
