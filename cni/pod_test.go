@@ -76,6 +76,15 @@ func TestSetupPodDualStack(t *testing.T) {
 	require.Equal(t, "0\n", readSysctl(t, host, "ipv4/neigh/"+s.HostIfName+"/proxy_delay"))
 	require.Equal(t, "0\n", readSysctl(t, host, "ipv6/conf/"+s.HostIfName+"/accept_dad"))
 	require.Equal(t, []string{"10.1.0.5/32 scope link", "fd00::5/128"}, routeStrings(t, hh, hl))
+	// The host end is made up before its sysctls are written; its
+	// link-local address, the pod's IPv6 gateway, must still never be
+	// tentative (it comes with the carrier, after accept_dad=0).
+	hostLL, err := hh.AddrList(hl, netlink.FAMILY_V6)
+	require.NoError(t, err)
+	require.NotEmpty(t, hostLL)
+	for _, a := range hostLL {
+		require.Zero(t, a.Flags&unix.IFA_F_TENTATIVE, "host veth address %s must be usable at once", a.IPNet)
+	}
 
 	pl, err := ph.LinkByName("eth0")
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -19,8 +20,11 @@ import (
 //
 // Host side, set here: the fixed MAC, proxy ARP (for pods whose neighbour
 // entry was flushed) with no delay and, when the host has IPv6, no DAD,
-// all before the link is up, so its link-local address is never tentative
-// and proxy ARP answers at once. Configure adds the pod's addresses with
+// all before the pod end is up. The host end is created up, which spares
+// a burst of ADDs one rtnl operation each, but it has no carrier until its
+// peer is up, and the kernel gives it its link-local address only then
+// (addrconf waits for the carrier), so that address is never tentative,
+// and proxy ARP answers from the pod's first packet on. Configure adds the pod's addresses with
 // no DAD, the link-scope route to the IPv4 gateway, default routes through
 // the gateways and permanent neighbour entries for them (the first packet
 // needs no ARP or NDP), and on the host a /32 or /128 route per address.
@@ -32,8 +36,8 @@ type PodVeth struct {
 }
 
 // CreatePodVeth creates the pair named by s (HostIfName, IfName, Netns,
-// MTU; the addresses are not used) with the host end up. On error nothing
-// is left behind.
+// MTU; the addresses are not used) with the host end up and the pod end
+// down. On error nothing is left behind.
 func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
 	v := &PodVeth{podNS: netns.None(), hostHasV6: ipv6Enabled()}
 	defer func() {
@@ -65,10 +69,6 @@ func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
 			err = fmt.Errorf("configure host veth: %w", err)
 			return nil, errors.Join(err, v.Remove())
 		}
-	}
-	if err = v.host.LinkSetUp(v.hv); err != nil {
-		err = fmt.Errorf("set %s up: %w", s.HostIfName, err)
-		return nil, errors.Join(err, v.Remove())
 	}
 	return v, nil
 }
@@ -169,6 +169,7 @@ func createVeth(host, pod *netlink.Handle, podNS netns.NsHandle, s PodSpec) (*ne
 	la.Name = s.HostIfName
 	la.MTU = s.MTU
 	la.HardwareAddr = HostVethMAC
+	la.Flags = net.FlagUp // up at once: see PodVeth
 	v := &netlink.Veth{LinkAttrs: la, PeerName: s.IfName, PeerNamespace: netlink.NsFd(podNS), PeerTxQLen: -1}
 	err := host.LinkAdd(v)
 	for try := 0; errors.Is(err, unix.EEXIST) && try < 2; try++ {
