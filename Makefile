@@ -57,7 +57,8 @@ bench-run: build
 	run datapath-loaded $(GO) test -run '^$$' -bench AddDatapathLoaded -benchtime $(LAT_N)x ./e2e/ && \
 	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ && \
 	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
-	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/
+	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
+	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/
 	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md -svg docs/plots
 	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"
 

@@ -48,6 +48,8 @@ var specs = []spec{
 	{name: "cni.add.p50.bpf_tcx_vs_routes", file: "datapath", bench: "BenchmarkAddDatapath", value: "bpf-tcx-add-p50-ms", baseline: "routes-add-p50-ms", unit: "ms", baselineLabel: "routes datapath"},
 	{name: "burst100.above_floor.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-above-floor-ms", baseline: "bridge-above-floor-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "burst100.add_p99.kvipam_vs_bridge", file: "burst", bench: "BenchmarkBurst100", value: "kvipam-add-p99-ms", baseline: "bridge-add-p99-ms", unit: "ms", baselineLabel: "bridge + host-local"},
+	{name: "burst100.rtnl_wait_per_add.kvipam_vs_bridge", file: "burst-locks", bench: "BenchmarkBurst100", value: "kvipam-rtnl-wait-ms", baseline: "bridge-rtnl-wait-ms", unit: "ms", baselineLabel: "bridge + host-local; a traced burst (KVIPAM_LOCK_TRACE=1)"},
+	{name: "burst100.rtnl_queue_pct.kvipam_vs_bridge", file: "burst-locks", bench: "BenchmarkBurst100", value: "kvipam-rtnl-queue-pct", baseline: "bridge-rtnl-queue-pct", unit: "%", baselineLabel: "bridge + host-local; share of the burst rtnl had a queue"},
 	{name: "restart.10k.seconds", file: "restart", bench: "BenchmarkAgentRestart", value: "s/restart-10k", baseline: "s/restart-empty", unit: "s", baselineLabel: "the same agent on an empty node"},
 	{name: "agent.rss.idle_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-idle", unit: "MB"},
 	{name: "agent.rss.10k_mb", file: "restart", bench: "BenchmarkAgentRestart", value: "MB/rss-10k", baseline: "MB/rss-idle", unit: "MB", baselineLabel: "the same agent idle, on an empty node"},
