@@ -19,8 +19,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -63,13 +63,7 @@ func requireDatapath(tb testing.TB) {
 
 func newNS(tb testing.TB) ns.NetNS {
 	tb.Helper()
-	n, err := testutils.NewNS()
-	require.NoError(tb, err)
-	tb.Cleanup(func() {
-		_ = n.Close()
-		_ = testutils.UnmountNS(n)
-	})
-	return n
+	return nstest.NewNS(tb)
 }
 
 func inNS(tb testing.TB, n ns.NetNS, fn func() error) {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -81,11 +82,12 @@ func bridgeList(b *testing.B, n *node, bridge string) *libcni.NetworkConfigList 
 func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, workers, iterations int, tag string) (adds, dels []time.Duration) {
 	b.Helper()
 	sandboxes, releases := make([]*pod, iterations), make([]func(), iterations)
+	paths := make([]string, iterations)
 	for i := range sandboxes {
 		nsn, release, err := nstest.NewEphemeralNS()
 		require.NoError(b, err)
 		b.Cleanup(release)
-		sandboxes[i], releases[i] = podIn(fmt.Sprintf("%s-%d", tag, i), nsn), release
+		sandboxes[i], releases[i], paths[i] = podIn(fmt.Sprintf("%s-%d", tag, i), nsn), release, nsn.Path()
 	}
 	workers = min(workers, iterations)
 	var next atomic.Int64
@@ -133,6 +135,10 @@ func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, workers, iter
 		require.NoError(b, err, "on %s", l.Name)
 	}
 	awaitReaped(b, n) // kvipam's DELs finish in the background: part of its run
+	for _, p := range paths { // a sandbox's netns must not outlive it
+		_, err := os.Stat(p)
+		require.ErrorIs(b, err, os.ErrNotExist, "netns %s left behind", p)
+	}
 	return adds, dels
 }
 
