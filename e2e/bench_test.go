@@ -134,8 +134,9 @@ func runAddDel(b *testing.B, n *node, l *libcni.NetworkConfigList, workers, iter
 	for err := range errs {
 		require.NoError(b, err, "on %s", l.Name)
 	}
-	awaitReaped(b, n)         // kvipam's DELs finish in the background: part of its run
-	for _, p := range paths { // a sandbox's netns must not outlive it
+	awaitReaped(b, n) // kvipam's DELs finish in the background: part of its run
+	// A sandbox's netns must not outlive it.
+	for _, p := range paths {
 		_, err := os.Stat(p)
 		require.ErrorIs(b, err, os.ErrNotExist, "netns %s left behind", p)
 	}
