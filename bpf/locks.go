@@ -45,20 +45,16 @@ func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
 }
 
 // rlock takes mu shared unless the datapath is closed.
-func (d *Datapath) rlock() error {
-	d.mu.RLock()
-	if d.closed {
-		d.mu.RUnlock()
-		return ErrClosed
-	}
-	return nil
-}
+func (d *Datapath) rlock() error { return d.lockOpen(d.mu.RLock, d.mu.RUnlock) }
 
 // lock takes mu exclusively unless the datapath is closed.
-func (d *Datapath) lock() error {
-	d.mu.Lock()
+func (d *Datapath) lock() error { return d.lockOpen(d.mu.Lock, d.mu.Unlock) }
+
+// lockOpen takes mu with lock and keeps it if the datapath is open.
+func (d *Datapath) lockOpen(lock, unlock func()) error {
+	lock()
 	if d.closed {
-		d.mu.Unlock()
+		unlock()
 		return ErrClosed
 	}
 	return nil

@@ -55,19 +55,7 @@ func tryAttach(prog *ebpf.Program) error {
 	if err := netlink.QdiscAdd(clsact(ifindex)); err != nil {
 		return fmt.Errorf("no tcx, and add clsact qdisc: %w", err)
 	}
-	filter := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
-			Handle:    tcFilterHandle,
-			Priority:  tcFilterPriority,
-			Protocol:  unix.ETH_P_ALL,
-		},
-		Fd:           prog.FD(),
-		Name:         tcFilterName,
-		DirectAction: true,
-	}
-	if err := netlink.FilterAdd(filter); err != nil {
+	if err := netlink.FilterAdd(tcFilter(ifindex, netlink.HANDLE_MIN_INGRESS, prog)); err != nil {
 		return fmt.Errorf("no tcx, and add bpf filter: %w", err)
 	}
 	return nil

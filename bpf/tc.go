@@ -27,6 +27,24 @@ const (
 // meanwhile (a burst of ADDs and DELs), returning the error if it still is.
 var safeNL = &netlinksafe.Handle{Handle: &netlink.Handle{}}
 
+// tcFilter is our filter running prog, on the clsact ingress (parent
+// HANDLE_MIN_INGRESS) of ifindex, or on a shared block (ifindex
+// TCM_IFINDEX_MAGIC_BLOCK, parent the block's index).
+func tcFilter(ifindex int, parent uint32, prog *ebpf.Program) *netlink.BpfFilter {
+	return &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    parent,
+			Handle:    tcFilterHandle,
+			Priority:  tcFilterPriority,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		Fd:           prog.FD(),
+		Name:         tcFilterName,
+		DirectAction: true,
+	}
+}
+
 func clsact(ifindex int) *netlink.GenericQdisc {
 	return &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
@@ -58,19 +76,7 @@ func (d *Datapath) attachTC(ifindex int) error {
 			return nil
 		}
 	}
-	filter := &netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: ifindex,
-			Parent:    netlink.HANDLE_MIN_INGRESS,
-			Handle:    tcFilterHandle,
-			Priority:  tcFilterPriority,
-			Protocol:  unix.ETH_P_ALL,
-		},
-		Fd:           d.objs.KvipamIngress.FD(),
-		Name:         tcFilterName,
-		DirectAction: true,
-	}
-	if err := netlink.FilterReplace(filter); err != nil {
+	if err := netlink.FilterReplace(tcFilter(ifindex, netlink.HANDLE_MIN_INGRESS, d.objs.KvipamIngress)); err != nil {
 		return fmt.Errorf("replace bpf filter: %w", err)
 	}
 	return nil

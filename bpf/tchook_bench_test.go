@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // tcmIfindexMagicBlock is TCM_IFINDEX_MAGIC_BLOCK: a tc message whose
@@ -34,10 +33,7 @@ func BenchmarkTCHook(b *testing.B) {
 	d := openDatapath(b, pinDir(b))
 	idx := p.hostIf.Attrs().Index
 	filter := func(ifindex int, parent uint32) *netlink.BpfFilter {
-		return &netlink.BpfFilter{
-			FilterAttrs: netlink.FilterAttrs{LinkIndex: ifindex, Parent: parent, Handle: tcFilterHandle, Priority: tcFilterPriority, Protocol: unix.ETH_P_ALL},
-			Fd:          d.objs.KvipamIngress.FD(), Name: tcFilterName, DirectAction: true,
-		}
+		return tcFilter(ifindex, parent, d.objs.KvipamIngress)
 	}
 
 	b.Run("clsact", func(b *testing.B) {
