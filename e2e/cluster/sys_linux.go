@@ -20,21 +20,17 @@ func sysProcAttr() *syscall.SysProcAttr {
 // with stopped false, not stopped; or until done is closed (it ended).
 // Signal delivery is asynchronous; this is the event that says it landed.
 func waitStopped(pid int, stopped bool, done <-chan struct{}) error {
-	path := "/proc/" + strconv.Itoa(pid) + "/stat"
 	deadline := time.NewTimer(5 * time.Second)
 	defer deadline.Stop()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
-		b, err := os.ReadFile(path)
+		f, err := statFields(pid)
 		if err != nil {
-			return fmt.Errorf("read process state: %w", err)
+			return err
 		}
-		// The state follows the command name, which is in parentheses.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
-			if (b[i+2] == 'T') == stopped {
-				return nil
-			}
+		if (string(f[0]) == "T") == stopped {
+			return nil
 		}
 		select {
 		case <-done:
@@ -50,21 +46,30 @@ func waitStopped(pid int, stopped bool, done <-chan struct{}) error {
 // on every Linux architecture Go supports.
 const clockTicks = 100
 
-// processCPU is the CPU time process pid has used, user plus system.
-func processCPU(pid int) (time.Duration, error) {
+// statFields are the fields of /proc/<pid>/stat after the command name
+// (which is in parentheses and may hold spaces): f[0] is the stat's field
+// 3, the state; f[11] and f[12] its fields 14 and 15, utime and stime.
+func statFields(pid int) ([][]byte, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, fmt.Errorf("read process stat: %w", err)
+		return nil, fmt.Errorf("read process stat: %w", err)
 	}
-	// The fields after the command name (in parentheses): state is the
-	// stat's field 3, utime and stime its fields 14 and 15.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("process %d: no command name in its stat", pid)
+		return nil, fmt.Errorf("process %d: no command name in its stat", pid)
 	}
 	f := bytes.Fields(b[i+1:])
 	if len(f) < 13 {
-		return 0, fmt.Errorf("process %d: short stat", pid)
+		return nil, fmt.Errorf("process %d: short stat", pid)
+	}
+	return f, nil
+}
+
+// processCPU is the CPU time process pid has used, user plus system.
+func processCPU(pid int) (time.Duration, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
 	}
 	var ticks int64
 	for _, s := range f[11:13] {
