@@ -24,10 +24,12 @@ import (
 // a burst of ADDs one rtnl operation each, but it has no carrier until its
 // peer is up, and the kernel gives it its link-local address only then
 // (addrconf waits for the carrier), so that address is never tentative,
-// and proxy ARP answers from the pod's first packet on. Configure adds the pod's addresses with
-// no DAD, the link-scope route to the IPv4 gateway, default routes through
-// the gateways and permanent neighbour entries for them (the first packet
-// needs no ARP or NDP), and on the host a /32 or /128 route per address.
+// and proxy ARP answers from the pod's first packet on.
+//
+// Configure adds the pod's addresses with no DAD, the link-scope route to
+// the IPv4 gateway, default routes through the gateways and permanent
+// neighbour entries for them (the first packet needs no ARP or NDP), and
+// on the host a /32 or /128 route per address.
 type PodVeth struct {
 	podNS     netns.NsHandle
 	host, pod *netlink.Handle

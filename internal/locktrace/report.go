@@ -194,12 +194,10 @@ func All(Wait) bool { return true }
 // largest waiters by command and by site.
 func (r *Report) Summary() string {
 	var b strings.Builder
-	rtnl := IsRTNL
-	other := func(w Wait) bool { return !w.RTNL }
 	for _, g := range []struct {
 		name string
 		keep func(Wait) bool
-	}{{"rtnl", rtnl}, {"other mutexes", other}} {
+	}{{"rtnl", IsRTNL}, {"other mutexes", func(w Wait) bool { return !w.RTNL }}} {
 		n, d := r.Total(g.keep)
 		fmt.Fprintf(&b, "%s: %d waits, %v in all, a queue %v of the %v traced; by command %v; by site %v\n",
 			g.name, n, d.Round(time.Millisecond), r.Busy(g.keep).Round(time.Millisecond), r.Window.Round(time.Millisecond),
