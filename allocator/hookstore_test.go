@@ -190,3 +190,43 @@ func (h *hookStore) FenceBorrower(ctx context.Context, c allocator.Claim, lease 
 	rev, err := h.Store.FenceBorrower(ctx, c, lease)
 	return rev, h.post(ctx, "FenceBorrower", err)
 }
+
+func (h *hookStore) GetBinding(ctx context.Context, pool, identity string) (allocator.Binding, bool, error) {
+	if err := h.pre(ctx, "GetBinding"); err != nil {
+		return allocator.Binding{}, false, err
+	}
+	b, ok, err := h.Store.GetBinding(ctx, pool, identity)
+	return b, ok, h.post(ctx, "GetBinding", err)
+}
+
+func (h *hookStore) WriteBound(ctx context.Context, b allocator.Binding, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+	if err := h.pre(ctx, "WriteBound"); err != nil {
+		return allocator.WriteResult{}, err
+	}
+	res, err := h.Store.WriteBound(ctx, b, writes)
+	return res, h.post(ctx, "WriteBound", err)
+}
+
+func (h *hookStore) Keep(ctx context.Context, b allocator.Binding, als []allocator.Allocation) (time.Time, error) {
+	if err := h.pre(ctx, "Keep"); err != nil {
+		return time.Time{}, err
+	}
+	end, err := h.Store.Keep(ctx, b, als)
+	return end, h.post(ctx, "Keep", err)
+}
+
+func (h *hookStore) RecordLapsed(ctx context.Context, al allocator.Allocation, end time.Time) (bool, error) {
+	if err := h.pre(ctx, "RecordLapsed"); err != nil {
+		return false, err
+	}
+	done, err := h.Store.RecordLapsed(ctx, al, end)
+	return done, h.post(ctx, "RecordLapsed", err)
+}
+
+func (h *hookStore) ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error) {
+	if err := h.pre(ctx, "ListLent"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.ListLent(ctx, pool)
+	return out, h.post(ctx, "ListLent", err)
+}
