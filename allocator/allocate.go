@@ -124,7 +124,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 		// read of etcd says what landed.
 		for _, p := range plans {
 			if p != nil {
-				a.park(p.ps, p.writes)
+				a.parkWrites(p.ps, p.writes)
 			}
 		}
 		serr := a.settlePending(ctx)
@@ -197,7 +197,7 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request, before map
 			a.learn(ctx, err)
 			return err
 		}
-		a.park(p.ps, p.writes)
+		a.parkWrites(p.ps, p.writes)
 		if serr := a.settlePending(ctx); serr != nil {
 			return serr
 		}

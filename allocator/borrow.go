@@ -47,7 +47,7 @@ func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f 
 		if a.ownRoom(ctx, ps, f, snap) {
 			return errOwnRoom
 		}
-		b, addr, ok := a.lender(ps, f, snap, r.Owner)
+		b, addr, ok := a.lender(ctx, ps, f, snap, r.Owner)
 		if !ok {
 			return ExplainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
 		}
@@ -110,22 +110,25 @@ func (ps *poolState) hasClaimable(f Family, snap PoolSnapshot) bool {
 	return false
 }
 
-// lender picks a free address of family f in another node's block: the
-// fullest block that is not full, and in it an address that depends on
-// the owner, so that nodes borrowing at once seldom pick the same one.
-func (a *NodeAllocator) lender(ps *poolState, f Family, snap PoolSnapshot, o Owner) (netip.Prefix, netip.Addr, bool) {
+// lendable is another node's block with free addresses, as a borrower
+// sees it: how many it holds, and its free addresses.
+type lendable struct {
+	b    netip.Prefix
+	used int
+	free []netip.Addr
+}
+
+// lendables lists the blocks of family f that live nodes claim and that
+// have a free address, fullest first, so that blocks nearly empty can
+// still be given back to the pool.
+func (a *NodeAllocator) lendables(ps *poolState, f Family, snap PoolSnapshot) []lendable {
 	held := map[netip.Addr]bool{}
 	if a.cfg.Held != nil {
 		for _, h := range a.cfg.Held() {
 			held[h.Unmap()] = true
 		}
 	}
-	type cand struct {
-		b    netip.Prefix
-		used int
-		free []netip.Addr
-	}
-	var cands []cand
+	var cands []lendable
 	for _, bi := range snap.Blocks {
 		b := bi.Block
 		// Only blocks a live node claims: an orphaned block is its gone
@@ -140,7 +143,7 @@ func (a *NodeAllocator) lender(ps *poolState, f Family, snap PoolSnapshot, o Own
 		for _, u := range snap.Used[b] {
 			ba.Mark(u.Addr)
 		}
-		c := cand{b: b, used: len(snap.Used[b])}
+		c := lendable{b: b, used: len(snap.Used[b])}
 		for ba.Free() > 0 {
 			addr, ok := ba.Next()
 			if !ok {
@@ -155,19 +158,66 @@ func (a *NodeAllocator) lender(ps *poolState, f Family, snap PoolSnapshot, o Own
 			cands = append(cands, c)
 		}
 	}
-	if len(cands) == 0 {
-		return netip.Prefix{}, netip.Addr{}, false
-	}
-	slices.SortFunc(cands, func(x, y cand) int {
+	slices.SortFunc(cands, func(x, y lendable) int {
 		if c := cmp.Compare(y.used, x.used); c != 0 {
 			return c
 		}
 		return x.b.Addr().Compare(y.b.Addr())
 	})
-	c := cands[0]
+	return cands
+}
+
+// maxCoolingProbe bounds the addresses whose last release a borrower
+// reads in one round trip, and lenderBlocksProbed the blocks it reads
+// them in, before it takes the address released longest ago.
+const (
+	maxCoolingProbe    = 64
+	lenderBlocksProbed = 4
+)
+
+// lender picks a free address of family f in another node's block: in
+// the fullest block, an address that depends on the owner, so that nodes
+// borrowing at once seldom pick the same one. With a reuse cooldown it
+// skips addresses released less than the cooldown ago (the lender's
+// cooldown lives in its memory; the release times come from IP history),
+// and takes the one released longest ago only when every candidate is
+// cooling, as the lender itself does.
+func (a *NodeAllocator) lender(ctx context.Context, ps *poolState, f Family, snap PoolSnapshot, o Owner) (netip.Prefix, netip.Addr, bool) {
+	cands := a.lendables(ps, f, snap)
+	if len(cands) == 0 {
+		return netip.Prefix{}, netip.Addr{}, false
+	}
 	h := fnv.New64a()
 	h.Write([]byte(a.cfg.Node + "\x00" + o.Key()))
-	return c.b, c.free[h.Sum64()%uint64(len(c.free))], true
+	seed := h.Sum64()
+	if a.cfg.ReuseCooldown <= 0 {
+		c := cands[0]
+		return c.b, c.free[seed%uint64(len(c.free))], true
+	}
+	cutoff := a.cfg.Now().Add(-a.cfg.ReuseCooldown)
+	var oldest netip.Addr
+	var oldestBlock netip.Prefix
+	var oldestAt time.Time
+	for _, c := range cands[:min(len(cands), lenderBlocksProbed)] {
+		start := int(seed % uint64(len(c.free)))
+		order := append(slices.Clone(c.free[start:]), c.free[:start]...)
+		order = order[:min(len(order), maxCoolingProbe)]
+		last, err := a.cfg.Store.LastReleased(ctx, ps.pool.Name, order)
+		if err != nil {
+			a.log.Debug("read release times of lendable addresses; ignoring the cooldown", "pool", ps.pool.Name, "block", c.b, "error", err)
+			return c.b, order[0], true
+		}
+		for _, addr := range order {
+			at, released := last[addr]
+			if !released || at.Before(cutoff) {
+				return c.b, addr, true
+			}
+			if !oldest.IsValid() || at.Before(oldestAt) {
+				oldest, oldestBlock, oldestAt = addr, c.b, at
+			}
+		}
+	}
+	return oldestBlock, oldest, true
 }
 
 // newRecord is the record of a new allocation for r.
@@ -178,7 +228,7 @@ func (a *NodeAllocator) newRecord(r Request, borrowed bool) Record {
 	}
 	rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
 	if r.Sticky != nil {
-		rec.Identity = r.Sticky.Identity
+		rec.Identity, rec.WindowSeconds = r.Sticky.Identity, int64(r.Sticky.Window/time.Second)
 	}
 	return rec
 }
@@ -206,7 +256,7 @@ func (a *NodeAllocator) writeBorrowed(ctx context.Context, ps *poolState, b neti
 	case !outcomeUnknown(err):
 		return nil, fmt.Errorf("borrow %s: %w", addr, err)
 	}
-	a.park(ps, []IPWrite{w})
+	a.parkWrites(ps, []IPWrite{w})
 	if serr := a.settlePending(ctx); serr != nil {
 		return nil, serr
 	}

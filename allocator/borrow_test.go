@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -145,4 +146,36 @@ func TestBorrowRacesOwner(t *testing.T) {
 	for _, u := range a.alloc.Usage() {
 		require.Equal(t, 1, u.Lent, "the owner knows the address is lent")
 	}
+}
+
+// TestBorrowRespectsCooldown: the lender released four addresses a moment
+// ago, so they are cooling. A borrower, which cannot see the lender's
+// memory, must still not take one while another address of the block is
+// free; when nothing else is, it takes the one released longest ago.
+func TestBorrowRespectsCooldown(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool) // one /28 block: 14 usable addresses
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{cooldown: time.Hour})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{cooldown: time.Hour})
+	for i := range 6 {
+		_, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		require.NoError(t, err)
+	}
+	var cooling []netip.Addr // oldest release first
+	for i := range 4 {
+		cooling = append(cooling, a.alloc.Lookup(owner(i))[0].Addr)
+		_, err := a.alloc.Release(ctx, owner(i))
+		require.NoError(t, err)
+	}
+	// 12 addresses are free in etcd: 4 cooling, 8 never used.
+	for i := 100; i < 108; i++ {
+		r, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		require.NoError(t, err)
+		require.True(t, r.Allocations[0].Borrowed)
+		require.NotContains(t, cooling, r.Allocations[0].Addr, "borrow %d took a cooling address while others were free", i-100)
+	}
+	r, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(108)})
+	require.NoError(t, err)
+	require.Equal(t, cooling[0], r.Allocations[0].Addr, "the cooldown yields when nothing else is free: the oldest release first")
 }

@@ -44,25 +44,14 @@ type poolState struct {
 	walks map[Family]*blockWalk
 }
 
-// pending is a store call of unknown outcome: a write (create or confirm)
-// or the delete of a cached allocation.
+// pending is a store call of unknown outcome, whatever its kind (a create,
+// a confirm, a release, a borrow, a keep, a takeover, a reassert): the
+// address it wrote or deleted, and the owner whose request waits on it.
+// It is settled by reading the address back (settlePending), never by
+// guessing from the write's shape what landed.
 type pending struct {
-	write IPWrite
-	del   *Allocation
-}
-
-func (p pending) owner() string {
-	if p.del != nil {
-		return p.del.Owner.Key()
-	}
-	return p.write.Record.Owner.Key()
-}
-
-func (p pending) ref() IPRef {
-	if p.del != nil {
-		return IPRef{Pool: p.del.Pool, Block: p.del.Block, Addr: p.del.Addr}
-	}
-	return IPRef{Pool: p.write.Pool, Block: p.write.Block, Addr: p.write.Addr}
+	ref   IPRef
+	owner string
 }
 
 type ownBlock struct {
@@ -120,6 +109,50 @@ func (ps *poolState) forget(al *Allocation) {
 	}
 }
 
+// settleAt makes the cache at addr hold what etcd holds there: cur, or
+// nothing (nil). A record is indexed by its own owner, whatever the cache
+// held at the address before: a record of this node (me) that the cache
+// did not know is adopted, a kept record is known as kept (until its
+// lease ends, until), another node's borrowed record as lent. It returns
+// the allocation it dropped from the cache, if any; an unchanged one
+// (same revision) stays as it is. The bit of an own block's address is
+// marked when etcd holds it; when etcd does not, the caller decides
+// whether it is free (held by an endpoint, cooling).
+func (ps *poolState) settleAt(addr netip.Addr, cur *Allocation, until time.Time, me string) (dropped *Allocation) {
+	old := ps.byAddr[addr]
+	if old != nil && cur != nil && old.Rev == cur.Rev {
+		return nil
+	}
+	if old != nil {
+		ps.forget(old)
+	}
+	delete(ps.kept, addr)
+	delete(ps.lent, addr)
+	if cur == nil {
+		return old
+	}
+	_, ob := ps.ownBlockOf(addr)
+	switch {
+	case cur.State == StateKept:
+		if ob != nil {
+			ps.kept[addr] = keptAddr{identity: cur.Identity, until: until}
+		}
+	case cur.ContainerID == "": // unreadable: the address stays taken
+	case cur.Borrowed && cur.Node != me:
+		if ob != nil {
+			ps.lent[addr] = cur.Node
+		}
+	case cur.Node != me && ob == nil:
+		// Another node's address in a block that is not ours.
+	default:
+		ps.remember(cur, until)
+	}
+	if ob != nil {
+		ob.ba.Mark(addr)
+	}
+	return old
+}
+
 // forgetBlock drops every cached allocation and unknown write in b.
 func (ps *poolState) forgetBlock(b netip.Prefix) {
 	for addr, al := range ps.byAddr {
@@ -169,7 +202,7 @@ func (ps *poolState) ofOwner(key string, f Family) []*Allocation {
 // pendingFor reports whether the owner has a store call of unknown outcome.
 func (ps *poolState) pendingFor(key string) bool {
 	for _, p := range ps.unknown {
-		if p.owner() == key {
+		if p.owner == key {
 			return true
 		}
 	}

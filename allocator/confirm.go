@@ -150,7 +150,7 @@ func (a *NodeAllocator) writeConfirms(ctx context.Context, writes []IPWrite) err
 		return nil
 	case outcomeUnknown(err):
 		for _, w := range writes {
-			a.park(a.pools[w.Pool], []IPWrite{w})
+			a.parkWrites(a.pools[w.Pool], []IPWrite{w})
 		}
 		return a.settlePending(ctx)
 	default:

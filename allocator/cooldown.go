@@ -35,12 +35,16 @@ func (a *NodeAllocator) dropReleased(ps *poolState, al *Allocation) {
 		return
 	}
 	ps.forget(al)
-	now := time.Now()
+	ps.coolAt(al.Addr, time.Now())
+}
+
+// coolAt starts addr's cooldown at now; its bit stays marked.
+func (ps *poolState) coolAt(addr netip.Addr, now time.Time) {
 	if ps.cool.at == nil {
 		ps.cool.at = map[netip.Addr]time.Time{}
 	}
-	ps.cool.at[al.Addr] = now
-	ps.cool.queue = append(ps.cool.queue, coolEntry{addr: al.Addr, at: now})
+	ps.cool.at[addr] = now
+	ps.cool.queue = append(ps.cool.queue, coolEntry{addr: addr, at: now})
 }
 
 // thaw frees the addresses whose cooldown is over.

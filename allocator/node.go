@@ -225,10 +225,16 @@ func (a *NodeAllocator) adoptBlock(ctx context.Context, ps *poolState, block net
 		return err
 	}
 	ob := &ownBlock{ba: ba, claimRev: claimRev}
+	prev, had := ps.own[block]
+	ps.own[block] = ob // loadBlock places records in own blocks
 	if err := a.loadBlock(ctx, ps, block, ob); err != nil {
+		if had {
+			ps.own[block] = prev
+		} else {
+			delete(ps.own, block)
+		}
 		return err
 	}
-	ps.own[block] = ob
 	delete(ps.others, block)
 	return nil
 }
@@ -245,25 +251,17 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 	return a.loadBlock(ctx, ps, block, ob)
 }
 
-// loadBlock reads block's allocations and the expiry of their reservation
-// leases, and only then replaces ob's bitmap and ps's index of the block.
+// loadBlock reads block's allocations and the expiry of their leases, and
+// only then replaces ob's bitmap and ps's index of the block, placing each
+// record as a read-back does (settleAt).
 func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block netip.Prefix, ob *ownBlock) error {
 	allocs, err := a.cfg.Store.ListIPs(ctx, ps.pool.Name, block)
 	if err != nil {
 		return err
 	}
-	// Reservations read back from the store expire with their lease; ask
-	// etcd once per lease how long it has, so a retried ADD after a
-	// restart does not get a reservation that has already lapsed.
-	expiry := map[int64]time.Time{}
-	for _, al := range allocs {
-		if _, done := expiry[al.Lease]; al.Lease != 0 && !done {
-			exp, err := a.cfg.Store.LeaseExpiry(ctx, al.Lease)
-			if err != nil {
-				return err
-			}
-			expiry[al.Lease] = exp
-		}
+	expiry, err := a.expiries(ctx, allocs)
+	if err != nil {
+		return err
 	}
 	ps.forgetBlock(block)
 	ob.ba.Reset()
@@ -272,29 +270,23 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 	for i := range allocs {
 		al := &allocs[i]
 		ob.ba.Mark(al.Addr)
-		if al.State == StateKept { // no container: kept for its identity
-			ps.kept[al.Addr] = keptAddr{identity: al.Identity, until: expiry[al.Lease]}
-			continue
-		}
-		if al.ContainerID == "" {
+		switch {
+		case al.State == StateKept, al.Borrowed && al.Node != a.cfg.Node:
+		case al.ContainerID == "":
 			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
-			continue
+		default:
+			if newest == nil || al.Since.After(newest.Since) {
+				newest = al
+			}
+			if al.Node != a.cfg.Node {
+				a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
+			}
+			if others := ps.ofOwner(al.Owner.Key(), FamilyOf(al.Addr)); len(others) > 0 {
+				a.log.Warn("owner holds more than one address of a family", "pool", ps.pool.Name, "owner", al.Owner.Key(), "ip", al.Addr, "also", others[0].Addr)
+			}
+			al.Seen = now
 		}
-		if al.Borrowed && al.Node != a.cfg.Node {
-			ps.lent[al.Addr] = al.Node // another node's pod: not ours to serve
-			continue
-		}
-		if newest == nil || al.Since.After(newest.Since) {
-			newest = al
-		}
-		if al.Node != a.cfg.Node {
-			a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
-		}
-		if others := ps.byOwner[al.Owner.Key()]; len(others) > 0 {
-			a.log.Warn("owner holds more than one address", "pool", ps.pool.Name, "owner", al.Owner.Key(), "ip", al.Addr, "also", others[0].Addr)
-		}
-		al.Seen = now
-		ps.remember(al, expiry[al.Lease])
+		ps.settleAt(al.Addr, al, expiry[al.Lease], a.cfg.Node)
 	}
 	a.markHeld(block, ob)
 	ps.markCooling(block, ob)

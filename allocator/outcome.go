@@ -4,18 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 )
 
-// A write whose store call fails with anything but a definite conflict
-// (a deadline, a lost connection, a leader change) has an unknown outcome:
-// etcd may have applied the transaction. Treating it as failed would undo
-// a write that landed; retrying would then give the owner a second
-// address while the first stays in etcd. So the allocator parks such
-// writes, keeps their addresses marked, and settles them by reading etcd
-// before anything else is decided for their owners. A create-if-absent
-// write can be told apart from anyone else's by its record, which carries
-// the owner and a timestamp of nanosecond precision.
+// A store call that fails with anything but a definite conflict (a
+// deadline, a lost connection, a leader change) has an unknown outcome:
+// etcd may have applied it. Treating it as failed would undo a write that
+// landed; retrying would then give the owner a second address while the
+// first stays in etcd. So every such call, of whatever kind (a create, a
+// batch, a confirm, a release, a borrow, a keep, a takeover, a reassert),
+// is settled one way: its addresses are parked (they stay marked, and the
+// owner's requests wait), then read back, and the cache at each address is
+// rebuilt from what etcd holds there, indexed by the record's own owner
+// (settleAt). Whether the call landed is then read off the cache, never
+// guessed from the shape of the write: a takeover that landed leaves the
+// address indexed under its new owner, whoever was cached there before.
 
 // outcomeUnknown reports whether a failed write may have been applied.
 // Conflicts (failed compares, a reservation lease etcd no longer has) are
@@ -24,109 +28,146 @@ func outcomeUnknown(err error) bool {
 	return err != nil && !errors.Is(err, ErrConflict)
 }
 
-// park records writes of unknown outcome. Their addresses stay marked.
-func (a *NodeAllocator) park(ps *poolState, writes []IPWrite) {
-	for _, w := range writes {
-		delete(ps.planned, w.Addr)
-		ps.unknown[w.Addr] = pending{write: w}
-		a.log.Warn("write outcome unknown; settling it from etcd before the address is reused", "pool", ps.pool.Name, "ip", w.Addr, "owner", w.Record.Owner.Key())
+// park records a call of unknown outcome that wrote or deleted refs for
+// the owner whose key is owner. Their addresses stay marked until settled.
+func (a *NodeAllocator) park(ps *poolState, owner, what string, refs ...IPRef) {
+	for _, ref := range refs {
+		delete(ps.planned, ref.Addr)
+		ps.unknown[ref.Addr] = pending{ref: ref, owner: owner}
+		a.log.Warn(what+" outcome unknown; settling it from etcd before the address is reused", "pool", ps.pool.Name, "ip", ref.Addr, "owner", owner)
 	}
 }
 
-// parkDelete records the delete of al, of unknown outcome. al stays cached
-// (and its address marked) until settled: an owner's retried ADD must not
-// be answered with an address that may be gone from etcd.
-func (a *NodeAllocator) parkDelete(ps *poolState, al *Allocation) {
-	ps.unknown[al.Addr] = pending{del: al}
-	a.log.Warn("delete outcome unknown; settling it from etcd", "pool", ps.pool.Name, "ip", al.Addr, "owner", al.Owner.Key())
+// parkWrites parks writes of unknown outcome.
+func (a *NodeAllocator) parkWrites(ps *poolState, writes []IPWrite) {
+	for _, w := range writes {
+		a.park(ps, w.Record.Owner.Key(), "write", IPRef{Pool: w.Pool, Block: w.Block, Addr: w.Addr})
+	}
 }
 
-// settlePending reads back every parked write, in one round trip, and
-// makes the cache match what landed. If etcd cannot be read the writes
-// stay parked and the error wraps ErrUnavailable.
+// refsOf names the keys of als.
+func refsOf(als []*Allocation) []IPRef {
+	refs := make([]IPRef, len(als))
+	for i, al := range als {
+		refs[i] = IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr}
+	}
+	return refs
+}
+
+// settlePending reads back every parked call's addresses, in one round
+// trip, and rebuilds the cache at each from what etcd holds. If etcd
+// cannot be read the calls stay parked and the error wraps ErrUnavailable.
 func (a *NodeAllocator) settlePending(ctx context.Context) error {
 	var refs []IPRef
 	for _, ps := range a.pools {
 		for _, p := range ps.unknown {
-			refs = append(refs, p.ref())
+			refs = append(refs, p.ref)
 		}
 	}
 	if len(refs) == 0 {
 		return nil
 	}
-	got, err := a.cfg.Store.GetIPs(ctx, refs)
-	if err != nil {
+	if err := a.readBack(ctx, refs); err != nil {
 		return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", ErrUnavailable, len(refs), err)
-	}
-	for _, ps := range a.pools {
-		for addr, p := range ps.unknown {
-			delete(ps.unknown, addr)
-			cur, ok := got[addr]
-			if p.del != nil {
-				a.settleDelete(ctx, ps, p.del, cur, ok)
-				continue
-			}
-			a.settle(ctx, ps, p.write, cur, ok)
-		}
 	}
 	return nil
 }
 
-// settle applies what etcd holds at w's address (cur, if ok) to the cache.
-func (a *NodeAllocator) settle(ctx context.Context, ps *poolState, w IPWrite, cur Allocation, ok bool) {
-	b, ob := ps.ownBlockOf(w.Addr)
-	mine := ok && sameRecord(cur.Record, w.Record)
-	switch {
-	case w.PrevRev == 0 && mine: // the create landed
-		var exp time.Time
-		if cur.Lease != 0 {
-			// Without the expiry the reservation just never lapses in the
-			// cache; etcd still expires it and a reload notices.
-			exp, _ = a.cfg.Store.LeaseExpiry(ctx, cur.Lease)
+// readBack reads refs from etcd, with the expiry of their leases, and
+// settles the cache at each address (settleAddr); parked calls at those
+// addresses are settled with them. On an error nothing changes.
+func (a *NodeAllocator) readBack(ctx context.Context, refs []IPRef) error {
+	got, err := a.cfg.Store.GetIPs(ctx, refs)
+	if err != nil {
+		return err
+	}
+	als := make([]Allocation, 0, len(got))
+	for _, al := range got {
+		als = append(als, al)
+	}
+	exp, err := a.expiries(ctx, als)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	for _, ref := range refs {
+		ps := a.pools[ref.Pool]
+		if ps == nil {
+			continue
 		}
-		cur.Seen = time.Now()
-		ps.remember(&cur, exp)
-		a.logAllocated(&cur)
-		a.log.Info("write of unknown outcome had landed", "pool", ps.pool.Name, "ip", w.Addr, "owner", w.Record.Owner.Key())
-	case w.PrevRev == 0 && !ok: // it did not land
-		if ob != nil {
-			ob.ba.Unmark(w.Addr)
+		delete(ps.unknown, ref.Addr)
+		var cur *Allocation
+		if al, ok := got[ref.Addr]; ok {
+			al.Seen = now
+			cur = &al
 		}
-	case mine: // a confirm landed
-		if al := ps.byAddr[w.Addr]; al != nil {
-			al.Record, al.Rev, al.Lease = cur.Record, cur.Rev, 0
-			delete(ps.expires, w.Addr)
-		}
-	case w.PrevRev != 0 && ok && cur.Rev == w.PrevRev: // a confirm that did not land
-	default:
-		// Someone else's write, or the reservation is gone: the cache is
-		// wrong about this address, so read the block again.
-		if ob != nil {
-			if err := a.reloadBlock(ctx, ps, b); err != nil {
-				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+		a.settleAddr(ps, ref.Addr, cur, exp)
+	}
+	return nil
+}
+
+// expiries asks etcd, once per lease, when the leases of als end: those
+// of reservations and of kept records. A reservation read back from the
+// store expires with its lease, so a retried ADD after a restart does not
+// get one that has already lapsed.
+func (a *NodeAllocator) expiries(ctx context.Context, als []Allocation) (map[int64]time.Time, error) {
+	out := map[int64]time.Time{}
+	for _, al := range als {
+		if _, done := out[al.Lease]; al.Lease != 0 && !done {
+			exp, err := a.cfg.Store.LeaseExpiry(ctx, al.Lease)
+			if err != nil {
+				return nil, err
 			}
+			out[al.Lease] = exp
 		}
+	}
+	return out, nil
+}
+
+// settleAddr makes the cache at addr what etcd holds there (cur, or nil
+// for nothing; exp the expiry of leases). An allocation the cache held at
+// addr that etcd no longer has was released: its address cools. The bit
+// of an own block's address stays marked while anything holds it.
+func (a *NodeAllocator) settleAddr(ps *poolState, addr netip.Addr, cur *Allocation, exp map[int64]time.Time) {
+	var until time.Time
+	if cur != nil {
+		until = exp[cur.Lease]
+	}
+	dropped := ps.settleAt(addr, cur, until, a.cfg.Node)
+	if dropped != nil && (cur == nil || dropped.Owner.Key() != cur.Owner.Key()) {
+		how := "released"
+		if cur != nil {
+			how = "ended: etcd holds " + cur.Owner.Key() + " there now"
+		}
+		a.logEnded(dropped, how)
+	}
+	if cur != nil && cur.Node == a.cfg.Node && cur.ContainerID != "" && (dropped == nil || dropped.Rev != cur.Rev) && cur.State != StateKept {
+		a.log.Info("settled from etcd", "pool", ps.pool.Name, "ip", addr, "owner", cur.Owner.Key(), "state", cur.State)
+	}
+	if cur != nil {
+		return
+	}
+	_, ob := ps.ownBlockOf(addr)
+	switch {
+	case ob == nil:
+	case dropped != nil && a.cfg.ReuseCooldown > 0:
+		ps.coolAt(addr, time.Now())
+	case !ps.planned[addr] && ps.cool.at[addr].IsZero() && !a.held(addr):
+		ob.ba.Unmark(addr)
 	}
 }
 
-// settleDelete applies what etcd holds at al's address (cur, if ok) after
-// a delete of al whose outcome was unknown.
-func (a *NodeAllocator) settleDelete(ctx context.Context, ps *poolState, al *Allocation, cur Allocation, ok bool) {
-	if ok && cur.Rev == al.Rev {
-		return // not deleted: the owner still holds it
+// held reports whether an endpoint of this node uses addr (NodeConfig.Held).
+func (a *NodeAllocator) held(addr netip.Addr) bool {
+	if a.cfg.Held == nil {
+		return false
 	}
-	if ps.byAddr[al.Addr] == al {
-		a.dropReleased(ps, al)
-		a.logEnded(al, "released")
-	}
-	if ok { // rewritten since: the cache does not know by whom
-		if b, ob := ps.ownBlockOf(al.Addr); ob != nil {
-			if err := a.reloadBlock(ctx, ps, b); err != nil {
-				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
-				ob.ba.Mark(al.Addr)
-			}
+	for _, h := range a.cfg.Held() {
+		if h.Unmap() == addr {
+			return true
 		}
 	}
+	return false
 }
 
 // sameRecord reports whether two records are one write's.

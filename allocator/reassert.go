@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"time"
 )
 
 // Re-asserting what the node's endpoints hold. etcd restored from an
@@ -79,81 +81,149 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 		return nil, nil, fmt.Errorf("reassert: read allocations: %w", err)
 	}
 	var errs []error
+	var known []IPRef // the owner's in etcd, not (so) in the cache
 	for _, it := range items {
 		ps, addr := it.ps, it.h.Addr
 		if al, ok := cur[addr]; ok {
-			if al.Owner.Key() != it.h.Owner.Key() {
+			switch c := ps.byAddr[addr]; {
+			case al.Owner.Key() != it.h.Owner.Key():
 				conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, HeldBy: &al,
 					Reason: fmt.Sprintf("held by %s on node %s", al.Owner.Key(), al.Node)})
+			case c == nil || c.Rev != al.Rev:
+				known = append(known, IPRef{Pool: ps.pool.Name, Block: it.block, Addr: addr})
 			}
 			continue
 		}
-		rec := Record{Owner: it.h.Owner, Node: a.cfg.Node, State: StateAllocated, Since: a.cfg.Now().UTC()}
-		if old := ps.byAddr[addr]; old != nil && old.Owner.Key() == it.h.Owner.Key() {
-			rec.Since = old.Since // the interval goes on
-		}
-		var res WriteResult
-		var werr error
-		lender := ""
-		for attempt := 0; attempt < 2; attempt++ {
-			ob, err := a.ownForReassert(ctx, ps, it.block)
-			var nb *notOwnError
-			if errors.As(err, &nb) && nb.claimedBy != "" {
-				lender = nb.claimedBy // a borrowed address: borrow it again
-				break
-			}
-			if err != nil {
-				werr = err
-				break
-			}
-			res, werr = a.cfg.Store.WriteIPs(ctx, []IPWrite{{Pool: ps.pool.Name, Block: it.block, ClaimRev: ob.claimRev, Addr: addr, Record: rec}})
-			var we *WriteError
-			if errors.As(werr, &we) && len(we.Fenced) > 0 {
-				// etcd lost our claim too (made after the snapshot):
-				// forget it and claim the block again if it is free.
-				ps.forgetBlock(it.block)
-				delete(ps.own, it.block)
-				werr = fmt.Errorf("block %s's claim changed twice: %w", it.block, ErrConflict) // the next pass tries again
-				continue
-			}
-			break
-		}
-		if lender != "" {
-			rec.Borrowed = true
-			al, err := a.writeBorrowed(ctx, ps, it.block, addr, rec, false)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("reassert %s borrowed from node %s: %w", addr, lender, err))
-				continue
-			}
+		al, conflict, err := a.reassertOne(ctx, ps, it.h, it.block)
+		switch {
+		case conflict != nil:
+			conflicts = append(conflicts, *conflict)
+		case err != nil:
+			errs = append(errs, fmt.Errorf("reassert %s: %w", addr, err))
+		default:
 			restored = append(restored, *al)
 			a.logReasserted(al)
-			continue
 		}
-		var we *WriteError
-		var nb *notOwnError
-		switch {
-		case errors.As(werr, &nb):
-			conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, Reason: nb.Error()})
-			continue
-		case errors.As(werr, &we):
-			// Written by someone meanwhile: the next pass reads who.
-			errs = append(errs, fmt.Errorf("reassert %s: taken meanwhile: %w", addr, ErrConflict))
-			continue
-		case werr != nil:
-			errs = append(errs, fmt.Errorf("reassert %s: %w", addr, werr))
-			continue
+	}
+	if len(known) > 0 {
+		if err := a.readBack(ctx, known); err != nil {
+			errs = append(errs, fmt.Errorf("reassert: read back: %w", err))
 		}
-		ob := ps.own[it.block]
-		al := &Allocation{Record: rec, Pool: ps.pool.Name, Block: it.block, Addr: addr, Rev: res.Rev, Seen: a.cfg.Now()}
-		if old := ps.byAddr[addr]; old != nil {
-			ps.forget(old)
-		}
-		ps.remember(al, res.Expires)
-		ob.ba.Mark(addr)
-		restored = append(restored, *al)
-		a.logReasserted(al)
 	}
 	return restored, conflicts, errors.Join(errs...)
+}
+
+// reassertWindow is the window of a sticky binding written back for a
+// record that does not carry its own (written before records did).
+const reassertWindow = time.Hour
+
+// reassertRecord is the record written back for h: the cached one of its
+// owner if the cache has it (identity and all), so the interval goes on;
+// else a new one.
+func (a *NodeAllocator) reassertRecord(ps *poolState, h HeldAddr) Record {
+	rec := Record{Owner: h.Owner, Node: a.cfg.Node, State: StateAllocated, Since: a.cfg.Now().UTC()}
+	if old := ps.byAddr[h.Addr]; old != nil && old.Owner.Key() == h.Owner.Key() {
+		rec = old.Record
+		rec.Node, rec.State, rec.Borrowed = a.cfg.Node, StateAllocated, false
+	}
+	return rec
+}
+
+// reassertBinding decides how a record of a sticky identity is written
+// back: with its binding when etcd lost that too (bind), as it is when the
+// binding names the owner, and without its identity when the identity has
+// moved on to another pod.
+func (a *NodeAllocator) reassertBinding(ctx context.Context, ps *poolState, rec *Record) (*Binding, error) {
+	if rec.Identity == "" {
+		return nil, nil
+	}
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, rec.Identity)
+	switch {
+	case err != nil:
+		return nil, err
+	case ok && b.Owner.Key() == rec.Owner.Key():
+		return nil, nil
+	case ok:
+		a.log.Warn("sticky identity moved on while etcd had lost a running pod's record; written back without it",
+			"identity", rec.Identity, "owner", rec.Owner.Key(), "now", b.Owner.Key())
+		rec.Identity, rec.WindowSeconds = "", 0
+		return nil, nil
+	}
+	window := rec.WindowSeconds
+	if window == 0 {
+		window = int64(reassertWindow / time.Second)
+	}
+	nb := &Binding{Identity: rec.Identity, Owner: rec.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), WindowSeconds: window, Pool: ps.pool.Name}
+	for _, al := range ps.byOwner[rec.Owner.Key()] {
+		if al.Identity == rec.Identity {
+			nb.Addrs = append(nb.Addrs, al.Addr)
+		}
+	}
+	slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+	return nb, nil
+}
+
+// reassertOne writes back the allocation of h, missing from etcd, in
+// block: fenced by this node's claim on it (claimed again if it is free),
+// or borrowed again from the node that claims it. A write of unknown
+// outcome is settled like any other.
+func (a *NodeAllocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix) (*Allocation, *Conflict, error) {
+	addr := h.Addr
+	rec := a.reassertRecord(ps, h)
+	for attempt := 0; attempt < 2; attempt++ {
+		ob, err := a.ownForReassert(ctx, ps, block)
+		var nb *notOwnError
+		switch {
+		case errors.As(err, &nb) && nb.claimedBy != "":
+			// A borrowed address: borrow it again.
+			rec.Borrowed = true
+			al, err := a.writeBorrowed(ctx, ps, block, addr, rec, false)
+			if err != nil {
+				return nil, nil, fmt.Errorf("borrowed from node %s: %w", nb.claimedBy, err)
+			}
+			return al, nil, nil
+		case errors.As(err, &nb):
+			return nil, &Conflict{HeldAddr: h, Pool: ps.pool.Name, Reason: nb.Error()}, nil
+		case err != nil:
+			return nil, nil, err
+		}
+		bind, err := a.reassertBinding(ctx, ps, &rec)
+		if err != nil {
+			return nil, nil, err
+		}
+		w := IPWrite{Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Record: rec}
+		var res WriteResult
+		if bind != nil {
+			res, err = a.cfg.Store.WriteBound(ctx, *bind, []IPWrite{w})
+		} else {
+			res, err = a.cfg.Store.WriteIPs(ctx, []IPWrite{w})
+		}
+		var we *WriteError
+		switch {
+		case errors.As(err, &we) && len(we.Fenced) > 0:
+			// etcd lost our claim too (made after the snapshot): forget
+			// it and claim the block again if it is free.
+			ps.forgetBlock(block)
+			delete(ps.own, block)
+			continue
+		case errors.Is(err, ErrConflict):
+			// Written by someone meanwhile: the next pass reads who.
+			return nil, nil, fmt.Errorf("taken meanwhile: %w", err)
+		case outcomeUnknown(err):
+			a.parkWrites(ps, []IPWrite{w})
+			if serr := a.settlePending(ctx); serr != nil {
+				return nil, nil, serr
+			}
+			if al := ps.byAddr[addr]; al != nil && sameRecord(al.Record, rec) {
+				return al, nil, nil
+			}
+			return nil, nil, err
+		}
+		al := &Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		ps.settleAt(addr, al, time.Time{}, a.cfg.Node)
+		return al, nil, nil
+	}
+	return nil, nil, fmt.Errorf("block %s's claim changed twice: %w", block, ErrConflict)
 }
 
 // notOwnError says why a held address's block cannot be this node's;

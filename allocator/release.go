@@ -142,7 +142,7 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	default:
-		a.parkDelete(ps, al)
+		a.park(ps, al.Owner.Key(), "release", IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
 		if serr := a.settlePending(ctx); serr != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), serr)
 		}

@@ -33,22 +33,27 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 				ErrBadRequest, ip, b.Identity, b.Addrs, b.Identity, ps.pool.Name)
 		}
 	}
-	if !ok || b.Owner.Key() == r.Owner.Key() {
-		p, err := a.planOrdinary(ctx, r, pendErr)
-		if err != nil {
+	if ok && b.Owner.Key() == r.Owner.Key() {
+		// A retry of the ADD that bound the identity: the binding's
+		// addresses are this owner's in etcd; read them into the cache
+		// if it lost track, so the retry gets them and not new ones.
+		if err := a.syncBound(ctx, ps, b, r.Owner); err != nil {
 			return nil, err
 		}
-		nb := Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(),
-			WindowSeconds: int64(r.Sticky.Window / time.Second), Pool: ps.pool.Name, Rev: b.Rev}
-		for _, al := range p.reused {
-			nb.Addrs = append(nb.Addrs, al.Addr)
-		}
-		for _, w := range p.writes {
-			nb.Addrs = append(nb.Addrs, w.Addr)
-		}
-		slices.SortFunc(nb.Addrs, netip.Addr.Compare)
-		p.bind = &nb
-		return p, nil
+	}
+	if !ok || b.Owner.Key() == r.Owner.Key() {
+		return a.planBound(ctx, ps, r, pendErr, b.Rev)
+	}
+	refs, cur, err := a.readBound(ctx, ps, b)
+	if err != nil {
+		return nil, err
+	}
+	if !b.Kept() && staleBinding(b, cur) {
+		// The pod it names holds none of its addresses: its reservation
+		// was released or lapsed before it ran. The identity starts
+		// afresh, replacing the binding.
+		a.log.Info("sticky binding names a container that holds nothing; replacing it", "identity", b.Identity, "owner", b.Owner.Key())
+		return a.planBound(ctx, ps, r, pendErr, b.Rev)
 	}
 	if !b.Kept() && (b.Owner.Namespace != r.Owner.Namespace || b.Owner.Pod != r.Owner.Pod || b.Owner.Pod == "") {
 		return nil, fmt.Errorf("%w: %s is held by pod %s/%s (%s on node %s); two live pods cannot share one identity",
@@ -58,29 +63,84 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 		// Taking kept addresses back is not handing out new ones.
 		a.log.Debug("sticky identity takes its addresses back in a disabled pool", "identity", b.Identity)
 	}
-	return a.planTakeover(ctx, ps, r, b)
+	return a.planTakeover(ctx, ps, r, b, refs, cur)
 }
 
-// planTakeover plans the writes that give b's addresses to r's owner:
-// each compares the record found (kept for the identity, or the earlier
-// pod's) and is fenced like any write, into an own block or borrowed.
-func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Request, b Binding) (*plan, error) {
+// readBound reads what etcd holds at b's addresses.
+func (a *NodeAllocator) readBound(ctx context.Context, ps *poolState, b Binding) ([]IPRef, map[netip.Addr]Allocation, error) {
 	refs := make([]IPRef, 0, len(b.Addrs))
 	for _, addr := range b.Addrs {
 		blk, ok := ps.pool.BlockFor(addr)
 		if !ok {
-			return nil, fmt.Errorf("%w: sticky identity %s holds %s, which is not in pool %s any more", ErrBadRequest, b.Identity, addr, ps.pool.Name)
+			return nil, nil, fmt.Errorf("%w: sticky identity %s holds %s, which is not in pool %s any more", ErrBadRequest, b.Identity, addr, ps.pool.Name)
 		}
 		refs = append(refs, IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
 	}
 	cur, err := a.cfg.Store.GetIPs(ctx, refs)
 	if err != nil {
+		return nil, nil, err
+	}
+	return refs, cur, nil
+}
+
+// planBound plans the request in the node's blocks and binds what it
+// gets to the identity, replacing the binding at rev (0: none).
+func (a *NodeAllocator) planBound(ctx context.Context, ps *poolState, r Request, pendErr error, rev int64) (*plan, error) {
+	p, err := a.planOrdinary(ctx, r, pendErr)
+	if err != nil {
 		return nil, err
 	}
+	nb := Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(),
+		WindowSeconds: int64(r.Sticky.Window / time.Second), Pool: ps.pool.Name, Rev: rev}
+	for _, al := range p.reused {
+		nb.Addrs = append(nb.Addrs, al.Addr)
+	}
+	for _, w := range p.writes {
+		nb.Addrs = append(nb.Addrs, w.Addr)
+	}
+	slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+	p.bind = &nb
+	return p, nil
+}
+
+// staleBinding reports whether none of b's addresses holds a record of
+// b's owner (cur is what etcd holds at them).
+func staleBinding(b Binding, cur map[netip.Addr]Allocation) bool {
+	for _, addr := range b.Addrs {
+		if c, ok := cur[addr]; ok && c.Owner.Key() == b.Owner.Key() {
+			return false
+		}
+	}
+	return true
+}
+
+// syncBound reads into the cache the addresses of b, which names owner o,
+// that the cache does not know as o's.
+func (a *NodeAllocator) syncBound(ctx context.Context, ps *poolState, b Binding, o Owner) error {
+	var refs []IPRef
+	for _, addr := range b.Addrs {
+		if al := ps.byAddr[addr]; al != nil && al.Owner.Key() == o.Key() {
+			continue
+		}
+		if blk, ok := ps.pool.BlockFor(addr); ok {
+			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	return a.readBack(ctx, refs)
+}
+
+// planTakeover plans the writes that give b's addresses to r's owner:
+// each compares the record found at refs (cur: kept for the identity, or
+// the earlier pod's) and is fenced like any write, into an own block or
+// borrowed.
+func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Request, b Binding, refs []IPRef, cur map[netip.Addr]Allocation) (*plan, error) {
 	p := &plan{ps: ps, req: r}
 	now := a.cfg.Now().UTC()
 	for _, ref := range refs {
-		rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: StateAllocated, Since: now, Identity: b.Identity}
+		rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: StateAllocated, Since: now, Identity: b.Identity, WindowSeconds: int64(r.Sticky.Window / time.Second)}
 		w := IPWrite{Pool: ps.pool.Name, Block: ref.Block, Addr: ref.Addr, Record: rec}
 		if c, ok := cur[ref.Addr]; ok {
 			mine := c.Identity == b.Identity && (c.State == StateKept || c.Owner.Key() == b.Owner.Key())
@@ -116,7 +176,7 @@ func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Reque
 // keepOwner keeps the owner's sticky allocations als (one identity) for
 // the identity instead of freeing them. If the identity has moved on (a
 // later pod took the addresses over) there is nothing of this owner to
-// keep: the cache drops them and the release succeeds.
+// keep: the cache learns who holds them now and the release succeeds.
 func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*Allocation) error {
 	identity := als[0].Identity
 	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, identity)
@@ -131,41 +191,56 @@ func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*All
 		vals[i] = *al
 	}
 	end, err := a.cfg.Store.Keep(ctx, b, vals)
-	if errors.Is(err, ErrConflict) {
+	switch {
+	case errors.Is(err, ErrConflict):
 		return a.dropTakenOver(ctx, ps, als)
-	}
-	if err != nil {
+	case outcomeUnknown(err):
+		a.park(ps, als[0].Owner.Key(), "keep", refsOf(als)...)
+		if serr := a.settlePending(ctx); serr != nil {
+			return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, serr)
+		}
+		if still := a.stillCached(ps, als); still != nil {
+			return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
+		}
+	case err != nil:
 		return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
+	default:
+		for _, al := range als {
+			ps.forget(al)
+			if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+				ps.kept[al.Addr] = keptAddr{identity: identity, until: end}
+			}
+		}
 	}
 	for _, al := range als {
-		ps.forget(al)
-		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
-			ps.kept[al.Addr] = keptAddr{identity: identity, until: end}
-		}
-		a.logEnded(al, "kept for sticky identity "+identity+" until "+end.Format(time.RFC3339))
+		a.logEnded(al, "kept for sticky identity "+identity)
 	}
 	return nil
 }
 
-// dropTakenOver reads als from etcd: the ones another owner holds now
-// (taken over by a later pod of the identity) leave the cache; any still
-// this owner's is an error to retry.
-func (a *NodeAllocator) dropTakenOver(ctx context.Context, ps *poolState, als []*Allocation) error {
-	refs := make([]IPRef, len(als))
-	for i, al := range als {
-		refs[i] = IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr}
-	}
-	cur, err := a.cfg.Store.GetIPs(ctx, refs)
-	if err != nil {
-		return err
-	}
+// stillCached returns the first of als that the cache still holds as it
+// was (same revision): etcd did not change it.
+func (a *NodeAllocator) stillCached(ps *poolState, als []*Allocation) *Allocation {
 	for _, al := range als {
-		if c, ok := cur[al.Addr]; ok && c.Rev == al.Rev {
-			return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, ErrConflict)
+		if cur := ps.byAddr[al.Addr]; cur == al {
+			return al
 		}
 	}
+	return nil
+}
+
+// dropTakenOver reads als back from etcd and settles the cache from it:
+// the ones another owner holds now (taken over by a later pod of the
+// identity, or kept) leave the owner; any still this owner's as it was is
+// an error to retry.
+func (a *NodeAllocator) dropTakenOver(ctx context.Context, ps *poolState, als []*Allocation) error {
+	if err := a.readBack(ctx, refsOf(als)); err != nil {
+		return err
+	}
+	if al := a.stillCached(ps, als); al != nil {
+		return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, ErrConflict)
+	}
 	for _, al := range als {
-		ps.forget(al)
 		a.log.Info("late release of a sticky address a later pod holds now: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
 	}
 	return nil

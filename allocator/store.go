@@ -62,6 +62,9 @@ type Record struct {
 	// Identity is the sticky identity (namespace/name) the address
 	// follows, if any (sticky.go): a release keeps it for the identity.
 	Identity string `json:"identity,omitempty"`
+	// WindowSeconds is the sticky identity's window, so a binding lost
+	// with its record (etcd restored) can be written back (reassert.go).
+	WindowSeconds int64 `json:"windowSeconds,omitempty"`
 }
 
 // Allocation is a Record as read from the store, with its place and the
@@ -203,6 +206,11 @@ type Store interface {
 	FenceBorrower(ctx context.Context, c Claim, lease int64) (int64, error)
 	// ListLent returns the pool's lent addresses and the node holding each.
 	ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error)
+	// LastReleased reads when each of addrs was last released (the end
+	// of its newest interval in IP history), in one round trip; an
+	// address with no history is absent. Borrowers respect the lender's
+	// reuse cooldown with it.
+	LastReleased(ctx context.Context, pool string, addrs []netip.Addr) (map[netip.Addr]time.Time, error)
 
 	// GetBinding reads a sticky identity's binding; ok is false when
 	// there is none.

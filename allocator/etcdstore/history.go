@@ -210,7 +210,7 @@ func (h *HistoryRecorder) Commit(ctx context.Context, r HistoryRecord, commit fu
 // transaction, records r. A key already gone is success (and records
 // nothing: whoever deleted it recorded it). A key rewritten since rev
 // wraps ErrConflict.
-func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, also ...clientv3.Op) error {
+func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, guards []clientv3.Cmp, also ...clientv3.Op) error {
 	if rev <= 0 {
 		// A compare on revision 0 would match an absent key and record an
 		// interval nobody had.
@@ -219,7 +219,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 	var resp *clientv3.TxnResponse
 	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) (err error) {
 		then := append(append([]clientv3.Op{clientv3.OpDelete(key)}, also...), puts...)
-		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
+		resp, err = s.kv.Txn(ctx).If(append([]clientv3.Cmp{kvstore.Unchanged(key, rev)}, guards...)...).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		return err
 	})
 	if err != nil {
@@ -268,4 +268,34 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryRecord, 
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].End.Before(out[j].End) })
 	return slices.Clip(out), nil
+}
+
+// LastReleased implements allocator.Store: the newest history record of
+// each address, one sorted, limited range read per address in one
+// transaction. History keys of an address are ordered by end time.
+func (s *Store) LastReleased(ctx context.Context, pool string, addrs []netip.Addr) (map[netip.Addr]time.Time, error) {
+	out := map[netip.Addr]time.Time{}
+	for chunk := range slices.Chunk(addrs, 64) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, addr := range chunk {
+			ops[i] = clientv3.OpGet(IPHistoryPrefix(pool, addr), clientv3.WithPrefix(),
+				clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
+		}
+		resp, err := s.kv.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("read last releases: %w", kvstore.Unavailable(err))
+		}
+		for i, r := range resp.Responses {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				continue
+			}
+			v, err := kvstore.Decode[HistoryRecord](kvs[0])
+			if err != nil {
+				continue
+			}
+			out[chunk[i]] = v.Value.End
+		}
+	}
+	return out, nil
 }

@@ -272,8 +272,27 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 
 // DeleteIP implements allocator.Store: the guarded delete and the history
 // record of the interval it ends, in one transaction.
+//
+// An address of a sticky identity that is released, not kept (the
+// reservation of an ADD that failed, or a request's borrowed address
+// given back), takes the identity's binding with it when the binding
+// names al's owner: the container it names never ran, and the identity's
+// next pod must not be sent after addresses it does not hold.
 func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
-	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), releaseOps(al)...)
+	also := releaseOps(al)
+	var guards []clientv3.Cmp
+	if al.Identity != "" && al.State != allocator.StateKept {
+		b, ok, err := s.GetBinding(ctx, al.Pool, al.Identity)
+		if err != nil {
+			return err
+		}
+		if ok && !b.Kept() && b.Owner.Key() == al.Owner.Key() {
+			key := BindingKey(al.Pool, al.Identity)
+			guards = append(guards, kvstore.Unchanged(key, b.Rev))
+			also = append(also, clientv3.OpDelete(key))
+		}
+	}
+	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), guards, also...)
 }
 
 // releaseOps are what goes with an allocation's key when it is released:

@@ -1,0 +1,96 @@
+package allocator_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
+)
+
+// TestReassertAnswerLostIsTracked: etcd lost a running pod's allocation
+// (restored from an older snapshot) and the agent restarted; Reassert
+// writes it back and the answer of that write is lost. The settled write
+// must be known to the node, so the pod's DEL frees the address in etcd,
+// and a second Reassert pass changes nothing.
+func TestReassertAnswerLostIsTracked(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := owner(1)
+	res, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: o})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
+	require.NoError(t, err)
+
+	// The agent restarts: its cache comes from etcd, its endpoint holds x.
+	cli := etcdtest.Client(t, e)
+	h := newHookStore(etcdstore.New(cli, etcdstore.Options{}))
+	sess, err := kvstore.NewSession(ctx, cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	held := []allocator.HeldAddr{{Owner: o, Addr: x.Addr}}
+	n, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: "a", Store: h, Pools: []string{"one"},
+		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
+	require.NoError(t, err)
+	require.NoError(t, n.Restore(ctx, sess))
+
+	h.After("WriteIPs", commitThenFail(1))
+	_, _, err = n.Reassert(ctx, held) // an error is fair: its answer was lost
+	t.Logf("first pass: %v", err)
+	_, conflicts, err := n.Reassert(ctx, held)
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Equal(t, o.Key(), holdersOf(t, a.cli)[x.Addr].Owner.Key(), "x is written back")
+
+	gone, err := n.Release(ctx, o)
+	require.NoError(t, err)
+	require.Len(t, gone, 1, "the DEL releases what Reassert wrote")
+	require.Empty(t, holdersOf(t, a.cli), "nothing is left in etcd for the gone pod")
+}
+
+// TestReassertKeepsStickyIdentity: etcd lost a sticky pod's allocation
+// and its binding. Reassert writes both back, the record with its
+// identity, so the pod's DEL keeps the address for the identity (it is
+// not freed) and the identity's next pod gets it.
+func TestReassertKeepsStickyIdentity(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	ensurePool(t, e, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	first := stickyPod("web-0", 1)
+	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Minute))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr))
+	require.NoError(t, err)
+	_, err = a.cli.Delete(ctx, etcdstore.BindingKey("one", "ns/web-0"))
+	require.NoError(t, err)
+
+	restored, conflicts, err := a.alloc.Reassert(ctx, []allocator.HeldAddr{{Owner: first, Addr: x.Addr}})
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 1)
+	rec := holdersOf(t, a.cli)[x.Addr]
+	require.Equal(t, "ns/web-0", rec.Identity, "the record is written back with its identity")
+	b, ok, err := a.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.True(t, ok, "and the binding with it")
+	require.Equal(t, first.Key(), b.Owner.Key())
+	require.Equal(t, []netip.Addr{x.Addr}, b.Addrs)
+
+	_, err = a.alloc.Release(ctx, first)
+	require.NoError(t, err)
+	require.Equal(t, allocator.StateKept, holdersOf(t, a.cli)[x.Addr].State, "the DEL keeps x for web-0")
+	res, err = a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 2), time.Minute))
+	require.NoError(t, err)
+	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}
