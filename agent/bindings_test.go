@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -77,4 +78,72 @@ func TestPoolChoice(t *testing.T) {
 
 	require.NoError(t, st.UnbindNamespace(ctx, "team"))
 	require.Eventually(t, func() bool { return poolOf("team", "", "blue") == "blue" }, 10*time.Second, 20*time.Millisecond, "unbound")
+}
+
+// ownerIPs reads from etcd every address the owner holds in the pools.
+func ownerIPs(t testing.TB, cli *clientv3.Client, o api.Owner, pools ...string) []allocator.Allocation {
+	t.Helper()
+	var out []allocator.Allocation
+	for _, p := range pools {
+		resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix(p), clientv3.WithPrefix())
+		require.NoError(t, err)
+		als, err := etcdstore.DecodeAllocations(p, resp.Kvs)
+		require.NoError(t, err)
+		for _, al := range als {
+			if al.ContainerID == o.ContainerID && al.IfName == o.IfName {
+				out = append(out, al)
+			}
+		}
+	}
+	return out
+}
+
+// TestRetriedAddAfterNamespaceRebind: an ADD lands in the pool its
+// namespace is bound to; an operator rebinds the namespace (kvipamctl
+// pool bind-namespace) and the runtime retries the same ADD (the answer
+// was lost). The retry gets the addresses that landed, in the pool they
+// are in, and etcd holds one address per family for the owner, not a
+// second pair in the new pool.
+func TestRetriedAddAfterNamespaceRebind(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cfg := testConfig(t, e)
+	pool := func(name string, i int) allocator.Pool {
+		return allocator.Pool{Name: name, BlockSizeV4: 28, BlockSizeV6: 124, CIDRs: []netip.Prefix{
+			netip.MustParsePrefix(fmt.Sprintf("10.%d.0.0/24", i)), netip.MustParsePrefix(fmt.Sprintf("fd00:%d::/64", i))}}
+	}
+	cfg.Pools = []allocator.Pool{pool("default", 61), pool("green", 63), pool("blue", 62)}
+	ta := startAgent(t, cfg, Options{})
+	st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
+	cli := etcdtest.Client(t, e)
+	bindTo := func(p string) {
+		t.Helper()
+		require.NoError(t, st.BindNamespace(ctx, "team", p))
+		require.Eventually(t, func() bool { return ta.a.bindings.poolFor("team") == p }, 10*time.Second, 10*time.Millisecond,
+			"the agent's watch has the binding")
+	}
+
+	o := owner(1)
+	o.Namespace = "team"
+	bindTo("green")
+	first, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o})
+	require.NoError(t, err)
+	require.Equal(t, "green", first.Pool)
+	require.Len(t, first.IPs, 2)
+
+	bindTo("blue")
+	retried, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o})
+	require.NoError(t, err)
+	require.Equal(t, "green", retried.Pool, "a retried ADD stays in the pool its addresses are in")
+	require.Equal(t, first.IPs, retried.IPs, "and gets the addresses that landed")
+
+	held := ownerIPs(t, cli, o, "default", "green", "blue")
+	require.Len(t, held, 2, "etcd holds one address per family for the owner: %v", held)
+	require.NotEqual(t, allocator.FamilyOf(held[0].Addr), allocator.FamilyOf(held[1].Addr))
+
+	other := owner(2)
+	other.Namespace = "team"
+	r, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: other, Permanent: true})
+	require.NoError(t, err)
+	require.Equal(t, "blue", r.Pool, "a new pod of the namespace gets the new binding")
 }

@@ -34,10 +34,11 @@ func (m *endpointManager) drain(ctx context.Context) error {
 
 // drainNow applies the queued DELs at once (at start, and when etcd or
 // the lease comes back) rather than at the reconciler's next pass; what
-// fails stays queued for that pass.
+// fails stays queued for that pass, and what cannot be read is set aside
+// (delqueue.RejectedDir) and reported here once.
 func (m *endpointManager) drainNow(ctx context.Context) {
 	if err := m.drain(ctx); err != nil {
-		m.log.Warn("queued DELs left for a later pass", "error", err)
+		m.log.Warn("queued DELs not applied (failed ones stay queued, unreadable ones are set aside)", "error", err)
 	}
 }
 

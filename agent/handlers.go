@@ -100,6 +100,12 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 		out.Pool = h.defaultPool
 		field, from = "pool", "the agent's default pool"
 	}
+	if held := h.heldPool(out.Owner, out.Pool); held != "" {
+		// A retried ADD: the choice may have changed since the first try
+		// (a namespace rebound, an annotation edited), but the attachment
+		// is the same, and it gets what landed, not a second address.
+		out.Pool = held
+	}
 	if !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
 		pod := req.Owner.Key()
 		if req.Owner.Pod != "" {
@@ -123,6 +129,24 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 		out.Sticky = s
 	}
 	return out, nil
+}
+
+// heldPool is the pool in which the owner already holds addresses on
+// this node, or "": want when it holds some there too.
+func (h *handlers) heldPool(o allocator.Owner, want string) string {
+	if h.lookup == nil {
+		return ""
+	}
+	held := ""
+	for _, al := range h.lookup(o) {
+		if al.Pool == want {
+			return want
+		}
+		if held == "" {
+			held = al.Pool
+		}
+	}
+	return held
 }
 
 // stickyOf is the sticky identity an allocate request asks for.

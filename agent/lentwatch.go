@@ -4,17 +4,24 @@ import (
 	"context"
 	"net/netip"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
 // lentWatch tells the allocator which addresses of this node's blocks
 // other nodes borrowed and gave back, as their homes come and go in etcd,
 // so that the node's books (kvipam_pool_lent_addresses, its free count)
-// are right without waiting for a failed write to teach it.
+// are right without waiting for a failed write to teach it. A loan given
+// back may leave a disabled pool's block empty: it goes back at once, so
+// that the drained pool can be deleted.
 type lentWatch struct {
 	alloc interface {
 		NoteLent(pool string, addr netip.Addr, node string, present bool)
+		ResetLent(lent map[string]map[netip.Addr]string) []string
+		Pool(name string) (allocator.Pool, bool)
+		GiveBackEmpty(ctx context.Context, pool string) int
 	}
+	ctx context.Context // the watch's, for giving blocks back
 }
 
 // homeSource is where homes come from (etcdstore.Store).
@@ -22,11 +29,26 @@ type homeSource interface {
 	WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error
 }
 
-func (w lentWatch) run(ctx context.Context, src homeSource) { _ = src.WatchHomes(ctx, w) }
+func (w lentWatch) run(ctx context.Context, src homeSource) {
+	w.ctx = ctx
+	_ = src.WatchHomes(ctx, w)
+}
 
+// ResetHomes replaces everything the node knows of lent addresses: a
+// loan given back during a watch gap is in no event, only missing here.
 func (w lentWatch) ResetHomes(homes []etcdstore.BlockHome) {
+	lent := map[string]map[netip.Addr]string{}
 	for _, h := range homes {
-		w.PutHome(h)
+		if !h.Lent {
+			continue
+		}
+		if lent[h.Pool] == nil {
+			lent[h.Pool] = map[netip.Addr]string{}
+		}
+		lent[h.Pool][h.Block.Addr()] = h.Node
+	}
+	for _, pool := range w.alloc.ResetLent(lent) {
+		w.giveBack(pool)
 	}
 }
 
@@ -39,5 +61,14 @@ func (w lentWatch) PutHome(h etcdstore.BlockHome) {
 func (w lentWatch) DeleteHome(h etcdstore.BlockHome) {
 	if h.Lent {
 		w.alloc.NoteLent(h.Pool, h.Block.Addr(), "", false)
+		w.giveBack(h.Pool)
+	}
+}
+
+// giveBack gives a disabled pool's empty blocks back; a pool in service
+// keeps them (and the watch does not wait for the allocator's lock).
+func (w lentWatch) giveBack(pool string) {
+	if p, ok := w.alloc.Pool(pool); ok && p.Disabled && w.ctx != nil {
+		w.alloc.GiveBackEmpty(w.ctx, pool)
 	}
 }

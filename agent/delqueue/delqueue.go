@@ -7,7 +7,8 @@
 // interface name), written to a temporary file and renamed into place, so
 // a reader never sees half a file and a repeated DEL of the same
 // attachment collapses into one entry. Enqueue and Drain are safe to call
-// from separate processes at once.
+// from separate processes at once. An entry no Drain can read is moved to
+// the queue's RejectedDir and reported once.
 //
 // The file format is a contract between the plugins, which write it, and
 // the agent, which drains it; like the API in agent/api it lives with the
@@ -49,6 +50,18 @@ const (
 	// staleTmp is how old a temporary file must be before Drain removes
 	// it: older than any Enqueue still writing it.
 	staleTmp = 10 * time.Minute
+	// RejectedDir is the subdirectory of a queue that holds the entries
+	// no Drain can read (not JSON, no owner), kept as they were for a
+	// person to look at.
+	RejectedDir = "rejected"
+)
+
+var (
+	// ErrRejected marks an entry Drain moved to RejectedDir: Drain
+	// reports it once, and the queue no longer lists it.
+	ErrRejected = errors.New("delqueue: entry rejected")
+	// errMalformed marks an entry that no later read will make sense of.
+	errMalformed = errors.New("malformed")
 )
 
 // FileName is the queue file of an owner: the same (container ID,
@@ -169,6 +182,9 @@ func drainOne(ctx context.Context, path string, release func(context.Context, En
 		}
 	}
 	e, err := read(claimed)
+	if errors.Is(err, errMalformed) {
+		return false, reject(claimed, err)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -194,12 +210,29 @@ func read(path string) (Entry, error) {
 	}
 	var e Entry
 	if err := json.Unmarshal(data, &e); err != nil {
-		return Entry{}, fmt.Errorf("queued DEL %s: %w", path, err)
+		return Entry{}, fmt.Errorf("queued DEL %s: %w: %w", path, errMalformed, err)
 	}
 	if e.Owner.ContainerID == "" || e.Owner.IfName == "" {
-		return Entry{}, fmt.Errorf("queued DEL %s: no container ID or interface name", path)
+		return Entry{}, fmt.Errorf("queued DEL %s: %w: no container ID or interface name", path, errMalformed)
 	}
 	return e, nil
+}
+
+// reject moves a claimed entry no Drain can read into RejectedDir under
+// its own name: left in the queue it would keep Pending true, and the
+// agent would retry and warn about it on every look. The error it
+// returns, wrapping ErrRejected, is the one report of the entry.
+func reject(claimed string, why error) error {
+	dir, name := filepath.Split(claimed)
+	rejected := filepath.Join(dir, RejectedDir)
+	if err := os.MkdirAll(rejected, 0o700); err != nil {
+		return errors.Join(why, fmt.Errorf("reject queued DEL: %w", err))
+	}
+	to := filepath.Join(rejected, strings.TrimPrefix(name, claimPrefix))
+	if err := os.Rename(claimed, to); err != nil {
+		return errors.Join(why, fmt.Errorf("reject queued DEL: %w", err))
+	}
+	return fmt.Errorf("%w, moved to %s: %w", ErrRejected, to, why)
 }
 
 // removeStaleTemps removes temporary files a crashed Enqueue left.

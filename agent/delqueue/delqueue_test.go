@@ -169,7 +169,7 @@ func TestDrainReportsAndKeepsACorruptEntry(t *testing.T) {
 	done, err := Drain(context.Background(), dir, func(context.Context, api.Owner) error { return nil })
 	require.Equal(t, 1, done)
 	require.ErrorContains(t, err, "garbage.json")
-	require.Len(t, files(t, dir), 1)
+	require.Equal(t, []string{RejectedDir}, files(t, dir), "kept aside, out of the queue")
 }
 
 func TestDrainStopsWhenTheContextEnds(t *testing.T) {
@@ -195,4 +195,41 @@ func TestFileNameIsStableAndDistinct(t *testing.T) {
 	require.Equal(t, a, FileName(api.Owner{ContainerID: "c1", IfName: "eth0", Pod: "other"}))
 	require.NotEqual(t, a, FileName(owner("c1", "eth1")))
 	require.True(t, strings.HasSuffix(a, ".json"))
+}
+
+// TestMalformedDelQueueEntryRejectedOnce: an entry no Drain can ever read
+// is moved to the rejected directory and reported by one Drain only, so
+// the agent's queue watcher, which drains while Pending says yes, does
+// not retry and warn about it every second forever.
+func TestMalformedDelQueueEntryRejectedOnce(t *testing.T) {
+	for _, tt := range []struct{ name, file, data string }{
+		{name: "not json", file: "garbage.json", data: "{not json"},
+		{name: "no owner", file: "empty.json", data: `{"owner":{"containerID":"c1"}}`},
+		{name: "claimed by a killed drain", file: claimPrefix + "garbage.json", data: "{not json"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, tt.file), []byte(tt.data), 0o600))
+			require.NoError(t, Enqueue(dir, owner("a", "eth0")))
+			release := func(context.Context, api.Owner) error { return nil }
+
+			done, err := Drain(context.Background(), dir, release)
+			require.Equal(t, 1, done, "the good entry is applied")
+			require.ErrorIs(t, err, ErrRejected)
+			require.ErrorContains(t, err, strings.TrimPrefix(tt.file, claimPrefix))
+
+			pending, err := Pending(dir)
+			require.NoError(t, err)
+			require.False(t, pending, "a rejected entry is not pending")
+			done, err = Drain(context.Background(), dir, release)
+			require.NoError(t, err, "a rejected entry is reported once")
+			require.Zero(t, done)
+
+			rejected := files(t, filepath.Join(dir, RejectedDir))
+			require.Equal(t, []string{strings.TrimPrefix(tt.file, claimPrefix)}, rejected)
+			data, err := os.ReadFile(filepath.Join(dir, RejectedDir, rejected[0]))
+			require.NoError(t, err)
+			require.Equal(t, tt.data, string(data), "kept as it was, for a person to read")
+		})
+	}
 }

@@ -168,19 +168,28 @@ func TestSIGKILLRestartKeepsEverything(t *testing.T) {
 		require.Equal(t, held[o.ContainerID], got, "pod %d kept its addresses", i)
 		require.Equal(t, "allocated", r.State)
 	}
-	// The pod whose veth vanished is collected after the grace period.
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		if eps, err = c.Endpoints(ctx); err == nil && len(eps) == pods-1 {
-			break
+	// The pod whose veth vanished is collected after the grace period:
+	// await its release landing in etcd (the endpoint record goes at its
+	// own moment, so a shorter endpoint list proves nothing about etcd),
+	// then check that nothing else went.
+	holdsPod0 := func(als map[string]string) bool {
+		for k := range als {
+			if strings.Contains(k, `"pod-0"`) {
+				return true
+			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		return false
 	}
-	require.Len(t, eps, pods-1)
-	after := allocations(t, cli)
-	require.Len(t, after, 2*(pods-1))
-	for k := range after {
-		require.NotContains(t, k, "pod-0")
+	require.True(t, holdsPod0(before), "the check below can see pod-0's records")
+	require.Eventually(t, func() bool { return !holdsPod0(allocations(t, cli)) }, 60*time.Second, 50*time.Millisecond,
+		"the vanished pod's addresses are released in etcd")
+	require.Len(t, allocations(t, cli), 2*(pods-1), "only the vanished pod's addresses went")
+	require.Eventually(t, func() bool {
+		eps, err = c.Endpoints(ctx)
+		return err == nil && len(eps) == pods-1
+	}, 60*time.Second, 50*time.Millisecond, "and its endpoint record")
+	for _, ep := range eps {
+		require.NotEqual(t, "pod-0", ep.Owner.ContainerID)
 	}
 }
 
