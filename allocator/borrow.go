@@ -357,12 +357,8 @@ func (a *NodeAllocator) NoteLent(pool string, addr netip.Addr, node string, pres
 		ob.ba.Mark(addr)
 		return
 	}
-	if _, ok := ps.lent[addr]; !ok {
-		return
-	}
-	delete(ps.lent, addr)
-	if _, parked := ps.unknown[addr]; ps.byAddr[addr] == nil && !ps.planned[addr] && !parked {
-		ob.ba.Unmark(addr)
+	if _, ok := ps.lent[addr]; ok {
+		ps.dropLent(addr)
 	}
 }
 
