@@ -200,9 +200,14 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 		switch {
 		case w.Borrowed && modRev(BorrowerKey(w.Record.Node)) != w.ClaimRev:
 			we.FenceLost = true
-		case w.Borrowed:
-			taken = taken || modRev(HomeKey(w.Pool, w.Block)) == 0
-		case modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block]:
+		case w.Borrowed && modRev(HomeKey(w.Pool, w.Block)) == 0 && !fenced[w.Block]:
+			// The block was released (node remove deleted its home): no
+			// address of it may be written, taken or not. Reported as
+			// taken, the allocator would re-plan the same write at once,
+			// without back-off, until its deadline.
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		case !w.Borrowed && modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block]:
 			fenced[w.Block] = true
 			we.Fenced = append(we.Fenced, w.Block)
 		}

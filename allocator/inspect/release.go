@@ -33,6 +33,9 @@ const (
 	StepIP    StepKind = "ip"
 	StepClaim StepKind = "claim"
 	StepHome  StepKind = "home"
+	// StepBinding deletes a sticky identity's binding to addresses the
+	// plan releases.
+	StepBinding StepKind = "binding"
 )
 
 // Guard is a condition a step's delete is fenced by, checked in the same
@@ -152,6 +155,7 @@ func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep f
 	if gone {
 		p.Evidence = &ev
 	}
+	p.Steps = withBindings(s, p.Steps)
 	return p, nil
 }
 

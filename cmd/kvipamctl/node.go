@@ -26,6 +26,8 @@ func (a *app) nodeCmd() *cobra.Command {
 		Long: `Free the blocks of a node that is gone for good: delete its claims, the
 allocations in its blocks, then the blocks' homes, so any node can claim
 them again. This is the audited release of orphaned blocks (invariant 3).
+A sticky identity whose addresses go (kept for it, or its pod's) loses its
+binding too, so its next pod gets new addresses.
 
 A missing node record is not proof that the node is gone: a node cut off
 from etcd for longer than its lease TTL loses its node record and claims

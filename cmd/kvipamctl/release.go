@@ -41,7 +41,9 @@ into the plan and every audit line. --force does not replace it.
 
 Without --force every delete is also fenced on the node record still being
 absent, so an agent that comes back in the meantime keeps its addresses.
---dry-run prints the plan and changes nothing.`,
+An address of a sticky identity (kept for it, or its pod's) goes with the
+identity's binding, once the address is gone, so its next pod gets new
+addresses. --dry-run prints the plan and changes nothing.`,
 		Example: `  kvipamctl release --ip 10.42.3.17 --pool default --confirm-gone worker-7 --last-seen 3h --dry-run
   kvipamctl release --owner 3f9a1c0e7b2d --ifname eth0 --confirm-gone worker-7 --last-seen 2026-01-22T07:40:00Z
   kvipamctl release --node worker-7 --confirm-gone worker-7 --last-seen 3h
