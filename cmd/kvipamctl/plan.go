@@ -81,8 +81,9 @@ func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p i
 	return execErr
 }
 
-// evidenceFields are the audit log fields of a node remove's evidence;
-// the operator who stated it is already on every line.
+// evidenceFields are the audit log fields of a plan's evidence (node
+// remove, or a release of a node that is not alive); the operator who
+// stated it is already on every line.
 func evidenceFields(ev *inspect.Evidence) []any {
 	if ev == nil {
 		return nil

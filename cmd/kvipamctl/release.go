@@ -24,7 +24,7 @@ type releaseRequest struct {
 func (a *app) releaseCmd() *cobra.Command {
 	var r releaseRequest
 	cmd := &cobra.Command{
-		Use:   "release (--ip IP [--pool POOL] | --owner CONTAINER-ID [--ifname IF] | --node NODE)",
+		Use:   "release (--ip IP [--pool POOL] | --owner CONTAINER-ID [--ifname IF] | --node NODE) [--confirm-gone NODE --last-seen TIME]",
 		Short: "Release addresses: one IP, a container's, or every address of a node",
 		Long: `Release addresses by deleting their allocation keys, each only if unchanged
 since the plan was made.
