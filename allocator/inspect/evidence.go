@@ -26,6 +26,7 @@ type EvidenceError struct {
 	Err  error
 }
 
+// Error is the refusal's message.
 func (e *EvidenceError) Error() string { return e.Err.Error() }
 
 // Unwrap returns the refusal, which wraps one of the sentinels.
