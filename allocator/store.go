@@ -295,10 +295,10 @@ func (e *ClaimError) Unwrap() error { return ErrConflict }
 // WriteError says which writes of a batch failed their checks.
 type WriteError struct {
 	// Fenced lists blocks whose claim no longer has the writer's revision:
-	// the writer has lost them.
+	// the writer has lost them. For a borrowed write: a block that has no
+	// home any more (released), into which nothing may be written.
 	Fenced []netip.Prefix
-	// Taken lists addresses that already exist (or, for a confirm, changed;
-	// for a borrowed write, whose block has no home any more).
+	// Taken lists addresses that already exist (or, for a confirm, changed).
 	Taken []netip.Addr
 	// FenceLost says a borrowed write's fence changed: the node's lease
 	// is gone.

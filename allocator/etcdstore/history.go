@@ -167,43 +167,51 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 	return clientv3.OpPut(HistoryKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
 }
 
-// Ops are the puts that record rs, for a transaction that ends their
-// intervals; none when history is off.
-func (h *HistoryRecorder) Ops(ctx context.Context, rs ...HistoryRecord) ([]clientv3.Op, error) {
-	var ops []clientv3.Op
-	for _, r := range rs {
-		op, _, ok, err := h.Op(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			ops = append(ops, op)
-		}
-	}
-	return ops, nil
-}
-
-// Commit runs commit with the operation that records r (none when
-// history is off), for the transaction that ends r's interval. If etcd no
-// longer knows the lease of r's hour (revoked by hand), it grants another
-// and runs commit once more.
-func (h *HistoryRecorder) Commit(ctx context.Context, r HistoryRecord, commit func(puts []clientv3.Op) error) error {
+// Commit runs commit with the operations that record rs (none when
+// history is off, or rs is empty), for the transaction that ends their
+// intervals. Every transaction carrying history records goes through it.
+// If etcd no longer knows a lease of those records' hours (revoked by
+// hand, or lost in a restore from a snapshot), it grants another and runs
+// commit once more. A transaction refused for a missing lease wrote
+// nothing, so if it is refused again the error wraps allocator.ErrConflict
+// (a refusal, to be retried), never an unknown outcome.
+func (h *HistoryRecorder) Commit(ctx context.Context, rs []HistoryRecord, commit func(puts []clientv3.Op) error) error {
 	for attempt := 0; ; attempt++ {
-		put, lease, ok, err := h.Op(ctx, r)
+		puts, leases, err := h.ops(ctx, rs)
 		if err != nil {
 			return err
 		}
-		var puts []clientv3.Op
-		if ok {
-			puts = append(puts, put)
-		}
 		err = commit(puts)
-		if ok && attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			h.Drop(lease)
+		if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return err
+		}
+		if attempt == 0 && len(leases) > 0 {
+			for _, l := range leases {
+				h.Drop(l)
+			}
 			continue
 		}
-		return err
+		return fmt.Errorf("%w: nothing was written: %w", err, allocator.ErrConflict)
 	}
+}
+
+// ops are the puts that record rs and the leases they are on.
+func (h *HistoryRecorder) ops(ctx context.Context, rs []HistoryRecord) ([]clientv3.Op, []clientv3.LeaseID, error) {
+	var puts []clientv3.Op
+	var leases []clientv3.LeaseID
+	for _, r := range rs {
+		put, lease, ok, err := h.Op(ctx, r)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			puts = append(puts, put)
+			if !slices.Contains(leases, lease) {
+				leases = append(leases, lease)
+			}
+		}
+	}
+	return puts, leases, nil
 }
 
 // deleteWithHistory deletes key if it is still at rev and, in the same
@@ -217,7 +225,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, allocator.ErrBadRequest)
 	}
 	var resp *clientv3.TxnResponse
-	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) (err error) {
+	err := s.hist.Commit(ctx, []HistoryRecord{r}, func(puts []clientv3.Op) (err error) {
 		then := append(append([]clientv3.Op{clientv3.OpDelete(key)}, also...), puts...)
 		resp, err = s.kv.Txn(ctx).If(append([]clientv3.Cmp{kvstore.Unchanged(key, rev)}, guards...)...).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		return err

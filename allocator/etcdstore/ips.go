@@ -70,12 +70,13 @@ func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (allocator.Allocation, e
 // claim revision (invariant 2); a create also requires the address to be
 // free and a confirm requires the reservation to be unchanged.
 func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
-	return s.writeIPs(ctx, writes, nil, nil)
+	return s.writeIPs(ctx, writes, nil, nil, nil)
 }
 
 // writeIPs commits writes, with the extra compares and operations of a
-// caller (a sticky binding), in one transaction.
-func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps []clientv3.Cmp, puts []clientv3.Op) (allocator.WriteResult, error) {
+// caller (a sticky binding) and the history records of the intervals it
+// ends, in one transaction.
+func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps []clientv3.Cmp, puts []clientv3.Op, ended []HistoryRecord) (allocator.WriteResult, error) {
 	var res allocator.WriteResult
 	var resLease clientv3.LeaseID
 	reserve := false
@@ -141,7 +142,11 @@ func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps [
 			puts = append(puts, clientv3.OpDelete(LentKey(w.Pool, w.Addr)))
 		}
 	}
-	resp, err := s.kv.Txn(ctx).If(cmps...).Then(puts...).Commit()
+	var resp *clientv3.TxnResponse
+	err := s.hist.Commit(ctx, ended, func(hist []clientv3.Op) (err error) {
+		resp, err = s.kv.Txn(ctx).If(cmps...).Then(append(slices.Clip(puts), hist...)...).Commit()
+		return err
+	})
 	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The shared reservation lease expired or was revoked: a retry
 		// grants a new one.
@@ -195,9 +200,14 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 		switch {
 		case w.Borrowed && modRev(BorrowerKey(w.Record.Node)) != w.ClaimRev:
 			we.FenceLost = true
-		case w.Borrowed:
-			taken = taken || modRev(HomeKey(w.Pool, w.Block)) == 0
-		case modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block]:
+		case w.Borrowed && modRev(HomeKey(w.Pool, w.Block)) == 0 && !fenced[w.Block]:
+			// The block was released (node remove deleted its home): no
+			// address of it may be written, taken or not. Reported as
+			// taken, the allocator would re-plan the same write at once,
+			// without back-off, until its deadline.
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		case !w.Borrowed && modRev(ClaimKey(w.Pool, w.Block)) != w.ClaimRev && !fenced[w.Block]:
 			fenced[w.Block] = true
 			we.Fenced = append(we.Fenced, w.Block)
 		}

@@ -27,7 +27,7 @@ func (s *Store) RecordLapsed(ctx context.Context, al allocator.Allocation, end t
 	key := IPKey(al.Pool, al.Block, al.Addr)
 	r := HistoryOf(al, end, EndLapsed)
 	done := false
-	err := s.hist.Commit(ctx, r, func(puts []clientv3.Op) error {
+	err := s.hist.Commit(ctx, []HistoryRecord{r}, func(puts []clientv3.Op) error {
 		resp, err := s.kv.Txn(ctx).If(kvstore.Absent(key)).Then(puts...).Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
 			return err

@@ -2,8 +2,10 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -75,11 +77,7 @@ func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []al
 			ended = append(ended, HistoryOf(*w.Ends, s.now(), EndTakenOver))
 		}
 	}
-	puts, err := s.hist.Ops(ctx, ended...)
-	if err != nil {
-		return allocator.WriteResult{}, err
-	}
-	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, append(puts, clientv3.OpPut(key, val)))
+	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(key, val)}, ended)
 }
 
 // Keep implements allocator.Store.
@@ -112,17 +110,6 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 			ops = append(ops, clientv3.OpPut(LentKey(al.Pool, al.Addr), home, withLease))
 		}
 	}
-	// The pod's interval ends here (IP history); the identity's next pod
-	// starts a new one.
-	ended := make([]HistoryRecord, len(als))
-	for i, al := range als {
-		ended[i] = HistoryOf(al, s.now(), EndKept)
-	}
-	hist, err := s.hist.Ops(ctx, ended...)
-	if err != nil {
-		return time.Time{}, err
-	}
-	ops = append(ops, hist...)
 	kept := b
 	kept.Owner, kept.Node, kept.Since = allocator.Owner{}, "", s.now().UTC()
 	val, err := kvstore.EncodeJSON(kept)
@@ -130,8 +117,22 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 		return time.Time{}, err
 	}
 	ops = append(ops, clientv3.OpPut(key, val, withLease))
-	resp, err := s.kv.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	// The pod's interval ends here (IP history); the identity's next pod
+	// starts a new one.
+	ended := make([]HistoryRecord, len(als))
+	for i, al := range als {
+		ended[i] = HistoryOf(al, s.now(), EndKept)
+	}
+	var resp *clientv3.TxnResponse
+	err = s.hist.Commit(ctx, ended, func(hist []clientv3.Op) (err error) {
+		resp, err = s.kv.Txn(ctx).If(cmps...).Then(append(slices.Clip(ops), hist...)...).Commit()
+		return err
+	})
 	if err != nil {
+		if errors.Is(err, allocator.ErrConflict) {
+			// Refused for a missing lease: nothing holds the window's.
+			_, _ = s.cli.Revoke(ctx, lease.ID)
+		}
 		return time.Time{}, fmt.Errorf("keep %s: %w", b.Identity, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {

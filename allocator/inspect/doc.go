@@ -33,11 +33,12 @@
 // execution therefore keeps its addresses: the deletes fail instead. Deletes
 // are idempotent, so a plan can be executed again after a partial failure.
 //
-// Removing a node also takes the operator's [Evidence] that it is gone: a
-// missing node record is not proof, since a node cut off from etcd for
-// longer than its lease TTL loses it too while its pods run on.
-// [PlanNodeRemove] refuses evidence that etcd contradicts (a record the
-// node wrote after the stated last-seen time).
+// Removing a node, or releasing addresses of a node that has no node
+// record, also takes the operator's [Evidence] that it is gone: a missing
+// node record is not proof, since a node cut off from etcd for longer than
+// its lease TTL loses it too while its pods run on. The planners refuse
+// evidence that etcd contradicts (a record the node wrote after the stated
+// last-seen time), with an [EvidenceError] naming the node.
 //
 // Inspector is safe for concurrent use; snapshots and plans are values that
 // are not modified after they are built.

@@ -6,18 +6,35 @@ import (
 	"time"
 )
 
-// Errors of the evidence PlanNodeRemove requires. Compare with errors.Is.
+// Errors of the evidence PlanNodeRemove, and a release of addresses of a
+// node that is not live, require. Compare with errors.Is.
 var (
-	// ErrNoEvidence refuses a node remove without the operator's statement
-	// that the node is gone, or with one that names another node.
+	// ErrNoEvidence refuses a plan without the operator's statement that
+	// the node is gone, or with one that names another node.
 	ErrNoEvidence = errors.New("inspect: no evidence that the node is gone")
-	// ErrEvidenceContradicted refuses a node remove when etcd holds a sign
-	// that the node was alive after the time the operator last saw it.
+	// ErrEvidenceContradicted refuses a plan when etcd holds a sign that
+	// the node was alive after the time the operator last saw it.
 	ErrEvidenceContradicted = errors.New("inspect: etcd contradicts the evidence")
 )
 
+// EvidenceError is a plan refused for want of evidence that Node is gone
+// (it wraps ErrNoEvidence), or for evidence etcd contradicts (it wraps
+// ErrEvidenceContradicted). Node is the node the evidence must name, so a
+// caller can say what to state.
+type EvidenceError struct {
+	Node string
+	Err  error
+}
+
+// Error is the refusal's message.
+func (e *EvidenceError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the refusal, which wraps one of the sentinels.
+func (e *EvidenceError) Unwrap() error { return e.Err }
+
 // Evidence is an operator's statement that a node is gone for good, which
-// PlanNodeRemove requires.
+// PlanNodeRemove requires, and so does a release of addresses whose node
+// has no node record.
 //
 // A missing node record is no proof. A node cut off from etcd for longer
 // than its lease TTL loses its node record and its claims exactly as a
@@ -48,8 +65,16 @@ type sign struct {
 }
 
 // checkEvidence refuses ev unless it states that node is gone, at a last
-// seen time no record of node in s is newer than.
+// seen time no record of node in s is newer than. A refusal is an
+// *EvidenceError.
 func checkEvidence(s *Snapshot, node string, ev Evidence) error {
+	if err := evidenceFor(s, node, ev); err != nil {
+		return &EvidenceError{Node: node, Err: err}
+	}
+	return nil
+}
+
+func evidenceFor(s *Snapshot, node string, ev Evidence) error {
 	switch {
 	case ev.ConfirmGone == "" || ev.LastSeen.IsZero():
 		return fmt.Errorf("%w: a missing node record is not proof, since a node cut off from etcd for longer than its lease TTL "+

@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -95,7 +96,7 @@ func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
 		rec := *st.History
 		rec.End = in.now().UTC()
 		status := StatusFailed
-		err := in.opts.History.Commit(ctx, rec, func(puts []clientv3.Op) (err error) {
+		err := in.opts.History.Commit(ctx, []etcdstore.HistoryRecord{rec}, func(puts []clientv3.Op) (err error) {
 			status, err = in.guardedDelete(ctx, st, puts)
 			return err
 		})

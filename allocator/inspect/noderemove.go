@@ -24,6 +24,10 @@ import (
 //     "home unchanged" and "the allocation's node record still absent";
 //  3. the home, fenced by "claim still absent" and "block empty".
 //
+// Then, for every sticky identity whose addresses those steps delete (kept
+// for it, or its pod's), its binding, fenced by "binding unchanged" and
+// "those addresses gone", so its next pod gets addresses of its own.
+//
 // The block is then free for any node to claim. The fences make the plan
 // safe against the node coming back at any point: its re-claim changes the
 // claim or the home, and the remaining deletes of that block fail instead
@@ -55,6 +59,7 @@ func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, er
 	if err := refuseLive(s, force, others...); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: blocks hold addresses of other nodes: %w", action, err)
 	}
+	p.Steps = withBindings(s, p.Steps)
 	return p, nil
 }
 

@@ -1,6 +1,8 @@
 package inspect_test
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -209,5 +211,120 @@ func TestNodeRemoveEvidenceCrossCheck(t *testing.T) {
 			_, err := inspect.PlanNodeRemove(s, "ghost", bad.ev, true)
 			require.ErrorIs(t, err, bad.want, "%+v", bad.ev)
 		}
+	})
+}
+
+// TestNodeRemoveReleasesKeptBinding: node remove frees an address kept
+// for a sticky identity, so it frees the identity's binding too: the
+// identity's next pod, on another node, gets addresses again instead of
+// taking over an address whose block has no home.
+func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
+	ctx := t.Context()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	pod := func(gen int) allocator.Request {
+		o := allocator.Owner{ContainerID: fmt.Sprintf("web-0-c%d", gen), IfName: "eth0", Namespace: "ns", Pod: "web-0"}
+		return allocator.Request{Pool: "small", Owner: o, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Hour}}
+	}
+	res, err := n1.Alloc.Allocate(ctx, pod(1))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = n1.Alloc.Release(ctx, pod(1).Owner)
+	require.NoError(t, err)
+	bindingKey := etcdstore.BindingKey("small", "ns/web-0")
+	require.True(t, v.exists(t, bindingKey), "web-0's address is kept for it")
+	n1.Kill(t)
+
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
+	require.NoError(t, err)
+	_, err = v.in.Execute(ctx, p, nil)
+	require.NoError(t, err)
+	require.False(t, v.exists(t, etcdstore.IPKey("small", x.Block, x.Addr)))
+	require.False(t, v.exists(t, bindingKey), "the binding goes with the kept address it names")
+
+	// web-0's next pod, on n2, gets an address (and a binding) of its own.
+	n2 := startAgent(t, v.e, "n2", 0)
+	res, err = n2.Alloc.Allocate(ctx, pod(2))
+	require.NoError(t, err)
+	require.Len(t, res.Allocations, 1)
+	b, ok, err := n2.Store.GetBinding(ctx, "small", "ns/web-0")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, pod(2).Owner.Key(), b.Owner.Key())
+	require.Equal(t, []netip.Addr{res.Allocations[0].Addr}, b.Addrs)
+
+	// A borrowed write into a block with no home (released meanwhile) is
+	// fenced out of that block, not refused as an address taken: the
+	// allocator re-plans a taken address at once, and would do so until
+	// its deadline.
+	// An operator's release of a kept address takes its binding too, and
+	// only once the address is gone.
+	t.Run("release of a kept address", func(t *testing.T) {
+		web1 := func(gen int) allocator.Request {
+			r := pod(gen)
+			r.Owner.ContainerID, r.Owner.Pod, r.Sticky.Identity = fmt.Sprintf("web-1-c%d", gen), "web-1", "ns/web-1"
+			return r
+		}
+		res, err := n2.Alloc.Allocate(ctx, web1(1))
+		require.NoError(t, err)
+		y := res.Allocations[0]
+		_, err = n2.Alloc.Release(ctx, web1(1).Owner)
+		require.NoError(t, err)
+		key := etcdstore.BindingKey("small", "ns/web-1")
+		ipKey := etcdstore.IPKey("small", y.Block, y.Addr)
+		plan := func() inspect.Plan {
+			t.Helper()
+			p, err := inspect.PlanReleaseIP(v.snapshot(t), "small", y.Addr, inspect.Evidence{}, true) // n2 is alive
+			require.NoError(t, err)
+			require.Len(t, p.Steps, 2)
+			require.Equal(t, inspect.StepBinding, p.Steps[1].Kind)
+			require.Equal(t, key, p.Steps[1].Key)
+			require.Equal(t, []inspect.Guard{{Key: ipKey}}, p.Steps[1].Guards)
+			return p
+		}
+		// The kept record changes after the plan: neither goes.
+		p := plan()
+		resp, err := v.cli.Get(ctx, ipKey)
+		require.NoError(t, err)
+		v.put(t, ipKey, string(resp.Kvs[0].Value), clientv3.WithIgnoreLease())
+		_, err = v.in.Execute(ctx, p, nil)
+		require.ErrorIs(t, err, kvstore.ErrConflict)
+		require.True(t, v.exists(t, key), "the binding stays while its address does")
+		_, err = v.in.Execute(ctx, plan(), nil)
+		require.NoError(t, err)
+		require.False(t, v.exists(t, ipKey))
+		require.False(t, v.exists(t, key))
+	})
+
+	blk := freeBlock(t, v.snapshot(t))
+	lost := addrAt(t, blk, 1)
+	t.Run("homeless block is fenced", func(t *testing.T) {
+		fence, err := n2.Store.FenceBorrower(ctx, allocator.Claim{Node: "n2", ClaimedAt: time.Now().UTC()}, n2.Session.ID())
+		require.NoError(t, err)
+		w := allocator.IPWrite{Pool: "small", Block: blk, Addr: lost, ClaimRev: fence, Borrowed: true,
+			Record: allocator.Record{Owner: pod(3).Owner, Node: "n2", State: allocator.StateAllocated, Since: time.Now().UTC(), Borrowed: true}}
+		_, err = n2.Store.WriteIPs(ctx, []allocator.IPWrite{w})
+		var we *allocator.WriteError
+		require.ErrorAs(t, err, &we)
+		require.Empty(t, we.Taken, "nobody holds the address")
+		require.Equal(t, []netip.Prefix{blk}, we.Fenced)
+	})
+	// A binding left behind by hand (or by a node remove of an older
+	// kvipamctl) that names an address of a released block: the
+	// identity's next pod is refused after the allocator's bounded
+	// retries, instead of re-sending its write until the request's
+	// deadline. (The deadline only ends the old loop; the test does not
+	// wait for it.)
+	t.Run("stale binding is refused, not retried until the deadline", func(t *testing.T) {
+		v.put(t, etcdstore.BindingKey("small", "ns/web-9"), allocator.Binding{Identity: "ns/web-9", Addrs: []netip.Addr{lost},
+			Since: time.Now().UTC(), WindowSeconds: 3600})
+		o := allocator.Owner{ContainerID: "web-9-c1", IfName: "eth0", Namespace: "ns", Pod: "web-9"}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+		_, err := n2.Alloc.Allocate(actx, allocator.Request{Pool: "small", Owner: o, Sticky: &allocator.Sticky{Identity: "ns/web-9", Window: time.Hour}})
+		var we *allocator.WriteError
+		require.ErrorAs(t, err, &we)
+		require.Equal(t, []netip.Prefix{blk}, we.Fenced)
+		require.NoError(t, actx.Err())
 	})
 }

@@ -15,7 +15,8 @@ import (
 // Errors of the planners. Compare with errors.Is.
 var (
 	// ErrNodeAlive refuses a plan that would take addresses or blocks from
-	// a node whose node record exists, unless forced.
+	// a node whose node record exists, unless forced. (A node without one
+	// needs Evidence instead.)
 	ErrNodeAlive = errors.New("inspect: node is alive")
 	// ErrBadRequest is a request that names nothing to plan for.
 	ErrBadRequest = errors.New("inspect: bad request")
@@ -32,6 +33,9 @@ const (
 	StepIP    StepKind = "ip"
 	StepClaim StepKind = "claim"
 	StepHome  StepKind = "home"
+	// StepBinding deletes a sticky identity's binding to addresses the
+	// plan releases.
+	StepBinding StepKind = "binding"
 )
 
 // Guard is a condition a step's delete is fenced by, checked in the same
@@ -85,7 +89,8 @@ type Plan struct {
 	Revision int64  `json:"revision"`
 	Force    bool   `json:"force"`
 	// Evidence is the operator's statement that the node is gone, for a
-	// node remove; nil for other plans.
+	// node remove or a release of addresses of a node that is not live;
+	// nil for other plans.
 	Evidence *Evidence `json:"evidence,omitempty"`
 	Steps    []Step    `json:"steps"`
 }
@@ -126,8 +131,12 @@ func refuseLive(s *Snapshot, force bool, nodes ...string) error {
 		ErrNodeAlive, strings.Join(live, ", "))
 }
 
-// planIPs plans the release of the allocations matching keep.
-func planIPs(s *Snapshot, action, reason string, force bool, keep func(*IP) bool) (Plan, error) {
+// planIPs plans the release of the allocations matching keep. Their nodes
+// must be gone: a live one (a node record) is refused unless forced, and
+// one that is not live needs ev, the operator's statement that it is gone
+// (see PlanNodeRemove: a node cut off from etcd has no node record either,
+// while its pods use their addresses), whether forced or not.
+func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep func(*IP) bool) (Plan, error) {
 	p := Plan{Action: action, Revision: s.Revision, Force: force, Steps: []Step{}}
 	var nodes []string
 	for i := range s.IPs {
@@ -139,14 +148,45 @@ func planIPs(s *Snapshot, action, reason string, force bool, keep func(*IP) bool
 	if err := refuseLive(s, force, nodes...); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
 	}
+	gone, err := requireEvidence(s, ev, nodes)
+	if err != nil {
+		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
+	}
+	if gone {
+		p.Evidence = &ev
+	}
+	p.Steps = withBindings(s, p.Steps)
 	return p, nil
+}
+
+// requireEvidence checks ev against the nodes among nodes that have no
+// node record, and reports whether there were any. Evidence names one
+// node, so addresses of several such nodes are refused: release them node
+// by node. A record that names no node has no node to state anything of.
+func requireEvidence(s *Snapshot, ev Evidence, nodes []string) (bool, error) {
+	var gone []string
+	for _, n := range nodes {
+		if _, live := s.Nodes[n]; !live && n != "" && !slices.Contains(gone, n) {
+			gone = append(gone, n)
+		}
+	}
+	switch len(gone) {
+	case 0:
+		return false, nil
+	case 1:
+		return true, checkEvidence(s, gone[0], ev)
+	}
+	slices.Sort(gone)
+	return true, fmt.Errorf("%w: the addresses belong to %d nodes without a node record (%s), and evidence names one node: release them node by node",
+		ErrNoEvidence, len(gone), strings.Join(gone, ", "))
 }
 
 // PlanReleaseIP plans the release of addr in pool, or in whichever pool
 // holds it when pool is "" (ErrAmbiguous if several do). Every key holding
 // the address is released, for a duplicated address the legitimate one
-// too. An address that is not allocated gives an empty plan.
-func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, force bool) (Plan, error) {
+// too. An address that is not allocated gives an empty plan. ev and force
+// are as for planIPs.
+func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, ev Evidence, force bool) (Plan, error) {
 	if !addr.IsValid() {
 		return Plan{}, fmt.Errorf("plan release: %w: no address", ErrBadRequest)
 	}
@@ -164,14 +204,15 @@ func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, force bool) (Plan,
 	if pool != "" {
 		action += " in pool " + pool
 	}
-	return planIPs(s, action, "released by operator", force, func(ip *IP) bool {
+	return planIPs(s, action, "released by operator", ev, force, func(ip *IP) bool {
 		return ip.Addr.Unmap() == addr && (pool == "" || ip.Pool == pool)
 	})
 }
 
 // PlanReleaseOwner plans the release of every address of a container, in
-// every pool, or of one interface when ifName is not "".
-func PlanReleaseOwner(s *Snapshot, containerID, ifName string, force bool) (Plan, error) {
+// every pool, or of one interface when ifName is not "". ev and force are
+// as for planIPs.
+func PlanReleaseOwner(s *Snapshot, containerID, ifName string, ev Evidence, force bool) (Plan, error) {
 	if containerID == "" {
 		return Plan{}, fmt.Errorf("plan release: %w: empty container ID", ErrBadRequest)
 	}
@@ -179,7 +220,7 @@ func PlanReleaseOwner(s *Snapshot, containerID, ifName string, force bool) (Plan
 	if ifName != "" {
 		action += "/" + ifName
 	}
-	return planIPs(s, action, "released by operator", force, func(ip *IP) bool {
+	return planIPs(s, action, "released by operator", ev, force, func(ip *IP) bool {
 		return ip.ContainerID == containerID && (ifName == "" || ip.IfName == ifName)
 	})
 }
@@ -187,11 +228,12 @@ func PlanReleaseOwner(s *Snapshot, containerID, ifName string, force bool) (Plan
 // PlanReleaseNode plans the release of every address whose record names
 // node, wherever it sits. The node's blocks keep their homes; once empty
 // they are free to claim (kvipamctl node remove also deletes the homes).
-func PlanReleaseNode(s *Snapshot, node string, force bool) (Plan, error) {
+// ev and force are as for planIPs.
+func PlanReleaseNode(s *Snapshot, node string, ev Evidence, force bool) (Plan, error) {
 	if node == "" {
 		return Plan{}, fmt.Errorf("plan release: %w: empty node name", ErrBadRequest)
 	}
-	return planIPs(s, "release node "+node, "released with node "+node, force, func(ip *IP) bool {
+	return planIPs(s, "release node "+node, "released with node "+node, ev, force, func(ip *IP) bool {
 		return ip.Node == node
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
@@ -27,9 +28,13 @@ func TestReleaseRefusesLiveNodeUnlessForced(t *testing.T) {
 	al := allocate(t, n1, 0, 2, false)
 	s := v.snapshot(t)
 	for name, plan := range map[string]func(force bool) (inspect.Plan, error){
-		"ip":    func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseIP(s, "small", al[0].Addr, f) },
-		"owner": func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseOwner(s, owner(0).ContainerID, "", f) },
-		"node":  func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseNode(s, "n1", f) },
+		"ip": func(f bool) (inspect.Plan, error) {
+			return inspect.PlanReleaseIP(s, "small", al[0].Addr, inspect.Evidence{}, f)
+		},
+		"owner": func(f bool) (inspect.Plan, error) {
+			return inspect.PlanReleaseOwner(s, owner(0).ContainerID, "", inspect.Evidence{}, f)
+		},
+		"node": func(f bool) (inspect.Plan, error) { return inspect.PlanReleaseNode(s, "n1", inspect.Evidence{}, f) },
 		"node remove": func(f bool) (inspect.Plan, error) {
 			return inspect.PlanNodeRemove(s, "n1", gone("n1"), f)
 		},
@@ -49,7 +54,7 @@ func TestReleaseRefusesLiveNodeUnlessForced(t *testing.T) {
 		})
 	}
 	// Forced, the release goes through.
-	p, err := inspect.PlanReleaseIP(s, "", al[0].Addr, true)
+	p, err := inspect.PlanReleaseIP(s, "", al[0].Addr, inspect.Evidence{}, true)
 	require.NoError(t, err)
 	res, err := v.in.Execute(t.Context(), p, nil)
 	require.NoError(t, err)
@@ -65,19 +70,19 @@ func TestReleaseDeadNode(t *testing.T) {
 		after int // allocations of n1 left
 	}{
 		{"by ip", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
-			return inspect.PlanReleaseIP(s, "small", al[3].Addr, false)
+			return inspect.PlanReleaseIP(s, "small", al[3].Addr, gone("n1"), false)
 		}, 1, 19},
 		{"by ip without pool", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
-			return inspect.PlanReleaseIP(s, "", al[3].Addr, false)
+			return inspect.PlanReleaseIP(s, "", al[3].Addr, gone("n1"), false)
 		}, 1, 19},
 		{"by owner", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
-			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "", false)
+			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "", gone("n1"), false)
 		}, 2, 18}, // eth0 and net1
 		{"by owner and interface", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
-			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "net1", false)
+			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "net1", gone("n1"), false)
 		}, 1, 19},
 		{"by node", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
-			return inspect.PlanReleaseNode(s, "n1", false)
+			return inspect.PlanReleaseNode(s, "n1", gone("n1"), false)
 		}, 20, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -127,7 +132,7 @@ func TestReleaseIsRevisionGuarded(t *testing.T) {
 	n1 := startAgent(t, v.e, "n1", 0)
 	al := allocate(t, n1, 0, 2, false)
 	n1.Kill(t)
-	p, err := inspect.PlanReleaseNode(v.snapshot(t), "n1", false)
+	p, err := inspect.PlanReleaseNode(v.snapshot(t), "n1", gone("n1"), false)
 	require.NoError(t, err)
 
 	// One address is rewritten after the plan (say the node came back and
@@ -144,7 +149,7 @@ func TestReleaseIsRevisionGuarded(t *testing.T) {
 	// A node that comes back fences the rest of a stale plan too.
 	_, err = v.cli.Put(context.Background(), etcdstore.NodeKey("n1"), "{}")
 	require.NoError(t, err)
-	p, err = inspect.PlanReleaseNode(v.snapshot(t), "n1", true) // planned while forced...
+	p, err = inspect.PlanReleaseNode(v.snapshot(t), "n1", inspect.Evidence{}, true) // planned while forced...
 	require.NoError(t, err)
 	p.Steps[0].Guards = []inspect.Guard{{Key: etcdstore.NodeKey("n1")}} // ...but fenced as an unforced plan is
 	_, err = v.in.Execute(t.Context(), p, nil)
@@ -159,15 +164,87 @@ func TestPlanReleaseIPAmbiguous(t *testing.T) {
 		{Record: rec, Pool: "a", Block: netip.MustParsePrefix("10.0.0.0/28"), Addr: a, Key: "k1"},
 		{Record: rec, Pool: "b", Block: netip.MustParsePrefix("10.0.0.0/28"), Addr: a, Key: "k2"},
 	}}
-	_, err := inspect.PlanReleaseIP(s, "", a, false)
+	_, err := inspect.PlanReleaseIP(s, "", a, gone("gone"), false)
 	require.ErrorIs(t, err, inspect.ErrAmbiguous)
-	p, err := inspect.PlanReleaseIP(s, "b", a, false)
+	p, err := inspect.PlanReleaseIP(s, "b", a, gone("gone"), false)
 	require.NoError(t, err)
 	require.Len(t, p.Steps, 1)
 	require.Equal(t, "k2", p.Steps[0].Key)
-	p, err = inspect.PlanReleaseIP(s, "b", netip.MustParseAddr("10.0.0.6"), false)
+	p, err = inspect.PlanReleaseIP(s, "b", netip.MustParseAddr("10.0.0.6"), gone("gone"), false)
 	require.NoError(t, err)
 	require.Empty(t, p.Steps, "nothing to release is an empty plan")
-	_, err = inspect.PlanReleaseOwner(s, "", "", false)
+	_, err = inspect.PlanReleaseOwner(s, "", "", gone("gone"), false)
 	require.ErrorIs(t, err, inspect.ErrBadRequest)
+}
+
+// TestReleaseNeedsEvidence: a node without a node record may only be cut
+// off from etcd (its lease ran out during a partition) while its pods go
+// on using their addresses. Releasing them hands them to a second owner
+// (invariant 1), so a release of a node that is not live needs the same
+// evidence as node remove, forced or not; a live node is refused unless
+// forced, as before.
+func TestReleaseNeedsEvidence(t *testing.T) {
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	al := allocate(t, n1, 0, 3, false)
+	n1.Kill(t) // partitioned: its record and claims go, its pods run on
+	n2 := startAgent(t, v.e, "n2", 0)
+	live := allocate(t, n2, 10, 1, false)
+	s := v.snapshot(t)
+	lastSeen := time.Now().UTC()
+	plans := map[string]func(ev inspect.Evidence, force bool) (inspect.Plan, error){
+		"ip": func(ev inspect.Evidence, f bool) (inspect.Plan, error) {
+			return inspect.PlanReleaseIP(s, "small", al[0].Addr, ev, f)
+		},
+		"owner": func(ev inspect.Evidence, f bool) (inspect.Plan, error) {
+			return inspect.PlanReleaseOwner(s, owner(1).ContainerID, "", ev, f)
+		},
+		"node": func(ev inspect.Evidence, f bool) (inspect.Plan, error) {
+			return inspect.PlanReleaseNode(s, "n1", ev, f)
+		},
+	}
+	for name, plan := range plans {
+		t.Run(name, func(t *testing.T) {
+			for _, force := range []bool{false, true} {
+				for _, bad := range []struct {
+					ev   inspect.Evidence
+					want error
+				}{
+					{inspect.Evidence{}, inspect.ErrNoEvidence},
+					{inspect.Evidence{ConfirmGone: "n1"}, inspect.ErrNoEvidence},
+					{inspect.Evidence{ConfirmGone: "n2", LastSeen: lastSeen}, inspect.ErrNoEvidence},
+					// An hour ago, before n1 wrote its allocations.
+					{inspect.Evidence{ConfirmGone: "n1", LastSeen: lastSeen.Add(-time.Hour)}, inspect.ErrEvidenceContradicted},
+				} {
+					_, err := plan(bad.ev, force)
+					require.ErrorIs(t, err, bad.want, "force %v, evidence %+v", force, bad.ev)
+					var ee *inspect.EvidenceError
+					require.ErrorAs(t, err, &ee)
+					require.Equal(t, "n1", ee.Node, "the refusal names the node to state is gone")
+				}
+			}
+			ev := gone("n1")
+			p, err := plan(ev, false)
+			require.NoError(t, err)
+			require.NotEmpty(t, p.Steps)
+			require.Equal(t, &ev, p.Evidence, "the statement is kept in the plan for the audit trail")
+			for _, st := range p.Steps {
+				require.Equal(t, []inspect.Guard{{Key: etcdstore.NodeKey("n1")}}, st.Guards, "still fenced on n1 staying away")
+			}
+		})
+	}
+
+	// The evidence releases n1's addresses; n2's live one is still refused
+	// unless forced, with or without evidence.
+	p, err := inspect.PlanReleaseNode(s, "n1", gone("n1"), false)
+	require.NoError(t, err)
+	res, err := v.in.Execute(t.Context(), p, nil)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Deleted)
+	_, err = inspect.PlanReleaseIP(s, "small", live[0].Addr, gone("n2"), false)
+	require.ErrorIs(t, err, inspect.ErrNodeAlive)
+	p, err = inspect.PlanReleaseIP(s, "small", live[0].Addr, inspect.Evidence{}, true)
+	require.NoError(t, err, "a forced release of a live node's address needs no evidence")
+	require.Len(t, p.Steps, 1)
+	require.Nil(t, p.Evidence)
 }

@@ -307,15 +307,16 @@ func TestRelease(t *testing.T) {
 	require.Contains(t, errs, "--force")
 
 	n1.Kill(t)
+	gone := []string{"--confirm-gone", "n1", "--last-seen", "0s"}
 	var rep planReport
-	require.Equal(t, exitOK, h.json(&rep, "release", "--ip", ip, "--pool", "small", "--dry-run"))
+	require.Equal(t, exitOK, h.json(&rep, append([]string{"release", "--ip", ip, "--pool", "small", "--dry-run"}, gone...)...))
 	require.True(t, rep.DryRun)
 	require.Nil(t, rep.Result)
 	require.Len(t, rep.Plan.Steps, 1)
 	require.Equal(t, etcdstore.IPKey("small", held[2].Block, held[2].Addr), rep.Plan.Steps[0].Key)
 	require.Equal(t, int64(10), h.count(etcdstore.IPsPrefix("small")), "a dry run changes nothing")
 
-	code, out, errs := h.run("release", "--ip", ip, "-o", "json")
+	code, out, errs := h.run(append([]string{"release", "--ip", ip, "-o", "json"}, gone...)...)
 	require.Equal(t, exitOK, code, errs)
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	require.Equal(t, 1, rep.Result.Deleted)
@@ -333,12 +334,54 @@ func TestRelease(t *testing.T) {
 	require.Empty(t, rep.Plan.Steps, "releasing again finds nothing")
 	require.Contains(t, h.ok("release", "--ip", ip), "nothing to do")
 
-	require.Equal(t, exitOK, h.json(&rep, "release", "--owner", "ctr-0004", "--ifname", "eth0"))
+	require.Equal(t, exitOK, h.json(&rep, append([]string{"release", "--owner", "ctr-0004", "--ifname", "eth0"}, gone...)...))
 	require.Equal(t, 1, rep.Result.Deleted)
-	require.Equal(t, exitOK, h.json(&rep, "release", "--node", "n1", "--dry-run"))
+	require.Equal(t, exitOK, h.json(&rep, append([]string{"release", "--node", "n1", "--dry-run"}, gone...)...))
 	require.Len(t, rep.Plan.Steps, 8)
-	out = h.ok("release", "--node", "n1")
+	out = h.ok(append([]string{"release", "--node", "n1"}, gone...)...)
 	require.Contains(t, out, "8 keys deleted, 0 failed, 0 skipped")
+	require.Zero(t, h.count(etcdstore.IPsPrefix("small")))
+}
+
+// TestReleaseNeedsEvidence: release of addresses of a node without a node
+// record (here its lease revoked, as after a partition longer than its
+// TTL) is refused until the operator states that the node is gone, with
+// the flags node remove takes; the refusal names them.
+func TestReleaseNeedsEvidence(t *testing.T) {
+	h := newHarness(t)
+	h.withSmallPool()
+	n1 := h.agent("n1")
+	held := n1.Allocate(t, "small", 0, 4, false)
+	n1.Kill(t) // its node record goes; its pods may still run
+	lastSeen := time.Now().UTC().Format(time.RFC3339Nano)
+	for _, args := range [][]string{
+		{"release", "--ip", held[0].Addr.String()},
+		{"release", "--owner", held[1].ContainerID},
+		{"release", "--node", "n1"},
+		{"release", "--node", "n1", "--force"},
+		{"release", "--node", "n1", "--dry-run"},
+	} {
+		code, _, errs := h.run(args...)
+		require.Equal(t, exitError, code, "%v", args)
+		require.Contains(t, errs, "lease TTL", "%v: the refusal says why a missing record is no proof", args)
+		require.Contains(t, errs, "--confirm-gone n1 --last-seen TIME", "%v: the refusal names the flags to add", args)
+	}
+	code, _, errs := h.run("release", "--node", "n1", "--confirm-gone", "n1", "--last-seen", "1h")
+	require.Equal(t, exitError, code)
+	require.Contains(t, errs, "alive after", "etcd contradicts a last-seen before n1's allocations")
+	require.Contains(t, errs, "state a later --last-seen")
+	require.Equal(t, int64(4), h.count(etcdstore.IPsPrefix("small")), "nothing was released")
+
+	var rep planReport
+	code, out, errs := h.run("release", "--ip", held[0].Addr.String(), "--confirm-gone", "n1", "--last-seen", lastSeen, "-o", "json")
+	require.Equal(t, exitOK, code, errs)
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	require.Equal(t, 1, rep.Result.Deleted)
+	require.Equal(t, "n1", rep.Plan.Evidence.ConfirmGone)
+	require.Contains(t, errs, "confirmGone=n1", "the audit trail records the evidence")
+	out = h.ok("release", "--node", "n1", "--confirm-gone", "n1", "--last-seen", lastSeen)
+	require.Contains(t, out, "3 keys deleted, 0 failed, 0 skipped")
+	require.Contains(t, out, "evidence: tester states n1 is gone")
 	require.Zero(t, h.count(etcdstore.IPsPrefix("small")))
 }
 

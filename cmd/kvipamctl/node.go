@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -27,6 +26,8 @@ func (a *app) nodeCmd() *cobra.Command {
 		Long: `Free the blocks of a node that is gone for good: delete its claims, the
 allocations in its blocks, then the blocks' homes, so any node can claim
 them again. This is the audited release of orphaned blocks (invariant 3).
+A sticky identity whose addresses go (kept for it, or its pod's) loses its
+binding too, so its next pod gets new addresses.
 
 A missing node record is not proof that the node is gone: a node cut off
 from etcd for longer than its lease TTL loses its node record and claims
@@ -49,9 +50,8 @@ and changes nothing. Run it again after a partial failure.`,
 			return a.nodeRemove(cmd.Context(), a.stdout, r)
 		},
 	}
+	r.evidence.register(remove)
 	f := remove.Flags()
-	f.StringVar(&r.confirmGone, "confirm-gone", "", "the node's name again: you state that it is down for good")
-	f.StringVar(&r.lastSeen, "last-seen", "", "when the node last ran: an RFC 3339 time, or how long ago (2h, 90m)")
 	f.BoolVar(&r.dryRun, "dry-run", false, "print the plan, change nothing")
 	f.BoolVar(&r.force, "force", false, "remove a node whose node record exists")
 	cmd.AddCommand(list, remove)
@@ -75,36 +75,51 @@ func (a *app) nodeList(ctx context.Context, w io.Writer) error {
 // nodeRemoveRequest is what node remove was asked, with the evidence as
 // typed.
 type nodeRemoveRequest struct {
-	node                  string
-	confirmGone, lastSeen string
-	dryRun, force         bool
+	node          string
+	evidence      evidenceFlags
+	dryRun, force bool
 }
 
 func (a *app) nodeRemove(ctx context.Context, w io.Writer, r nodeRemoveRequest) error {
-	now := a.now().UTC()
-	ev := inspect.Evidence{ConfirmGone: r.confirmGone, StatedBy: a.getenv("USER"), StatedAt: now}
-	if r.lastSeen != "" {
-		t, err := parseLastSeen(r.lastSeen, now)
-		if err != nil {
-			return err
-		}
-		ev.LastSeen = t
+	ev, err := a.evidence(r.evidence)
+	if err != nil {
+		return err
 	}
 	in, s, err := a.snapshot(ctx)
 	if err != nil {
 		return err
 	}
 	p, err := inspect.PlanNodeRemove(s, r.node, ev, r.force)
-	switch {
-	case errors.Is(err, inspect.ErrNoEvidence):
-		return fmt.Errorf("%w; once you know %s is down for good, rerun with --confirm-gone %s --last-seen TIME (RFC 3339, or how long ago, such as 2h)",
-			err, r.node, r.node)
-	case errors.Is(err, inspect.ErrEvidenceContradicted):
-		return fmt.Errorf("%w; %s ran later than stated, so it may still be running: check again, and state a later --last-seen only once you know it is down", err, r.node)
-	case err != nil:
+	if err != nil {
 		return planError(err)
 	}
 	return a.apply(ctx, w, in, p, r.dryRun)
+}
+
+// evidenceFlags are the flags by which an operator states that a node is
+// gone (inspect.Evidence): node remove and release take them alike.
+type evidenceFlags struct {
+	confirmGone, lastSeen string
+}
+
+func (e *evidenceFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&e.confirmGone, "confirm-gone", "", "the node's name again: you state that it is down for good")
+	f.StringVar(&e.lastSeen, "last-seen", "", "when the node last ran: an RFC 3339 time, or how long ago (2h, 90m)")
+}
+
+// evidence is the statement the flags make, by the operator, now.
+func (a *app) evidence(e evidenceFlags) (inspect.Evidence, error) {
+	now := a.now().UTC()
+	ev := inspect.Evidence{ConfirmGone: e.confirmGone, StatedBy: a.getenv("USER"), StatedAt: now}
+	if e.lastSeen != "" {
+		t, err := parseLastSeen(e.lastSeen, now)
+		if err != nil {
+			return inspect.Evidence{}, err
+		}
+		ev.LastSeen = t
+	}
+	return ev, nil
 }
 
 // parseLastSeen reads --last-seen: an RFC 3339 time (fractional seconds

@@ -21,10 +21,18 @@ type planReport struct {
 	Result *inspect.Result `json:"result,omitempty"`
 }
 
-// planError adds the flag that overrides a refusal.
+// planError adds the flags that answer a refusal: --force for a live
+// node, the evidence flags for a node that is not live.
 func planError(err error) error {
-	if errors.Is(err, inspect.ErrNodeAlive) {
+	var ee *inspect.EvidenceError
+	switch {
+	case errors.Is(err, inspect.ErrNodeAlive):
 		return fmt.Errorf("%w; rerun with --force to go ahead", err)
+	case errors.As(err, &ee) && errors.Is(err, inspect.ErrNoEvidence):
+		return fmt.Errorf("%w; once you know %s is down for good, rerun with --confirm-gone %s --last-seen TIME (RFC 3339, or how long ago, such as 2h)",
+			err, ee.Node, ee.Node)
+	case errors.As(err, &ee) && errors.Is(err, inspect.ErrEvidenceContradicted):
+		return fmt.Errorf("%w; %s ran later than stated, so it may still be running: check again, and state a later --last-seen only once you know it is down", err, ee.Node)
 	}
 	return err
 }
@@ -73,8 +81,9 @@ func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p i
 	return execErr
 }
 
-// evidenceFields are the audit log fields of a node remove's evidence;
-// the operator who stated it is already on every line.
+// evidenceFields are the audit log fields of a plan's evidence (node
+// remove, or a release of a node that is not alive); the operator who
+// stated it is already on every line.
 func evidenceFields(ev *inspect.Evidence) []any {
 	if ev == nil {
 		return nil

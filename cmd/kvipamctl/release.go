@@ -17,23 +17,37 @@ type releaseRequest struct {
 	ip, pool      string
 	owner, ifName string
 	node          string
+	evidence      evidenceFlags
 	dryRun, force bool
 }
 
 func (a *app) releaseCmd() *cobra.Command {
 	var r releaseRequest
 	cmd := &cobra.Command{
-		Use:   "release (--ip IP [--pool POOL] | --owner CONTAINER-ID [--ifname IF] | --node NODE)",
+		Use:   "release (--ip IP [--pool POOL] | --owner CONTAINER-ID [--ifname IF] | --node NODE) [--confirm-gone NODE --last-seen TIME]",
 		Short: "Release addresses: one IP, a container's, or every address of a node",
 		Long: `Release addresses by deleting their allocation keys, each only if unchanged
-since the plan was made. Addresses of a node whose node record exists (its
-agent is alive) are refused unless --force: the pod may still use them.
+since the plan was made.
+
+Addresses of a node whose node record exists (its agent is alive) are
+refused unless --force: the pod may still use them. Addresses of a node
+without a node record need your statement that the node is gone, as for
+node remove: a node cut off from etcd for longer than its lease TTL loses
+its node record too, while its pods keep using their addresses, and
+releasing them would hand them to a second pod. --confirm-gone repeats the
+node's name and --last-seen says when it last ran; the release is refused
+when etcd shows the node alive after that time, and the statement goes
+into the plan and every audit line. --force does not replace it.
+
 Without --force every delete is also fenced on the node record still being
 absent, so an agent that comes back in the meantime keeps its addresses.
---dry-run prints the plan and changes nothing.`,
-		Example: `  kvipamctl release --ip 10.42.3.17 --pool default --dry-run
-  kvipamctl release --owner 3f9a1c0e7b2d --ifname eth0
-  kvipamctl release --node worker-7`,
+An address of a sticky identity (kept for it, or its pod's) goes with the
+identity's binding, once the address is gone, so its next pod gets new
+addresses. --dry-run prints the plan and changes nothing.`,
+		Example: `  kvipamctl release --ip 10.42.3.17 --pool default --confirm-gone worker-7 --last-seen 3h --dry-run
+  kvipamctl release --owner 3f9a1c0e7b2d --ifname eth0 --confirm-gone worker-7 --last-seen 2026-01-22T07:40:00Z
+  kvipamctl release --node worker-7 --confirm-gone worker-7 --last-seen 3h
+  kvipamctl release --ip 10.42.3.17 --force   # a node that is alive`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.release(cmd.Context(), a.stdout, r) },
 	}
@@ -45,6 +59,7 @@ absent, so an agent that comes back in the meantime keeps its addresses.
 	f.StringVar(&r.node, "node", "", "release every address whose record names this node")
 	f.BoolVar(&r.dryRun, "dry-run", false, "print the plan, change nothing")
 	f.BoolVar(&r.force, "force", false, "release addresses of a node that is alive")
+	r.evidence.register(cmd)
 	cmd.MarkFlagsMutuallyExclusive("ip", "owner", "node")
 	cmd.MarkFlagsOneRequired("ip", "owner", "node")
 	return cmd
@@ -64,6 +79,10 @@ func (a *app) release(ctx context.Context, w io.Writer, r releaseRequest) error 
 			return fmt.Errorf("parse --ip: %w", err)
 		}
 	}
+	ev, err := a.evidence(r.evidence)
+	if err != nil {
+		return err
+	}
 	in, s, err := a.snapshot(ctx)
 	if err != nil {
 		return err
@@ -71,11 +90,11 @@ func (a *app) release(ctx context.Context, w io.Writer, r releaseRequest) error 
 	var p inspect.Plan
 	switch {
 	case r.ip != "":
-		p, err = inspect.PlanReleaseIP(s, r.pool, addr, r.force)
+		p, err = inspect.PlanReleaseIP(s, r.pool, addr, ev, r.force)
 	case r.owner != "":
-		p, err = inspect.PlanReleaseOwner(s, r.owner, r.ifName, r.force)
+		p, err = inspect.PlanReleaseOwner(s, r.owner, r.ifName, ev, r.force)
 	default:
-		p, err = inspect.PlanReleaseNode(s, r.node, r.force)
+		p, err = inspect.PlanReleaseNode(s, r.node, ev, r.force)
 	}
 	if err != nil {
 		return planError(err)
