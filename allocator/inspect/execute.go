@@ -91,7 +91,29 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 	return res, nil
 }
 
+// deleteStep runs one step. A step whose transaction has an unknown
+// outcome (the answer lost, a deadline) is settled as every write is: its
+// key is read back, and the step is deleted if the key is gone, not
+// applied if it is still there as planned.
 func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
+	status, err := in.tryStep(ctx, st)
+	if err == nil || errors.Is(err, kvstore.ErrConflict) {
+		return status, err
+	}
+	resp, rerr := in.cli.Get(ctx, st.Key, clientv3.WithKeysOnly())
+	switch {
+	case rerr != nil:
+		return StatusFailed, fmt.Errorf("%w; its outcome is unknown and the key could not be read back (%v): run the plan again", err, rerr)
+	case len(resp.Kvs) == 0:
+		return StatusDeleted, nil
+	case resp.Kvs[0].ModRevision == st.Rev:
+		return StatusFailed, fmt.Errorf("%w; read back: not applied, the key is as planned: run the plan again", err)
+	default:
+		return StatusFailed, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", st.Key, st.Rev, resp.Kvs[0].ModRevision, kvstore.ErrConflict)
+	}
+}
+
+func (in *Inspector) tryStep(ctx context.Context, st Step) (Status, error) {
 	if st.History != nil && in.opts.History != nil {
 		rec := *st.History
 		rec.End = in.now().UTC()
