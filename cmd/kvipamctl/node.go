@@ -82,7 +82,7 @@ type nodeRemoveRequest struct {
 
 func (a *app) nodeRemove(ctx context.Context, w io.Writer, r nodeRemoveRequest) error {
 	now := a.now().UTC()
-	ev := inspect.Evidence{ConfirmGone: r.confirmGone, StatedBy: a.getenv("USER"), StatedAt: now}
+	ev := inspect.Evidence{ConfirmGone: r.confirmGone, StatedBy: a.operator(), StatedAt: now}
 	if r.lastSeen != "" {
 		t, err := parseLastSeen(r.lastSeen, now)
 		if err != nil {
