@@ -62,6 +62,9 @@ func TestKvipamctlUnknownSubcommand(t *testing.T) {
 			require.NoError(t, err)
 			return strings.TrimSpace(string(out))
 		}
+		if err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Run(); err != nil {
+			t.Skipf("not a git checkout: %v", err)
+		}
 		bin := t.TempDir()
 		out, err := exec.Command("make", "-C", root, "--no-print-directory", "build", "BIN="+bin).CombinedOutput()
 		require.NoError(t, err, string(out))
