@@ -9,8 +9,14 @@ TEST_FLAGS ?= -count=1 -timeout 15m
 
 all: build
 
+# The build's version and commit, which every binary's --version reports
+# (package internal/buildinfo).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS := -X github.com/kvipam/kvipam/internal/buildinfo.version=$(VERSION) -X github.com/kvipam/kvipam/internal/buildinfo.commit=$(COMMIT)
+
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 test: build
 	$(GO) vet $(PKGS)
@@ -81,7 +87,7 @@ demo:
 # records, which deploy/kubernetes names.
 IMAGE ?= ghcr.io/kvipam/kvipam:dev
 image:
-	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE)
+	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE) --ldflags '$(LDFLAGS)'
 
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }

@@ -48,13 +48,21 @@ func allocate(ctx context.Context, ag Agent, c *Config, req api.AllocateRequest)
 	return alloc, nil
 }
 
-// retryUnreachable runs call; when the agent cannot be reached
-// (restarting), it waits up to agentTimeout for the socket to answer and
-// runs call once more, else gives up with code 11. Calling first and
-// waiting only on failure saves a round trip on every ADD. call must be
-// safe to repeat: the agent's calls for one owner are idempotent.
+// retryUnreachable runs call; when the connection to the agent broke
+// (it went away mid-call: restarting), it waits up to agentTimeout for
+// the socket to answer and runs call once more, else gives up with code
+// 11. When no agent listens at all (no socket file, or connection
+// refused) it fails at once with code 11, naming the socket: a
+// misconfigured agentSocket or an agent that is not running would
+// otherwise hold every ADD for the whole agentTimeout, and the runtime
+// retries an ADD that fails with 11 anyway. Calling first and waiting
+// only on failure saves a round trip on every ADD. call must be safe to
+// repeat: the agent's calls for one owner are idempotent.
 func retryUnreachable(ctx context.Context, ag Agent, c *Config, call func() error) error {
 	err := call()
+	if errors.Is(err, client.ErrNoAgent) {
+		return withCode(types.ErrTryAgainLater, fmt.Errorf("%w (is kvipam-agent running on this node, and is agentSocket its socket?)", err))
+	}
 	if !errors.Is(err, client.ErrUnreachable) {
 		return err
 	}

@@ -69,6 +69,9 @@ type Config struct {
 	ValidAttachments []api.Attachment
 	LogLevel         string
 	LogFile          string
+	// UnknownKey is the refusal of a key kvipam does not know, kept
+	// instead of returned by ParseDelConfig and ParseIPAMDelConfig.
+	UnknownKey error
 
 	// GatewayV4, GatewayV6 and Routes shape kvipam-ipam's result; the
 	// zero values mean the agent's link-local gateways and default routes.
@@ -151,15 +154,31 @@ type ipamConf struct {
 // ParseConfig parses and validates a kvipam plugin configuration. Its
 // errors carry CNI code 6 (undecodable), 1 (unsupported cniVersion) or 7
 // (invalid), and name the key at fault.
-func ParseConfig(data []byte) (*Config, error) {
+func ParseConfig(data []byte) (*Config, error) { return parseConfig(data, true) }
+
+// ParseDelConfig is ParseConfig for DEL, which takes an unknown key
+// (Config.UnknownKey says which) rather than refuse it: a pod set up
+// before kvipam refused unknown keys must still be torn down.
+func ParseDelConfig(data []byte) (*Config, error) { return parseConfig(data, false) }
+
+func parseConfig(data []byte, strictKeys bool) (*Config, error) {
 	var raw pluginConf
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: %w", err))
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: %w", err))
+	}
+	keyErr := checkKeys(obj, pluginKeys, "")
+	if keyErr != nil && strictKeys {
+		return nil, keyErr
 	}
 	c, err := parseCommon(raw.common)
 	if err != nil {
 		return nil, err
 	}
+	c.UnknownKey = keyErr
 	if err := c.applySettings(raw.settings, ""); err != nil {
 		return nil, err
 	}
@@ -173,15 +192,34 @@ func ParseConfig(data []byte) (*Config, error) {
 // ParseIPAMConfig parses and validates the configuration a main plugin
 // hands to kvipam-ipam: the kvipam keys are under "ipam". Errors are coded
 // as for ParseConfig.
-func ParseIPAMConfig(data []byte) (*Config, error) {
+func ParseIPAMConfig(data []byte) (*Config, error) { return parseIPAMConfig(data, true) }
+
+// ParseIPAMDelConfig is ParseIPAMConfig for DEL: an unknown key under
+// "ipam" is taken, as ParseDelConfig takes one.
+func ParseIPAMDelConfig(data []byte) (*Config, error) { return parseIPAMConfig(data, false) }
+
+func parseIPAMConfig(data []byte, strictKeys bool) (*Config, error) {
 	var raw ipamConf
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: %w", err))
+	}
+	// Only "ipam" is kvipam's: the rest is the main plugin's.
+	var top struct {
+		IPAM json.RawMessage `json:"ipam"`
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(data, &top); err != nil || (len(top.IPAM) > 0 && json.Unmarshal(top.IPAM, &obj) != nil) {
+		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: ipam is not an object"))
+	}
+	keyErr := checkKeys(obj, ipamKeys, "ipam: ")
+	if keyErr != nil && strictKeys {
+		return nil, keyErr
 	}
 	c, err := parseCommon(raw.common)
 	if err != nil {
 		return nil, err
 	}
+	c.UnknownKey = keyErr
 	if err := c.applySettings(raw.IPAM.settings, "ipam."); err != nil {
 		return nil, err
 	}
@@ -360,56 +398,6 @@ func parseStaticIPs(in []string, key string) ([]netip.Addr, error) {
 		out = append(out, a)
 	}
 	return out, nil
-}
-
-// Pod annotations kvipam reads (through the runtime's
-// io.kubernetes.cri.pod-annotations capability).
-const (
-	AnnotationPool    = "kvipam.io/pool"
-	AnnotationIPs     = "kvipam.io/ips"
-	AnnotationSticky  = "kvipam.io/sticky"
-	AnnotationIPClaim = "kvipam.io/ip-claim"
-)
-
-// applyAnnotations takes the pod's pool (it comes before a namespace
-// binding and the configuration's pool) and static addresses (comma
-// separated; when the ips capability gives none).
-func (c *Config) applyAnnotations(ann map[string]string) error {
-	if p, ok := ann[AnnotationPool]; ok {
-		if p = strings.TrimSpace(p); p == "" || strings.ContainsAny(p, "/ ") {
-			return invalidConf("pod annotation %s %q is not a pool name", AnnotationPool, ann[AnnotationPool])
-		}
-		c.PodPool = strings.TrimSpace(p)
-	}
-	if v, ok := ann[AnnotationSticky]; ok {
-		d, err := time.ParseDuration(strings.TrimSpace(v))
-		if err != nil || d < time.Second {
-			return invalidConf("pod annotation %s %q is not a duration of a second or more (e.g. 10m)", AnnotationSticky, v)
-		}
-		c.Sticky = d
-	}
-	if v, ok := ann[AnnotationIPClaim]; ok {
-		if v = strings.TrimSpace(v); v == "" || strings.ContainsAny(v, "/ ") {
-			return invalidConf("pod annotation %s %q is not a name", AnnotationIPClaim, ann[AnnotationIPClaim])
-		}
-		if c.Sticky == 0 {
-			return invalidConf("pod annotation %s needs %s (how long its addresses are kept)", AnnotationIPClaim, AnnotationSticky)
-		}
-		c.IPClaim = v
-	}
-	v, ok := ann[AnnotationIPs]
-	if !ok {
-		return nil
-	}
-	ips, err := parseStaticIPs(strings.Split(v, ","), "pod annotation "+AnnotationIPs)
-	if err != nil {
-		return err
-	}
-	if len(c.IPs) > 0 && !slices.Equal(ips, c.IPs) {
-		return invalidConf("pod annotation %s %q and runtimeConfig.ips %v disagree", AnnotationIPs, v, c.IPs)
-	}
-	c.IPs = ips
-	return nil
 }
 
 func invalidConf(format string, args ...any) error {

@@ -166,7 +166,8 @@ func (f *fakeAgent) GC(_ context.Context, req api.GCRequest) (*api.GCResponse, e
 	return &api.GCResponse{Released: f.gcReleased}, nil
 }
 
-// unreachable is what the client returns when no agent listens.
+// unreachable is what the client returns when the connection to the
+// agent breaks (it went away mid-call).
 func unreachable() error {
-	return fmt.Errorf("POST /v1/... via /run/kvipam/agent.sock: %w: dial unix: connect: no such file or directory", client.ErrUnreachable)
+	return fmt.Errorf("POST /v1/... via /run/kvipam/agent.sock: %w: read unix ->/run/kvipam/agent.sock: read: connection reset by peer", client.ErrUnreachable)
 }

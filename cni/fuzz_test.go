@@ -19,6 +19,8 @@ func FuzzParseConfig(f *testing.F) {
 		`{"cniVersion":"1.1.0","name":"n","cni.dev/valid-attachments":[{"containerID":"c","ifname":"eth0"}],"cni.dev/attachments":null}`,
 		`{"cniVersion":"1.0.0","name":"br","ipam":{"type":"kvipam-ipam","gatewayV4":"10.0.0.1","routes":[{"dst":"10.0.0.0/8","gw":"10.0.0.1"}]}}`,
 		`{"cniVersion":"1.0.0","name":"n","prevResult":{"interfaces":[null],"ips":[{}],"routes":[{"dst":"x"}]}}`,
+		`{"cniVersion":"1.0.0","name":"n","pol":"x","ipam":{"type":"kvipam-ipam","pol":"y","cni.dev/z":1}}`,
+		`{"cniVersion":"1.0.0","name":"n","ipam":null}`,
 		`[]`, `null`, ``,
 	} {
 		f.Add([]byte(s))

@@ -62,12 +62,15 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 // Del releases the attachment's IPs, or queues the release when the agent
 // is down; it succeeds when there is nothing to release.
 func (p *IPAM) Del(args *skel.CmdArgs) error {
-	c, err := ParseIPAMConfig(args.StdinData)
+	c, err := ParseIPAMDelConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
 	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
 	defer closeLog()
+	if c.UnknownKey != nil {
+		log.Warn("configuration has a key kvipam does not know; ADD refuses it", "error", c.UnknownKey)
+	}
 	_, err = releaseOrQueue(p.agent(c), c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, "", log)
 	return err
 }

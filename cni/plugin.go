@@ -175,12 +175,15 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 // deletes the veth and queues the release. It needs no netns and
 // succeeds when there is nothing to delete.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
+	c, err := ParseDelConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
 	log, closeLog := newLogger("kvipam", c, p.Stderr)
 	defer closeLog()
+	if c.UnknownKey != nil {
+		log.Warn("configuration has a key kvipam does not know; ADD refuses it", "error", c.UnknownKey)
+	}
 	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
 	hostIf := HostVethName(o.ContainerID, o.IfName)
 	queued, err := releaseOrQueue(p.agent(c), c, o, hostIf, log)

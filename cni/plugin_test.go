@@ -249,8 +249,8 @@ func TestPluginAddCallsTheAgentTwice(t *testing.T) {
 	require.Equal(t, 1450, l.Attrs().MTU, "the allocate answer's MTU")
 }
 
-// An ADD while the agent restarts waits for its socket, then allocates
-// again: still two calls that do something.
+// An ADD whose agent goes away mid-call (restarting) waits for its
+// socket, then allocates again: still two calls that do something.
 func TestPluginAddWaitsForARestartingAgent(t *testing.T) {
 	e := newPluginEnv(t, true)
 	e.ag.allocateDown = 1

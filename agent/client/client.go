@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -24,6 +25,13 @@ const DefaultSocket = "/run/kvipam/agent.sock"
 // ErrUnreachable wraps failures to reach the agent at all (no socket, no
 // answer). The CNI plugins turn it into CNI error 11, "try again later".
 var ErrUnreachable = errors.New("kvipam agent unreachable")
+
+// ErrNoAgent wraps a dial that found no agent at all: no socket file, or
+// a stale one nobody listens on (connection refused). It is an
+// ErrUnreachable too. Unlike a connection that breaks mid-call, waiting
+// cannot be expected to help, so a plugin fails at once and lets the
+// runtime retry.
+var ErrNoAgent = fmt.Errorf("no kvipam agent listens there: %w", ErrUnreachable)
 
 // Client talks to one agent socket.
 type Client struct {
@@ -39,7 +47,11 @@ func New(socket string, timeout time.Duration) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
+			conn, err := d.DialContext(ctx, "unix", socket)
+			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+				return nil, fmt.Errorf("%w: %w", ErrNoAgent, err)
+			}
+			return conn, err
 		},
 		MaxIdleConns: 4,
 	}
@@ -160,6 +172,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)
+	if errors.Is(err, ErrNoAgent) {
+		return fmt.Errorf("%s %s via %s: %w", method, path, c.socket, err)
+	}
 	if err != nil {
 		return fmt.Errorf("%s %s via %s: %w: %w", method, path, c.socket, ErrUnreachable, err)
 	}

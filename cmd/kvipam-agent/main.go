@@ -14,10 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent"
+	"github.com/kvipam/kvipam/internal/buildinfo"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Getenv))
@@ -35,7 +33,7 @@ func run(args []string, getenv func(string) string) int {
 	cfg, err := loadConfig(args, getenv)
 	switch {
 	case errors.Is(err, errShowVersion):
-		fmt.Println("kvipam-agent", version)
+		fmt.Println("kvipam-agent", buildinfo.Read())
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | health [--live]\n"+err.Error()[len(flag.ErrHelp.Error()):])
@@ -45,7 +43,7 @@ func run(args []string, getenv func(string) string) int {
 		return 2
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "kvipam-agent", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: getenv("KVIPAM_LOG_JSON") == "1", Output: os.Stderr})
-	a, err := agent.New(cfg, agent.Options{Logger: log, Version: version})
+	a, err := agent.New(cfg, agent.Options{Logger: log, Version: buildinfo.Read().Version})
 	if err != nil {
 		log.Error("invalid configuration", "error", err)
 		return 2

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -14,6 +15,9 @@ import (
 
 type options struct {
 	out, ref, conflist string
+	// ldflags are added to the binaries' -ldflags (the version and
+	// commit of internal/buildinfo).
+	ldflags string
 }
 
 // binaries are the image's programs: go build targets, in /usr/local/bin.
@@ -31,7 +35,7 @@ func build(o options) (v1.Hash, error) {
 		return v1.Hash{}, err
 	}
 	defer os.RemoveAll(tmp)
-	args := append([]string{"build", "-trimpath", "-ldflags", "-s -w -buildid=", "-o", tmp + "/"}, binaries...)
+	args := append([]string{"build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w -buildid= " + o.ldflags), "-o", tmp + "/"}, binaries...)
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if out, err := cmd.CombinedOutput(); err != nil {

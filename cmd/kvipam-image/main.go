@@ -19,6 +19,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "bin/kvipam-image.tar", "the OCI archive to write")
 	flag.StringVar(&o.ref, "ref", "ghcr.io/kvipam/kvipam:dev", "the image reference recorded in the archive")
 	flag.StringVar(&o.conflist, "conflist", "deploy/cni/10-kvipam.conflist", "the conflist the image carries at /etc/kvipam/10-kvipam.conflist")
+	flag.StringVar(&o.ldflags, "ldflags", "", "extra -ldflags for the binaries (make image passes the version and commit, as make build does)")
 	flag.Parse()
 	digest, err := build(o)
 	if err != nil {

@@ -7,11 +7,9 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/kvipam/kvipam/cni"
+	"github.com/kvipam/kvipam/internal/buildinfo"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 func main() {
-	skel.PluginMainFuncs(cni.NewIPAM().Funcs(), cni.VersionInfo(), "CNI IPAM plugin kvipam-ipam "+version)
+	skel.PluginMainFuncs(cni.NewIPAM().Funcs(), cni.VersionInfo(), "CNI IPAM plugin kvipam-ipam "+buildinfo.Read().String())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/internal/buildinfo"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -91,6 +92,9 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.DurationVar(&a.flags.retention, "history-retention", etcdstore.DefaultHistoryRetention, "how long IP history keeps the intervals that release and node remove end (as the agents' --history-retention); 0: record none")
 	root.AddCommand(a.poolCmd(), a.claimCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
 		a.agentCmd(), a.endpointCmd())
+	refuseUnknownSubcommands(root)
+	root.Version = buildinfo.Read().String()
+	root.SetVersionTemplate("kvipamctl {{.Version}}\n")
 	return root
 }
 

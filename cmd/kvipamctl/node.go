@@ -111,7 +111,7 @@ func (e *evidenceFlags) register(cmd *cobra.Command) {
 // evidence is the statement the flags make, by the operator, now.
 func (a *app) evidence(e evidenceFlags) (inspect.Evidence, error) {
 	now := a.now().UTC()
-	ev := inspect.Evidence{ConfirmGone: e.confirmGone, StatedBy: a.getenv("USER"), StatedAt: now}
+	ev := inspect.Evidence{ConfirmGone: e.confirmGone, StatedBy: a.operator(), StatedAt: now}
 	if e.lastSeen != "" {
 		t, err := parseLastSeen(e.lastSeen, now)
 		if err != nil {

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/user"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -91,14 +94,23 @@ func evidenceFields(ev *inspect.Evidence) []any {
 	return []any{"confirmGone", ev.ConfirmGone, "lastSeen", ev.LastSeen.Format(time.RFC3339Nano), "statedAt", ev.StatedAt.Format(time.RFC3339)}
 }
 
-// auditLogger logs every deleted key on stderr, with the operator's login
-// name when known.
+// auditLogger logs every deleted key on stderr, naming the operator.
 func (a *app) auditLogger() hclog.Logger {
-	log := hclog.New(&hclog.LoggerOptions{
+	return hclog.New(&hclog.LoggerOptions{
 		Name: "kvipamctl.audit", Output: a.stderr, Level: hclog.Info, TimeFormat: time.RFC3339,
-	})
+	}).With("operator", a.operator())
+}
+
+// operator names who runs kvipamctl: $USER, else the login name of the
+// process's uid (cron jobs, containers and `env -i` have no $USER), else
+// uid=N.
+func (a *app) operator() string {
 	if u := a.getenv("USER"); u != "" {
-		log = log.With("operator", u)
+		return u
 	}
-	return log
+	uid := strconv.Itoa(os.Getuid())
+	if u, err := user.LookupId(uid); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "uid=" + uid
 }

@@ -122,11 +122,14 @@ func (a *app) poolList(ctx context.Context, w io.Writer) error {
 		}
 		out[len(out)-1].Usage = append(out[len(out)-1].Usage, u)
 	}
+	// The columns use pool show's words: PENDING counts the reservations
+	// of unfinished ADDs, RESERVED the addresses of reserved ranges.
 	return a.render(w, out, func(tw io.Writer) {
-		row(tw, "NAME", "FAMILY", "CIDRS", "BLOCK", "ADDRESSES", "ALLOCATED", "RESERVED", "FREE", "BLOCKS", "CLAIMED", "ORPHANED")
+		row(tw, "NAME", "STATE", "FAMILY", "CIDRS", "BLOCK", "ADDRESSES", "ALLOCATED", "PENDING", "RESERVED", "FREE", "BLOCKS", "CLAIMED", "ORPHANED")
 		for _, u := range usage {
-			row(tw, u.Pool, u.Family, joinPrefixes(u.CIDRs), sizeCell(u.BlockSize), u.Addresses, u.Allocated, u.Reserved, u.Free,
-				u.Blocks, u.Claimed, u.Orphaned)
+			row(tw, u.Pool, poolState(s.Pools[u.Pool].Pool), u.Family, joinPrefixes(u.CIDRs), sizeCell(u.BlockSize), addressCount(u.Addresses),
+				u.Allocated, u.Reserved, uintCount(u.ReservedRanges), addressCount(u.Free),
+				uintCount(u.Blocks), u.Claimed, u.Orphaned)
 		}
 	})
 }
@@ -181,9 +184,9 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	return a.render(w, d, func(tw io.Writer) {
 		row(tw, "Pool:", p.Name)
 		row(tw, "CIDRs:", joinPrefixes(p.CIDRs))
-		state := "enabled"
+		state := poolState(p.Pool)
 		if p.Disabled {
-			state = "disabled: hands out no new addresses"
+			state += ": hands out no new addresses"
 		}
 		row(tw, "State:", state)
 		for _, r := range p.Reserved {
@@ -199,18 +202,18 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		for _, u := range d.Usage {
 			fmt.Fprintln(tw)
 			row(tw, u.Family+":", fmt.Sprintf("%s in blocks of %s", joinPrefixes(u.CIDRs), sizeCell(u.BlockSize)))
-			row(tw, "  addresses", u.Addresses)
+			row(tw, "  addresses", addressCount(u.Addresses))
 			row(tw, "  allocated", u.Allocated)
-			row(tw, "  reservations of unfinished ADDs", u.Reserved)
+			row(tw, "  pending", u.Reserved, "reservations of unfinished ADDs")
 			row(tw, "  borrowed across blocks", u.Borrowed)
-			row(tw, "  in reserved ranges", u.ReservedRanges)
+			row(tw, "  reserved", uintCount(u.ReservedRanges), "in the reserved ranges")
 			row(tw, "  kept for sticky identities", u.Kept)
 			row(tw, "  sticky identities", u.Bindings)
-			row(tw, "  free", u.Free)
-			row(tw, "  blocks", u.Blocks)
+			row(tw, "  free", addressCount(u.Free))
+			row(tw, "  blocks", uintCount(u.Blocks))
 			row(tw, "  claimed", u.Claimed)
 			row(tw, "  orphaned", u.Orphaned)
-			row(tw, "  free blocks", u.FreeBlocks)
+			row(tw, "  free blocks", uintCount(u.FreeBlocks))
 			for _, n := range slices.Sorted(maps.Keys(u.Holders)) {
 				row(tw, "  held by node "+n, u.Holders[n])
 			}
@@ -219,6 +222,14 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			}
 		}
 	})
+}
+
+// poolState is "enabled" or "disabled" (pool disable: no new addresses).
+func poolState(p allocator.Pool) string {
+	if p.Disabled {
+		return "disabled"
+	}
+	return "enabled"
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

@@ -2,22 +2,17 @@ package main
 
 import (
 	"io"
-	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/buildinfo"
 )
-
-// version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "dev"
 
 // versionInfo is what kvipamctl version prints.
 type versionInfo struct {
-	Version string `json:"version"`
-	Go      string `json:"go"`
-	Schema  string `json:"schema"`
+	buildinfo.Info
+	Schema string `json:"schema"`
 }
 
 func (a *app) versionCmd() *cobra.Command {
@@ -30,12 +25,14 @@ func (a *app) versionCmd() *cobra.Command {
 }
 
 func (a *app) version(w io.Writer) error {
-	v := versionInfo{Version: version, Go: runtime.Version(), Schema: etcdstore.Prefix}
-	if bi, ok := debug.ReadBuildInfo(); ok && v.Version == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		v.Version = bi.Main.Version
+	v := versionInfo{Info: buildinfo.Read(), Schema: etcdstore.Prefix}
+	commit := v.Commit
+	if commit == "" {
+		commit = "unknown"
 	}
 	return a.render(w, v, func(tw io.Writer) {
 		row(tw, "kvipamctl", v.Version)
+		row(tw, "commit", commit)
 		row(tw, "go", v.Go)
 		row(tw, "etcd schema", v.Schema)
 	})
