@@ -23,8 +23,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -48,9 +49,9 @@ type Agent struct {
 	embedded  *kvstore.Embedded
 	cli       *clientv3.Client
 	store     *etcdstore.Store
-	alloc     *allocator.NodeAllocator
-	batch     *groupCommit[allocator.Request, allocator.Outcome]
-	confirms  *groupCommit[allocator.Owner, allocator.ConfirmOutcome]
+	alloc     *nodealloc.Allocator
+	batch     *groupCommit[nodealloc.Request, nodealloc.Outcome]
+	confirms  *groupCommit[records.Owner, nodealloc.ConfirmOutcome]
 	dp        Datapath
 	reaper    *linkReaper
 	endpoints *endpointManager
@@ -83,7 +84,7 @@ func New(cfg Config, o Options) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
 	a.m = newMetrics(poolCollector{
-		usage: func() []allocator.Usage {
+		usage: func() []nodealloc.Usage {
 			if a.alloc == nil {
 				return nil
 			}
@@ -180,7 +181,7 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	bootID := readBootID()
 	var err error
-	a.alloc, err = allocator.NewNodeAllocator(allocator.NodeConfig{
+	a.alloc, err = nodealloc.New(nodealloc.Config{
 		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
 		Store: instrumentedStore{Store: a.store, m: a.m},
 		Held: func() []netip.Addr {
@@ -193,7 +194,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newGroupCommit(a.alloc.AllocateBatch, func(err error) allocator.Outcome { return allocator.Outcome{Err: err} },
+	a.batch = newGroupCommit(a.alloc.AllocateBatch, func(err error) nodealloc.Outcome { return nodealloc.Outcome{Err: err} },
 		a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
 	a.batch.observe = func(n int) { a.m.batch.Observe(float64(n)) }
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
@@ -227,7 +228,7 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp.Forget, a.log.Named("reaper"))
 	// Confirms are sent as soon as the last batch is done, without a wait.
-	a.confirms = newGroupCommit(a.alloc.ConfirmBatch, func(err error) allocator.ConfirmOutcome { return allocator.ConfirmOutcome{Err: err} },
+	a.confirms = newGroupCommit(a.alloc.ConfirmBatch, func(err error) nodealloc.ConfirmOutcome { return nodealloc.ConfirmOutcome{Err: err} },
 		a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
 		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,

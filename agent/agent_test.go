@@ -22,6 +22,7 @@ import (
 	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -214,7 +215,7 @@ func TestAllocateEndpointRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, link.Attrs().Index, ep.HostIfIndex)
 	for _, al := range storeIPs(t, cli) {
-		require.Equal(t, allocator.StateAllocated, al.State, "endpoint create made the reservation permanent")
+		require.Equal(t, records.StateAllocated, al.State, "endpoint create made the reservation permanent")
 		require.Zero(t, al.Lease)
 	}
 	eps, err := ta.c.Endpoints(ctx)
@@ -236,7 +237,7 @@ func TestAllocateEndpointRelease(t *testing.T) {
 	require.Empty(t, rel.Released)
 }
 
-func storeIPs(t testing.TB, cli *clientv3.Client) []allocator.Allocation {
+func storeIPs(t testing.TB, cli *clientv3.Client) []records.Allocation {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix("default"), clientv3.WithPrefix())
 	require.NoError(t, err)

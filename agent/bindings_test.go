@@ -13,6 +13,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -33,7 +34,7 @@ func TestPoolChoice(t *testing.T) {
 	st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
 	_, err := st.EnsurePool(ctx, pool("purple", "10.64.0.0/24")) // in etcd, not served by this node
 	require.NoError(t, err)
-	require.ErrorIs(t, st.BindNamespace(ctx, "team", "nope"), allocator.ErrPoolNotFound, "no binding to a pool etcd does not have")
+	require.ErrorIs(t, st.BindNamespace(ctx, "team", "nope"), records.ErrPoolNotFound, "no binding to a pool etcd does not have")
 	require.NoError(t, st.BindNamespace(ctx, "team", "green"))
 	require.NoError(t, st.BindNamespace(ctx, "odd", "purple"))
 
@@ -81,9 +82,9 @@ func TestPoolChoice(t *testing.T) {
 }
 
 // ownerIPs reads from etcd every address the owner holds in the pools.
-func ownerIPs(t testing.TB, cli *clientv3.Client, o api.Owner, pools ...string) []allocator.Allocation {
+func ownerIPs(t testing.TB, cli *clientv3.Client, o api.Owner, pools ...string) []records.Allocation {
 	t.Helper()
-	var out []allocator.Allocation
+	var out []records.Allocation
 	for _, p := range pools {
 		resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix(p), clientv3.WithPrefix())
 		require.NoError(t, err)

@@ -3,14 +3,15 @@ package agent
 import (
 	"context"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // allocate serves one allocation request through the group commit.
-func (a *Agent) allocate(ctx context.Context, req allocator.Request) (allocator.Result, error) {
+func (a *Agent) allocate(ctx context.Context, req nodealloc.Request) (nodealloc.Result, error) {
 	o, err := a.batch.do(ctx, req)
 	if err != nil {
-		return allocator.Result{}, err
+		return nodealloc.Result{}, err
 	}
 	return o.Result, o.Err
 }
@@ -20,10 +21,10 @@ func (a *Agent) allocate(ctx context.Context, req allocator.Request) (allocator.
 // burst of ADDs waits for one fsync'd etcd write after another.
 type batchedConfirms struct {
 	endpointAllocator
-	batch *groupCommit[allocator.Owner, allocator.ConfirmOutcome]
+	batch *groupCommit[records.Owner, nodealloc.ConfirmOutcome]
 }
 
-func (c batchedConfirms) Confirm(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error) {
+func (c batchedConfirms) Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
 	out, err := c.batch.do(ctx, o)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -140,7 +141,7 @@ func DefaultConfig() Config {
 		GCInterval:     Duration{30 * time.Second},
 		LogLevel:       "info",
 		RequestTimeout: Duration{5 * time.Second},
-		MaxBatch:       allocator.MaxBatch,
+		MaxBatch:       nodealloc.MaxBatch,
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 		BPFAttach:      BPFAttachAuto,

@@ -14,8 +14,9 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/keylock"
 )
 
@@ -30,7 +31,7 @@ type endpointManager struct {
 	dp      Datapath
 	records *endpointRecords
 	// holder reads who holds addr now, for reports of lost endpoints.
-	holder func(ctx context.Context, addr netip.Addr) (pool string, al *allocator.Allocation, err error)
+	holder func(ctx context.Context, addr netip.Addr) (pool string, al *records.Allocation, err error)
 	// reportLost publishes endpoints found lost (metrics, node record).
 	reportLost func(ctx context.Context, lost []etcdstore.LostEndpoint)
 	// freed runs after a release freed addresses.
@@ -64,11 +65,11 @@ func (m *endpointManager) lockOwner(o api.Owner) (unlock func()) {
 
 // endpointAllocator is what the endpoint manager needs of the allocator.
 type endpointAllocator interface {
-	Lookup(o allocator.Owner) []allocator.Allocation
-	Confirm(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
-	Release(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error)
-	ReleaseAllocation(ctx context.Context, al allocator.Allocation) (bool, error)
-	Reassert(ctx context.Context, held []allocator.HeldAddr) ([]allocator.Allocation, []allocator.Conflict, error)
+	Lookup(o records.Owner) []records.Allocation
+	Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error)
+	Release(ctx context.Context, o records.Owner) ([]records.Allocation, error)
+	ReleaseAllocation(ctx context.Context, al records.Allocation) (bool, error)
+	Reassert(ctx context.Context, held []nodealloc.HeldAddr) ([]records.Allocation, []nodealloc.Conflict, error)
 }
 
 // create finishes an ADD: the owner's reservation becomes permanent (a
@@ -248,7 +249,7 @@ func (m *endpointManager) releaseEndpoint(ctx context.Context, ep api.Endpoint) 
 // is released only if etcd still holds it at the snapshot's revision, so
 // an address that was deleted and handed to a new owner since is left
 // alone. The owner's endpoint is torn down once it holds nothing more.
-func (m *endpointManager) releaseAllocations(ctx context.Context, als []allocator.Allocation) ([]string, error) {
+func (m *endpointManager) releaseAllocations(ctx context.Context, als []records.Allocation) ([]string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
@@ -306,6 +307,6 @@ func (m *endpointManager) recheck(ctx context.Context) {
 	m.checkEndpoints(ctx, m.records.list())
 }
 
-func toOwner(o api.Owner) allocator.Owner {
-	return allocator.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, PodUID: o.PodUID, Network: o.Network}
+func toOwner(o api.Owner) records.Owner {
+	return records.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, PodUID: o.PodUID, Network: o.Network}
 }

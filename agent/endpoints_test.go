@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/nstest"
 )
 
@@ -22,7 +22,7 @@ type confirmSpy struct {
 	inside func() error
 }
 
-func (s confirmSpy) Confirm(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error) {
+func (s confirmSpy) Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
 	if err := s.inside(); err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func testCreateOverlaps(t *testing.T, dp string, fail bool) {
 			time.Sleep(time.Millisecond) // polling the kernel's and the records' state: no event to await
 		}
 		if fail {
-			return fmt.Errorf("spy: %w", allocator.ErrReservationGone)
+			return fmt.Errorf("spy: %w", records.ErrReservationGone)
 		}
 		return nil
 	}}

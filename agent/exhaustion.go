@@ -6,9 +6,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvipam/kvipam/allocator"
 )
 
 // exhaustion remembers, per pool family, the last ADD that found the pool
@@ -21,10 +21,10 @@ type exhaustion struct {
 }
 
 // note records the outcome of an allocation request.
-func (e *exhaustion) note(req allocator.Request, err error) {
+func (e *exhaustion) note(req nodealloc.Request, err error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	var ee *allocator.ExhaustedError
+	var ee *records.ExhaustedError
 	if errors.As(err, &ee) {
 		if e.pools == nil {
 			e.pools = map[string]string{}

@@ -8,16 +8,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // collector serves CNI GC requests. It is safe for concurrent use.
 type collector struct {
 	// allocations is a snapshot of this node's allocations.
-	allocations func() []allocator.Allocation
+	allocations func() []records.Allocation
 	// release frees the chosen allocations if etcd still holds them as
 	// they were in the snapshot.
-	release  func(ctx context.Context, als []allocator.Allocation) ([]string, error)
+	release  func(ctx context.Context, als []records.Allocation) ([]string, error)
 	grace    time.Duration
 	released prometheus.Counter
 	log      hclog.Logger
@@ -39,7 +39,7 @@ func (c *collector) collect(ctx context.Context, req api.GCRequest, now time.Tim
 	for _, at := range req.ValidAttachments {
 		valid[api.Owner{ContainerID: at.ContainerID, IfName: at.IfName}.Key()] = true
 	}
-	var doomed []allocator.Allocation
+	var doomed []records.Allocation
 	res := api.GCResponse{Released: []string{}}
 	for _, al := range c.allocations() {
 		if (req.Pool != "" && al.Pool != req.Pool) || (req.Network != "" && al.Network != req.Network) || valid[al.Owner.Key()] {

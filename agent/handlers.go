@@ -10,6 +10,8 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // handlers are the API's routes as domain calls: each takes a decoded,
@@ -25,7 +27,7 @@ type handlers struct {
 	datapath   string
 	resTTL     time.Duration
 
-	allocateFn func(ctx context.Context, req allocator.Request) (allocator.Result, error)
+	allocateFn func(ctx context.Context, req nodealloc.Request) (nodealloc.Result, error)
 	exhausted  *exhaustion
 	endpoints  interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
@@ -35,7 +37,7 @@ type handlers struct {
 	}
 	counters func() (map[uint32]api.Counters, error)
 	collect  func(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error)
-	lookup   func(o allocator.Owner) []allocator.Allocation
+	lookup   func(o records.Owner) []records.Allocation
 	statusFn func() api.Status
 }
 
@@ -77,11 +79,11 @@ func (h *handlers) allocate(ctx context.Context, req api.AllocateRequest) (api.A
 }
 
 // toRequest validates an allocate request, naming the field at fault.
-func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error) {
+func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error) {
 	if err := validOwner(req.Owner); err != nil {
-		return allocator.Request{}, err
+		return nodealloc.Request{}, err
 	}
-	out := allocator.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
+	out := nodealloc.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
 	field, from := "podPool", "the pod's annotation kvipam.io/pool"
 	var bound string
 	if h.bindingFor != nil {
@@ -133,7 +135,7 @@ func (h *handlers) toRequest(req api.AllocateRequest) (allocator.Request, error)
 
 // heldPool is the pool in which the owner already holds addresses on
 // this node, or "": want when it holds some there too.
-func (h *handlers) heldPool(o allocator.Owner, want string) string {
+func (h *handlers) heldPool(o records.Owner, want string) string {
 	if h.lookup == nil {
 		return ""
 	}
@@ -150,7 +152,7 @@ func (h *handlers) heldPool(o allocator.Owner, want string) string {
 }
 
 // stickyOf is the sticky identity an allocate request asks for.
-func stickyOf(req api.AllocateRequest) (*allocator.Sticky, error) {
+func stickyOf(req api.AllocateRequest) (*records.Sticky, error) {
 	d, err := time.ParseDuration(req.Sticky)
 	if err != nil {
 		return nil, &FieldError{Field: "sticky", Msg: fmt.Sprintf("sticky %q is not a duration (e.g. 10m)", req.Sticky)}
@@ -162,15 +164,15 @@ func stickyOf(req api.AllocateRequest) (*allocator.Sticky, error) {
 	if req.Owner.Namespace == "" || name == "" {
 		return nil, &FieldError{Field: "sticky", Msg: "a sticky identity needs the pod's namespace and name (K8S_POD_NAMESPACE, K8S_POD_NAME) or an ip-claim"}
 	}
-	s := &allocator.Sticky{Identity: req.Owner.Namespace + "/" + name, Window: d}
+	s := &records.Sticky{Identity: req.Owner.Namespace + "/" + name, Window: d}
 	if err := s.Validate(); err != nil {
 		return nil, &FieldError{Field: "sticky", Msg: err.Error()}
 	}
 	return s, nil
 }
 
-func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {
-	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(allocator.StateAllocated)}
+func (h *handlers) allocateResponse(res nodealloc.Result) api.AllocateResponse {
+	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(records.StateAllocated)}
 	for _, al := range res.Allocations {
 		gw := api.GatewayV4
 		if al.Addr.Is6() {
@@ -180,11 +182,11 @@ func (h *handlers) allocateResponse(res allocator.Result) api.AllocateResponse {
 			Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Family: allocator.FamilyOf(al.Addr).String(),
 			Gateway: gw, Block: al.Block,
 		})
-		if al.State == allocator.StateReserved {
-			out.State = string(allocator.StateReserved)
+		if al.State == records.StateReserved {
+			out.State = string(records.StateReserved)
 		}
 	}
-	if !res.Expires.IsZero() && out.State == string(allocator.StateReserved) {
+	if !res.Expires.IsZero() && out.State == string(records.StateReserved) {
 		exp := res.Expires.UTC()
 		out.Expires = &exp
 	}

@@ -3,7 +3,7 @@ package agent
 import (
 	"time"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // leakCandidates counts, per served pool, the addresses this node holds
@@ -11,7 +11,7 @@ import (
 // the GC grace period: what a leak looks like before GC or the reconciler
 // collects it. Only networks whose pods have endpoints on this node count
 // (the kvipam plugin's); kvipam-ipam's allocations have none by design.
-func leakCandidates(als []allocator.Allocation, endpointOwners map[string]bool, pools []string, grace time.Duration, now time.Time) map[string]int {
+func leakCandidates(als []records.Allocation, endpointOwners map[string]bool, pools []string, grace time.Duration, now time.Time) map[string]int {
 	nets := map[string]bool{}
 	for _, al := range als {
 		if endpointOwners[al.Owner.Key()] {
@@ -23,7 +23,7 @@ func leakCandidates(als []allocator.Allocation, endpointOwners map[string]bool, 
 		out[p] = 0
 	}
 	for _, al := range als {
-		if endpointOwners[al.Owner.Key()] || al.State != allocator.StateAllocated || !nets[al.Network] || now.Sub(al.Seen) < grace {
+		if endpointOwners[al.Owner.Key()] || al.State != records.StateAllocated || !nets[al.Network] || now.Sub(al.Seen) < grace {
 			continue
 		}
 		out[al.Pool]++

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -35,7 +36,7 @@ func (s signalledHomes) WatchHomes(ctx context.Context, h etcdstore.HomesHandler
 	return s.src.WatchHomes(ctx, resetSignal{HomesHandler: h, resets: s.resets})
 }
 
-func lentOf(al *allocator.NodeAllocator, pool string) int {
+func lentOf(al *nodealloc.Allocator, pool string) int {
 	n := 0
 	for _, u := range al.Usage() {
 		if u.Pool == pool {

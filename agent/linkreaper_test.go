@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -30,10 +30,10 @@ func hostNSConfig(t *testing.T) (Config, *netlink.Handle) {
 // at the moment the addresses could be handed out again.
 type releaseSpy struct {
 	endpointAllocator
-	check func(o allocator.Owner)
+	check func(o records.Owner)
 }
 
-func (s releaseSpy) Release(ctx context.Context, o allocator.Owner) ([]allocator.Allocation, error) {
+func (s releaseSpy) Release(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
 	s.check(o)
 	return s.endpointAllocator.Release(ctx, o)
 }
@@ -83,7 +83,7 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 	var problems []string
 	m := ta.a.endpoints
 	m.mu.Lock()
-	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(allocator.Owner) {
+	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(records.Owner) {
 		checked = true
 		routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: idx}, netlink.RT_FILTER_OIF)
 		if err != nil || len(routes) > 0 {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Lost endpoints. A node that was away (down, or cut off from etcd for
@@ -98,7 +98,7 @@ func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gon
 }
 
 // holder finds the pool of addr and who holds it in etcd now.
-func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *allocator.Allocation, error) {
+func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *records.Allocation, error) {
 	for _, p := range a.cfg.Pools {
 		if p.Contains(addr) {
 			al, err := a.store.Holder(ctx, p, addr)

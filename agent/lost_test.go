@@ -16,9 +16,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/internal/nstest"
 	"github.com/kvipam/kvipam/kvstore"
@@ -122,7 +122,7 @@ func TestLostEndpointsReported(t *testing.T) {
 				_, err = in.Execute(ctx, p, nil)
 				require.NoError(t, err)
 				n2 := agenttest.Start(t, e, "node-2", agenttest.Options{Pools: []string{testPool.Name}})
-				res, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: testPool.Name, Owner: agenttest.Owner(100), IPs: []netip.Addr{v4}})
+				res, err := n2.Alloc.Allocate(ctx, nodealloc.Request{Pool: testPool.Name, Owner: agenttest.Owner(100), IPs: []netip.Addr{v4}})
 				require.NoError(t, err)
 				n2Key, n2Rev = etcdstore.IPKey(testPool.Name, res.Allocations[0].Block, v4), res.Allocations[0].Rev
 			}

@@ -6,9 +6,8 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/kvipam/kvipam/allocator"
 )
 
 // metrics are the agent's Prometheus series, on a registry of its own (no
@@ -67,41 +66,41 @@ func newMetrics(pools poolCollector) *metrics {
 
 // instrumentedStore times every store operation and counts conflicts.
 type instrumentedStore struct {
-	allocator.Store
+	records.Store
 	m *metrics
 }
 
-var _ allocator.Store = instrumentedStore{}
+var _ records.Store = instrumentedStore{}
 
 func (s instrumentedStore) observe(op string, start time.Time, err error) {
 	s.m.txn.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if errors.Is(err, allocator.ErrConflict) {
+	if errors.Is(err, records.ErrConflict) {
 		s.m.conflicts.WithLabelValues(op).Inc()
 	}
 }
 
-func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
 	start := time.Now()
 	rev, err := s.Store.Claim(ctx, pool, b, c, lease)
 	s.observe("claim", start, err)
 	return rev, err
 }
 
-func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
 	start := time.Now()
 	rev, err := s.Store.Reclaim(ctx, pool, prev, c, lease)
 	s.observe("reclaim", start, err)
 	return rev, err
 }
 
-func (s instrumentedStore) WriteIPs(ctx context.Context, w []allocator.IPWrite) (allocator.WriteResult, error) {
+func (s instrumentedStore) WriteIPs(ctx context.Context, w []records.IPWrite) (records.WriteResult, error) {
 	start := time.Now()
 	res, err := s.Store.WriteIPs(ctx, w)
 	s.observe("write_ips", start, err)
 	return res, err
 }
 
-func (s instrumentedStore) DeleteIP(ctx context.Context, al allocator.Allocation) error {
+func (s instrumentedStore) DeleteIP(ctx context.Context, al records.Allocation) error {
 	start := time.Now()
 	err := s.Store.DeleteIP(ctx, al)
 	s.observe("delete_ip", start, err)

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Pool capacity as Prometheus series. Two kinds: a node's contribution,
@@ -43,7 +45,7 @@ var (
 // poolCollector reads the allocator's books and the pool's blocks at
 // scrape time, so the series never drift from them.
 type poolCollector struct {
-	usage  func() []allocator.Usage
+	usage  func() []nodealloc.Usage
 	blocks *blockCounts
 	leaks  func() map[string]int
 }
@@ -101,7 +103,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 // load etcd.
 type blockCounts struct {
 	pools func() []allocator.Pool
-	list  func(ctx context.Context, pool string) ([]allocator.BlockInfo, error)
+	list  func(ctx context.Context, pool string) ([]records.BlockInfo, error)
 	ttl   time.Duration
 
 	mu     sync.Mutex
@@ -163,7 +165,7 @@ func (a *Agent) servedPools() []allocator.Pool {
 	return out
 }
 
-func (a *Agent) listBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+func (a *Agent) listBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error) {
 	if a.store == nil {
 		return nil, ErrNotReady
 	}

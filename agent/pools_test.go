@@ -12,6 +12,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/cni"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -94,7 +95,7 @@ func TestPoolDisableDrainDelete(t *testing.T) {
 	require.Eventually(t, func() bool { return st.DeletePool(ctx, "drain") == nil }, 10*time.Second, 20*time.Millisecond,
 		"a drained pool with its last block given back is deleted")
 	_, err = st.GetPool(ctx, "drain")
-	require.ErrorIs(t, err, allocator.ErrPoolNotFound)
+	require.ErrorIs(t, err, records.ErrPoolNotFound)
 	require.Eventually(t, func() bool {
 		_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(20), Permanent: true})
 		return err != nil && apiErr(t, err).Code == api.CodeDisabled

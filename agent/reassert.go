@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 )
 
 // Endpoints whose allocation etcd lost. etcd restored from an older
@@ -22,7 +22,7 @@ import (
 // (a warning, kvipam_endpoints_lost, the node record's lostEndpoints that
 // kvipamctl check lists); nothing is written for them, and the pods should
 // be deleted. Until then the allocator never hands out an address an
-// endpoint uses (allocator.NodeConfig.Held).
+// endpoint uses (nodealloc.Config.Held).
 
 // verify runs reassert over every endpoint, reporting conflicts.
 func (m *endpointManager) verify(ctx context.Context) {
@@ -34,13 +34,13 @@ func (m *endpointManager) verify(ctx context.Context) {
 // reassert re-asserts eps' missing allocations; with report, it also
 // reports the conflicts as lost endpoints. The caller holds m.mu.
 func (m *endpointManager) reassert(ctx context.Context, eps []api.Endpoint, report bool) {
-	var held []allocator.HeldAddr
+	var held []nodealloc.HeldAddr
 	byOwner := map[string]api.Endpoint{}
 	for _, ep := range eps {
 		byOwner[ep.Owner.Key()] = ep
 		for _, ip := range ep.IPs {
 			if ip.IsValid() {
-				held = append(held, allocator.HeldAddr{Owner: toOwner(ep.Owner), Addr: ip.Unmap()})
+				held = append(held, nodealloc.HeldAddr{Owner: toOwner(ep.Owner), Addr: ip.Unmap()})
 			}
 		}
 	}

@@ -120,7 +120,7 @@ func (s *endpointRecords) list() []api.Endpoint {
 }
 
 // addrs are every endpoint's addresses. It takes only the records' lock,
-// so the allocator may call it while holding its own (NodeConfig.Held).
+// so the allocator may call it while holding its own (nodealloc.Config.Held).
 func (s *endpointRecords) addrs() []netip.Addr {
 	var out []netip.Addr
 	for _, ep := range s.list() {

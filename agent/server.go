@@ -13,7 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -192,7 +192,7 @@ func tryAgain(err error) *api.Error {
 // the one place where errors become statuses and API codes.
 func apiError(err error) *api.Error {
 	var ae *api.Error
-	var ee *allocator.ExhaustedError
+	var ee *records.ExhaustedError
 	var fe *FieldError
 	switch {
 	case errors.As(err, &ae):
@@ -203,21 +203,21 @@ func apiError(err error) *api.Error {
 		return badField("", err.Error())
 	case errors.Is(err, ErrNotFound):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
-	case errors.Is(err, ErrNotReady), errors.Is(err, allocator.ErrUnavailable):
+	case errors.Is(err, ErrNotReady), errors.Is(err, records.ErrUnavailable):
 		return tryAgain(err)
 	case errors.As(err, &ee):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeExhausted, Message: ee.Error()}
-	case errors.Is(err, allocator.ErrPoolDisabled):
+	case errors.Is(err, records.ErrPoolDisabled):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeDisabled, Message: err.Error()}
-	case errors.Is(err, allocator.ErrBadRequest):
+	case errors.Is(err, records.ErrBadRequest):
 		return badField("", err.Error())
-	case errors.Is(err, allocator.ErrPoolNotFound):
+	case errors.Is(err, records.ErrPoolNotFound):
 		return badField("pool", err.Error())
-	case errors.Is(err, allocator.ErrIPInUse), errors.Is(err, allocator.ErrNotOwned), errors.Is(err, allocator.ErrIdentityInUse):
+	case errors.Is(err, records.ErrIPInUse), errors.Is(err, records.ErrNotOwned), errors.Is(err, records.ErrIdentityInUse):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeInUse, Message: err.Error()}
-	case errors.Is(err, allocator.ErrNotFound), errors.Is(err, allocator.ErrReservationGone):
+	case errors.Is(err, records.ErrNotFound), errors.Is(err, records.ErrReservationGone):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
-	case errors.Is(err, allocator.ErrLeaseLost), errors.Is(err, allocator.ErrConflict),
+	case errors.Is(err, records.ErrLeaseLost), errors.Is(err, records.ErrConflict),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return tryAgain(err)
 	default:

@@ -44,7 +44,7 @@ func NewBlockAlloc(p Pool, block netip.Prefix) (*BlockAlloc, error) {
 		}
 	}
 	b.setExcluded()
-	b.SetReserved(p.reservedOffsets(block))
+	b.SetReserved(p.ReservedOffsets(block))
 	return b, nil
 }
 

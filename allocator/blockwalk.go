@@ -12,7 +12,7 @@ import (
 // again before it says so for good.
 const walkBudget = 1 << 16
 
-// blockWalk is one node's order of the blocks of one family: the
+// BlockWalk is one node's order of the blocks of one family: the
 // permutation i -> (start + i*stride) mod n of the block indexes, with
 // start and stride from a hash of the node's name and stride coprime to
 // n. Nodes starting at once therefore mostly try different blocks, a
@@ -20,7 +20,7 @@ const walkBudget = 1 << 16
 // costs the same on a /24 and on a /8: it looks only at the blocks its
 // walk passes, from where the last choice stopped, never at every block
 // of the pool.
-type blockWalk struct {
+type BlockWalk struct {
 	cidrs  []netip.Prefix
 	counts []uint64 // blocks per cidr
 	bits   int
@@ -30,8 +30,8 @@ type blockWalk struct {
 	pos    uint64 // the walk's step of the last choice
 }
 
-func newBlockWalk(node string, p Pool, f Family) *blockWalk {
-	w := &blockWalk{cidrs: p.CIDRsOf(f), bits: p.BlockSize(f), n: p.BlockCount(f)}
+func NewBlockWalk(node string, p Pool, f Family) *BlockWalk {
+	w := &BlockWalk{cidrs: p.CIDRsOf(f), bits: p.BlockSize(f), n: p.BlockCount(f)}
 	for _, c := range w.cidrs {
 		w.counts = append(w.counts, BlockCount(c, w.bits))
 	}
@@ -50,7 +50,7 @@ func newBlockWalk(node string, p Pool, f Family) *blockWalk {
 }
 
 // at is the block at step i of the walk.
-func (w *blockWalk) at(i uint64) (netip.Prefix, bool) {
+func (w *BlockWalk) at(i uint64) (netip.Prefix, bool) {
 	hi, lo := bits.Mul64(i, w.stride)
 	_, g := bits.Div64(hi, lo, w.n) // hi < n, since i and stride are below n
 	g, carry := bits.Add64(g, w.start, 0)
@@ -71,7 +71,7 @@ func (w *blockWalk) at(i uint64) (netip.Prefix, bool) {
 // taken is false, and stays there: the next call looks at it first (a
 // claim that lost its race marks it taken, one that won makes it own).
 // It gives up after a whole cycle, or walkBudget blocks.
-func (w *blockWalk) next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
+func (w *BlockWalk) Next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
 	for range min(w.n, walkBudget) {
 		if b, ok := w.at(w.pos); ok && !taken(b) {
 			return b, true
@@ -98,3 +98,6 @@ func gcd(a, b uint64) uint64 {
 	}
 	return a
 }
+
+// Bits is the block size (prefix length) the walk hands out.
+func (w *BlockWalk) Bits() int { return w.bits }

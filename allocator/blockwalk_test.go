@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -29,7 +28,7 @@ func TestBlockWalkVisitsEveryBlockOnce(t *testing.T) {
 		n := p.BlockCount(IPv4)
 		orders := map[string]bool{}
 		for node := range 8 {
-			w := newBlockWalk(fmt.Sprintf("node-%d", node), p, IPv4)
+			w := NewBlockWalk(fmt.Sprintf("node-%d", node), p, IPv4)
 			seen := map[netip.Prefix]bool{}
 			order := ""
 			for i := range n {
@@ -54,51 +53,9 @@ func TestBlockWalkSpreadsNodes(t *testing.T) {
 	p := Pool{Name: "p", BlockSizeV4: 26, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/12")}}
 	first := map[netip.Prefix]int{}
 	for node := range 1000 {
-		b, ok := newBlockWalk(fmt.Sprintf("node-%d", node), p, IPv4).next(func(netip.Prefix) bool { return false })
+		b, ok := NewBlockWalk(fmt.Sprintf("node-%d", node), p, IPv4).Next(func(netip.Prefix) bool { return false })
 		require.True(t, ok)
 		first[b]++
 	}
 	require.Greater(t, len(first), 950, "first choices collide no more than at random")
-}
-
-// BenchmarkChooseBlock: choosing a block costs the same on a /10 and a
-// /8 as on a /20 (the baseline, measured in the same run), with a quarter
-// of the blocks already claimed by others.
-func BenchmarkChooseBlock(b *testing.B) {
-	setup := func(cidr string) (*NodeAllocator, *poolState) {
-		p := Pool{Name: "p", BlockSizeV4: 26, CIDRs: []netip.Prefix{netip.MustParsePrefix(cidr)}}
-		a := &NodeAllocator{cfg: NodeConfig{Node: "node-1"}}
-		ps := newPoolState(p)
-		n := p.BlockCount(IPv4)
-		for i := uint64(0); i < n; i += 4 {
-			blk, _ := BlockAt(p.CIDRs[0], 26, i)
-			ps.others[blk] = otherBlock{node: "x"}
-		}
-		return a, ps
-	}
-	choose := func(a *NodeAllocator, ps *poolState) time.Duration {
-		start := time.Now()
-		blk, ok := a.chooseBlock(ps, IPv4)
-		d := time.Since(start)
-		if !ok {
-			b.Fatal("no block")
-		}
-		ps.others[blk] = otherBlock{node: "y"} // lost its race: the next choice moves on
-		return d
-	}
-	small, smallPS := setup("10.0.0.0/20") // 64 blocks
-	mid, midPS := setup("10.0.0.0/10")     // 65,536 blocks
-	big, bigPS := setup("10.0.0.0/8")      // 262,144 blocks
-	var base, midOp, bigOp time.Duration
-	for i := 0; i < b.N; i++ {
-		if i%32 == 0 {
-			small, smallPS = setup("10.0.0.0/20") // never run the small pool full
-		}
-		base += choose(small, smallPS)
-		midOp += choose(mid, midPS)
-		bigOp += choose(big, bigPS)
-	}
-	b.ReportMetric(float64(base.Nanoseconds())/float64(b.N), "ns/choice-/20")
-	b.ReportMetric(float64(midOp)/float64(base), "x-/20-on-/10")
-	b.ReportMetric(float64(bigOp)/float64(base), "x-/20-on-/8")
 }

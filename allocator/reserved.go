@@ -166,10 +166,10 @@ func (p Pool) ReservationOf(a netip.Addr) (Reservation, bool) {
 	return Reservation{}, false
 }
 
-// reservedOffsets lists the offsets in block of reserved addresses,
+// ReservedOffsets lists the offsets in block of reserved addresses,
 // ascending; network, broadcast and anycast addresses are left out (they
 // are never handed out anyway).
-func (p Pool) reservedOffsets(block netip.Prefix) []int {
+func (p Pool) ReservedOffsets(block netip.Prefix) []int {
 	var out []int
 	first, last := block.Masked().Addr(), lastAddr(block)
 	excl := p.Excluded(block)

@@ -10,7 +10,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -30,7 +30,7 @@ type NamespaceBinding struct {
 // transaction that requires the pool to exist (else ErrPoolNotFound).
 func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
 	if ns == "" || strings.ContainsAny(ns, "/ ") {
-		return fmt.Errorf("%w: namespace %q", allocator.ErrBadRequest, ns)
+		return fmt.Errorf("%w: namespace %q", records.ErrBadRequest, ns)
 	}
 	val, err := kvstore.EncodeJSON(NamespaceBinding{Pool: pool, Since: s.now().UTC()})
 	if err != nil {
@@ -42,7 +42,7 @@ func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
 		return fmt.Errorf("bind namespace %s: %w", ns, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("bind namespace %s to pool %s: %w", ns, pool, allocator.ErrPoolNotFound)
+		return fmt.Errorf("bind namespace %s to pool %s: %w", ns, pool, records.ErrPoolNotFound)
 	}
 	return nil
 }
@@ -82,7 +82,7 @@ type BindingsHandler interface {
 // WatchBindings lists the namespace bindings, then follows the changes
 // until ctx ends, as WatchHomes does.
 func (s *Store) WatchBindings(ctx context.Context, h BindingsHandler) error {
-	return s.follow(ctx, NamespaceBindingsPrefix(), records[NamespaceBinding]{decode: decodeBinding, reset: h.ResetBindings, put: h.PutBinding,
+	return s.follow(ctx, NamespaceBindingsPrefix(), decoded[NamespaceBinding]{decode: decodeBinding, reset: h.ResetBindings, put: h.PutBinding,
 		del: func(key string) { h.DeleteBinding(strings.TrimPrefix(key, NamespaceBindingsPrefix())) }})
 }
 

@@ -9,14 +9,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
 // FenceBorrower implements allocator.Store. The fence is created on the
 // node's lease; a fence of this node on an older lease (the agent
 // restarted within the TTL) is moved to the new one.
-func (s *Store) FenceBorrower(ctx context.Context, c allocator.Claim, lease int64) (int64, error) {
+func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64) (int64, error) {
 	key := BorrowerKey(c.Node)
 	val, err := kvstore.EncodeJSON(c)
 	if err != nil {
@@ -46,7 +46,7 @@ func (s *Store) FenceBorrower(ctx context.Context, c allocator.Claim, lease int6
 			return resp.Header.Revision, nil
 		}
 	}
-	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, allocator.ErrConflict)
+	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, records.ErrConflict)
 }
 
 // ListLent implements allocator.Store.
@@ -73,7 +73,7 @@ func decodeLent(pool, key string, val []byte) (netip.Addr, string, bool) {
 	if err != nil {
 		return netip.Addr{}, "", false
 	}
-	var h allocator.Home
+	var h records.Home
 	if json.Unmarshal(val, &h) != nil {
 		h.Node = UnknownNode
 	}
@@ -82,16 +82,16 @@ func decodeLent(pool, key string, val []byte) (netip.Addr, string, bool) {
 
 // PoolSnapshot implements allocator.Store: claims, homes (block and lent)
 // and the allocation keys, without their values, in one transaction.
-func (s *Store) PoolSnapshot(ctx context.Context, pool string) (allocator.PoolSnapshot, error) {
+func (s *Store) PoolSnapshot(ctx context.Context, pool string) (records.PoolSnapshot, error) {
 	resp, err := s.kv.Txn(ctx).Then(
 		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
 		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
 		clientv3.OpGet(IPsPrefix(pool), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return allocator.PoolSnapshot{}, fmt.Errorf("read pool %s: %w", pool, kvstore.Unavailable(err))
+		return records.PoolSnapshot{}, fmt.Errorf("read pool %s: %w", pool, kvstore.Unavailable(err))
 	}
-	snap := allocator.PoolSnapshot{Rev: resp.Header.Revision, Used: map[netip.Prefix][]allocator.UsedAddr{}, Lent: map[netip.Addr]string{}}
+	snap := records.PoolSnapshot{Rev: resp.Header.Revision, Used: map[netip.Prefix][]records.UsedAddr{}, Lent: map[netip.Addr]string{}}
 	snap.Blocks = blockInfos(pool, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		if addr, node, ok := decodeLent(pool, string(kv.Key), kv.Value); ok {
@@ -103,7 +103,7 @@ func (s *Store) PoolSnapshot(ctx context.Context, pool string) (allocator.PoolSn
 		if err != nil {
 			continue
 		}
-		snap.Used[b] = append(snap.Used[b], allocator.UsedAddr{Addr: addr, Lease: kv.Lease})
+		snap.Used[b] = append(snap.Used[b], records.UsedAddr{Addr: addr, Lease: kv.Lease})
 	}
 	return snap, nil
 }

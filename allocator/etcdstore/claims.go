@@ -11,12 +11,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
 // ListBlocks implements allocator.Store. Claims and homes are read in one
 // transaction so they describe the same revision.
-func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+func (s *Store) ListBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error) {
 	resp, err := s.claims.Txn(ctx).Then(
 		clientv3.OpGet(ClaimsPrefix(pool), clientv3.WithPrefix()),
 		clientv3.OpGet(HomesPrefix(pool), clientv3.WithPrefix()),
@@ -29,13 +30,13 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockI
 
 // blockInfos joins a pool's claims and block homes by block. Lent
 // addresses' homes, one level deeper, are not blocks and are skipped.
-func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []allocator.BlockInfo {
-	byBlock := map[netip.Prefix]*allocator.BlockInfo{}
+func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []records.BlockInfo {
+	byBlock := map[netip.Prefix]*records.BlockInfo{}
 	var order []netip.Prefix
-	get := func(b netip.Prefix) *allocator.BlockInfo {
+	get := func(b netip.Prefix) *records.BlockInfo {
 		bi, ok := byBlock[b]
 		if !ok {
-			bi = &allocator.BlockInfo{Block: b}
+			bi = &records.BlockInfo{Block: b}
 			byBlock[b] = bi
 			order = append(order, b)
 		}
@@ -44,28 +45,28 @@ func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []allocator.Block
 	// An undecodable claim or home counts as another node's, so the block
 	// is left alone; a key that names no block cannot collide with one.
 	for _, kv := range claims {
-		b, c, err := decodeBlockKV[allocator.Claim](kv, ClaimsPrefix(pool))
+		b, c, err := decodeBlockKV[records.Claim](kv, ClaimsPrefix(pool))
 		if errors.Is(err, errBadBlockKey) {
 			continue
 		}
 		if err != nil {
-			c = allocator.Claim{Node: UnknownNode}
+			c = records.Claim{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
 	}
 	for _, kv := range homes {
-		b, h, err := decodeBlockKV[allocator.Home](kv, HomesPrefix(pool))
+		b, h, err := decodeBlockKV[records.Home](kv, HomesPrefix(pool))
 		if errors.Is(err, errBadBlockKey) {
 			continue
 		}
 		if err != nil {
-			h = allocator.Home{Node: UnknownNode}
+			h = records.Home{Node: UnknownNode}
 		}
 		bi := get(b)
 		bi.Home, bi.HomeRev = &h, kv.ModRevision
 	}
-	out := make([]allocator.BlockInfo, 0, len(order))
+	out := make([]records.BlockInfo, 0, len(order))
 	for _, b := range order {
 		out = append(out, *byBlock[b])
 	}
@@ -94,13 +95,13 @@ func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, 
 
 // Claim implements allocator.Store: one transaction, "claim absent and
 // block empty", that writes the claim on the node's lease and the home.
-func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
 	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
 	claim, err := kvstore.EncodeJSON(c)
 	if err != nil {
 		return 0, err
 	}
-	home, err := kvstore.EncodeJSON(allocator.Home{Node: c.Node, Since: c.ClaimedAt})
+	home, err := kvstore.EncodeJSON(records.Home{Node: c.Node, Since: c.ClaimedAt})
 	if err != nil {
 		return 0, err
 	}
@@ -137,13 +138,13 @@ func claimReads(pool string, b netip.Prefix) []clientv3.Op {
 
 // claimError explains a failed claim from claimReads.
 func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error {
-	ce := &allocator.ClaimError{Block: b}
+	ce := &records.ClaimError{Block: b}
 	if poolRev != 0 {
 		kvs := resp.Responses[3].GetResponseRange().Kvs
 		ce.PoolChanged = len(kvs) == 0 || kvs[0].ModRevision != poolRev
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		if v, err := kvstore.Decode[allocator.Claim](kvs[0]); err == nil {
+		if v, err := kvstore.Decode[records.Claim](kvs[0]); err == nil {
 			ce.ClaimedBy = v.Value.Node
 		} else {
 			ce.ClaimedBy = UnknownNode
@@ -152,7 +153,7 @@ func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error
 	}
 	ce.NonEmpty = resp.Responses[1].GetResponseRange().Count > 0
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
-		if v, err := kvstore.Decode[allocator.Home](kvs[0]); err == nil {
+		if v, err := kvstore.Decode[records.Home](kvs[0]); err == nil {
 			ce.HomeNode = v.Value.Node
 		}
 	}
@@ -162,10 +163,10 @@ func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error
 // Reclaim implements allocator.Store. The home must still be c.Node's at
 // prev.HomeRev; the claim must be absent (orphaned block) or unchanged since
 // prev (this node's claim on an older lease).
-func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+func (s *Store) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
 	b := prev.Block
 	if prev.Home == nil || prev.Home.Node != c.Node {
-		return 0, fmt.Errorf("reclaim block %s: home is not node %s: %w", b, c.Node, allocator.ErrNotOwned)
+		return 0, fmt.Errorf("reclaim block %s: home is not node %s: %w", b, c.Node, records.ErrNotOwned)
 	}
 	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
 	claim, err := kvstore.EncodeJSON(c)
@@ -194,7 +195,7 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev allocator.BlockIn
 // lease expired before the node noticed.
 func leaseErr(err error) error {
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return errors.Join(allocator.ErrLeaseLost, err)
+		return errors.Join(records.ErrLeaseLost, err)
 	}
 	return err
 }
@@ -210,7 +211,7 @@ func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimR
 		return fmt.Errorf("release block %s of pool %s: %w", b, pool, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, allocator.ErrConflict)
+		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, records.ErrConflict)
 	}
 	return nil
 }

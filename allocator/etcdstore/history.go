@@ -13,7 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -32,7 +32,7 @@ const DefaultHistoryRetention = 7 * 24 * time.Hour
 type HistoryRecord struct {
 	Pool string `json:"pool"`
 	IP   string `json:"ip"`
-	allocator.Owner
+	records.Owner
 	Node  string    `json:"node"`
 	Start time.Time `json:"start"`
 	End   time.Time `json:"end"`
@@ -58,7 +58,7 @@ const (
 )
 
 // HistoryOf is the record of al's interval ending at end.
-func HistoryOf(al allocator.Allocation, end time.Time, reason string) HistoryRecord {
+func HistoryOf(al records.Allocation, end time.Time, reason string) HistoryRecord {
 	return HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), Owner: al.Owner, Node: al.Node,
 		Start: al.Since.UTC(), End: end.UTC(), Reason: reason}
 }
@@ -154,7 +154,7 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 	}
 	addr, err := netip.ParseAddr(r.IP)
 	if err != nil {
-		return clientv3.Op{}, 0, false, fmt.Errorf("history record: %w: ip %q", allocator.ErrBadRequest, r.IP)
+		return clientv3.Op{}, 0, false, fmt.Errorf("history record: %w: ip %q", records.ErrBadRequest, r.IP)
 	}
 	lease, err = h.lease(ctx, r.End)
 	if err != nil {
@@ -191,7 +191,7 @@ func (h *HistoryRecorder) Commit(ctx context.Context, rs []HistoryRecord, commit
 			}
 			continue
 		}
-		return fmt.Errorf("%w: nothing was written: %w", err, allocator.ErrConflict)
+		return fmt.Errorf("%w: nothing was written: %w", err, records.ErrConflict)
 	}
 }
 
@@ -222,7 +222,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 	if rev <= 0 {
 		// A compare on revision 0 would match an absent key and record an
 		// interval nobody had.
-		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, allocator.ErrBadRequest)
+		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, records.ErrBadRequest)
 	}
 	var resp *clientv3.TxnResponse
 	err := s.hist.Commit(ctx, []HistoryRecord{r}, func(puts []clientv3.Op) (err error) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -36,12 +37,12 @@ func BenchmarkHistorySpace(b *testing.B) {
 	}
 	before := sizeInUse()
 	b.ResetTimer()
-	require.ErrorIs(b, s.DeleteIP(ctx, allocator.Allocation{Pool: pool.Name, Block: block, Addr: block.Addr()}), allocator.ErrBadRequest, "a delete needs a revision")
+	require.ErrorIs(b, s.DeleteIP(ctx, records.Allocation{Pool: pool.Name, Block: block, Addr: block.Addr()}), records.ErrBadRequest, "a delete needs a revision")
 	for i := range b.N {
 		addr := netip.MustParseAddr(fmt.Sprintf("10.0.%d.%d", i/250%250, i%250+1))
-		al := allocator.Allocation{Pool: pool.Name, Block: block, Addr: addr, Rev: 0,
-			Record: allocator.Record{Owner: allocator.Owner{ContainerID: fmt.Sprintf("%064x", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("web-%d-abcde", i), Network: "k8s-pod-network"},
-				Node: "node-0001.example.internal", State: allocator.StateAllocated, Since: time.Now().UTC()}}
+		al := records.Allocation{Pool: pool.Name, Block: block, Addr: addr, Rev: 0,
+			Record: records.Record{Owner: records.Owner{ContainerID: fmt.Sprintf("%064x", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("web-%d-abcde", i), Network: "k8s-pod-network"},
+				Node: "node-0001.example.internal", State: records.StateAllocated, Since: time.Now().UTC()}}
 		b.StopTimer()
 		key := etcdstore.IPKey(pool.Name, block, addr)
 		_, err := cli.Put(ctx, key, `{}`)
@@ -79,8 +80,8 @@ func TestHistoryLeaseRevokedByHand(t *testing.T) {
 		key := etcdstore.IPKey("default", block, addr)
 		put, err := cli.Put(ctx, key, `{}`)
 		require.NoError(t, err)
-		al := allocator.Allocation{Pool: "default", Block: block, Addr: addr, Rev: put.Header.Revision,
-			Record: allocator.Record{Owner: allocator.Owner{ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}, Node: "n1"}}
+		al := records.Allocation{Pool: "default", Block: block, Addr: addr, Rev: put.Header.Revision,
+			Record: records.Record{Owner: records.Owner{ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}, Node: "n1"}}
 		require.NoError(t, s.DeleteIP(ctx, al))
 	}
 	release(1)

@@ -11,17 +11,17 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
 // ListIPs implements allocator.Store.
-func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
+func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]records.Allocation, error) {
 	resp, err := s.kv.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("list allocations of block %s: %w", b, kvstore.Unavailable(err))
 	}
-	out := make([]allocator.Allocation, 0, len(resp.Kvs))
+	out := make([]records.Allocation, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		al, err := DecodeAllocation(pool, kv)
 		if err != nil {
@@ -33,7 +33,7 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]all
 			if perr != nil {
 				continue
 			}
-			al = allocator.Allocation{Pool: pool, Block: b, Addr: addr, Rev: kv.ModRevision, Lease: kv.Lease}
+			al = records.Allocation{Pool: pool, Block: b, Addr: addr, Rev: kv.ModRevision, Lease: kv.Lease}
 		}
 		out = append(out, al)
 	}
@@ -41,8 +41,8 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]all
 }
 
 // DecodeAllocations turns allocation key-values of pool into Allocations.
-func DecodeAllocations(pool string, kvs []*mvccpb.KeyValue) ([]allocator.Allocation, error) {
-	out := make([]allocator.Allocation, 0, len(kvs))
+func DecodeAllocations(pool string, kvs []*mvccpb.KeyValue) ([]records.Allocation, error) {
+	out := make([]records.Allocation, 0, len(kvs))
 	for _, kv := range kvs {
 		a, err := DecodeAllocation(pool, kv)
 		if err != nil {
@@ -54,30 +54,30 @@ func DecodeAllocations(pool string, kvs []*mvccpb.KeyValue) ([]allocator.Allocat
 }
 
 // DecodeAllocation turns one allocation key-value of pool into an Allocation.
-func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (allocator.Allocation, error) {
+func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (records.Allocation, error) {
 	b, a, err := ParseIPKey(pool, string(kv.Key))
 	if err != nil {
-		return allocator.Allocation{}, err
+		return records.Allocation{}, err
 	}
-	v, err := kvstore.Decode[allocator.Record](kv)
+	v, err := kvstore.Decode[records.Record](kv)
 	if err != nil {
-		return allocator.Allocation{}, err
+		return records.Allocation{}, err
 	}
-	return allocator.Allocation{Record: v.Value, Pool: pool, Block: b, Addr: a, Rev: kv.ModRevision, Lease: kv.Lease}, nil
+	return records.Allocation{Record: v.Value, Pool: pool, Block: b, Addr: a, Rev: kv.ModRevision, Lease: kv.Lease}, nil
 }
 
 // WriteIPs implements allocator.Store. Every write is fenced by its block's
 // claim revision (invariant 2); a create also requires the address to be
 // free and a confirm requires the reservation to be unchanged.
-func (s *Store) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+func (s *Store) WriteIPs(ctx context.Context, writes []records.IPWrite) (records.WriteResult, error) {
 	return s.writeIPs(ctx, writes, nil, nil, nil)
 }
 
 // writeIPs commits writes, with the extra compares and operations of a
 // caller (a sticky binding) and the history records of the intervals it
 // ends, in one transaction.
-func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps []clientv3.Cmp, puts []clientv3.Op, ended []HistoryRecord) (allocator.WriteResult, error) {
-	var res allocator.WriteResult
+func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []clientv3.Cmp, puts []clientv3.Op, ended []HistoryRecord) (records.WriteResult, error) {
+	var res records.WriteResult
 	var resLease clientv3.LeaseID
 	reserve := false
 	for _, w := range writes {
@@ -131,7 +131,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps [
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
 		switch {
 		case w.Borrowed:
-			home, err := kvstore.EncodeJSON(allocator.Home{Node: w.Record.Node, Since: w.Record.Since})
+			home, err := kvstore.EncodeJSON(records.Home{Node: w.Record.Node, Since: w.Record.Since})
 			if err != nil {
 				return res, err
 			}
@@ -151,7 +151,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps [
 		// The shared reservation lease expired or was revoked: a retry
 		// grants a new one.
 		s.res.drop(resLease)
-		return res, fmt.Errorf("reservation lease gone: %w", allocator.ErrConflict)
+		return res, fmt.Errorf("reservation lease gone: %w", records.ErrConflict)
 	}
 	if err != nil {
 		return res, fmt.Errorf("write %d allocations: %w", len(writes), kvstore.Unavailable(err))
@@ -167,7 +167,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []allocator.IPWrite, cmps [
 // reads after the fact, on the failure path only, so the write itself
 // carries no Else operations (which count against etcd's --max-txn-ops);
 // the reads go in one round trip.
-func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) error {
+func (s *Store) explainWrite(ctx context.Context, writes []records.IPWrite) error {
 	var keys []string
 	seen := map[string]bool{}
 	for _, w := range writes {
@@ -192,7 +192,7 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 		}
 		return 0
 	}
-	we := &allocator.WriteError{}
+	we := &records.WriteError{}
 	fenced := map[netip.Prefix]bool{}
 	for _, w := range writes {
 		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
@@ -217,7 +217,7 @@ func (s *Store) explainWrite(ctx context.Context, writes []allocator.IPWrite) er
 	}
 	if len(we.Fenced) == 0 && len(we.Taken) == 0 && !we.FenceLost {
 		// Changed back between the write and the reads: still a lost race.
-		return fmt.Errorf("write allocations: changed concurrently: %w", allocator.ErrConflict)
+		return fmt.Errorf("write allocations: changed concurrently: %w", records.ErrConflict)
 	}
 	return we
 }
@@ -254,7 +254,7 @@ func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.
 }
 
 // GetIPs implements allocator.Store.
-func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.Addr]allocator.Allocation, error) {
+func (s *Store) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Addr]records.Allocation, error) {
 	keys := make([]string, len(refs))
 	for i, r := range refs {
 		keys[i] = IPKey(r.Pool, r.Block, r.Addr)
@@ -263,7 +263,7 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 	if err != nil {
 		return nil, fmt.Errorf("read %d allocations: %w", len(refs), err)
 	}
-	out := make(map[netip.Addr]allocator.Allocation, len(got))
+	out := make(map[netip.Addr]records.Allocation, len(got))
 	for i, r := range refs {
 		kv := got[keys[i]]
 		if kv == nil {
@@ -273,7 +273,7 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 		if err != nil {
 			// Unreadable: an owner nobody can match, so the address is
 			// known taken and never taken for ours.
-			al = allocator.Allocation{Pool: r.Pool, Block: r.Block, Addr: r.Addr, Rev: kv.ModRevision, Lease: kv.Lease}
+			al = records.Allocation{Pool: r.Pool, Block: r.Block, Addr: r.Addr, Rev: kv.ModRevision, Lease: kv.Lease}
 		}
 		out[r.Addr] = al
 	}
@@ -288,10 +288,10 @@ func (s *Store) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.A
 // given back), takes the identity's binding with it when the binding
 // names al's owner: the container it names never ran, and the identity's
 // next pod must not be sent after addresses it does not hold.
-func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
+func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 	also := releaseOps(al)
 	var guards []clientv3.Cmp
-	if al.Identity != "" && al.State != allocator.StateKept {
+	if al.Identity != "" && al.State != records.StateKept {
 		b, ok, err := s.GetBinding(ctx, al.Pool, al.Identity)
 		if err != nil {
 			return err
@@ -307,7 +307,7 @@ func (s *Store) DeleteIP(ctx context.Context, al allocator.Allocation) error {
 
 // releaseOps are what goes with an allocation's key when it is released:
 // a borrowed address's home.
-func releaseOps(al allocator.Allocation) []clientv3.Op {
+func releaseOps(al records.Allocation) []clientv3.Op {
 	if al.Borrowed {
 		return []clientv3.Op{clientv3.OpDelete(LentKey(al.Pool, al.Addr))}
 	}

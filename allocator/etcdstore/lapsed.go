@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -20,7 +20,7 @@ import (
 // leader change): false, ask again later. A key rewritten by the same
 // owner was confirmed in time: nothing ended, true. A key taken by
 // another owner means the reservation did lapse: recorded, true.
-func (s *Store) RecordLapsed(ctx context.Context, al allocator.Allocation, end time.Time) (bool, error) {
+func (s *Store) RecordLapsed(ctx context.Context, al records.Allocation, end time.Time) (bool, error) {
 	if s.hist == nil {
 		return true, nil
 	}

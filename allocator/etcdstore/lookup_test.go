@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -22,7 +23,7 @@ func TestHolder(t *testing.T) {
 	_, err := st.EnsurePool(ctx, p)
 	require.NoError(t, err)
 	held := netip.MustParseAddr("10.0.0.20")
-	rec := allocator.Record{Owner: allocator.Owner{ContainerID: "c1", IfName: "eth0"}, Node: "n2", State: allocator.StateAllocated, Since: time.Now().UTC()}
+	rec := records.Record{Owner: records.Owner{ContainerID: "c1", IfName: "eth0"}, Node: "n2", State: records.StateAllocated, Since: time.Now().UTC()}
 	val, err := kvstore.EncodeJSON(rec)
 	require.NoError(t, err)
 	_, err = cli.Put(ctx, etcdstore.IPKey("p", netip.MustParsePrefix("10.0.0.16/28"), held), val)
@@ -39,7 +40,7 @@ func TestHolder(t *testing.T) {
 	require.Nil(t, al, "a free address has no holder")
 
 	_, err = st.Holder(ctx, p, netip.MustParseAddr("192.0.2.1"))
-	require.ErrorIs(t, err, allocator.ErrBadRequest)
+	require.ErrorIs(t, err, records.ErrBadRequest)
 
 	require.Equal(t, "c1/eth0 on n2", etcdstore.LostIP{HeldBy: "c1/eth0", HeldByNode: "n2"}.Holder())
 	require.Equal(t, "nobody", etcdstore.LostIP{}.Holder())

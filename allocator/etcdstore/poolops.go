@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -45,7 +46,7 @@ func (s *Store) UpdatePool(ctx context.Context, name string, change func(p *allo
 			}
 		}
 		if cur == nil {
-			return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+			return fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 		}
 		next := *cur
 		next.CIDRs, next.Reserved = slices.Clone(cur.CIDRs), slices.Clone(cur.Reserved)
@@ -96,10 +97,10 @@ func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) 
 			return err
 		}
 		if !slices.Contains(p.CIDRs, cidr) {
-			return fmt.Errorf("remove cidr %s from pool %s: %w: the pool's cidrs are %s", cidr, name, allocator.ErrBadRequest, joinPrefixes(p.CIDRs))
+			return fmt.Errorf("remove cidr %s from pool %s: %w: the pool's cidrs are %s", cidr, name, records.ErrBadRequest, joinPrefixes(p.CIDRs))
 		}
 		if len(p.CIDRs) == 1 {
-			return fmt.Errorf("remove cidr %s from pool %s: %w: it is the pool's last cidr; delete the pool instead", cidr, name, allocator.ErrBadRequest)
+			return fmt.Errorf("remove cidr %s from pool %s: %w: it is the pool's last cidr; delete the pool instead", cidr, name, records.ErrBadRequest)
 		}
 		if use := inUse(snap, func(b netip.Prefix) bool { return cidr.Overlaps(b) }); use != "" {
 			return fmt.Errorf("remove cidr %s from pool %s: %w: %s", cidr, name, ErrPoolInUse, use)
@@ -148,7 +149,7 @@ func (s *Store) DeletePool(ctx context.Context, name string) error {
 	})
 }
 
-func (s *Store) poolAndSnapshot(ctx context.Context, name string) (allocator.Pool, allocator.PoolSnapshot, error) {
+func (s *Store) poolAndSnapshot(ctx context.Context, name string) (allocator.Pool, records.PoolSnapshot, error) {
 	snap, err := s.PoolSnapshot(ctx, name)
 	if err != nil {
 		return allocator.Pool{}, snap, err
@@ -158,7 +159,7 @@ func (s *Store) poolAndSnapshot(ctx context.Context, name string) (allocator.Poo
 		return allocator.Pool{}, snap, fmt.Errorf("read pool %s: %w", name, kvstore.Unavailable(err))
 	}
 	if len(resp.Kvs) == 0 {
-		return allocator.Pool{}, snap, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+		return allocator.Pool{}, snap, fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 	}
 	v, err := kvstore.Decode[allocator.Pool](resp.Kvs[0])
 	return v.Value, snap, err
@@ -187,7 +188,7 @@ func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, op cl
 
 // inUse describes the claims, homes and allocations of snap in blocks
 // that match, or "" when there are none.
-func inUse(snap allocator.PoolSnapshot, match func(netip.Prefix) bool) string {
+func inUse(snap records.PoolSnapshot, match func(netip.Prefix) bool) string {
 	nodes := map[string]int{}
 	var claims, homes, ips int
 	for _, bi := range snap.Blocks {

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -76,7 +77,7 @@ func poolEqual(a, b allocator.Pool) bool {
 func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error) {
 	v, err := kvstore.GetJSON[allocator.Pool](ctx, s.kv, PoolKey(name))
 	if errors.Is(err, kvstore.ErrNotFound) {
-		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 	}
 	v.Value.Rev = v.ModRevision
 	return v.Value, err

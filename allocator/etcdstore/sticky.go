@@ -11,22 +11,22 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
 // GetBinding implements allocator.Store.
-func (s *Store) GetBinding(ctx context.Context, pool, identity string) (allocator.Binding, bool, error) {
+func (s *Store) GetBinding(ctx context.Context, pool, identity string) (records.Binding, bool, error) {
 	resp, err := s.kv.Get(ctx, BindingKey(pool, identity))
 	if err != nil {
-		return allocator.Binding{}, false, fmt.Errorf("read sticky binding %s: %w", identity, kvstore.Unavailable(err))
+		return records.Binding{}, false, fmt.Errorf("read sticky binding %s: %w", identity, kvstore.Unavailable(err))
 	}
 	if len(resp.Kvs) == 0 {
-		return allocator.Binding{}, false, nil
+		return records.Binding{}, false, nil
 	}
-	v, err := kvstore.Decode[allocator.Binding](resp.Kvs[0])
+	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
 	if err != nil {
-		return allocator.Binding{}, false, err
+		return records.Binding{}, false, err
 	}
 	b := v.Value
 	b.Pool, b.Rev, b.Lease = pool, resp.Kvs[0].ModRevision, resp.Kvs[0].Lease
@@ -34,7 +34,7 @@ func (s *Store) GetBinding(ctx context.Context, pool, identity string) (allocato
 }
 
 // ListBindings reads every sticky binding of a pool ("" for every pool).
-func (s *Store) ListBindings(ctx context.Context, pool string) ([]allocator.Binding, error) {
+func (s *Store) ListBindings(ctx context.Context, pool string) ([]records.Binding, error) {
 	prefix := Prefix + "sticky/"
 	if pool != "" {
 		prefix = StickyPrefix(pool)
@@ -43,9 +43,9 @@ func (s *Store) ListBindings(ctx context.Context, pool string) ([]allocator.Bind
 	if err != nil {
 		return nil, fmt.Errorf("list sticky bindings: %w", kvstore.Unavailable(err))
 	}
-	var out []allocator.Binding
+	var out []records.Binding
 	for _, kv := range resp.Kvs {
-		v, err := kvstore.Decode[allocator.Binding](kv)
+		v, err := kvstore.Decode[records.Binding](kv)
 		if err != nil {
 			continue
 		}
@@ -59,7 +59,7 @@ func (s *Store) ListBindings(ctx context.Context, pool string) ([]allocator.Bind
 }
 
 // WriteBound implements allocator.Store.
-func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+func (s *Store) WriteBound(ctx context.Context, b records.Binding, writes []records.IPWrite) (records.WriteResult, error) {
 	key := BindingKey(b.Pool, b.Identity)
 	cmp := kvstore.Absent(key)
 	if b.Rev != 0 {
@@ -67,7 +67,7 @@ func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []al
 	}
 	val, err := kvstore.EncodeJSON(b)
 	if err != nil {
-		return allocator.WriteResult{}, err
+		return records.WriteResult{}, err
 	}
 	// An earlier pod whose DEL never reached etcd: its interval ends at
 	// the takeover (IP history).
@@ -81,7 +81,7 @@ func (s *Store) WriteBound(ctx context.Context, b allocator.Binding, writes []al
 }
 
 // Keep implements allocator.Store.
-func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.Allocation) (time.Time, error) {
+func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Allocation) (time.Time, error) {
 	window := b.Window()
 	lease, err := s.leases.Grant(ctx, int64(window/time.Second))
 	if err != nil {
@@ -95,15 +95,15 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 	for _, al := range als {
 		k := IPKey(al.Pool, al.Block, al.Addr)
 		cmps = append(cmps, kvstore.Unchanged(k, al.Rev))
-		rec := allocator.Record{Owner: allocator.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
-			State: allocator.StateKept, Since: s.now().UTC(), Borrowed: al.Borrowed, Identity: b.Identity}
+		rec := records.Record{Owner: records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
+			State: records.StateKept, Since: s.now().UTC(), Borrowed: al.Borrowed, Identity: b.Identity}
 		val, err := kvstore.EncodeJSON(rec)
 		if err != nil {
 			return time.Time{}, err
 		}
 		ops = append(ops, clientv3.OpPut(k, val, withLease))
 		if al.Borrowed {
-			home, err := kvstore.EncodeJSON(allocator.Home{Node: al.Node, Since: rec.Since})
+			home, err := kvstore.EncodeJSON(records.Home{Node: al.Node, Since: rec.Since})
 			if err != nil {
 				return time.Time{}, err
 			}
@@ -111,7 +111,7 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 		}
 	}
 	kept := b
-	kept.Owner, kept.Node, kept.Since = allocator.Owner{}, "", s.now().UTC()
+	kept.Owner, kept.Node, kept.Since = records.Owner{}, "", s.now().UTC()
 	val, err := kvstore.EncodeJSON(kept)
 	if err != nil {
 		return time.Time{}, err
@@ -129,7 +129,7 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, allocator.ErrConflict) {
+		if errors.Is(err, records.ErrConflict) {
 			// Refused for a missing lease: nothing holds the window's.
 			_, _ = s.cli.Revoke(ctx, lease.ID)
 		}
@@ -137,7 +137,7 @@ func (s *Store) Keep(ctx context.Context, b allocator.Binding, als []allocator.A
 	}
 	if !resp.Succeeded {
 		_, _ = s.cli.Revoke(ctx, lease.ID)
-		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, allocator.ErrConflict)
+		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, records.ErrConflict)
 	}
 	return end, nil
 }
@@ -151,10 +151,10 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("sticky identity %s in pool %s: %w", identity, pool, allocator.ErrNotFound)
+		return nil, fmt.Errorf("sticky identity %s in pool %s: %w", identity, pool, records.ErrNotFound)
 	}
 	if !b.Kept() {
-		return nil, fmt.Errorf("sticky identity %s is held by %s on node %s: %w: delete the pod, or wait for its DEL", identity, b.Owner.Key(), b.Node, allocator.ErrIdentityInUse)
+		return nil, fmt.Errorf("sticky identity %s is held by %s on node %s: %w: delete the pod, or wait for its DEL", identity, b.Owner.Key(), b.Node, records.ErrIdentityInUse)
 	}
 	p, err := s.GetPool(ctx, pool)
 	if err != nil {
@@ -162,10 +162,10 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 	}
 	cmps := []clientv3.Cmp{kvstore.Unchanged(BindingKey(pool, identity), b.Rev)}
 	ops := []clientv3.Op{clientv3.OpDelete(BindingKey(pool, identity))}
-	var refs []allocator.IPRef
+	var refs []records.IPRef
 	for _, addr := range b.Addrs {
 		if blk, ok := p.BlockFor(addr); ok {
-			refs = append(refs, allocator.IPRef{Pool: pool, Block: blk, Addr: addr})
+			refs = append(refs, records.IPRef{Pool: pool, Block: blk, Addr: addr})
 		}
 	}
 	cur, err := s.GetIPs(ctx, refs)
@@ -175,7 +175,7 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 	var freed []netip.Addr
 	for _, ref := range refs {
 		al, ok := cur[ref.Addr]
-		if !ok || al.State != allocator.StateKept || al.Identity != identity {
+		if !ok || al.State != records.StateKept || al.Identity != identity {
 			continue // not the identity's any more: left alone
 		}
 		cmps = append(cmps, kvstore.Unchanged(IPKey(pool, ref.Block, ref.Addr), al.Rev))
@@ -187,7 +187,7 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 		return nil, fmt.Errorf("release sticky identity %s: %w", identity, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, allocator.ErrConflict)
+		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, records.ErrConflict)
 	}
 	return freed, nil
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -28,9 +30,9 @@ func TestStickyKeepAfterHistoryLeaseLost(t *testing.T) {
 	agenttest.EnsurePool(t, e, pool)
 	a := agenttest.Start(t, e, "a", agenttest.Options{Pools: []string{pool.Name}})
 	cli := etcdtest.Client(t, e)
-	pod := func(gen int) allocator.Request {
-		o := allocator.Owner{ContainerID: fmt.Sprintf("web-0-c%d", gen), IfName: "eth0", Namespace: "ns", Pod: "web-0"}
-		return allocator.Request{Pool: pool.Name, Owner: o, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Hour}}
+	pod := func(gen int) nodealloc.Request {
+		o := records.Owner{ContainerID: fmt.Sprintf("web-0-c%d", gen), IfName: "eth0", Namespace: "ns", Pod: "web-0"}
+		return nodealloc.Request{Pool: pool.Name, Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Hour}}
 	}
 	// history reads x's records and revokes the lease they are on, as an
 	// operator would by hand.
@@ -96,7 +98,7 @@ func TestStickyKeepAfterHistoryLeaseLost(t *testing.T) {
 			_, err := cli.Txn(ctx).Then(puts...).Commit()
 			return err
 		})
-		require.ErrorIs(t, err, allocator.ErrConflict)
+		require.ErrorIs(t, err, records.ErrConflict)
 		require.Equal(t, 2, tries, "one retry on a newly granted lease")
 	})
 }

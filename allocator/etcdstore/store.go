@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -32,7 +32,7 @@ type Store struct {
 	now    func() time.Time
 }
 
-var _ allocator.Store = (*Store)(nil)
+var _ records.Store = (*Store)(nil)
 
 // Options tune a Store.
 type Options struct {

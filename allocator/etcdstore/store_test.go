@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -43,7 +44,7 @@ func TestEnsurePool(t *testing.T) {
 	got.Rev = 0
 	require.Equal(t, grown, got)
 	_, err = st.GetPool(ctx, "nope")
-	require.ErrorIs(t, err, allocator.ErrPoolNotFound)
+	require.ErrorIs(t, err, records.ErrPoolNotFound)
 
 	other := allocator.Pool{Name: "other", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.1.128.0/24")}, BlockSizeV4: 26}
 	_, err = st.EnsurePool(ctx, other)
@@ -121,6 +122,6 @@ func TestStoppedEtcdIsUnavailable(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := call(cctx)
 		cancel()
-		require.ErrorIs(t, err, allocator.ErrUnavailable, "%s: %v", name, err)
+		require.ErrorIs(t, err, records.ErrUnavailable, "%s: %v", name, err)
 	}
 }

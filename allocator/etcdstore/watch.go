@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -61,7 +62,7 @@ type NodesHandler interface {
 // ends, listing again whenever the watch cannot resume. It returns ctx's
 // error. Homes whose key or value cannot be read are skipped.
 func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
-	return s.follow(ctx, AllHomesPrefix(), records[BlockHome]{decode: decodeHome, reset: h.ResetHomes, put: h.PutHome,
+	return s.follow(ctx, AllHomesPrefix(), decoded[BlockHome]{decode: decodeHome, reset: h.ResetHomes, put: h.PutHome,
 		del: func(key string) {
 			if pool, b, lent, ok := parseHomeKey(key); ok {
 				h.DeleteHome(BlockHome{Pool: pool, Block: b, Lent: lent})
@@ -72,7 +73,7 @@ func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
 // WatchNodes lists the node records, then follows the changes until ctx
 // ends, as WatchHomes does.
 func (s *Store) WatchNodes(ctx context.Context, h NodesHandler) error {
-	return s.follow(ctx, NodesPrefix(), records[NodeInfo]{decode: decodeNodeInfo, reset: h.ResetNodes, put: h.PutNode,
+	return s.follow(ctx, NodesPrefix(), decoded[NodeInfo]{decode: decodeNodeInfo, reset: h.ResetNodes, put: h.PutNode,
 		del: func(key string) { h.DeleteNode(strings.TrimPrefix(key, NodesPrefix())) }})
 }
 
@@ -94,17 +95,17 @@ func (s *Store) follow(ctx context.Context, prefix string, h kvstore.WatchHandle
 	return ctx.Err()
 }
 
-// records follows a prefix of decoded records for a handler: decode
+// decoded follows a prefix of decoded records for a handler: decode
 // turns a key into a record (false: unreadable, skipped), and a deleted
 // key goes to del.
-type records[T any] struct {
+type decoded[T any] struct {
 	decode func(*mvccpb.KeyValue) (T, bool)
 	reset  func([]T)
 	put    func(T)
 	del    func(key string)
 }
 
-func (w records[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
+func (w decoded[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	var out []T
 	for _, kv := range kvs {
 		if v, ok := w.decode(kv); ok {
@@ -114,7 +115,7 @@ func (w records[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 	w.reset(out)
 }
 
-func (w records[T]) Apply(ev *clientv3.Event) {
+func (w decoded[T]) Apply(ev *clientv3.Event) {
 	if ev.Type == clientv3.EventTypeDelete {
 		w.del(string(ev.Kv.Key))
 		return
@@ -149,7 +150,7 @@ func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
 	if !ok {
 		return BlockHome{}, false
 	}
-	var h allocator.Home
+	var h records.Home
 	if json.Unmarshal(kv.Value, &h) != nil {
 		return BlockHome{}, false
 	}
@@ -184,7 +185,7 @@ type PoolsHandler interface {
 // WatchPools lists the pools, then follows the changes until ctx ends,
 // as WatchHomes does. Each pool carries the revision it was written at.
 func (s *Store) WatchPools(ctx context.Context, h PoolsHandler) error {
-	return s.follow(ctx, PoolsPrefix(), records[allocator.Pool]{decode: decodePool, reset: h.ResetPools, put: h.PutPool,
+	return s.follow(ctx, PoolsPrefix(), decoded[allocator.Pool]{decode: decodePool, reset: h.ResetPools, put: h.PutPool,
 		del: func(key string) { h.DeletePool(strings.TrimPrefix(key, PoolsPrefix())) }})
 }
 

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -73,7 +73,7 @@ func TestWatchHomes(t *testing.T) {
 	claim := func(pool, block, node string) (netip.Prefix, int64) {
 		t.Helper()
 		b := netip.MustParsePrefix(block)
-		rev, err := st.Claim(ctx, pool, b, allocator.Claim{Node: node, ClaimedAt: time.Now().UTC()}, int64(lease.ID))
+		rev, err := st.Claim(ctx, pool, b, records.Claim{Node: node, ClaimedAt: time.Now().UTC()}, int64(lease.ID))
 		require.NoError(t, err)
 		return b, rev
 	}

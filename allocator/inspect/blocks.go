@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // BlockState says whether a block can be claimed, and by whom.
@@ -130,7 +131,7 @@ func Blocks(s *Snapshot, pool string) []BlockRow {
 			r.ClaimLease = v.claim.Lease
 		}
 		for _, ip := range v.ips {
-			if ip.State == allocator.StateReserved {
+			if ip.State == records.StateReserved {
 				r.Reserved++
 			} else {
 				r.Used++

@@ -7,10 +7,9 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvipam/kvipam/allocator/records"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/kvipam/kvipam/allocator"
 )
 
 // Kind names what a finding is about. The values are stable: scripts may
@@ -86,7 +85,7 @@ func (r Report) Clean() bool { return len(r.Findings) == 0 }
 func (in *Inspector) Check(ctx context.Context, s *Snapshot) (Report, error) {
 	ttls := map[int64]int64{}
 	for _, ip := range s.IPs {
-		if ip.State != allocator.StateReserved || ip.Lease == 0 {
+		if ip.State != records.StateReserved || ip.Lease == 0 {
 			continue
 		}
 		if _, done := ttls[ip.Lease]; done {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // The rules of CheckSnapshot, one method per group of records.
@@ -107,13 +108,13 @@ func (c *checker) ips() {
 			c.add(KindWrongNode, keys, "%s of node %s is in block %s, which has neither claim nor home", ip.Addr, ip.Node, ip.Block)
 		}
 		switch {
-		case ip.State == allocator.StateReserved && ip.Lease == 0:
+		case ip.State == records.StateReserved && ip.Lease == 0:
 			c.add(KindExpiredReservation, keys, "reservation of %s for %s has no lease and never expires", ip.Addr, ip.Owner.Key())
-		case ip.State == allocator.StateReserved:
+		case ip.State == records.StateReserved:
 			if ttl, ok := c.ttls[ip.Lease]; ok && ttl <= 0 {
 				c.add(KindExpiredReservation, keys, "reservation of %s for %s is on lease %x, which has expired", ip.Addr, ip.Owner.Key(), ip.Lease)
 			}
-		case ip.Lease != 0 && ip.State != allocator.StateKept:
+		case ip.Lease != 0 && ip.State != records.StateKept:
 			c.add(KindLeasedAllocation, keys, "allocation of %s for %s is on lease %x and will vanish with it", ip.Addr, ip.Owner.Key(), ip.Lease)
 		}
 	}
@@ -157,7 +158,7 @@ func (c *checker) duplicates() {
 		}
 		byAddr[a] = append(byAddr[a], ip)
 		o := ownerKey{ip.Pool, ip.Owner.Key(), allocator.FamilyOf(ip.Addr)}
-		if ip.State == allocator.StateKept {
+		if ip.State == records.StateKept {
 			o.owner = "kept for " + ip.Identity
 		}
 		if byOwner[o] == nil {
@@ -250,7 +251,7 @@ func (c *checker) bindings() {
 				c.add(KindStickyConflict, []string{b.Key}, "sticky identity %s names %s, which no allocation holds", b.Identity, addr)
 			case ip.Identity != b.Identity:
 				c.add(KindStickyConflict, []string{b.Key, ip.Key}, "sticky identity %s names %s, which %s holds on node %s", b.Identity, addr, ip.Owner.Key(), ip.Node)
-			case !b.Kept() && ip.State != allocator.StateKept && ip.Owner.Key() != b.Owner.Key():
+			case !b.Kept() && ip.State != records.StateKept && ip.Owner.Key() != b.Owner.Key():
 				c.add(KindStickyConflict, []string{b.Key, ip.Key}, "sticky identity %s is held by %s, but %s is %s's", b.Identity, b.Owner.Key(), addr, ip.Owner.Key())
 			}
 		}

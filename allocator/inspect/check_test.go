@@ -11,6 +11,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 func TestCheckCleanStore(t *testing.T) {
@@ -33,7 +34,7 @@ func TestCheckCleanStore(t *testing.T) {
 type baseline struct {
 	*env
 	n1, n2 *agent
-	al     allocator.Allocation // n1's first address
+	al     records.Allocation // n1's first address
 }
 
 func newBaseline(t *testing.T) *baseline {
@@ -73,7 +74,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "allocation in another node's block",
 		plant: func(t *testing.T, b *baseline) string {
 			key := etcdstore.IPKey("small", b.al.Block, addrAt(t, b.al.Block, 13))
-			b.put(t, key, record(owner(50), "n2", allocator.StateAllocated))
+			b.put(t, key, record(owner(50), "n2", records.StateAllocated))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindWrongNode},
@@ -88,7 +89,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "claim of a node without node record",
 		plant: func(t *testing.T, b *baseline) string {
 			key := etcdstore.ClaimKey("small", freeBlock(t, b.snapshot(t)))
-			b.put(t, key, allocator.Claim{Node: "ghost"}, clientv3.WithLease(b.lease(t)))
+			b.put(t, key, records.Claim{Node: "ghost"}, clientv3.WithLease(b.lease(t)))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindDeadNodeClaim},
@@ -96,7 +97,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "claim without lease",
 		plant: func(t *testing.T, b *baseline) string {
 			key := etcdstore.ClaimKey("small", freeBlock(t, b.snapshot(t)))
-			b.put(t, key, allocator.Claim{Node: "n1"})
+			b.put(t, key, records.Claim{Node: "n1"})
 			return key
 		},
 		want: []inspect.Kind{inspect.KindClaimWithoutLease},
@@ -104,7 +105,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "reservation without lease",
 		plant: func(t *testing.T, b *baseline) string {
 			key := etcdstore.IPKey("small", b.al.Block, addrAt(t, b.al.Block, 12))
-			b.put(t, key, record(owner(51), "n1", allocator.StateReserved))
+			b.put(t, key, record(owner(51), "n1", records.StateReserved))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindExpiredReservation},
@@ -112,7 +113,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "confirmed allocation on a lease",
 		plant: func(t *testing.T, b *baseline) string {
 			key := etcdstore.IPKey("small", b.al.Block, addrAt(t, b.al.Block, 12))
-			b.put(t, key, record(owner(52), "n1", allocator.StateAllocated), clientv3.WithLease(b.lease(t)))
+			b.put(t, key, record(owner(52), "n1", records.StateAllocated), clientv3.WithLease(b.lease(t)))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindLeasedAllocation},
@@ -120,9 +121,9 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		name: "records of a pool that does not exist",
 		plant: func(t *testing.T, b *baseline) string {
 			blk := netip.MustParsePrefix("10.9.0.0/28")
-			b.put(t, etcdstore.ClaimKey("ghost", blk), allocator.Claim{Node: "n1"}, clientv3.WithLease(clientv3.LeaseID(b.n1.Session.ID())))
+			b.put(t, etcdstore.ClaimKey("ghost", blk), records.Claim{Node: "n1"}, clientv3.WithLease(clientv3.LeaseID(b.n1.Session.ID())))
 			key := etcdstore.IPKey("ghost", blk, netip.MustParseAddr("10.9.0.1"))
-			b.put(t, key, record(owner(53), "n1", allocator.StateAllocated))
+			b.put(t, key, record(owner(53), "n1", records.StateAllocated))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindUnknownPool},
@@ -139,7 +140,7 @@ func TestCheckFindsPlantedFaults(t *testing.T) {
 		plant: func(t *testing.T, b *baseline) string {
 			other := freeBlock(t, b.snapshot(t))
 			key := etcdstore.BlockIPsPrefix("small", b.al.Block) + addrAt(t, other, 5).String()
-			b.put(t, key, record(owner(54), "n1", allocator.StateAllocated))
+			b.put(t, key, record(owner(54), "n1", records.StateAllocated))
 			return key
 		},
 		want: []inspect.Kind{inspect.KindMisplaced},
@@ -207,11 +208,11 @@ func TestCheckExpiredReservationLease(t *testing.T) {
 
 func TestCheckDuplicateIPv6Spelling(t *testing.T) {
 	blk := netip.MustParsePrefix("fd00::/120")
-	rec := record(owner(1), "n1", allocator.StateAllocated)
+	rec := record(owner(1), "n1", records.StateAllocated)
 	s := &inspect.Snapshot{
 		Pools:  map[string]inspect.Pool{"v6": {Pool: allocator.Pool{Name: "v6", CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00::/64")}, BlockSizeV6: 120}}},
 		Nodes:  map[string]inspect.Node{"n1": {}},
-		Claims: map[inspect.BlockKey]inspect.ClaimRec{{Pool: "v6", Block: blk}: {Claim: allocator.Claim{Node: "n1"}, Pool: "v6", Block: blk, Lease: 1}},
+		Claims: map[inspect.BlockKey]inspect.ClaimRec{{Pool: "v6", Block: blk}: {Claim: records.Claim{Node: "n1"}, Pool: "v6", Block: blk, Lease: 1}},
 		Homes:  map[inspect.BlockKey]inspect.HomeRec{},
 		IPs: []inspect.IP{
 			{Record: rec, Pool: "v6", Block: blk, Addr: netip.MustParseAddr("fd00::5"), Key: etcdstore.IPKey("v6", blk, netip.MustParseAddr("fd00::5"))},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // The add functions file one key-value into the snapshot, or into Bad when
@@ -109,7 +110,7 @@ func (s *Snapshot) addClaim(kv *mvccpb.KeyValue) {
 	if !ok {
 		return
 	}
-	var c allocator.Claim
+	var c records.Claim
 	if err := decode(kv, &c); err != nil {
 		s.bad(kv, "%v", err)
 		return
@@ -130,7 +131,7 @@ func (s *Snapshot) addHome(kv *mvccpb.KeyValue) {
 	if !ok {
 		return
 	}
-	var h allocator.Home
+	var h records.Home
 	if err := decode(kv, &h); err != nil {
 		s.bad(kv, "%v", err)
 		return
@@ -149,7 +150,7 @@ func (s *Snapshot) addLent(kv *mvccpb.KeyValue, pool, addr string) {
 		s.bad(kv, "lent address: %v", err)
 		return
 	}
-	var h allocator.Home
+	var h records.Home
 	if err := decode(kv, &h); err != nil || h.Node == "" {
 		s.bad(kv, "lent address names no node")
 		return
@@ -173,15 +174,15 @@ func (s *Snapshot) addIP(kv *mvccpb.KeyValue) {
 		s.badIP(kv, seg[0], b, "parse address: %v", err)
 		return
 	}
-	var r allocator.Record
+	var r records.Record
 	if err := decode(kv, &r); err != nil {
 		s.badIP(kv, seg[0], b, "%v", err)
 		return
 	}
 	switch {
-	case r.State == allocator.StateKept && r.Identity != "" && r.Node != "":
+	case r.State == records.StateKept && r.Identity != "" && r.Node != "":
 		// Kept for a sticky identity between its pods: no owner.
-	case r.State != allocator.StateReserved && r.State != allocator.StateAllocated:
+	case r.State != records.StateReserved && r.State != records.StateAllocated:
 		s.badIP(kv, seg[0], b, "unknown state %q", r.State)
 		return
 	case r.ContainerID == "" || r.IfName == "" || r.Node == "":
@@ -198,7 +199,7 @@ func (s *Snapshot) addBinding(kv *mvccpb.KeyValue) {
 		s.bad(kv, "unexpected key: want %s<pool>/<namespace>/<name>", stickyPrefix)
 		return
 	}
-	var b allocator.Binding
+	var b records.Binding
 	if err := decode(kv, &b); err != nil {
 		s.bad(kv, "%v", err)
 		return

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -27,7 +28,7 @@ func startAgent(t testing.TB, e *kvstore.Embedded, name string, resTTL time.Dura
 	return agenttest.Start(t, e, name, agenttest.Options{Pools: []string{small.Name}, ReservationTTL: resTTL})
 }
 
-func allocate(t testing.TB, a *agent, first, n int, reserve bool) []allocator.Allocation {
+func allocate(t testing.TB, a *agent, first, n int, reserve bool) []records.Allocation {
 	t.Helper()
 	return a.Allocate(t, small.Name, first, n, reserve)
 }
@@ -123,8 +124,8 @@ func addrAt(t testing.TB, b netip.Prefix, off int) netip.Addr {
 	return a
 }
 
-func record(o allocator.Owner, node string, state allocator.State) allocator.Record {
-	return allocator.Record{Owner: o, Node: node, State: state, Since: time.Now().UTC()}
+func record(o records.Owner, node string, state records.State) records.Record {
+	return records.Record{Owner: o, Node: node, State: state, Since: time.Now().UTC()}
 }
 
 // gone is an operator's statement that node is gone, last seen now: after

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // ErrBadFilter is returned for a filter that can match nothing by
@@ -18,16 +18,16 @@ type IPFilter struct {
 	Pool  string
 	Node  string
 	Owner string // container ID
-	State allocator.State
+	State records.State
 }
 
 // Validate rejects a state other than reserved or allocated.
 func (f IPFilter) Validate() error {
 	switch f.State {
-	case "", allocator.StateReserved, allocator.StateAllocated:
+	case "", records.StateReserved, records.StateAllocated:
 		return nil
 	default:
-		return fmt.Errorf("%w: state %q, want %q or %q", ErrBadFilter, f.State, allocator.StateReserved, allocator.StateAllocated)
+		return fmt.Errorf("%w: state %q, want %q or %q", ErrBadFilter, f.State, records.StateReserved, records.StateAllocated)
 	}
 }
 

@@ -11,9 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -32,8 +33,8 @@ func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
 	// n2 fills the rest of the pool; n1's blocks stay out of its reach.
 	n2 := startAgent(t, v.e, "n2", 0)
 	for i := 1000; ; i++ {
-		_, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
-		var ee *allocator.ExhaustedError
+		_, err := n2.Alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
+		var ee *records.ExhaustedError
 		if err != nil {
 			require.ErrorAs(t, err, &ee)
 			require.Equal(t, 2, ee.Orphaned)
@@ -67,7 +68,7 @@ func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
 	// The freed blocks are claimable again, by another node.
 	got := map[netip.Prefix]int{}
 	for i := 2000; i < 2030; i++ {
-		res, err := n2.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		res, err := n2.Alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		got[res.Allocations[0].Block]++
 	}
@@ -82,15 +83,15 @@ func TestNodeRemoveDeadNodeClaim(t *testing.T) {
 	blk := netip.MustParsePrefix("10.20.0.64/28")
 	// As an operator might find it: a claim on a live lease (an agent that
 	// lost its node record, or a hand edit), a home and two addresses.
-	v.put(t, etcdstore.ClaimKey("small", blk), allocator.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
-	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
+	v.put(t, etcdstore.ClaimKey("small", blk), records.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
+	v.put(t, etcdstore.HomeKey("small", blk), records.Home{Node: "ghost"})
 	for i := 1; i <= 2; i++ {
-		v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, i)), record(owner(i), "ghost", allocator.StateAllocated))
+		v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, i)), record(owner(i), "ghost", records.StateAllocated))
 	}
 	// And an empty block that still has ghost's claim and home.
 	empty := netip.MustParsePrefix("10.20.0.80/28")
-	v.put(t, etcdstore.ClaimKey("small", empty), allocator.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
-	v.put(t, etcdstore.HomeKey("small", empty), allocator.Home{Node: "ghost"})
+	v.put(t, etcdstore.ClaimKey("small", empty), records.Claim{Node: "ghost"}, clientv3.WithLease(v.lease(t)))
+	v.put(t, etcdstore.HomeKey("small", empty), records.Home{Node: "ghost"})
 	require.Equal(t, map[inspect.Kind]bool{inspect.KindDeadNodeClaim: true}, kinds(v.check(t)))
 
 	p, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", gone("ghost"), false)
@@ -140,9 +141,9 @@ func TestNodeRemoveRefusesOtherLiveNodesAddresses(t *testing.T) {
 	v := newEnv(t)
 	n2 := startAgent(t, v.e, "n2", 0)
 	blk := netip.MustParsePrefix("10.20.0.64/28")
-	v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost"})
-	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), record(owner(1), "ghost", allocator.StateAllocated))
-	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.Name, allocator.StateAllocated))
+	v.put(t, etcdstore.HomeKey("small", blk), records.Home{Node: "ghost"})
+	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), record(owner(1), "ghost", records.StateAllocated))
+	v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 2)), record(owner(2), n2.Name, records.StateAllocated))
 	_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", gone("ghost"), false)
 	require.ErrorIs(t, err, inspect.ErrNodeAlive)
 	require.ErrorContains(t, err, "other nodes")
@@ -165,15 +166,15 @@ func TestNodeRemoveEvidenceCrossCheck(t *testing.T) {
 		key   string
 	}{
 		{"allocation", func(v *env) {
-			rec := record(owner(1), "ghost", allocator.StateAllocated)
+			rec := record(owner(1), "ghost", records.StateAllocated)
 			rec.Since = later
 			v.put(t, etcdstore.IPKey("small", blk, addrAt(t, blk, 1)), rec)
 		}, false, etcdstore.IPKey("small", blk, addrAt(t, blk, 1))},
 		{"claim", func(v *env) {
-			v.put(t, etcdstore.ClaimKey("small", blk), allocator.Claim{Node: "ghost", ClaimedAt: later}, clientv3.WithLease(v.lease(t)))
+			v.put(t, etcdstore.ClaimKey("small", blk), records.Claim{Node: "ghost", ClaimedAt: later}, clientv3.WithLease(v.lease(t)))
 		}, false, etcdstore.ClaimKey("small", blk)},
 		{"home", func(v *env) {
-			v.put(t, etcdstore.HomeKey("small", blk), allocator.Home{Node: "ghost", Since: later})
+			v.put(t, etcdstore.HomeKey("small", blk), records.Home{Node: "ghost", Since: later})
 		}, false, etcdstore.HomeKey("small", blk)},
 		{"node record, forced", func(v *env) {
 			v.put(t, etcdstore.NodeKey("ghost"), etcdstore.NodeRecord{Name: "ghost", StartedAt: later}, clientv3.WithLease(v.lease(t)))
@@ -182,7 +183,7 @@ func TestNodeRemoveEvidenceCrossCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v := newEnv(t)
 			// An older sign of life, which the stated time does not contradict.
-			v.put(t, etcdstore.HomeKey("small", netip.MustParsePrefix("10.20.0.0/28")), allocator.Home{Node: "ghost", Since: lastSeen.Add(-time.Hour)})
+			v.put(t, etcdstore.HomeKey("small", netip.MustParsePrefix("10.20.0.0/28")), records.Home{Node: "ghost", Since: lastSeen.Add(-time.Hour)})
 			tc.plant(v)
 			_, err := inspect.PlanNodeRemove(v.snapshot(t), "ghost", ev, tc.force)
 			require.ErrorIs(t, err, inspect.ErrEvidenceContradicted)
@@ -222,9 +223,9 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 	ctx := t.Context()
 	v := newEnv(t)
 	n1 := startAgent(t, v.e, "n1", 0)
-	pod := func(gen int) allocator.Request {
-		o := allocator.Owner{ContainerID: fmt.Sprintf("web-0-c%d", gen), IfName: "eth0", Namespace: "ns", Pod: "web-0"}
-		return allocator.Request{Pool: "small", Owner: o, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Hour}}
+	pod := func(gen int) nodealloc.Request {
+		o := records.Owner{ContainerID: fmt.Sprintf("web-0-c%d", gen), IfName: "eth0", Namespace: "ns", Pod: "web-0"}
+		return nodealloc.Request{Pool: "small", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Hour}}
 	}
 	res, err := n1.Alloc.Allocate(ctx, pod(1))
 	require.NoError(t, err)
@@ -260,7 +261,7 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 	// An operator's release of a kept address takes its binding too, and
 	// only once the address is gone.
 	t.Run("release of a kept address", func(t *testing.T) {
-		web1 := func(gen int) allocator.Request {
+		web1 := func(gen int) nodealloc.Request {
 			r := pod(gen)
 			r.Owner.ContainerID, r.Owner.Pod, r.Sticky.Identity = fmt.Sprintf("web-1-c%d", gen), "web-1", "ns/web-1"
 			return r
@@ -299,12 +300,12 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 	blk := freeBlock(t, v.snapshot(t))
 	lost := addrAt(t, blk, 1)
 	t.Run("homeless block is fenced", func(t *testing.T) {
-		fence, err := n2.Store.FenceBorrower(ctx, allocator.Claim{Node: "n2", ClaimedAt: time.Now().UTC()}, n2.Session.ID())
+		fence, err := n2.Store.FenceBorrower(ctx, records.Claim{Node: "n2", ClaimedAt: time.Now().UTC()}, n2.Session.ID())
 		require.NoError(t, err)
-		w := allocator.IPWrite{Pool: "small", Block: blk, Addr: lost, ClaimRev: fence, Borrowed: true,
-			Record: allocator.Record{Owner: pod(3).Owner, Node: "n2", State: allocator.StateAllocated, Since: time.Now().UTC(), Borrowed: true}}
-		_, err = n2.Store.WriteIPs(ctx, []allocator.IPWrite{w})
-		var we *allocator.WriteError
+		w := records.IPWrite{Pool: "small", Block: blk, Addr: lost, ClaimRev: fence, Borrowed: true,
+			Record: records.Record{Owner: pod(3).Owner, Node: "n2", State: records.StateAllocated, Since: time.Now().UTC(), Borrowed: true}}
+		_, err = n2.Store.WriteIPs(ctx, []records.IPWrite{w})
+		var we *records.WriteError
 		require.ErrorAs(t, err, &we)
 		require.Empty(t, we.Taken, "nobody holds the address")
 		require.Equal(t, []netip.Prefix{blk}, we.Fenced)
@@ -316,13 +317,13 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 	// deadline. (The deadline only ends the old loop; the test does not
 	// wait for it.)
 	t.Run("stale binding is refused, not retried until the deadline", func(t *testing.T) {
-		v.put(t, etcdstore.BindingKey("small", "ns/web-9"), allocator.Binding{Identity: "ns/web-9", Addrs: []netip.Addr{lost},
+		v.put(t, etcdstore.BindingKey("small", "ns/web-9"), records.Binding{Identity: "ns/web-9", Addrs: []netip.Addr{lost},
 			Since: time.Now().UTC(), WindowSeconds: 3600})
-		o := allocator.Owner{ContainerID: "web-9-c1", IfName: "eth0", Namespace: "ns", Pod: "web-9"}
+		o := records.Owner{ContainerID: "web-9-c1", IfName: "eth0", Namespace: "ns", Pod: "web-9"}
 		actx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
-		_, err := n2.Alloc.Allocate(actx, allocator.Request{Pool: "small", Owner: o, Sticky: &allocator.Sticky{Identity: "ns/web-9", Window: time.Hour}})
-		var we *allocator.WriteError
+		_, err := n2.Alloc.Allocate(actx, nodealloc.Request{Pool: "small", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-9", Window: time.Hour}})
+		var we *records.WriteError
 		require.ErrorAs(t, err, &we)
 		require.Equal(t, []netip.Prefix{blk}, we.Fenced)
 		require.NoError(t, actx.Err())

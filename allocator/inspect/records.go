@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // The records of a Snapshot: each one decoded value with the key it was read
@@ -54,7 +55,7 @@ type LentRec struct {
 
 // BindingRec is a sticky identity's binding as stored.
 type BindingRec struct {
-	allocator.Binding
+	records.Binding
 	Pool  string `json:"pool"`
 	Key   string `json:"key"`
 	Rev   int64  `json:"rev"`
@@ -78,7 +79,7 @@ type Node struct {
 
 // ClaimRec is a node's claim on a block.
 type ClaimRec struct {
-	allocator.Claim
+	records.Claim
 	Pool  string       `json:"pool"`
 	Block netip.Prefix `json:"block"`
 	Key   string       `json:"key"`
@@ -88,7 +89,7 @@ type ClaimRec struct {
 
 // HomeRec is the record of which node a block belongs to.
 type HomeRec struct {
-	allocator.Home
+	records.Home
 	Pool  string       `json:"pool"`
 	Block netip.Prefix `json:"block"`
 	Key   string       `json:"key"`
@@ -98,7 +99,7 @@ type HomeRec struct {
 // IP is one allocation. Block is the block named in the key, which is what
 // decides whether etcd sees the block as empty; it normally holds Addr.
 type IP struct {
-	allocator.Record
+	records.Record
 	Pool  string       `json:"pool"`
 	Block netip.Prefix `json:"block"`
 	Addr  netip.Addr   `json:"ip"`

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Errors of the planners. Compare with errors.Is.
@@ -99,7 +99,7 @@ type Plan struct {
 // named in the record is still gone", so a node that comes back between
 // plan and execution keeps its address.
 func ipStep(ip *IP, reason, ended string, force bool, guards ...Guard) Step {
-	rec := etcdstore.HistoryOf(allocator.Allocation{Record: ip.Record, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr}, time.Time{}, ended)
+	rec := etcdstore.HistoryOf(records.Allocation{Record: ip.Record, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr}, time.Time{}, ended)
 	st := Step{Kind: StepIP, Key: ip.Key, Rev: ip.Rev, Pool: ip.Pool, Block: ip.Block, Addr: ip.Addr,
 		Node: ip.Node, Owner: ip.Owner.Key(), Reason: reason, Guards: guards, History: &rec}
 	if !force {

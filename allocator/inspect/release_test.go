@@ -11,9 +11,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -65,23 +66,23 @@ func TestReleaseRefusesLiveNodeUnlessForced(t *testing.T) {
 func TestReleaseDeadNode(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		plan  func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error)
+		plan  func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error)
 		gone  int // allocations released
 		after int // allocations of n1 left
 	}{
-		{"by ip", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
+		{"by ip", func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error) {
 			return inspect.PlanReleaseIP(s, "small", al[3].Addr, gone("n1"), false)
 		}, 1, 19},
-		{"by ip without pool", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
+		{"by ip without pool", func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error) {
 			return inspect.PlanReleaseIP(s, "", al[3].Addr, gone("n1"), false)
 		}, 1, 19},
-		{"by owner", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
+		{"by owner", func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error) {
 			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "", gone("n1"), false)
 		}, 2, 18}, // eth0 and net1
-		{"by owner and interface", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
+		{"by owner and interface", func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error) {
 			return inspect.PlanReleaseOwner(s, owner(4).ContainerID, "net1", gone("n1"), false)
 		}, 1, 19},
-		{"by node", func(s *inspect.Snapshot, al []allocator.Allocation) (inspect.Plan, error) {
+		{"by node", func(s *inspect.Snapshot, al []records.Allocation) (inspect.Plan, error) {
 			return inspect.PlanReleaseNode(s, "n1", gone("n1"), false)
 		}, 20, 0},
 	} {
@@ -91,7 +92,7 @@ func TestReleaseDeadNode(t *testing.T) {
 			al := allocate(t, n1, 0, 19, false)
 			o := owner(4)
 			o.IfName = "net1"
-			_, err := n1.Alloc.Allocate(t.Context(), allocator.Request{Pool: "small", Owner: o})
+			_, err := n1.Alloc.Allocate(t.Context(), nodealloc.Request{Pool: "small", Owner: o})
 			require.NoError(t, err)
 			n1.Kill(t)
 
@@ -138,7 +139,7 @@ func TestReleaseIsRevisionGuarded(t *testing.T) {
 	// One address is rewritten after the plan (say the node came back and
 	// handed it out again); the stale plan must not delete it.
 	key := etcdstore.IPKey("small", al[1].Block, al[1].Addr)
-	v.put(t, key, record(owner(9), "n1", allocator.StateAllocated))
+	v.put(t, key, record(owner(9), "n1", records.StateAllocated))
 	res, err := v.in.Execute(t.Context(), p, nil)
 	require.ErrorIs(t, err, kvstore.ErrConflict)
 	require.ErrorContains(t, err, "changed since the plan")
@@ -158,7 +159,7 @@ func TestReleaseIsRevisionGuarded(t *testing.T) {
 }
 
 func TestPlanReleaseIPAmbiguous(t *testing.T) {
-	rec := record(owner(1), "gone", allocator.StateAllocated)
+	rec := record(owner(1), "gone", records.StateAllocated)
 	a := netip.MustParseAddr("10.0.0.5")
 	s := &inspect.Snapshot{IPs: []inspect.IP{
 		{Record: rec, Pool: "a", Block: netip.MustParsePrefix("10.0.0.0/28"), Addr: a, Key: "k1"},

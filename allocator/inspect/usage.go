@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // PoolUsage is the utilisation of one family of one pool.
@@ -100,9 +101,9 @@ func familyUsage(s *Snapshot, views []*blockView, p allocator.Pool, f allocator.
 		}
 		seen[a] = true
 		switch ip.State {
-		case allocator.StateReserved:
+		case records.StateReserved:
 			u.Reserved++
-		case allocator.StateKept:
+		case records.StateKept:
 			u.Kept++
 		default:
 			u.Allocated++

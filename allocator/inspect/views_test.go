@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 func TestAddressCount(t *testing.T) {
@@ -98,8 +99,8 @@ func TestUsageBlocksAndIPs(t *testing.T) {
 		{"other pool", inspect.IPFilter{Pool: "other"}, 0},
 		{"node", inspect.IPFilter{Node: "n2"}, 5},
 		{"owner", inspect.IPFilter{Owner: owner(7).ContainerID}, 1},
-		{"reserved", inspect.IPFilter{State: allocator.StateReserved}, 5},
-		{"allocated on n1", inspect.IPFilter{Node: "n1", State: allocator.StateAllocated}, 20},
+		{"reserved", inspect.IPFilter{State: records.StateReserved}, 5},
+		{"allocated on n1", inspect.IPFilter{Node: "n1", State: records.StateAllocated}, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := inspect.IPs(s, tc.f)

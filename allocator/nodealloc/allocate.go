@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -8,29 +8,31 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
 // Request asks for one address per family for an owner.
 type Request struct {
 	Pool  string
-	Owner Owner
+	Owner records.Owner
 	// Families defaults to the families of IPs, or else every family of
 	// the pool.
-	Families []Family
+	Families []allocator.Family
 	// IPs are requested static addresses, at most one per family.
 	IPs []netip.Addr
 	// Reserve writes a reservation (on a short lease) instead of a
 	// permanent allocation; Confirm makes it permanent.
 	Reserve bool
 	// Sticky, if set, makes the addresses follow an identity (sticky.go).
-	Sticky *Sticky
+	Sticky *records.Sticky
 }
 
 // Result is what an owner holds in a pool after a request.
 type Result struct {
 	Pool        string
-	Allocations []Allocation
+	Allocations []records.Allocation
 	// Expires is when the reservation lapses unless confirmed; zero for
 	// permanent allocations.
 	Expires time.Time
@@ -44,7 +46,7 @@ type Outcome struct {
 
 // Allocate serves one request. A retried request for the same owner gets
 // the same addresses back.
-func (a *NodeAllocator) Allocate(ctx context.Context, req Request) (Result, error) {
+func (a *Allocator) Allocate(ctx context.Context, req Request) (Result, error) {
 	out := a.AllocateBatch(ctx, []Request{req})
 	return out[0].Result, out[0].Err
 }
@@ -60,7 +62,7 @@ const MaxBatch = 48
 // address), each of its requests is retried on its own so that one bad
 // request cannot fail the others. Requests for the same owner in one
 // batch are served in order.
-func (a *NodeAllocator) AllocateBatch(ctx context.Context, reqs []Request) []Outcome {
+func (a *Allocator) AllocateBatch(ctx context.Context, reqs []Request) []Outcome {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
@@ -73,7 +75,7 @@ func (a *NodeAllocator) AllocateBatch(ctx context.Context, reqs []Request) []Out
 	return out
 }
 
-func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome {
+func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome {
 	out := make([]Outcome, len(reqs))
 	if err := a.ready(); err != nil {
 		for i := range out {
@@ -85,7 +87,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 	// owner's retry finds the address that landed.
 	pendErr := a.settlePending(ctx)
 	plans := make([]*plan, len(reqs))
-	var writes []IPWrite
+	var writes []records.IPWrite
 	var later []int // a second request of an owner waits for the first
 	planned := map[string]bool{}
 	for i, r := range reqs {
@@ -166,7 +168,7 @@ func (a *NodeAllocator) allocateChunk(ctx context.Context, reqs []Request) []Out
 // pool or the caller's context.
 //
 // before is what the owner held when its request came in (nil: now).
-func (a *NodeAllocator) allocateOne(ctx context.Context, req Request, before map[netip.Addr]bool) (Result, error) {
+func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[netip.Addr]bool) (Result, error) {
 	var out Result
 	if before == nil {
 		before = a.heldBy(req)
@@ -217,7 +219,7 @@ func (a *NodeAllocator) allocateOne(ctx context.Context, req Request, before map
 }
 
 // heldBy lists the addresses the request's owner holds in its pool.
-func (a *NodeAllocator) heldBy(req Request) map[netip.Addr]bool {
+func (a *Allocator) heldBy(req Request) map[netip.Addr]bool {
 	out := map[netip.Addr]bool{}
 	if ps := a.pools[req.Pool]; ps != nil {
 		for _, al := range ps.byOwner[req.Owner.Key()] {
@@ -229,12 +231,12 @@ func (a *NodeAllocator) heldBy(req Request) map[netip.Addr]bool {
 
 // giveBackBorrowed releases what the owner borrowed since before, after
 // its request failed with cause (giveBack).
-func (a *NodeAllocator) giveBackBorrowed(ctx context.Context, req Request, before map[netip.Addr]bool, cause error) error {
+func (a *Allocator) giveBackBorrowed(ctx context.Context, req Request, before map[netip.Addr]bool, cause error) error {
 	ps := a.pools[req.Pool]
 	if ps == nil {
 		return cause
 	}
-	var lent []*Allocation
+	var lent []*records.Allocation
 	for _, al := range ps.byOwner[req.Owner.Key()] {
 		if al.Borrowed && !before[al.Addr] {
 			lent = append(lent, al)
@@ -244,7 +246,7 @@ func (a *NodeAllocator) giveBackBorrowed(ctx context.Context, req Request, befor
 }
 
 // write sends a plan's writes, with its binding if it has one.
-func (a *NodeAllocator) write(ctx context.Context, p *plan) (WriteResult, error) {
+func (a *Allocator) write(ctx context.Context, p *plan) (records.WriteResult, error) {
 	if p.bind != nil {
 		return a.cfg.Store.WriteBound(ctx, *p.bind, p.writes)
 	}
@@ -254,12 +256,12 @@ func (a *NodeAllocator) write(ctx context.Context, p *plan) (WriteResult, error)
 // onlyTaken reports whether a write failed only because addresses it
 // created were taken: nothing was fenced.
 func onlyTaken(err error) bool {
-	var we *WriteError
+	var we *records.WriteError
 	return errors.As(err, &we) && len(we.Fenced) == 0 && !we.FenceLost && len(we.Taken) > 0
 }
 
 // commit records a written plan and builds its result.
-func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
+func (a *Allocator) commit(p *plan, res records.WriteResult) Result {
 	seen := time.Now()
 	for _, w := range p.writes {
 		delete(p.ps.planned, w.Addr)
@@ -267,7 +269,7 @@ func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
 		if !w.Borrowed {
 			delete(p.ps.lent, w.Addr)
 		}
-		al := &Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
+		al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: w.Block, Addr: w.Addr, Rev: res.Rev, Seen: seen}
 		p.ps.remember(al, res.Expires)
 		a.logAllocated(al)
 	}
@@ -277,7 +279,7 @@ func (a *NodeAllocator) commit(p *plan, res WriteResult) Result {
 
 // landed builds the result of a plan whose writes are all in the cache as
 // the owner's; ok is false if one is not.
-func (a *NodeAllocator) landed(p *plan) (Result, bool) {
+func (a *Allocator) landed(p *plan) (Result, bool) {
 	out := Result{Pool: p.ps.pool.Name}
 	als := slices.Clone(p.reused)
 	for _, w := range p.writes {
@@ -289,15 +291,15 @@ func (a *NodeAllocator) landed(p *plan) (Result, bool) {
 	}
 	for _, al := range als {
 		out.Allocations = append(out.Allocations, *al)
-		if exp, ok := p.ps.expires[al.Addr]; ok && al.State == StateReserved {
+		if exp, ok := p.ps.expires[al.Addr]; ok && al.State == records.StateReserved {
 			out.Expires = exp
 		}
 	}
-	slices.SortFunc(out.Allocations, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	slices.SortFunc(out.Allocations, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return out, true
 }
 
-func (a *NodeAllocator) undo(p *plan) {
+func (a *Allocator) undo(p *plan) {
 	for _, w := range p.writes {
 		delete(p.ps.planned, w.Addr)
 		if ob := p.ps.own[w.Block]; ob != nil {
@@ -311,8 +313,8 @@ func (a *NodeAllocator) undo(p *plan) {
 // are no longer ours; addresses found taken are reloaded from the store.
 // If a reload fails, the taken addresses are at least marked, so the retry
 // does not pick them again.
-func (a *NodeAllocator) learn(ctx context.Context, err error) {
-	var we *WriteError
+func (a *Allocator) learn(ctx context.Context, err error) {
+	var we *records.WriteError
 	if !errors.As(err, &we) {
 		return
 	}
@@ -344,7 +346,7 @@ func (a *NodeAllocator) learn(ctx context.Context, err error) {
 // DEL still releases them (a release is guarded by the allocation's own
 // revision, not by the claim) and a retried ADD still finds them; Restore
 // re-claims the block if it is still this node's home.
-func (a *NodeAllocator) loseBlock(ps *poolState, b netip.Prefix) {
+func (a *Allocator) loseBlock(ps *poolState, b netip.Prefix) {
 	delete(ps.own, b)
 	ps.others[b] = otherBlock{node: "?"}
 }

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -54,7 +55,7 @@ func BenchmarkAllocate(b *testing.B) {
 			floor += floorTxn(b, n.cli)
 			seq++
 			start := time.Now()
-			if _, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "bench", Owner: owner(seq)}); err != nil {
+			if _, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "bench", Owner: owner(seq)}); err != nil {
 				b.Fatal(err)
 			}
 			op += time.Since(start)
@@ -67,7 +68,7 @@ func BenchmarkAllocate(b *testing.B) {
 			floor += floorTxn(b, n.cli)
 			seq++
 			start := time.Now()
-			if _, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "bench", Owner: owner(seq)}); err != nil {
+			if _, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "bench", Owner: owner(seq)}); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := n.alloc.Release(ctx, owner(seq)); err != nil {
@@ -83,7 +84,7 @@ func BenchmarkAllocate(b *testing.B) {
 			floor += floorTxn(b, n.cli)
 			seq++
 			start := time.Now()
-			if _, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "bench", Owner: owner(seq), Reserve: true}); err != nil {
+			if _, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "bench", Owner: owner(seq), Reserve: true}); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := n.alloc.Confirm(ctx, owner(seq)); err != nil {
@@ -95,12 +96,12 @@ func BenchmarkAllocate(b *testing.B) {
 	})
 	b.Run("batch-32", func(b *testing.B) {
 		var floor, op time.Duration
-		reqs := make([]allocator.Request, 32)
+		reqs := make([]nodealloc.Request, 32)
 		for i := 0; i < b.N; i++ {
 			floor += floorTxn(b, n.cli)
 			for j := range reqs {
 				seq++
-				reqs[j] = allocator.Request{Pool: "bench", Owner: owner(seq)}
+				reqs[j] = nodealloc.Request{Pool: "bench", Owner: owner(seq)}
 			}
 			start := time.Now()
 			for _, o := range n.alloc.AllocateBatch(ctx, reqs) {

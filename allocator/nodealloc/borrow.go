@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"cmp"
@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
@@ -37,8 +39,8 @@ var errOwnRoom = errors.New("own blocks have room")
 // borrow finds an address of family f for r in another node's block and
 // writes it. It ends with the allocation, errOwnRoom, a rich
 // ExhaustedError built from one read of the whole pool, or an error.
-func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f Family) (*Allocation, error) {
-	var got *Allocation
+func (a *Allocator) borrow(ctx context.Context, ps *poolState, r Request, f allocator.Family) (*records.Allocation, error) {
+	var got *records.Allocation
 	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
 		snap, err := a.cfg.Store.PoolSnapshot(ctx, ps.pool.Name)
 		if err != nil {
@@ -49,7 +51,7 @@ func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f 
 		}
 		b, addr, ok := a.lender(ctx, ps, f, snap, r.Owner)
 		if !ok {
-			return ExplainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
+			return records.ExplainExhausted(ctx, a.cfg.Store, ps.pool, f, snap)
 		}
 		got, err = a.writeBorrowed(ctx, ps, b, addr, a.newRecord(r, true), r.Reserve)
 		return err
@@ -61,7 +63,7 @@ func (a *NodeAllocator) borrow(ctx context.Context, ps *poolState, r Request, f 
 // blocks after all, as snap shows: a block is free to claim, or an own
 // block holds fewer addresses in the store than the node has marked (a
 // lent address came back; the block is read again).
-func (a *NodeAllocator) ownRoom(ctx context.Context, ps *poolState, f Family, snap PoolSnapshot) bool {
+func (a *Allocator) ownRoom(ctx context.Context, ps *poolState, f allocator.Family, snap records.PoolSnapshot) bool {
 	if ps.hasClaimable(f, snap) {
 		return true
 	}
@@ -83,7 +85,7 @@ const enumerateLimit = 1 << 16
 
 // hasClaimable reports whether snap shows a block of family f that a
 // claim could take: no claim, no allocations, an address to hand out.
-func (ps *poolState) hasClaimable(f Family, snap PoolSnapshot) bool {
+func (ps *poolState) hasClaimable(f allocator.Family, snap records.PoolSnapshot) bool {
 	busy := map[netip.Prefix]bool{}
 	for _, bi := range snap.Blocks {
 		if bi.Claim != nil {
@@ -100,9 +102,9 @@ func (ps *poolState) hasClaimable(f Family, snap PoolSnapshot) bool {
 	}
 	bits := ps.pool.BlockSize(f)
 	for _, c := range ps.pool.CIDRsOf(f) {
-		for i := range BlockCount(c, bits) {
-			b, err := BlockAt(c, bits, i)
-			if err == nil && !busy[b] && len(ps.pool.Excluded(b))+len(ps.pool.reservedOffsets(b)) < BlockSize(b) {
+		for i := range allocator.BlockCount(c, bits) {
+			b, err := allocator.BlockAt(c, bits, i)
+			if err == nil && !busy[b] && len(ps.pool.Excluded(b))+len(ps.pool.ReservedOffsets(b)) < allocator.BlockSize(b) {
 				return true
 			}
 		}
@@ -121,7 +123,7 @@ type lendable struct {
 // lendables lists the blocks of family f that live nodes claim and that
 // have a free address, fullest first, so that blocks nearly empty can
 // still be given back to the pool.
-func (a *NodeAllocator) lendables(ps *poolState, f Family, snap PoolSnapshot) []lendable {
+func (a *Allocator) lendables(ps *poolState, f allocator.Family, snap records.PoolSnapshot) []lendable {
 	held := map[netip.Addr]bool{}
 	if a.cfg.Held != nil {
 		for _, h := range a.cfg.Held() {
@@ -133,10 +135,10 @@ func (a *NodeAllocator) lendables(ps *poolState, f Family, snap PoolSnapshot) []
 		b := bi.Block
 		// Only blocks a live node claims: an orphaned block is its gone
 		// node's until kvipamctl node remove frees it whole.
-		if _, own := ps.own[b]; own || FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == a.cfg.Node {
+		if _, own := ps.own[b]; own || allocator.FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == a.cfg.Node {
 			continue
 		}
-		ba, err := NewBlockAlloc(ps.pool, b)
+		ba, err := allocator.NewBlockAlloc(ps.pool, b)
 		if err != nil {
 			continue
 		}
@@ -182,7 +184,7 @@ const (
 // cooldown lives in its memory; the release times come from IP history),
 // and takes the one released longest ago only when every candidate is
 // cooling, as the lender itself does.
-func (a *NodeAllocator) lender(ctx context.Context, ps *poolState, f Family, snap PoolSnapshot, o Owner) (netip.Prefix, netip.Addr, bool) {
+func (a *Allocator) lender(ctx context.Context, ps *poolState, f allocator.Family, snap records.PoolSnapshot, o records.Owner) (netip.Prefix, netip.Addr, bool) {
 	cands := a.lendables(ps, f, snap)
 	if len(cands) == 0 {
 		return netip.Prefix{}, netip.Addr{}, false
@@ -221,12 +223,12 @@ func (a *NodeAllocator) lender(ctx context.Context, ps *poolState, f Family, sna
 }
 
 // newRecord is the record of a new allocation for r.
-func (a *NodeAllocator) newRecord(r Request, borrowed bool) Record {
-	state := StateAllocated
+func (a *Allocator) newRecord(r Request, borrowed bool) records.Record {
+	state := records.StateAllocated
 	if r.Reserve {
-		state = StateReserved
+		state = records.StateReserved
 	}
-	rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
+	rec := records.Record{Owner: r.Owner, Node: a.cfg.Node, State: state, Since: a.cfg.Now().UTC(), Borrowed: borrowed}
 	if r.Sticky != nil {
 		rec.Identity, rec.WindowSeconds = r.Sticky.Identity, int64(r.Sticky.Window/time.Second)
 	}
@@ -236,27 +238,27 @@ func (a *NodeAllocator) newRecord(r Request, borrowed bool) Record {
 // writeBorrowed writes rec at addr of another node's block b, fenced by
 // this node's borrow fence, and caches it. A lost race wraps ErrConflict;
 // a write of unknown outcome is settled from etcd first.
-func (a *NodeAllocator) writeBorrowed(ctx context.Context, ps *poolState, b netip.Prefix, addr netip.Addr, rec Record, reserve bool) (*Allocation, error) {
+func (a *Allocator) writeBorrowed(ctx context.Context, ps *poolState, b netip.Prefix, addr netip.Addr, rec records.Record, reserve bool) (*records.Allocation, error) {
 	fence, err := a.borrowFence(ctx)
 	if err != nil {
 		return nil, err
 	}
-	w := IPWrite{Pool: ps.pool.Name, Block: b, ClaimRev: fence, Addr: addr, Record: rec, Reserve: reserve, Borrowed: true}
-	res, err := a.cfg.Store.WriteIPs(ctx, []IPWrite{w})
-	var we *WriteError
+	w := records.IPWrite{Pool: ps.pool.Name, Block: b, ClaimRev: fence, Addr: addr, Record: rec, Reserve: reserve, Borrowed: true}
+	res, err := a.cfg.Store.WriteIPs(ctx, []records.IPWrite{w})
+	var we *records.WriteError
 	switch {
 	case err == nil:
-		al := &Allocation{Record: rec, Pool: ps.pool.Name, Block: b, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: b, Addr: addr, Rev: res.Rev, Seen: time.Now()}
 		ps.remember(al, res.Expires)
 		a.logAllocated(al)
 		return al, nil
 	case errors.As(err, &we) && we.FenceLost:
 		a.fenceRev = 0
-		return nil, fmt.Errorf("borrow %s: %w", addr, errors.Join(ErrLeaseLost, err))
+		return nil, fmt.Errorf("borrow %s: %w", addr, errors.Join(records.ErrLeaseLost, err))
 	case !outcomeUnknown(err):
 		return nil, fmt.Errorf("borrow %s: %w", addr, err)
 	}
-	a.parkWrites(ps, []IPWrite{w})
+	a.parkWrites(ps, []records.IPWrite{w})
 	if serr := a.settlePending(ctx); serr != nil {
 		return nil, serr
 	}
@@ -268,7 +270,7 @@ func (a *NodeAllocator) writeBorrowed(ctx context.Context, ps *poolState, b neti
 
 // borrowFence returns the revision of this node's borrow fence on its
 // current lease, writing the fence the first time.
-func (a *NodeAllocator) borrowFence(ctx context.Context) (int64, error) {
+func (a *Allocator) borrowFence(ctx context.Context) (int64, error) {
 	if a.fenceRev != 0 {
 		return a.fenceRev, nil
 	}
@@ -282,19 +284,19 @@ func (a *NodeAllocator) borrowFence(ctx context.Context) (int64, error) {
 
 // restoreBorrowed reads back the addresses this node holds in other
 // nodes' blocks of ps's pool, at Restore.
-func (a *NodeAllocator) restoreBorrowed(ctx context.Context, ps *poolState) error {
+func (a *Allocator) restoreBorrowed(ctx context.Context, ps *poolState) error {
 	lent, err := a.cfg.Store.ListLent(ctx, ps.pool.Name)
 	if err != nil {
 		return err
 	}
-	var refs []IPRef
+	var refs []records.IPRef
 	for addr, node := range lent {
 		b, ok := ps.pool.BlockFor(addr)
 		if node != a.cfg.Node || !ok {
 			continue
 		}
 		if _, own := ps.own[b]; !own {
-			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
+			refs = append(refs, records.IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
 		}
 	}
 	if len(refs) == 0 {
@@ -306,7 +308,7 @@ func (a *NodeAllocator) restoreBorrowed(ctx context.Context, ps *poolState) erro
 	}
 	now := time.Now()
 	for _, al := range got {
-		if al.Node != a.cfg.Node || al.ContainerID == "" || al.State == StateKept {
+		if al.Node != a.cfg.Node || al.ContainerID == "" || al.State == records.StateKept {
 			continue
 		}
 		var exp time.Time
@@ -323,10 +325,10 @@ func (a *NodeAllocator) restoreBorrowed(ctx context.Context, ps *poolState) erro
 
 // reloadLent reads again the own blocks of family f that have lent
 // addresses: the borrower may have given some back.
-func (a *NodeAllocator) reloadLent(ctx context.Context, ps *poolState, f Family) {
+func (a *Allocator) reloadLent(ctx context.Context, ps *poolState, f allocator.Family) {
 	blocks := map[netip.Prefix]bool{}
 	for addr := range ps.lent {
-		if b, ob := ps.ownBlockOf(addr); ob != nil && FamilyOf(addr) == f {
+		if b, ob := ps.ownBlockOf(addr); ob != nil && allocator.FamilyOf(addr) == f {
 			blocks[b] = true
 		}
 	}
@@ -341,7 +343,7 @@ func (a *NodeAllocator) reloadLent(ctx context.Context, ps *poolState, f Family)
 // in one of this node's blocks: another node holds addr (present), or
 // gave it back. Either way etcd's create-if-absent stays the guard; this
 // only keeps the node's books, and its next choice, right sooner.
-func (a *NodeAllocator) NoteLent(pool string, addr netip.Addr, node string, present bool) {
+func (a *Allocator) NoteLent(pool string, addr netip.Addr, node string, present bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[pool]
@@ -366,19 +368,19 @@ func (a *NodeAllocator) NoteLent(pool string, addr netip.Addr, node string, pres
 // live node claims (pickStatic said ErrNotOwned, cause): a static request
 // may name any address of the pool. An address held there already is
 // ErrIPInUse; an orphaned block's is left to its gone node (cause).
-func (a *NodeAllocator) borrowStatic(ctx context.Context, ps *poolState, r Request, b netip.Prefix, addr netip.Addr, cause error) (*Allocation, error) {
-	var ce *ClaimError
+func (a *Allocator) borrowStatic(ctx context.Context, ps *poolState, r Request, b netip.Prefix, addr netip.Addr, cause error) (*records.Allocation, error) {
+	var ce *records.ClaimError
 	other, known := ps.others[b]
 	claimed := (errors.As(cause, &ce) && ce.ClaimedBy != "") || (known && other.node != "" && !other.orphaned)
 	if !claimed {
 		return nil, cause
 	}
 	if slices.Contains(ps.pool.Excluded(b), addr) {
-		return nil, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
+		return nil, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", records.ErrBadRequest, addr, ps.pool.Name)
 	}
 	al, err := a.writeBorrowed(ctx, ps, b, addr, a.newRecord(r, true), r.Reserve)
 	if onlyTaken(err) {
-		return nil, fmt.Errorf("requested ip %s is held by another owner: %w", addr, ErrIPInUse)
+		return nil, fmt.Errorf("requested ip %s is held by another owner: %w", addr, records.ErrIPInUse)
 	}
 	return al, err
 }

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -19,12 +21,12 @@ import (
 // can only borrow.
 var onePool = allocator.Pool{Name: "one", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.82.0.0/28")}, BlockSizeV4: 28}
 
-func lenderAndBorrower(t *testing.T, wrapB func(allocator.Store) allocator.Store) (*kvstore.Embedded, *testNode, *testNode) {
+func lenderAndBorrower(t *testing.T, wrapB func(records.Store) records.Store) (*kvstore.Embedded, *testNode, *testNode) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	for i := range 5 {
-		_, err := a.alloc.Allocate(context.Background(), allocator.Request{Pool: "one", Owner: owner(i)})
+		_, err := a.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "one", Owner: owner(i)})
 		require.NoError(t, err)
 	}
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{wrap: wrapB})
@@ -32,8 +34,8 @@ func lenderAndBorrower(t *testing.T, wrapB func(allocator.Store) allocator.Store
 }
 
 // holdersOf reads who holds each address of the pool in etcd.
-func holdersOf(t *testing.T, cli *clientv3.Client) map[netip.Addr]allocator.Allocation {
-	out := map[netip.Addr]allocator.Allocation{}
+func holdersOf(t *testing.T, cli *clientv3.Client) map[netip.Addr]records.Allocation {
+	out := map[netip.Addr]records.Allocation{}
 	for _, al := range storeIPs(t, cli, "one") {
 		out[al.Addr] = al
 	}
@@ -46,14 +48,14 @@ func holdersOf(t *testing.T, cli *clientv3.Client) map[netip.Addr]allocator.Allo
 func TestBorrowUnknownOutcomeSettled(t *testing.T) {
 	ctx := context.Background()
 	var hs *hookStore
-	_, a, b := lenderAndBorrower(t, func(s allocator.Store) allocator.Store { hs = newHookStore(s); return hs })
+	_, a, b := lenderAndBorrower(t, func(s records.Store) records.Store { hs = newHookStore(s); return hs })
 	hs.After("WriteIPs", commitThenFail(1))
-	res, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
+	res, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(100)})
 	require.NoError(t, err)
 	require.Len(t, res.Allocations, 1)
 	got := res.Allocations[0]
 	require.True(t, got.Borrowed)
-	again, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
+	again, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(100)})
 	require.NoError(t, err)
 	require.Equal(t, got.Addr, again.Allocations[0].Addr, "a retried ADD gets the address that landed")
 	n := 0
@@ -74,7 +76,7 @@ func TestBorrowUnknownOutcomeSettled(t *testing.T) {
 func TestBorrowFencedByBorrowerLease(t *testing.T) {
 	ctx := context.Background()
 	var hs *hookStore
-	_, a, b := lenderAndBorrower(t, func(s allocator.Store) allocator.Store { hs = newHookStore(s); return hs })
+	_, a, b := lenderAndBorrower(t, func(s records.Store) records.Store { hs = newHookStore(s); return hs })
 	var once sync.Once
 	hs.Before("WriteIPs", func(ctx context.Context) error {
 		once.Do(func() {
@@ -83,8 +85,8 @@ func TestBorrowFencedByBorrowerLease(t *testing.T) {
 		})
 		return nil
 	})
-	_, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(100)})
-	require.ErrorIs(t, err, allocator.ErrLeaseLost)
+	_, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(100)})
+	require.ErrorIs(t, err, records.ErrLeaseLost)
 	for addr, al := range holdersOf(t, a.cli) {
 		require.NotEqual(t, owner(100).Key(), al.Owner.Key(), "%s written for a node whose lease was gone", addr)
 	}
@@ -95,11 +97,11 @@ func TestBorrowFencedByBorrowerLease(t *testing.T) {
 
 // writeHook calls onWrite with each write batch before it is sent.
 type writeHook struct {
-	allocator.Store
-	onWrite func([]allocator.IPWrite)
+	records.Store
+	onWrite func([]records.IPWrite)
 }
 
-func (w writeHook) WriteIPs(ctx context.Context, ws []allocator.IPWrite) (allocator.WriteResult, error) {
+func (w writeHook) WriteIPs(ctx context.Context, ws []records.IPWrite) (records.WriteResult, error) {
 	w.onWrite(ws)
 	return w.Store.WriteIPs(ctx, ws)
 }
@@ -115,25 +117,25 @@ func TestBorrowRacesOwner(t *testing.T) {
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
 	var once sync.Once
 	var stolen netip.Addr
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s allocator.Store) allocator.Store {
-		return writeHook{Store: s, onWrite: func(ws []allocator.IPWrite) {
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store {
+		return writeHook{Store: s, onWrite: func(ws []records.IPWrite) {
 			if len(ws) != 1 || ws[0].Record.Owner.Key() != owner(7).Key() {
 				return
 			}
 			once.Do(func() {
 				// b borrows exactly the address a is about to write.
-				fence, err := b.store.FenceBorrower(ctx, allocator.Claim{Node: "b"}, b.sess.ID())
+				fence, err := b.store.FenceBorrower(ctx, records.Claim{Node: "b"}, b.sess.ID())
 				require.NoError(t, err)
 				w := ws[0]
-				_, err = b.store.WriteIPs(ctx, []allocator.IPWrite{{Pool: w.Pool, Block: w.Block, ClaimRev: fence, Addr: w.Addr, Borrowed: true,
-					Record: allocator.Record{Owner: owner(900), Node: "b", State: allocator.StateAllocated, Borrowed: true}}})
+				_, err = b.store.WriteIPs(ctx, []records.IPWrite{{Pool: w.Pool, Block: w.Block, ClaimRev: fence, Addr: w.Addr, Borrowed: true,
+					Record: records.Record{Owner: owner(900), Node: "b", State: records.StateAllocated, Borrowed: true}}})
 				require.NoError(t, err)
 				stolen = w.Addr
 			})
 		}}
 	}})
 	for i := range 8 {
-		_, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		_, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
 		require.NoError(t, err)
 	}
 	require.True(t, stolen.IsValid(), "the race happened")
@@ -159,7 +161,7 @@ func TestBorrowRespectsCooldown(t *testing.T) {
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{cooldown: time.Hour})
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{cooldown: time.Hour})
 	for i := range 6 {
-		_, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		_, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
 		require.NoError(t, err)
 	}
 	var cooling []netip.Addr // oldest release first
@@ -170,12 +172,12 @@ func TestBorrowRespectsCooldown(t *testing.T) {
 	}
 	// 12 addresses are free in etcd: 4 cooling, 8 never used.
 	for i := 100; i < 108; i++ {
-		r, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		r, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
 		require.NoError(t, err)
 		require.True(t, r.Allocations[0].Borrowed)
 		require.NotContains(t, cooling, r.Allocations[0].Addr, "borrow %d took a cooling address while others were free", i-100)
 	}
-	r, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(108)})
+	r, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(108)})
 	require.NoError(t, err)
 	require.Equal(t, cooling[0], r.Allocations[0].Addr, "the cooldown yields when nothing else is free: the oldest release first")
 }

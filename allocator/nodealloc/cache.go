@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"cmp"
@@ -6,14 +6,17 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // poolState is this node's view of one pool: the blocks it owns with their
 // bitmaps, and an index of the allocations in them. It is a cache of etcd,
 // rebuilt by Restore and corrected whenever a write finds it wrong; it does
-// no I/O. The NodeAllocator's lock guards it.
+// no I/O. The Allocator's lock guards it.
 type poolState struct {
-	pool Pool
+	pool allocator.Pool
 	own  map[netip.Prefix]*ownBlock
 	// others are blocks the node must not try to claim: claimed by another
 	// node, or orphaned. It is refreshed from the store before each claim.
@@ -21,8 +24,8 @@ type poolState struct {
 	// byOwner holds every allocation of an owner. An owner normally has
 	// one per family; more is an anomaly that Release must still undo
 	// whole, so the index never drops one.
-	byOwner map[string][]*Allocation
-	byAddr  map[netip.Addr]*Allocation
+	byOwner map[string][]*records.Allocation
+	byAddr  map[netip.Addr]*records.Allocation
 	expires map[netip.Addr]time.Time // reservations' expiry
 	// unknown holds store calls whose outcome is unknown: the call failed
 	// without saying whether the transaction committed. Their addresses
@@ -41,7 +44,7 @@ type poolState struct {
 	kept map[netip.Addr]keptAddr
 	// walks are the node's block walks, by family (blockwalk.go); a
 	// changed pool starts them again.
-	walks map[Family]*blockWalk
+	walks map[allocator.Family]*allocator.BlockWalk
 }
 
 // pending is a store call of unknown outcome, whatever its kind (a create,
@@ -50,12 +53,12 @@ type poolState struct {
 // It is settled by reading the address back (settlePending), never by
 // guessing from the write's shape what landed.
 type pending struct {
-	ref   IPRef
+	ref   records.IPRef
 	owner string
 }
 
 type ownBlock struct {
-	ba       *BlockAlloc
+	ba       *allocator.BlockAlloc
 	claimRev int64
 }
 
@@ -64,14 +67,14 @@ type otherBlock struct {
 	orphaned bool   // unclaimed but holding allocations
 }
 
-func newPoolState(p Pool) *poolState {
+func newPoolState(p allocator.Pool) *poolState {
 	return &poolState{
 		pool:    p,
 		own:     map[netip.Prefix]*ownBlock{},
 		others:  map[netip.Prefix]otherBlock{},
-		walks:   map[Family]*blockWalk{},
-		byOwner: map[string][]*Allocation{},
-		byAddr:  map[netip.Addr]*Allocation{},
+		walks:   map[allocator.Family]*allocator.BlockWalk{},
+		byOwner: map[string][]*records.Allocation{},
+		byAddr:  map[netip.Addr]*records.Allocation{},
 		expires: map[netip.Addr]time.Time{},
 		unknown: map[netip.Addr]pending{},
 		lent:    map[netip.Addr]string{},
@@ -82,20 +85,20 @@ func newPoolState(p Pool) *poolState {
 
 // remember indexes al; expires is the reservation expiry if known. An
 // allocation already indexed at the same address is replaced.
-func (ps *poolState) remember(al *Allocation, expires time.Time) {
+func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
 	if old := ps.byAddr[al.Addr]; old != nil {
 		ps.forget(old)
 	}
 	k := al.Owner.Key()
 	ps.byOwner[k] = append(ps.byOwner[k], al)
 	ps.byAddr[al.Addr] = al
-	if al.State == StateReserved && !expires.IsZero() {
+	if al.State == records.StateReserved && !expires.IsZero() {
 		ps.expires[al.Addr] = expires
 	}
 }
 
 // forget drops al from the indexes (not from the block bitmap).
-func (ps *poolState) forget(al *Allocation) {
+func (ps *poolState) forget(al *records.Allocation) {
 	k := al.Owner.Key()
 	if i := slices.Index(ps.byOwner[k], al); i >= 0 {
 		ps.byOwner[k] = slices.Delete(ps.byOwner[k], i, i+1)
@@ -118,7 +121,7 @@ func (ps *poolState) forget(al *Allocation) {
 // (same revision) stays as it is. The bit of an own block's address is
 // marked when etcd holds it; when etcd does not, the caller decides
 // whether it is free (held by an endpoint, cooling).
-func (ps *poolState) settleAt(addr netip.Addr, cur *Allocation, until time.Time, me string) (dropped *Allocation) {
+func (ps *poolState) settleAt(addr netip.Addr, cur *records.Allocation, until time.Time, me string) (dropped *records.Allocation) {
 	old := ps.byAddr[addr]
 	if old != nil && cur != nil && old.Rev == cur.Rev {
 		return nil
@@ -133,7 +136,7 @@ func (ps *poolState) settleAt(addr netip.Addr, cur *Allocation, until time.Time,
 	}
 	_, ob := ps.ownBlockOf(addr)
 	switch {
-	case cur.State == StateKept:
+	case cur.State == records.StateKept:
 		if ob != nil {
 			ps.kept[addr] = keptAddr{identity: cur.Identity, until: until}
 		}
@@ -179,23 +182,23 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 
 // setPool replaces the pool spec (an operator changed it) and applies its
 // reservations to the own blocks.
-func (ps *poolState) setPool(p Pool) {
+func (ps *poolState) setPool(p allocator.Pool) {
 	ps.pool = p
 	clear(ps.walks)
 	for b, ob := range ps.own {
-		ob.ba.SetReserved(p.reservedOffsets(b))
+		ob.ba.SetReserved(p.ReservedOffsets(b))
 	}
 }
 
 // ofOwner returns the owner's allocations of family f, oldest first.
-func (ps *poolState) ofOwner(key string, f Family) []*Allocation {
-	var out []*Allocation
+func (ps *poolState) ofOwner(key string, f allocator.Family) []*records.Allocation {
+	var out []*records.Allocation
 	for _, al := range ps.byOwner[key] {
-		if FamilyOf(al.Addr) == f {
+		if allocator.FamilyOf(al.Addr) == f {
 			out = append(out, al)
 		}
 	}
-	slices.SortFunc(out, func(x, y *Allocation) int { return cmp.Compare(x.Rev, y.Rev) })
+	slices.SortFunc(out, func(x, y *records.Allocation) int { return cmp.Compare(x.Rev, y.Rev) })
 	return out
 }
 
@@ -224,10 +227,10 @@ func (ps *poolState) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
 
 // sortedOwn lists own blocks of family f in address order, so allocation
 // fills blocks in a stable order.
-func (ps *poolState) sortedOwn(f Family) []netip.Prefix {
+func (ps *poolState) sortedOwn(f allocator.Family) []netip.Prefix {
 	out := make([]netip.Prefix, 0, len(ps.own))
 	for b := range ps.own {
-		if FamilyOf(b.Addr()) == f {
+		if allocator.FamilyOf(b.Addr()) == f {
 			out = append(out, b)
 		}
 	}
@@ -236,7 +239,7 @@ func (ps *poolState) sortedOwn(f Family) []netip.Prefix {
 }
 
 // roomy returns an own block of family f with a free address.
-func (ps *poolState) roomy(f Family) (netip.Prefix, bool) {
+func (ps *poolState) roomy(f allocator.Family) (netip.Prefix, bool) {
 	for _, b := range ps.sortedOwn(f) {
 		if ps.own[b].ba.Free() > 0 {
 			return b, true
@@ -245,7 +248,7 @@ func (ps *poolState) roomy(f Family) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
+func (ps *poolState) nextFree(f allocator.Family) (netip.Prefix, netip.Addr, bool) {
 	for _, b := range ps.sortedOwn(f) {
 		if ob := ps.own[b]; ob.ba.Free() > 0 {
 			if addr, ok := ob.ba.Next(); ok {
@@ -256,15 +259,15 @@ func (ps *poolState) nextFree(f Family) (netip.Prefix, netip.Addr, bool) {
 	return netip.Prefix{}, netip.Addr{}, false
 }
 
-func (ps *poolState) exhausted(f Family) error {
-	e := &ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f), Size: ps.pool.Size(f), Reserved: ps.pool.ReservedCount(f)}
+func (ps *poolState) exhausted(f allocator.Family) error {
+	e := &records.ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f), Size: ps.pool.Size(f), Reserved: ps.pool.ReservedCount(f)}
 	for b := range ps.own {
-		if FamilyOf(b.Addr()) == f {
+		if allocator.FamilyOf(b.Addr()) == f {
 			e.Claimed++
 		}
 	}
 	for b, o := range ps.others {
-		if FamilyOf(b.Addr()) != f {
+		if allocator.FamilyOf(b.Addr()) != f {
 			continue
 		}
 		if o.orphaned {

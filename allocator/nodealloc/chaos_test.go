@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -30,7 +32,7 @@ func TestChaos(t *testing.T) {
 
 	var mu sync.Mutex
 	holder := map[netip.Addr]string{} // what callers were told, minus releases
-	tell := func(o allocator.Owner, als []allocator.Allocation) {
+	tell := func(o records.Owner, als []records.Allocation) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, al := range als {
@@ -43,7 +45,7 @@ func TestChaos(t *testing.T) {
 	// release frees o's addresses and forgets them under the model's
 	// lock: once the delete commits another node may borrow an address
 	// and report it, which must not be taken for a duplicate.
-	release := func(n *testNode, o allocator.Owner) error {
+	release := func(n *testNode, o records.Owner) error {
 		mu.Lock()
 		defer mu.Unlock()
 		held := n.alloc.Lookup(o)
@@ -65,16 +67,16 @@ func TestChaos(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 42))
 			name := fmt.Sprintf("node-%d", n)
 			node := startNode(t, e, name, []string{"chaos"}, nodeOpts{})
-			var mine []allocator.Owner
+			var mine []records.Owner
 			for step := range steps {
 				switch r := rng.IntN(100); {
 				case r < 55:
-					o := allocator.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, step), IfName: "eth0"}
-					res, err := node.alloc.Allocate(ctx, allocator.Request{Pool: "chaos", Owner: o, Reserve: rng.IntN(4) == 0})
+					o := records.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, step), IfName: "eth0"}
+					res, err := node.alloc.Allocate(ctx, nodealloc.Request{Pool: "chaos", Owner: o, Reserve: rng.IntN(4) == 0})
 					if err == nil {
 						tell(o, res.Allocations)
 						mine = append(mine, o)
-					} else if !errors.Is(err, allocator.ErrExhausted) && !errors.Is(err, allocator.ErrLeaseLost) {
+					} else if !errors.Is(err, records.ErrExhausted) && !errors.Is(err, records.ErrLeaseLost) {
 						t.Errorf("%s allocate: %v", name, err)
 					}
 				case r < 85 && len(mine) > 0:

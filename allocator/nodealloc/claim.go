@@ -1,10 +1,12 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
 	"errors"
 	"net/netip"
 
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
@@ -22,7 +24,7 @@ import (
 // to be this node's own, on its lease, is adopted. No read of every claim
 // is needed, which matters most when etcd is slow enough that many claims
 // time out at once. The caller's context bounds the whole.
-func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family) (netip.Prefix, error) {
+func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.Family) (netip.Prefix, error) {
 	fresh := false                // others was read since the last lost race
 	if b, ok := ps.roomy(f); ok { // an adopted claim whose answer was lost
 		return b, nil
@@ -55,11 +57,11 @@ func (a *NodeAllocator) claimBlock(ctx context.Context, ps *poolState, f Family)
 }
 
 // claimSpecific claims the block holding a requested static address.
-func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Prefix) error {
+func (a *Allocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Prefix) error {
 	err := a.tryClaim(ctx, ps, b)
-	var ce *ClaimError
+	var ce *records.ClaimError
 	if errors.As(err, &ce) {
-		return errors.Join(ErrNotOwned, err)
+		return errors.Join(records.ErrNotOwned, err)
 	}
 	return err
 }
@@ -70,14 +72,14 @@ func (a *NodeAllocator) claimSpecific(ctx context.Context, ps *poolState, b neti
 // earlier claim whose answer was lost (an unknown outcome): it is adopted,
 // not counted as taken. An allocation lets go of mu while the transaction
 // is in etcd (offLock).
-func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
+func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
 	c := a.claimRecord()
 	c.PoolRev = ps.pool.Rev
 	pool, lease := ps.pool.Name, a.lease.ID()
 	var rev int64
 	var err error
 	a.offLock(func() { rev, err = a.cfg.Store.Claim(ctx, pool, b, c, lease) })
-	var ce *ClaimError
+	var ce *records.ClaimError
 	if errors.As(err, &ce) && ce.PoolChanged {
 		// An operator changed the pool since it was read: read it again
 		// (a removed cidr is then not tried again).
@@ -99,7 +101,7 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 	if err != nil {
 		return err
 	}
-	ba, err := NewBlockAlloc(ps.pool, b)
+	ba, err := allocator.NewBlockAlloc(ps.pool, b)
 	if err != nil {
 		return err
 	}
@@ -115,9 +117,9 @@ func (a *NodeAllocator) tryClaim(ctx context.Context, ps *poolState, b netip.Pre
 // node on its current lease that the node does not know is its own claim
 // whose answer was lost; it is adopted. An allocation lets go of mu while
 // the listing is in etcd (offLock).
-func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error {
+func (a *Allocator) refreshOthers(ctx context.Context, ps *poolState) error {
 	pool := ps.pool.Name
-	var infos []BlockInfo
+	var infos []records.BlockInfo
 	var err error
 	a.offLock(func() { infos, err = a.cfg.Store.ListBlocks(ctx, pool) })
 	if err != nil {
@@ -151,14 +153,14 @@ func (a *NodeAllocator) refreshOthers(ctx context.Context, ps *poolState) error 
 // walk (blockwalk.go) that is neither its own nor known to be another's.
 // A /32 (or /128) block that is a CIDR's network or broadcast address has
 // nothing to hand out and is never claimed.
-func (a *NodeAllocator) chooseBlock(ps *poolState, f Family) (netip.Prefix, bool) {
+func (a *Allocator) chooseBlock(ps *poolState, f allocator.Family) (netip.Prefix, bool) {
 	w := ps.walks[f]
 	if w == nil {
-		w = newBlockWalk(a.cfg.Node, ps.pool, f)
+		w = allocator.NewBlockWalk(a.cfg.Node, ps.pool, f)
 		ps.walks[f] = w
 	}
-	single := (f == IPv4 && w.bits == 32) || (f == IPv6 && w.bits == 128)
-	return w.next(func(b netip.Prefix) bool {
+	single := (f == allocator.IPv4 && w.Bits() == 32) || (f == allocator.IPv6 && w.Bits() == 128)
+	return w.Next(func(b netip.Prefix) bool {
 		_, mine := ps.own[b]
 		_, other := ps.others[b]
 		return mine || other || (single && len(ps.pool.Excluded(b)) > 0)

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -33,13 +35,13 @@ func TestClaimInFlightLetsOthersThrough(t *testing.T) {
 	}
 	ensurePool(t, e, pool)
 	var hooks *hookStore
-	n := startNode(t, e, "node-a", []string{"pause"}, nodeOpts{wrap: func(s allocator.Store) allocator.Store {
+	n := startNode(t, e, "node-a", []string{"pause"}, nodeOpts{wrap: func(s records.Store) records.Store {
 		hooks = newHookStore(s)
 		return hooks
 	}})
-	first, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "pause", Owner: owner(1)})
+	first, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "pause", Owner: owner(1)})
 	require.NoError(t, err)
-	second, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "pause", Owner: owner(2), Reserve: true})
+	second, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "pause", Owner: owner(2), Reserve: true})
 	require.NoError(t, err)
 	require.Equal(t, first.Allocations[0].Block, second.Allocations[0].Block)
 
@@ -56,12 +58,12 @@ func TestClaimInFlightLetsOthersThrough(t *testing.T) {
 		return nil
 	})
 	type result struct {
-		r   allocator.Result
+		r   nodealloc.Result
 		err error
 	}
 	third := make(chan result, 1)
 	go func() {
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "pause", Owner: owner(3)})
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "pause", Owner: owner(3)})
 		third <- result{r, err}
 	}()
 	select {
@@ -71,7 +73,7 @@ func TestClaimInFlightLetsOthersThrough(t *testing.T) {
 	}
 
 	// The claim is paused: these must not wait for it.
-	var got, rel []allocator.Allocation
+	var got, rel []records.Allocation
 	var cerr, rerr error
 	within(t, 5*time.Second, "confirm, lookup and release of other pods", func() {
 		got, cerr = n.alloc.Confirm(ctx, owner(2))
@@ -80,7 +82,7 @@ func TestClaimInFlightLetsOthersThrough(t *testing.T) {
 	})
 	require.NoError(t, cerr)
 	require.Len(t, got, 1)
-	require.Equal(t, allocator.StateAllocated, got[0].State)
+	require.Equal(t, records.StateAllocated, got[0].State)
 	require.NoError(t, rerr)
 	require.Equal(t, first.Allocations[0].Addr, rel[0].Addr)
 
@@ -88,7 +90,7 @@ func TestClaimInFlightLetsOthersThrough(t *testing.T) {
 	delThird := make(chan result, 1)
 	go func() {
 		rel, err := n.alloc.Release(ctx, owner(3))
-		delThird <- result{allocator.Result{Allocations: rel}, err}
+		delThird <- result{nodealloc.Result{Allocations: rel}, err}
 	}()
 	select {
 	case <-delThird:
@@ -139,7 +141,7 @@ func TestClaimYieldConcurrent(t *testing.T) {
 	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "yield", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.61.0.0/26"), netip.MustParsePrefix("fd00:61::/122")}, BlockSizeV4: 30, BlockSizeV6: 126}
 	ensurePool(t, e, pool)
-	slow := func(s allocator.Store) allocator.Store {
+	slow := func(s records.Store) records.Store {
 		h := newHookStore(s)
 		pause := func(context.Context) error {
 			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
@@ -163,12 +165,12 @@ func TestClaimYieldConcurrent(t *testing.T) {
 					o := owner(i*owners + rng.IntN(owners))
 					switch r := rng.IntN(100); {
 					case r < 50:
-						_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "yield", Owner: o, Reserve: rng.IntN(2) == 0})
-						if err != nil && !errors.Is(err, allocator.ErrExhausted) {
+						_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "yield", Owner: o, Reserve: rng.IntN(2) == 0})
+						if err != nil && !errors.Is(err, records.ErrExhausted) {
 							t.Errorf("%s allocate %s: %v", n.name, o.Key(), err)
 						}
 					case r < 65:
-						if _, err := n.alloc.Confirm(ctx, o); err != nil && !errors.Is(err, allocator.ErrNotFound) {
+						if _, err := n.alloc.Confirm(ctx, o); err != nil && !errors.Is(err, records.ErrNotFound) {
 							t.Errorf("%s confirm %s: %v", n.name, o.Key(), err)
 						}
 					case r < 90:

@@ -1,24 +1,26 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Confirm makes the owner's reservations permanent, in every pool, with
 // one fenced transaction. Confirming what is already permanent is a no-op.
 // A confirm whose outcome is unknown is settled from etcd, so a retried
 // confirm succeeds when the first one landed.
-func (a *NodeAllocator) Confirm(ctx context.Context, o Owner) ([]Allocation, error) {
-	out := a.ConfirmBatch(ctx, []Owner{o})
+func (a *Allocator) Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
+	out := a.ConfirmBatch(ctx, []records.Owner{o})
 	return out[0].Allocations, out[0].Err
 }
 
 // ConfirmOutcome is one owner's answer from ConfirmBatch.
 type ConfirmOutcome struct {
-	Allocations []Allocation
+	Allocations []records.Allocation
 	Err         error
 }
 
@@ -28,7 +30,7 @@ type ConfirmOutcome struct {
 // moved), nothing of it was written, and each owner is confirmed on its
 // own, so one owner's failure is not the others'. Outcomes are in the
 // order of owners.
-func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []ConfirmOutcome {
+func (a *Allocator) ConfirmBatch(ctx context.Context, owners []records.Owner) []ConfirmOutcome {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]ConfirmOutcome, len(owners))
@@ -56,7 +58,7 @@ func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []Conf
 	}
 	settleErr := a.settlePending(ctx)
 	plans := make([]confirmPlan, len(owners))
-	var writes []IPWrite
+	var writes []records.IPWrite
 	for i, o := range owners {
 		if out[i].Err != nil {
 			continue
@@ -89,8 +91,8 @@ func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []Conf
 			// reservation the refusal showed gone (dropped from the
 			// cache) is told so, as Confirm would.
 			out[i].Allocations, out[i].Err = a.confirmAlone(ctx, o)
-			if errors.Is(out[i].Err, ErrNotFound) && len(plans[i].writes) > 0 {
-				out[i].Err = fmt.Errorf("confirm %s: %w: %w", o.Key(), ErrReservationGone, err)
+			if errors.Is(out[i].Err, records.ErrNotFound) && len(plans[i].writes) > 0 {
+				out[i].Err = fmt.Errorf("confirm %s: %w: %w", o.Key(), records.ErrReservationGone, err)
 			}
 		default:
 			out[i].Err = fmt.Errorf("confirm %s: %w", o.Key(), err)
@@ -102,35 +104,35 @@ func (a *NodeAllocator) ConfirmBatch(ctx context.Context, owners []Owner) []Conf
 // confirmPlan is one owner's part of a confirm: the writes that make its
 // reservations permanent, and its allocations that already are.
 type confirmPlan struct {
-	writes []IPWrite
-	done   []Allocation
+	writes []records.IPWrite
+	done   []records.Allocation
 }
 
-func (a *NodeAllocator) planConfirm(ctx context.Context, o Owner) (confirmPlan, error) {
+func (a *Allocator) planConfirm(ctx context.Context, o records.Owner) (confirmPlan, error) {
 	var p confirmPlan
 	for _, ps := range a.pools {
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
-			if al.State != StateReserved {
+			if al.State != records.StateReserved {
 				p.done = append(p.done, *al)
 				continue
 			}
 			if a.dropIfLapsed(ps, al) {
-				return p, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, ErrReservationGone)
+				return p, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, records.ErrReservationGone)
 			}
 			fence, err := a.writeFence(ctx, ps, al)
 			if err != nil {
 				return p, fmt.Errorf("confirm %s: %s: %w", o.Key(), al.Addr, err)
 			}
 			rec := al.Record
-			rec.State, rec.Since = StateAllocated, a.cfg.Now().UTC()
+			rec.State, rec.Since = records.StateAllocated, a.cfg.Now().UTC()
 			if o.Namespace != "" || o.Pod != "" {
 				rec.Namespace, rec.Pod = o.Namespace, o.Pod
 			}
-			p.writes = append(p.writes, IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: fence, Addr: al.Addr, Record: rec, PrevRev: al.Rev, Borrowed: al.Borrowed})
+			p.writes = append(p.writes, records.IPWrite{Pool: ps.pool.Name, Block: al.Block, ClaimRev: fence, Addr: al.Addr, Record: rec, PrevRev: al.Rev, Borrowed: al.Borrowed})
 		}
 	}
 	if len(p.writes) == 0 && len(p.done) == 0 {
-		return p, fmt.Errorf("confirm %s: %w", o.Key(), ErrNotFound)
+		return p, fmt.Errorf("confirm %s: %w", o.Key(), records.ErrNotFound)
 	}
 	return p, nil
 }
@@ -138,7 +140,7 @@ func (a *NodeAllocator) planConfirm(ctx context.Context, o Owner) (confirmPlan, 
 // writeConfirms writes confirms and applies what etcd answered to the
 // cache: the new records on success; on an unknown outcome the writes are
 // parked and settled from etcd, and nil is returned once they are.
-func (a *NodeAllocator) writeConfirms(ctx context.Context, writes []IPWrite) error {
+func (a *Allocator) writeConfirms(ctx context.Context, writes []records.IPWrite) error {
 	res, err := a.cfg.Store.WriteIPs(ctx, writes)
 	switch {
 	case err == nil:
@@ -150,21 +152,21 @@ func (a *NodeAllocator) writeConfirms(ctx context.Context, writes []IPWrite) err
 		return nil
 	case outcomeUnknown(err):
 		for _, w := range writes {
-			a.parkWrites(a.pools[w.Pool], []IPWrite{w})
+			a.parkWrites(a.pools[w.Pool], []records.IPWrite{w})
 		}
 		return a.settlePending(ctx)
 	default:
 		a.learn(ctx, err)
-		var we *WriteError
+		var we *records.WriteError
 		if errors.As(err, &we) {
-			return fmt.Errorf("%w: %w", ErrReservationGone, err)
+			return fmt.Errorf("%w: %w", records.ErrReservationGone, err)
 		}
 		return err
 	}
 }
 
 // confirmAlone confirms one owner in its own transaction.
-func (a *NodeAllocator) confirmAlone(ctx context.Context, o Owner) ([]Allocation, error) {
+func (a *Allocator) confirmAlone(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
 	p, err := a.planConfirm(ctx, o)
 	if err != nil {
 		return nil, err
@@ -179,15 +181,15 @@ func (a *NodeAllocator) confirmAlone(ctx context.Context, o Owner) ([]Allocation
 
 // finishConfirm reports o's allocations once its writes are applied (or
 // settled): each must now hold the record that was written.
-func (a *NodeAllocator) finishConfirm(o Owner, p confirmPlan) ([]Allocation, error) {
+func (a *Allocator) finishConfirm(o records.Owner, p confirmPlan) ([]records.Allocation, error) {
 	done := slices.Clone(p.done)
 	for _, w := range p.writes {
 		al := a.pools[w.Pool].byAddr[w.Addr]
 		if al == nil || !sameRecord(al.Record, w.Record) {
-			return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), w.Addr, ErrReservationGone)
+			return nil, fmt.Errorf("confirm %s: %s: %w", o.Key(), w.Addr, records.ErrReservationGone)
 		}
 		done = append(done, *al)
 	}
-	slices.SortFunc(done, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	slices.SortFunc(done, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return done, nil
 }

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -7,8 +7,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -25,15 +26,15 @@ func TestConfirmBatch(t *testing.T) {
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	var writes atomic.Int32
 	h.Before("WriteIPs", func(context.Context) error { writes.Add(1); return nil })
-	reserve := func(i int) allocator.Result {
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i), Reserve: true})
+	reserve := func(i int) nodealloc.Result {
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i), Reserve: true})
 		require.NoError(t, err)
 		return r
 	}
 	confirmed := func(i int) {
 		t.Helper()
 		for _, al := range ownerIPs(t, n.cli, owner(i)) {
-			require.Equal(t, allocator.StateAllocated, al.State, "owner %d", i)
+			require.Equal(t, records.StateAllocated, al.State, "owner %d", i)
 			require.Zero(t, al.Lease, "owner %d", i)
 		}
 	}
@@ -42,13 +43,13 @@ func TestConfirmBatch(t *testing.T) {
 		reserve(i)
 	}
 	writes.Store(0)
-	out := n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(1), owner(2), owner(9), owner(3)})
+	out := n.alloc.ConfirmBatch(ctx, []records.Owner{owner(1), owner(2), owner(9), owner(3)})
 	require.EqualValues(t, 1, writes.Load(), "one transaction for the batch")
 	for _, i := range []int{0, 1, 3} {
 		require.NoError(t, out[i].Err)
 		require.Len(t, out[i].Allocations, 1)
 	}
-	require.ErrorIs(t, out[2].Err, allocator.ErrNotFound, "never reserved")
+	require.ErrorIs(t, out[2].Err, records.ErrNotFound, "never reserved")
 	confirmed(1)
 	confirmed(2)
 	confirmed(3)
@@ -59,8 +60,8 @@ func TestConfirmBatch(t *testing.T) {
 	al := r5.Allocations[0]
 	_, err := n.cli.Delete(ctx, etcdstore.IPKey("small", al.Block, al.Addr))
 	require.NoError(t, err)
-	out = n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(5), owner(6), owner(7)})
-	require.ErrorIs(t, out[0].Err, allocator.ErrReservationGone)
+	out = n.alloc.ConfirmBatch(ctx, []records.Owner{owner(5), owner(6), owner(7)})
+	require.ErrorIs(t, out[0].Err, records.ErrReservationGone)
 	require.NoError(t, out[1].Err)
 	require.NoError(t, out[2].Err)
 	confirmed(6)
@@ -69,7 +70,7 @@ func TestConfirmBatch(t *testing.T) {
 	reserve(10)
 	reserve(11)
 	h.After("WriteIPs", commitThenFail(1))
-	out = n.alloc.ConfirmBatch(ctx, []allocator.Owner{owner(10), owner(11)})
+	out = n.alloc.ConfirmBatch(ctx, []records.Owner{owner(10), owner(11)})
 	require.NoError(t, out[0].Err, "the landed batch is settled from etcd")
 	require.NoError(t, out[1].Err)
 	confirmed(10)

@@ -1,13 +1,16 @@
-package allocator
+package nodealloc
 
 import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Reuse cooldown. A released address is not handed out again for
-// NodeConfig.ReuseCooldown, so that what others still remember of its
+// Config.ReuseCooldown, so that what others still remember of its
 // last pod (a DNS cache, a peer's conntrack entry, a late packet) does
 // not reach the next one. Next-fit already walks a block before it comes
 // back to an address; the cooldown holds when the block is nearly full.
@@ -28,7 +31,7 @@ type coolEntry struct {
 
 // dropReleased drops al from the cache after its release; its address
 // cools before it is free again.
-func (a *NodeAllocator) dropReleased(ps *poolState, al *Allocation) {
+func (a *Allocator) dropReleased(ps *poolState, al *records.Allocation) {
 	_, ob := ps.ownBlockOf(al.Addr)
 	if a.cfg.ReuseCooldown <= 0 || ob == nil {
 		a.drop(ps, al)
@@ -48,7 +51,7 @@ func (ps *poolState) coolAt(addr netip.Addr, now time.Time) {
 }
 
 // thaw frees the addresses whose cooldown is over.
-func (a *NodeAllocator) thaw(ps *poolState) {
+func (a *Allocator) thaw(ps *poolState) {
 	cutoff := time.Now().Add(-a.cfg.ReuseCooldown)
 	for len(ps.cool.queue) > 0 && !ps.cool.queue[0].at.After(cutoff) {
 		a.unfreeze(ps, ps.cool.queue[0])
@@ -58,9 +61,9 @@ func (a *NodeAllocator) thaw(ps *poolState) {
 
 // thawOldest frees the oldest cooling address of family f, and reports
 // whether there was one.
-func (a *NodeAllocator) thawOldest(ps *poolState, f Family) bool {
+func (a *Allocator) thawOldest(ps *poolState, f allocator.Family) bool {
 	for {
-		i := slices.IndexFunc(ps.cool.queue, func(e coolEntry) bool { return FamilyOf(e.addr) == f })
+		i := slices.IndexFunc(ps.cool.queue, func(e coolEntry) bool { return allocator.FamilyOf(e.addr) == f })
 		if i < 0 {
 			return false
 		}
@@ -74,7 +77,7 @@ func (a *NodeAllocator) thawOldest(ps *poolState, f Family) bool {
 
 // unfreeze ends e's cooldown if it is still the address's current one,
 // and reports whether the address became free.
-func (a *NodeAllocator) unfreeze(ps *poolState, e coolEntry) bool {
+func (a *Allocator) unfreeze(ps *poolState, e coolEntry) bool {
 	if at, ok := ps.cool.at[e.addr]; !ok || !at.Equal(e.at) {
 		return false // re-cooled or taken since
 	}
@@ -114,10 +117,10 @@ func (ps *poolState) holds(b netip.Prefix) bool {
 }
 
 // coolingIn counts the cooling addresses of family f.
-func (ps *poolState) coolingIn(f Family) int {
+func (ps *poolState) coolingIn(f allocator.Family) int {
 	n := 0
 	for addr := range ps.cool.at {
-		if FamilyOf(addr) == f {
+		if allocator.FamilyOf(addr) == f {
 			n++
 		}
 	}

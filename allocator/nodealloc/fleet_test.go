@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"cmp"
@@ -20,6 +20,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -147,8 +149,8 @@ func nodeName(i int) string { return fmt.Sprintf("node-%05d", i) }
 // start restores n node allocators, node-<first> on, each on its own lease
 // of ttl seconds, 16 at a time (one per client, as agents starting
 // together); wrap, if set, wraps each one's store.
-func (f *fleet) start(ctx context.Context, first, n int, ttl int64, wrap func(allocator.Store) allocator.Store) ([]*allocator.NodeAllocator, []*kvstore.Session) {
-	als := make([]*allocator.NodeAllocator, n)
+func (f *fleet) start(ctx context.Context, first, n int, ttl int64, wrap func(records.Store) records.Store) ([]*nodealloc.Allocator, []*kvstore.Session) {
+	als := make([]*nodealloc.Allocator, n)
 	sessions := make([]*kvstore.Session, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -173,25 +175,25 @@ func (f *fleet) start(ctx context.Context, first, n int, ttl int64, wrap func(al
 
 // startNode is one node's start: a new lease, a new allocator, its
 // restore (tried again while etcd does not answer in time). The session is closed by the benchmark's cleanup.
-func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(allocator.Store) allocator.Store) (*allocator.NodeAllocator, *kvstore.Session, error) {
+func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(records.Store) records.Store) (*nodealloc.Allocator, *kvstore.Session, error) {
 	cli := f.clis[i%len(f.clis)]
 	sess, err := kvstore.NewSession(ctx, cli, ttl)
 	if err != nil {
 		return nil, nil, err
 	}
 	f.b.Cleanup(sess.Close)
-	var st allocator.Store = etcdstore.New(cli, etcdstore.Options{CallTimeout: f.callTimeout})
+	var st records.Store = etcdstore.New(cli, etcdstore.Options{CallTimeout: f.callTimeout})
 	if wrap != nil {
 		st = wrap(st)
 	}
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: nodeName(i), Store: st, Pools: []string{f.pool}})
+	al, err := nodealloc.New(nodealloc.Config{Node: nodeName(i), Store: st, Pools: []string{f.pool}})
 	if err != nil {
 		return nil, sess, err
 	}
 	// A restore etcd did not answer in time is tried again after a
 	// back-off, as the agent's maintain loop does, and counted.
 	err = al.Restore(ctx, sess)
-	for try := 0; try < 10 && errors.Is(err, allocator.ErrUnavailable); try++ {
+	for try := 0; try < 10 && errors.Is(err, records.ErrUnavailable); try++ {
 		f.restoreRetries.Add(1)
 		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
 		err = al.Restore(ctx, sess)
@@ -228,8 +230,8 @@ func stormTimes(n int, f func(i int) error) (time.Duration, []float64) {
 // answer is an allocation a node reported to its caller.
 type answer struct {
 	node  string
-	owner allocator.Owner
-	al    allocator.Allocation
+	owner records.Owner
+	al    records.Allocation
 }
 
 // audit reads the pool's claims and allocations back from etcd and checks
@@ -259,7 +261,7 @@ func (f *fleet) audit(ctx context.Context, answers []answer) (dups, missing int)
 	if err != nil {
 		f.b.Fatalf("audit: %v", err)
 	}
-	records := map[netip.Addr]allocator.Record{}
+	records := map[netip.Addr]records.Record{}
 	for _, al := range stored {
 		records[al.Addr] = al.Record
 		if n, ok := claimed[al.Block]; ok && n != al.Node && !al.Borrowed {

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // errUnknown stands for a transport failure after which nobody knows
@@ -23,13 +23,13 @@ var errInjected = errors.New("injected: etcd unavailable")
 // an error (an unknown outcome). Every call still goes to the real etcd
 // unless a hook says otherwise. It is safe for concurrent use.
 type hookStore struct {
-	allocator.Store
+	records.Store
 	mu     sync.Mutex
 	before map[string]func(ctx context.Context) error
 	after  map[string]func(ctx context.Context, err error) error
 }
 
-func newHookStore(s allocator.Store) *hookStore {
+func newHookStore(s records.Store) *hookStore {
 	return &hookStore{Store: s, before: map[string]func(context.Context) error{}, after: map[string]func(context.Context, error) error{}}
 }
 
@@ -105,7 +105,7 @@ func (h *hookStore) post(ctx context.Context, op string, err error) error {
 	return f(ctx, err)
 }
 
-func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]allocator.BlockInfo, error) {
+func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error) {
 	if err := h.pre(ctx, "ListBlocks"); err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]allocator.Bl
 	return out, h.post(ctx, "ListBlocks", err)
 }
 
-func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c allocator.Claim, lease int64) (int64, error) {
+func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
 	if err := h.pre(ctx, "Claim"); err != nil {
 		return 0, err
 	}
@@ -121,7 +121,7 @@ func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c al
 	return rev, h.post(ctx, "Claim", err)
 }
 
-func (h *hookStore) Reclaim(ctx context.Context, pool string, prev allocator.BlockInfo, c allocator.Claim, lease int64) (int64, error) {
+func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
 	if err := h.pre(ctx, "Reclaim"); err != nil {
 		return 0, err
 	}
@@ -136,7 +136,7 @@ func (h *hookStore) Unclaim(ctx context.Context, pool string, b netip.Prefix, cl
 	return h.post(ctx, "Unclaim", h.Store.Unclaim(ctx, pool, b, claimRev))
 }
 
-func (h *hookStore) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]allocator.Allocation, error) {
+func (h *hookStore) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]records.Allocation, error) {
 	if err := h.pre(ctx, "ListIPs"); err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func (h *hookStore) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([
 	return out, h.post(ctx, "ListIPs", err)
 }
 
-func (h *hookStore) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[netip.Addr]allocator.Allocation, error) {
+func (h *hookStore) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Addr]records.Allocation, error) {
 	if err := h.pre(ctx, "GetIPs"); err != nil {
 		return nil, err
 	}
@@ -152,9 +152,9 @@ func (h *hookStore) GetIPs(ctx context.Context, refs []allocator.IPRef) (map[net
 	return out, h.post(ctx, "GetIPs", err)
 }
 
-func (h *hookStore) WriteIPs(ctx context.Context, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+func (h *hookStore) WriteIPs(ctx context.Context, writes []records.IPWrite) (records.WriteResult, error) {
 	if err := h.pre(ctx, "WriteIPs"); err != nil {
-		return allocator.WriteResult{}, err
+		return records.WriteResult{}, err
 	}
 	res, err := h.Store.WriteIPs(ctx, writes)
 	return res, h.post(ctx, "WriteIPs", err)
@@ -168,22 +168,22 @@ func (h *hookStore) LeaseExpiry(ctx context.Context, lease int64) (time.Time, er
 	return t, h.post(ctx, "LeaseExpiry", err)
 }
 
-func (h *hookStore) DeleteIP(ctx context.Context, al allocator.Allocation) error {
+func (h *hookStore) DeleteIP(ctx context.Context, al records.Allocation) error {
 	if err := h.pre(ctx, "DeleteIP"); err != nil {
 		return err
 	}
 	return h.post(ctx, "DeleteIP", h.Store.DeleteIP(ctx, al))
 }
 
-func (h *hookStore) PoolSnapshot(ctx context.Context, pool string) (allocator.PoolSnapshot, error) {
+func (h *hookStore) PoolSnapshot(ctx context.Context, pool string) (records.PoolSnapshot, error) {
 	if err := h.pre(ctx, "PoolSnapshot"); err != nil {
-		return allocator.PoolSnapshot{}, err
+		return records.PoolSnapshot{}, err
 	}
 	out, err := h.Store.PoolSnapshot(ctx, pool)
 	return out, h.post(ctx, "PoolSnapshot", err)
 }
 
-func (h *hookStore) FenceBorrower(ctx context.Context, c allocator.Claim, lease int64) (int64, error) {
+func (h *hookStore) FenceBorrower(ctx context.Context, c records.Claim, lease int64) (int64, error) {
 	if err := h.pre(ctx, "FenceBorrower"); err != nil {
 		return 0, err
 	}
@@ -191,23 +191,23 @@ func (h *hookStore) FenceBorrower(ctx context.Context, c allocator.Claim, lease 
 	return rev, h.post(ctx, "FenceBorrower", err)
 }
 
-func (h *hookStore) GetBinding(ctx context.Context, pool, identity string) (allocator.Binding, bool, error) {
+func (h *hookStore) GetBinding(ctx context.Context, pool, identity string) (records.Binding, bool, error) {
 	if err := h.pre(ctx, "GetBinding"); err != nil {
-		return allocator.Binding{}, false, err
+		return records.Binding{}, false, err
 	}
 	b, ok, err := h.Store.GetBinding(ctx, pool, identity)
 	return b, ok, h.post(ctx, "GetBinding", err)
 }
 
-func (h *hookStore) WriteBound(ctx context.Context, b allocator.Binding, writes []allocator.IPWrite) (allocator.WriteResult, error) {
+func (h *hookStore) WriteBound(ctx context.Context, b records.Binding, writes []records.IPWrite) (records.WriteResult, error) {
 	if err := h.pre(ctx, "WriteBound"); err != nil {
-		return allocator.WriteResult{}, err
+		return records.WriteResult{}, err
 	}
 	res, err := h.Store.WriteBound(ctx, b, writes)
 	return res, h.post(ctx, "WriteBound", err)
 }
 
-func (h *hookStore) Keep(ctx context.Context, b allocator.Binding, als []allocator.Allocation) (time.Time, error) {
+func (h *hookStore) Keep(ctx context.Context, b records.Binding, als []records.Allocation) (time.Time, error) {
 	if err := h.pre(ctx, "Keep"); err != nil {
 		return time.Time{}, err
 	}
@@ -215,7 +215,7 @@ func (h *hookStore) Keep(ctx context.Context, b allocator.Binding, als []allocat
 	return end, h.post(ctx, "Keep", err)
 }
 
-func (h *hookStore) RecordLapsed(ctx context.Context, al allocator.Allocation, end time.Time) (bool, error) {
+func (h *hookStore) RecordLapsed(ctx context.Context, al records.Allocation, end time.Time) (bool, error) {
 	if err := h.pre(ctx, "RecordLapsed"); err != nil {
 		return false, err
 	}

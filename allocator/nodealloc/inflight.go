@@ -1,14 +1,16 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // A claim's etcd round trips without the lock.
 //
-// A NodeAllocator has two locks. allocMu serializes everything that plans
+// An Allocator has two locks. allocMu serializes everything that plans
 // addresses, claims blocks or changes the node's blocks or pool specs:
 // AllocateBatch, Restore, Reassert, UpdatePool, GiveBackEmpty. mu guards
 // the cache, and everything else (releases, confirms, views, lent
@@ -33,7 +35,7 @@ import (
 
 // markBusy makes reqs' owners busy until the returned function, called
 // with mu held, ends the allocation. Called with allocMu and mu held.
-func (a *NodeAllocator) markBusy(reqs []Request) func() {
+func (a *Allocator) markBusy(reqs []Request) func() {
 	a.busy = make(map[string]bool, len(reqs))
 	for _, r := range reqs {
 		a.busy[r.Owner.Key()] = true
@@ -48,7 +50,7 @@ func (a *NodeAllocator) markBusy(reqs []Request) func() {
 // offLock runs f, one of a claim's etcd round trips, without mu if an
 // allocation (AllocateBatch) is what holds allocMu; otherwise (Restore,
 // Reassert) with it. Called with mu held; returns with it held.
-func (a *NodeAllocator) offLock(f func()) {
+func (a *Allocator) offLock(f func()) {
 	if a.busy == nil {
 		f()
 		return
@@ -62,7 +64,7 @@ func (a *NodeAllocator) offLock(f func()) {
 // owner whose key is key: a release or a confirm of that owner comes
 // after it. Called with mu held; returns with it held. If ctx ends first,
 // the error wraps ErrUnavailable: try again.
-func (a *NodeAllocator) waitOwner(ctx context.Context, key string) error {
+func (a *Allocator) waitOwner(ctx context.Context, key string) error {
 	for a.busy[key] {
 		done := a.busyDone
 		a.mu.Unlock()
@@ -72,7 +74,7 @@ func (a *NodeAllocator) waitOwner(ctx context.Context, key string) error {
 		}
 		a.mu.Lock()
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%s is being allocated: %w", key, errors.Join(ErrUnavailable, err))
+			return fmt.Errorf("%s is being allocated: %w", key, errors.Join(records.ErrUnavailable, err))
 		}
 	}
 	return nil

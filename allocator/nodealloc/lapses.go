@@ -1,10 +1,12 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // A reservation that lapses (an ADD that never finished) ends an
@@ -24,7 +26,7 @@ const maxLapses = 4096
 const lapseGiveUp = time.Hour
 
 type lapse struct {
-	al  Allocation
+	al  records.Allocation
 	end time.Time
 }
 
@@ -34,7 +36,7 @@ type lapses struct {
 	dropped int
 }
 
-func (l *lapses) add(al Allocation, end time.Time) {
+func (l *lapses) add(al records.Allocation, end time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.pending) >= maxLapses {
@@ -61,7 +63,7 @@ func (l *lapses) putBack(ls []lapse) {
 // RecordLapses writes the reservations this node saw lapse to IP history.
 // Those the store does not yet see as lapsed, or could not record, are
 // kept for the next call. The agent calls it on every reconciler pass.
-func (a *NodeAllocator) RecordLapses(ctx context.Context) error {
+func (a *Allocator) RecordLapses(ctx context.Context) error {
 	todo := a.lapsed.take()
 	var later []lapse
 	var errs []error

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -23,7 +23,7 @@ func TestLapsedReservationInHistory(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
-	first, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	first, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	al := first.Allocations[0]
 	waitDeleted(t, n.cli, etcdstore.IPKey("small", al.Block, al.Addr), al.Rev)
@@ -33,7 +33,7 @@ func TestLapsedReservationInHistory(t *testing.T) {
 
 	// The owner comes back: the node sees its reservation lapsed and
 	// starts a new interval.
-	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	require.NoError(t, n.alloc.RecordLapses(ctx))
 	recs := history(t, n.store, al.Addr)
@@ -57,7 +57,7 @@ func TestRecordLapsedWaitsForEtcd(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
-	res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	al := res.Allocations[0]
 	done, err := n.store.RecordLapsed(ctx, al, time.Now())
@@ -76,7 +76,7 @@ func TestRecordLapsedWaitsForEtcd(t *testing.T) {
 	_, err = n.alloc.Release(ctx, owner(1))
 	require.NoError(t, err)
 	before := len(history(t, n.store, al.Addr))
-	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
+	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
 	require.NoError(t, err)
 	done, err = n.store.RecordLapsed(ctx, al, time.Now())
 	require.NoError(t, err)

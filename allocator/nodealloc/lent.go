@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import "net/netip"
 
@@ -10,7 +10,7 @@ import "net/netip"
 // ResetLent returns the pools that had a loan dropped, whose blocks may
 // now be empty (see GiveBackEmpty). Like NoteLent it only keeps the books:
 // etcd's create-if-absent stays the guard.
-func (a *NodeAllocator) ResetLent(lent map[string]map[netip.Addr]string) []string {
+func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]string) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var changed []string

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"os"

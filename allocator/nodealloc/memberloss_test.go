@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -44,7 +46,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 		sess, err := kvstore.NewSession(ctx, cli, 10)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("n%d", n), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"ha"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("n%d", n), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"ha"}})
 		require.NoError(t, err)
 		require.NoError(t, al.Restore(ctx, sess))
 		wg.Add(1)
@@ -54,10 +56,10 @@ func TestEtcdLeaderLoss(t *testing.T) {
 				if n == 0 && i == 50 {
 					close(stopLeader)
 				}
-				o := allocator.Owner{ContainerID: fmt.Sprintf("n%d-%d", n, i), IfName: "eth0"}
+				o := records.Owner{ContainerID: fmt.Sprintf("n%d-%d", n, i), IfName: "eth0"}
 				for attempt := 0; ; attempt++ {
 					rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-					res, err := al.Allocate(rctx, allocator.Request{Pool: "ha", Owner: o})
+					res, err := al.Allocate(rctx, nodealloc.Request{Pool: "ha", Owner: o})
 					cancel()
 					if err == nil {
 						mu.Lock()
@@ -71,7 +73,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 						done.Add(1)
 						break
 					}
-					if errors.Is(err, allocator.ErrExhausted) || attempt == 20 {
+					if errors.Is(err, records.ErrExhausted) || attempt == 20 {
 						t.Errorf("allocate %s: %v", o.Key(), err)
 						return
 					}

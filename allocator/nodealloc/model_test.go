@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -59,7 +61,7 @@ type modelNode struct {
 	name  string
 	cli   *clientv3.Client
 	store *etcdstore.Store
-	alloc *allocator.NodeAllocator
+	alloc *nodealloc.Allocator
 	mu    sync.Mutex // serializes recover
 	sess  atomic.Pointer[kvstore.Session]
 }
@@ -141,7 +143,7 @@ func TestModelNodeAllocator(t *testing.T) {
 					}
 				}
 				if op == "WriteIPs" && f.roll(f.plan.conflict, "conflict") {
-					return fmt.Errorf("injected lost race: %w", allocator.ErrConflict)
+					return fmt.Errorf("injected lost race: %w", records.ErrConflict)
 				}
 				if f.roll(f.plan.failBefore, "fail:"+op) {
 					return errInjected
@@ -157,7 +159,7 @@ func TestModelNodeAllocator(t *testing.T) {
 				})
 			}
 		}
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: n.name, Store: writeHook{Store: h, onWrite: func(ws []allocator.IPWrite) {
+		al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: writeHook{Store: h, onWrite: func(ws []records.IPWrite) {
 			for _, w := range ws {
 				if w.Borrowed {
 					borrows.Add(1)
@@ -182,9 +184,9 @@ func TestModelNodeAllocator(t *testing.T) {
 			defer wg.Done()
 			n := ns[c%nodes]
 			rng := rand.New(rand.NewPCG(seed, uint64(c)+2))
-			var owners []allocator.Owner
+			var owners []records.Owner
 			for i := range ownersPerCaller {
-				owners = append(owners, allocator.Owner{ContainerID: fmt.Sprintf("c%d-o%d", c, i), IfName: "eth0"})
+				owners = append(owners, records.Owner{ContainerID: fmt.Sprintf("c%d-o%d", c, i), IfName: "eth0"})
 			}
 			told := map[string][]netip.Addr{} // this caller's owners, as last told
 			for step := 0; step < *modelSteps && !t.Failed(); step++ {
@@ -193,16 +195,16 @@ func TestModelNodeAllocator(t *testing.T) {
 				var err error
 				switch op := rng.IntN(100); {
 				case op < 35:
-					var r allocator.Result
-					r, err = n.alloc.Allocate(ctx, allocator.Request{Pool: pool.Name, Owner: o, Reserve: rng.IntN(2) == 0})
+					var r nodealloc.Result
+					r, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: rng.IntN(2) == 0})
 					if err == nil {
 						m.tell(fail, o, r.Allocations, told)
 					}
 				case op < 45:
 					// A batch of this caller's owners, as the agent's group commit sends.
-					var reqs []allocator.Request
+					var reqs []nodealloc.Request
 					for _, bo := range owners[:2+rng.IntN(len(owners)-1)] {
-						reqs = append(reqs, allocator.Request{Pool: pool.Name, Owner: bo, Reserve: true})
+						reqs = append(reqs, nodealloc.Request{Pool: pool.Name, Owner: bo, Reserve: true})
 					}
 					for i, oc := range n.alloc.AllocateBatch(ctx, reqs) {
 						if oc.Err == nil {
@@ -222,30 +224,30 @@ func TestModelNodeAllocator(t *testing.T) {
 					for range rng.IntN(64) {
 						addr = addr.Next()
 					}
-					var r allocator.Result
-					r, err = n.alloc.Allocate(ctx, allocator.Request{Pool: pool.Name, Owner: o, IPs: []netip.Addr{addr}})
+					var r nodealloc.Result
+					r, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, IPs: []netip.Addr{addr}})
 					if err == nil {
 						m.tell(fail, o, r.Allocations, told)
 					}
 				case op < 67:
-					var done []allocator.Allocation
+					var done []records.Allocation
 					done, err = n.alloc.Confirm(ctx, o)
 					switch {
-					case errors.Is(err, allocator.ErrNotFound):
+					case errors.Is(err, records.ErrNotFound):
 						if len(told[k]) > 0 && !m.isUnsure(k) {
 							fail("confirm of %s found nothing, but it was told %v", k, told[k])
 						}
 						err = nil // nothing to confirm is a fine answer
 					case err == nil:
 						// Confirm answers the owner's whole holding, now permanent.
-						held := map[netip.Addr]allocator.Allocation{}
+						held := map[netip.Addr]records.Allocation{}
 						for _, al := range storeIPs(t, check, pool.Name) {
 							if al.Owner.Key() == k {
 								held[al.Addr] = al
 							}
 						}
 						for _, al := range done {
-							if held[al.Addr].State != allocator.StateAllocated {
+							if held[al.Addr].State != records.StateAllocated {
 								fail("confirm of %s answered %s but it is %q in etcd", k, al.Addr, held[al.Addr].State)
 							}
 						}
@@ -262,7 +264,7 @@ func TestModelNodeAllocator(t *testing.T) {
 					m.doubt(o)
 				}
 				if err != nil {
-					if errors.Is(err, allocator.ErrLeaseLost) || errors.Is(err, allocator.ErrUnavailable) {
+					if errors.Is(err, records.ErrLeaseLost) || errors.Is(err, records.ErrUnavailable) {
 						n.recover(ctx)
 					}
 				}
@@ -283,7 +285,7 @@ func TestModelNodeAllocator(t *testing.T) {
 // refusal reports whether err is a definite refusal, after which the store
 // holds for the owner exactly what it held before.
 func refusal(err error) bool {
-	for _, e := range []error{allocator.ErrBadRequest, allocator.ErrIPInUse, allocator.ErrNotOwned, allocator.ErrExhausted, allocator.ErrNotFound} {
+	for _, e := range []error{records.ErrBadRequest, records.ErrIPInUse, records.ErrNotOwned, records.ErrExhausted, records.ErrNotFound} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -293,7 +295,7 @@ func refusal(err error) bool {
 
 // tell records that o was told als (its whole holding in the pool, one
 // address per family), checking it against everyone else's.
-func (m *model) tell(fail func(string, ...any), o allocator.Owner, als []allocator.Allocation, told map[string][]netip.Addr) {
+func (m *model) tell(fail func(string, ...any), o records.Owner, als []records.Allocation, told map[string][]netip.Addr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := o.Key()
@@ -333,7 +335,7 @@ func (m *model) tell(fail func(string, ...any), o allocator.Owner, als []allocat
 	delete(m.unsure, k)
 }
 
-func (m *model) doubt(o allocator.Owner) {
+func (m *model) doubt(o records.Owner) {
 	m.mu.Lock()
 	m.unsure[o.Key()] = true
 	m.mu.Unlock()
@@ -345,7 +347,7 @@ func (m *model) isUnsure(k string) bool {
 	return m.unsure[k]
 }
 
-func (m *model) released(o allocator.Owner, told map[string][]netip.Addr) {
+func (m *model) released(o records.Owner, told map[string][]netip.Addr) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, a := range told[o.Key()] {
@@ -359,7 +361,7 @@ func (m *model) released(o allocator.Owner, told map[string][]netip.Addr) {
 
 // verifyOwner checks that etcd holds exactly what o was last told, unless
 // o is unsure (its last operation failed).
-func (m *model) verifyOwner(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string, o allocator.Owner, told map[string][]netip.Addr) {
+func (m *model) verifyOwner(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string, o records.Owner, told map[string][]netip.Addr) {
 	if m.isUnsure(o.Key()) {
 		return
 	}
@@ -400,7 +402,7 @@ func (m *model) verifyStore(ctx context.Context, fail func(string, ...any), cli 
 }
 
 // readPool reads every allocation of pool from etcd.
-func readPool(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) ([]allocator.Allocation, bool) {
+func readPool(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) ([]records.Allocation, bool) {
 	resp, err := cli.Get(ctx, etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
 	if err != nil {
 		fail("read etcd: %v", err)

@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
@@ -20,11 +22,11 @@ type Lease interface {
 	Lost() bool
 }
 
-// NodeConfig configures a NodeAllocator.
-type NodeConfig struct {
+// Config configures an Allocator.
+type Config struct {
 	Node   string
 	BootID string
-	Store  Store
+	Store  records.Store
 	// Pools are the names of the pools this node allocates from; their
 	// specs are read from the Store at Restore.
 	Pools  []string
@@ -51,17 +53,17 @@ type NodeConfig struct {
 	ReuseCooldown time.Duration
 }
 
-// NodeAllocator hands out IPs from the blocks one node owns, claiming
+// Allocator hands out IPs from the blocks one node owns, claiming
 // blocks from the shared pool as needed. etcd (through Store) is the
 // source of truth; the in-memory maps are a cache rebuilt by Restore and
 // corrected whenever a write finds them wrong.
 //
-// NodeAllocator is safe for concurrent use. Allocations are serialized: a
+// Allocator is safe for concurrent use. Allocations are serialized: a
 // batch (AllocateBatch) is the way to get throughput, one transaction for
 // many requests. Releases, confirms and views wait for an allocation's
 // writes, not for its claims (inflight.go).
-type NodeAllocator struct {
-	cfg    NodeConfig
+type Allocator struct {
+	cfg    Config
 	log    hclog.Logger
 	events hclog.Logger // one line per allocation and release (events.go)
 
@@ -85,16 +87,16 @@ type NodeAllocator struct {
 	lapsed lapses
 }
 
-// NewNodeAllocator checks cfg. Call Restore before anything else.
-func NewNodeAllocator(cfg NodeConfig) (*NodeAllocator, error) {
+// New checks cfg. Call Restore before anything else.
+func New(cfg Config) (*Allocator, error) {
 	if cfg.Node == "" {
-		return nil, fmt.Errorf("%w: node name is empty", ErrBadRequest)
+		return nil, fmt.Errorf("%w: node name is empty", records.ErrBadRequest)
 	}
 	if cfg.Store == nil {
-		return nil, fmt.Errorf("%w: no store", ErrBadRequest)
+		return nil, fmt.Errorf("%w: no store", records.ErrBadRequest)
 	}
 	if len(cfg.Pools) == 0 {
-		return nil, fmt.Errorf("%w: no pools for node %s", ErrBadRequest, cfg.Node)
+		return nil, fmt.Errorf("%w: no pools for node %s", records.ErrBadRequest, cfg.Node)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -106,11 +108,11 @@ func NewNodeAllocator(cfg NodeConfig) (*NodeAllocator, error) {
 		cfg.Now = time.Now
 	}
 	log := cfg.Logger.Named("allocator")
-	return &NodeAllocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}}, nil
+	return &Allocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}}, nil
 }
 
 // Node is the node this allocator serves.
-func (a *NodeAllocator) Node() string { return a.cfg.Node }
+func (a *Allocator) Node() string { return a.cfg.Node }
 
 // Restore rebuilds the node's state from the store on lease: it re-claims
 // every block whose home is this node (orphaned blocks, and claims left on
@@ -122,7 +124,7 @@ func (a *NodeAllocator) Node() string { return a.cfg.Node }
 // block of this node that holds allocations cannot be re-claimed: serving
 // without it would forget its pods (a DEL would free nothing, a retried
 // ADD would get a second address).
-func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
+func (a *Allocator) Restore(ctx context.Context, lease Lease) error {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
@@ -156,7 +158,7 @@ func (a *NodeAllocator) Restore(ctx context.Context, lease Lease) error {
 // adopted by an earlier pass are kept. It returns an error wrapping
 // ErrConflict if one of the node's own non-empty blocks could not be
 // re-claimed in this pass.
-func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
+func (a *Allocator) restorePool(ctx context.Context, ps *poolState) error {
 	infos, err := a.cfg.Store.ListBlocks(ctx, ps.pool.Name)
 	if err != nil {
 		return err
@@ -173,7 +175,7 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 			// Already ours on the current lease.
 		case home && (info.Claim == nil || info.Claim.Node == me):
 			rev, err := a.cfg.Store.Reclaim(ctx, ps.pool.Name, info, a.claimRecord(), a.lease.ID())
-			var ce *ClaimError
+			var ce *records.ClaimError
 			if errors.As(err, &ce) {
 				ps.noteOther(info.Block, ce.ClaimedBy, ce.NonEmpty)
 				if ce.NonEmpty {
@@ -198,7 +200,7 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 				return err
 			}
 			if len(ips) > 0 {
-				ce := &ClaimError{Block: info.Block, ClaimedBy: info.Claim.Node, NonEmpty: true, HomeNode: me}
+				ce := &records.ClaimError{Block: info.Block, ClaimedBy: info.Claim.Node, NonEmpty: true, HomeNode: me}
 				a.log.Error("own block that holds allocations is claimed by another node", "pool", ps.pool.Name, "block", info.Block, "claimed_by", info.Claim.Node, "allocations", len(ips))
 				lost = append(lost, fmt.Errorf("re-claim own block %s: %w", info.Block, ce))
 			}
@@ -219,8 +221,8 @@ func (a *NodeAllocator) restorePool(ctx context.Context, ps *poolState) error {
 }
 
 // adoptBlock makes block one of ours at claimRev and loads its allocations.
-func (a *NodeAllocator) adoptBlock(ctx context.Context, ps *poolState, block netip.Prefix, claimRev int64) error {
-	ba, err := NewBlockAlloc(ps.pool, block)
+func (a *Allocator) adoptBlock(ctx context.Context, ps *poolState, block netip.Prefix, claimRev int64) error {
+	ba, err := allocator.NewBlockAlloc(ps.pool, block)
 	if err != nil {
 		return err
 	}
@@ -243,7 +245,7 @@ func (a *NodeAllocator) adoptBlock(ctx context.Context, ps *poolState, block net
 // store's. It is the repair path whenever a write finds the cache wrong.
 // If a read fails the cache is left as it was: a stale entry costs a
 // failed write later, a missing one would cost a running pod its address.
-func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block netip.Prefix) error {
+func (a *Allocator) reloadBlock(ctx context.Context, ps *poolState, block netip.Prefix) error {
 	ob := ps.own[block]
 	if ob == nil {
 		return nil
@@ -254,7 +256,7 @@ func (a *NodeAllocator) reloadBlock(ctx context.Context, ps *poolState, block ne
 // loadBlock reads block's allocations and the expiry of their leases, and
 // only then replaces ob's bitmap and ps's index of the block, placing each
 // record as a read-back does (settleAt).
-func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block netip.Prefix, ob *ownBlock) error {
+func (a *Allocator) loadBlock(ctx context.Context, ps *poolState, block netip.Prefix, ob *ownBlock) error {
 	allocs, err := a.cfg.Store.ListIPs(ctx, ps.pool.Name, block)
 	if err != nil {
 		return err
@@ -266,12 +268,12 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 	ps.forgetBlock(block)
 	ob.ba.Reset()
 	now := time.Now()
-	var newest *Allocation
+	var newest *records.Allocation
 	for i := range allocs {
 		al := &allocs[i]
 		ob.ba.Mark(al.Addr)
 		switch {
-		case al.State == StateKept, al.Borrowed && al.Node != a.cfg.Node:
+		case al.State == records.StateKept, al.Borrowed && al.Node != a.cfg.Node:
 		case al.ContainerID == "":
 			a.log.Warn("unreadable allocation key in own block; its address stays taken", "pool", ps.pool.Name, "ip", al.Addr)
 		default:
@@ -281,7 +283,7 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 			if al.Node != a.cfg.Node {
 				a.log.Warn("allocation of another node in own block", "pool", ps.pool.Name, "ip", al.Addr, "node", al.Node)
 			}
-			if others := ps.ofOwner(al.Owner.Key(), FamilyOf(al.Addr)); len(others) > 0 {
+			if others := ps.ofOwner(al.Owner.Key(), allocator.FamilyOf(al.Addr)); len(others) > 0 {
 				a.log.Warn("owner holds more than one address of a family", "pool", ps.pool.Name, "owner", al.Owner.Key(), "ip", al.Addr, "also", others[0].Addr)
 			}
 			al.Seen = now
@@ -301,25 +303,25 @@ func (a *NodeAllocator) loadBlock(ctx context.Context, ps *poolState, block neti
 	return nil
 }
 
-func (a *NodeAllocator) claimRecord() Claim {
-	return Claim{Node: a.cfg.Node, BootID: a.cfg.BootID, ClaimedAt: a.cfg.Now().UTC()}
+func (a *Allocator) claimRecord() records.Claim {
+	return records.Claim{Node: a.cfg.Node, BootID: a.cfg.BootID, ClaimedAt: a.cfg.Now().UTC()}
 }
 
 // ready checks that the allocator may write now.
-func (a *NodeAllocator) ready() error {
+func (a *Allocator) ready() error {
 	if !a.restored {
-		return fmt.Errorf("node %s not restored: %w", a.cfg.Node, ErrLeaseLost)
+		return fmt.Errorf("node %s not restored: %w", a.cfg.Node, records.ErrLeaseLost)
 	}
 	if a.lease == nil || a.lease.Lost() {
-		return fmt.Errorf("node %s: %w", a.cfg.Node, ErrLeaseLost)
+		return fmt.Errorf("node %s: %w", a.cfg.Node, records.ErrLeaseLost)
 	}
 	return nil
 }
 
-func (a *NodeAllocator) poolState(name string) (*poolState, error) {
+func (a *Allocator) poolState(name string) (*poolState, error) {
 	ps, ok := a.pools[name]
 	if !ok {
-		return nil, fmt.Errorf("pool %q is not served on node %s: %w", name, a.cfg.Node, ErrPoolNotFound)
+		return nil, fmt.Errorf("pool %q is not served on node %s: %w", name, a.cfg.Node, records.ErrPoolNotFound)
 	}
 	return ps, nil
 }

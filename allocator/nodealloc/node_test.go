@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -24,7 +26,7 @@ type testNode struct {
 	cli   *clientv3.Client
 	store *etcdstore.Store
 	sess  *kvstore.Session
-	alloc *allocator.NodeAllocator
+	alloc *nodealloc.Allocator
 }
 
 type nodeOpts struct {
@@ -32,8 +34,8 @@ type nodeOpts struct {
 	resTTL time.Duration
 	// wrap, if set, puts a wrapper (a hookStore) between the allocator
 	// and the real store.
-	wrap func(allocator.Store) allocator.Store
-	// cooldown is the reuse cooldown (NodeConfig.ReuseCooldown).
+	wrap func(records.Store) records.Store
+	// cooldown is the reuse cooldown (Config.ReuseCooldown).
 	cooldown time.Duration
 }
 
@@ -48,11 +50,11 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	sess, err := kvstore.NewSession(ctx, cli, o.ttl)
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
-	var use allocator.Store = st
+	var use records.Store = st
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}
@@ -64,12 +66,12 @@ func ensurePool(t testing.TB, e *kvstore.Embedded, p allocator.Pool) {
 	require.NoError(t, err)
 }
 
-func owner(i int) allocator.Owner {
-	return allocator.Owner{ContainerID: fmt.Sprintf("ctr-%04d", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d", i)}
+func owner(i int) records.Owner {
+	return records.Owner{ContainerID: fmt.Sprintf("ctr-%04d", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d", i)}
 }
 
 // storeIPs reads every allocation of a pool straight from etcd.
-func storeIPs(t testing.TB, cli *clientv3.Client, pool string) []allocator.Allocation {
+func storeIPs(t testing.TB, cli *clientv3.Client, pool string) []records.Allocation {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
 	require.NoError(t, err)
@@ -78,9 +80,9 @@ func storeIPs(t testing.TB, cli *clientv3.Client, pool string) []allocator.Alloc
 	return out
 }
 
-func claimOf(t testing.TB, cli *clientv3.Client, pool string, b netip.Prefix) *allocator.Claim {
+func claimOf(t testing.TB, cli *clientv3.Client, pool string, b netip.Prefix) *records.Claim {
 	t.Helper()
-	v, err := kvstore.GetJSON[allocator.Claim](context.Background(), cli, etcdstore.ClaimKey(pool, b))
+	v, err := kvstore.GetJSON[records.Claim](context.Background(), cli, etcdstore.ClaimKey(pool, b))
 	if errors.Is(err, kvstore.ErrNotFound) {
 		return nil
 	}
@@ -110,7 +112,7 @@ func TestConcurrentNodesExhaustPool(t *testing.T) {
 			defer wg.Done()
 			for j := 0; ; j++ {
 				o := owner(i*1000 + j)
-				res, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o})
+				res, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
 				if err != nil {
 					mu.Lock()
 					exhausted = append(exhausted, err)
@@ -137,7 +139,7 @@ func TestConcurrentNodesExhaustPool(t *testing.T) {
 	}
 	require.Len(t, exhausted, nodes)
 	for _, err := range exhausted {
-		var ee *allocator.ExhaustedError
+		var ee *records.ExhaustedError
 		require.ErrorAs(t, err, &ee, "each node stops on a clean exhaustion error, got %v", err)
 		require.Equal(t, uint64(16), ee.Blocks)
 		require.Equal(t, 16, ee.Claimed)
@@ -165,9 +167,9 @@ func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
-	r1, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	r1, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
 	require.NoError(t, err)
-	r2, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	r2, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
 	require.NoError(t, err)
 	require.Equal(t, r1.Allocations[0].Addr, r2.Allocations[0].Addr, "a retried allocate returns the same ip")
 	require.Len(t, storeIPs(t, n.cli, "small"), 1)
@@ -182,10 +184,10 @@ func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 	// A stale release (revision of the old allocation) cannot free the
 	// address after it was handed out again.
 	al := r1.Allocations[0]
-	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
+	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
 	require.NoError(t, err)
 	err = n.store.DeleteIP(ctx, al)
-	require.ErrorIs(t, err, allocator.ErrConflict)
+	require.ErrorIs(t, err, records.ErrConflict)
 	require.Len(t, storeIPs(t, n.cli, "small"), 1)
 }
 
@@ -194,13 +196,13 @@ func TestReleasedAddressIsNotReusedAtOnce(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
 	first := r.Allocations[0].Addr
 	_, err = n.alloc.Release(ctx, owner(1))
 	require.NoError(t, err)
 	for i := 2; i < 10; i++ {
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		require.NotEqual(t, first, r.Allocations[0].Addr, "a just-released ip comes back only after the block is walked")
 	}
@@ -213,24 +215,24 @@ func TestStaticIP(t *testing.T) {
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
 	want := netip.MustParseAddr("10.20.0.77")
-	r, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), IPs: []netip.Addr{want}})
+	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), IPs: []netip.Addr{want}})
 	require.NoError(t, err)
 	require.Equal(t, want, r.Allocations[0].Addr)
 	require.Equal(t, "n1", claimOf(t, n1.cli, "small", netip.MustParsePrefix("10.20.0.64/28")).Node, "the block was claimed for the static ip")
 
-	_, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{want}})
-	require.ErrorIs(t, err, allocator.ErrIPInUse)
+	_, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{want}})
+	require.ErrorIs(t, err, records.ErrIPInUse)
 	// In another node's block, the address is borrowed; one held there
 	// is in use.
-	r, err = n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(3), IPs: []netip.Addr{netip.MustParseAddr("10.20.0.78")}})
+	r, err = n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(3), IPs: []netip.Addr{netip.MustParseAddr("10.20.0.78")}})
 	require.NoError(t, err, "another node's block")
 	require.True(t, r.Allocations[0].Borrowed)
-	_, err = n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(6), IPs: []netip.Addr{want}})
-	require.ErrorIs(t, err, allocator.ErrIPInUse)
-	_, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(4), IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")}})
-	require.ErrorIs(t, err, allocator.ErrBadRequest)
-	_, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(5), IPs: []netip.Addr{netip.MustParseAddr("10.20.0.0")}})
-	require.ErrorIs(t, err, allocator.ErrBadRequest, "the pool's network address")
+	_, err = n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(6), IPs: []netip.Addr{want}})
+	require.ErrorIs(t, err, records.ErrIPInUse)
+	_, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(4), IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")}})
+	require.ErrorIs(t, err, records.ErrBadRequest)
+	_, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(5), IPs: []netip.Addr{netip.MustParseAddr("10.20.0.0")}})
+	require.ErrorIs(t, err, records.ErrBadRequest, "the pool's network address")
 }
 
 func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
@@ -238,29 +240,29 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	var held []allocator.Allocation
+	var held []records.Allocation
 	for i := range 20 { // spills into a second block
-		r, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		held = append(held, r.Allocations...)
 	}
 	// And one block that ends up empty: claim it through a static ip, then release.
 	emptyIP := netip.MustParseAddr("10.20.0.250")
-	_, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(99), IPs: []netip.Addr{emptyIP}})
+	_, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(99), IPs: []netip.Addr{emptyIP}})
 	require.NoError(t, err)
 	_, err = n1.alloc.Release(ctx, owner(99))
 	require.NoError(t, err)
 	emptyBlock := netip.MustParsePrefix("10.20.0.240/28")
 	// maybeUnclaim gives an empty block back when another block remains.
 	require.Nil(t, claimOf(t, n1.cli, "small", emptyBlock))
-	_, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(99), IPs: []netip.Addr{emptyIP}})
+	_, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(99), IPs: []netip.Addr{emptyIP}})
 	require.NoError(t, err)
 	_, err = n1.alloc.Release(ctx, owner(99))
 	require.NoError(t, err)
 
 	// Claim it once more, directly, so that n1 holds a claimed empty block
 	// when its lease ends.
-	_, err = n1.store.Claim(ctx, "small", emptyBlock, allocator.Claim{Node: "n1"}, n1.sess.ID())
+	_, err = n1.store.Claim(ctx, "small", emptyBlock, records.Claim{Node: "n1"}, n1.sess.ID())
 	require.NoError(t, err)
 
 	// n1's lease ends as if it crashed and stayed away past the TTL.
@@ -274,17 +276,17 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 	}
 	require.Len(t, heldBlocks, 2)
 	for b := range heldBlocks {
-		_, err := n2.store.Claim(ctx, "small", b, allocator.Claim{Node: "n2"}, n2.sess.ID())
-		var ce *allocator.ClaimError
+		_, err := n2.store.Claim(ctx, "small", b, records.Claim{Node: "n2"}, n2.sess.ID())
+		var ce *records.ClaimError
 		require.ErrorAs(t, err, &ce, "an orphaned block cannot be claimed by another node")
 		require.True(t, ce.NonEmpty)
 		require.Equal(t, "n1", ce.HomeNode)
 	}
 	// n2 fills the whole rest of the pool and never lands in n1's blocks.
 	for i := 1000; ; i++ {
-		r, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		if err != nil {
-			var ee *allocator.ExhaustedError
+			var ee *records.ExhaustedError
 			require.ErrorAs(t, err, &ee)
 			require.Equal(t, 2, ee.Orphaned, "the two orphaned blocks are reported as such")
 			break
@@ -304,7 +306,7 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 		require.Equal(t, al.Addr, got[0].Addr)
 	}
 	// And it may keep allocating in the free room of its own blocks.
-	_, err = n1b.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(500)})
+	_, err = n1b.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(500)})
 	require.NoError(t, err)
 }
 
@@ -313,7 +315,7 @@ func TestStaleWriterIsFenced(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	r, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
 	block := r.Allocations[0].Block
 	oldRev := claimRev(t, n1.cli, block)
@@ -325,21 +327,21 @@ func TestStaleWriterIsFenced(t *testing.T) {
 	require.NoError(t, err)
 	// ...and n2 claims the now-free block.
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	_, err = n2.store.Claim(ctx, "small", block, allocator.Claim{Node: "n2"}, n2.sess.ID())
+	_, err = n2.store.Claim(ctx, "small", block, records.Claim{Node: "n2"}, n2.sess.ID())
 	require.NoError(t, err)
 
 	// A write with n1's old claim revision is refused by etcd.
 	addr := block.Addr().Next()
-	_, err = n1.store.WriteIPs(ctx, []allocator.IPWrite{{Pool: "small", Block: block, ClaimRev: oldRev, Addr: addr,
-		Record: allocator.Record{Owner: owner(2), Node: "n1", State: allocator.StateAllocated}}})
-	var we *allocator.WriteError
+	_, err = n1.store.WriteIPs(ctx, []records.IPWrite{{Pool: "small", Block: block, ClaimRev: oldRev, Addr: addr,
+		Record: records.Record{Owner: owner(2), Node: "n1", State: records.StateAllocated}}})
+	var we *records.WriteError
 	require.ErrorAs(t, err, &we)
 	require.Equal(t, []netip.Prefix{block}, we.Fenced)
 	require.Empty(t, storeIPs(t, n1.cli, "small"))
 
 	// So is the allocator itself: its lease is gone, it answers "try again".
-	_, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(3)})
-	require.ErrorIs(t, err, allocator.ErrLeaseLost)
+	_, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(3)})
+	require.ErrorIs(t, err, records.ErrLeaseLost)
 }
 
 // TestFencedAllocatorMovesOn covers the case where the lease is fine but
@@ -349,7 +351,7 @@ func TestFencedAllocatorMovesOn(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	r, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
 	block := r.Allocations[0].Block
 	_, err = n1.alloc.Release(ctx, owner(1))
@@ -357,10 +359,10 @@ func TestFencedAllocatorMovesOn(t *testing.T) {
 	_, err = n1.cli.Delete(ctx, etcdstore.ClaimKey("small", block))
 	require.NoError(t, err)
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	_, err = n2.store.Claim(ctx, "small", block, allocator.Claim{Node: "n2"}, n2.sess.ID())
+	_, err = n2.store.Claim(ctx, "small", block, records.Claim{Node: "n2"}, n2.sess.ID())
 	require.NoError(t, err)
 
-	r, err = n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2)})
+	r, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
 	require.NoError(t, err)
 	require.NotEqual(t, block, r.Allocations[0].Block, "the fenced node claimed another block")
 	for _, al := range storeIPs(t, n1.cli, "small") {
@@ -381,15 +383,15 @@ func TestReservationExpiresUnlessConfirmed(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
-	kept, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	kept, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	require.False(t, kept.Expires.IsZero())
-	require.Equal(t, allocator.StateReserved, kept.Allocations[0].State)
-	lapsed, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2), Reserve: true})
+	require.Equal(t, records.StateReserved, kept.Allocations[0].State)
+	lapsed, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), Reserve: true})
 	require.NoError(t, err)
 	conf, err := n.alloc.Confirm(ctx, owner(1))
 	require.NoError(t, err)
-	require.Equal(t, allocator.StateAllocated, conf[0].State)
+	require.Equal(t, records.StateAllocated, conf[0].State)
 
 	// Wait for etcd to expire the reservation lease: watch for the delete.
 	lapsedKey := etcdstore.IPKey("small", lapsed.Allocations[0].Block, lapsed.Allocations[0].Addr)
@@ -412,7 +414,7 @@ func TestReservationExpiresUnlessConfirmed(t *testing.T) {
 	require.Zero(t, got[0].Lease)
 
 	_, err = n.alloc.Confirm(ctx, owner(2))
-	require.ErrorIs(t, err, allocator.ErrReservationGone, "a lapsed reservation cannot be confirmed")
+	require.ErrorIs(t, err, records.ErrReservationGone, "a lapsed reservation cannot be confirmed")
 }
 
 func TestRestoreKeepsEveryIP(t *testing.T) {
@@ -423,7 +425,7 @@ func TestRestoreKeepsEveryIP(t *testing.T) {
 	n := startNode(t, e, "n1", []string{"dual"}, nodeOpts{})
 	want := map[string][]netip.Addr{}
 	for i := range 150 {
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "dual", Owner: owner(i)})
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "dual", Owner: owner(i)})
 		require.NoError(t, err)
 		require.Len(t, r.Allocations, 2, "one address per family")
 		for _, al := range r.Allocations {
@@ -460,16 +462,16 @@ func TestBatchIsOneTransaction(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(0)}) // claims the first block
+	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(0)}) // claims the first block
 	require.NoError(t, err)
 	before, err := n.cli.Get(ctx, "x")
 	require.NoError(t, err)
-	reqs := []allocator.Request{}
+	reqs := []nodealloc.Request{}
 	for i := 1; i <= 10; i++ {
-		reqs = append(reqs, allocator.Request{Pool: "small", Owner: owner(i)})
+		reqs = append(reqs, nodealloc.Request{Pool: "small", Owner: owner(i)})
 	}
-	reqs = append(reqs, allocator.Request{Pool: "small", Owner: owner(1)}) // same owner twice
-	reqs = append(reqs, allocator.Request{Pool: "nope", Owner: owner(11)})
+	reqs = append(reqs, nodealloc.Request{Pool: "small", Owner: owner(1)}) // same owner twice
+	reqs = append(reqs, nodealloc.Request{Pool: "nope", Owner: owner(11)})
 	out := n.alloc.AllocateBatch(ctx, reqs)
 	after, err := n.cli.Get(ctx, "x")
 	require.NoError(t, err)
@@ -479,7 +481,7 @@ func TestBatchIsOneTransaction(t *testing.T) {
 	}
 	require.NoError(t, out[10].Err)
 	require.Equal(t, out[0].Result.Allocations[0].Addr, out[10].Result.Allocations[0].Addr)
-	require.ErrorIs(t, out[11].Err, allocator.ErrPoolNotFound)
+	require.ErrorIs(t, out[11].Err, records.ErrPoolNotFound)
 }
 
 func TestIPv6LargePool(t *testing.T) {
@@ -488,12 +490,12 @@ func TestIPv6LargePool(t *testing.T) {
 	v6 := allocator.Pool{Name: "v6", CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:64::/64")}, BlockSizeV6: 120}
 	ensurePool(t, e, v6)
 	n := startNode(t, e, "n1", []string{"v6"}, nodeOpts{})
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "v6", Owner: owner(1)})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "v6", Owner: owner(1)})
 	require.NoError(t, err)
 	require.True(t, v6.CIDRs[0].Contains(r.Allocations[0].Addr))
 	require.Equal(t, 120, r.Allocations[0].Block.Bits())
-	_, err = n.alloc.Allocate(ctx, allocator.Request{Pool: "v6", Owner: owner(2), Families: []allocator.Family{allocator.IPv4}})
-	require.ErrorIs(t, err, allocator.ErrBadRequest)
+	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "v6", Owner: owner(2), Families: []allocator.Family{allocator.IPv4}})
+	require.ErrorIs(t, err, records.ErrBadRequest)
 }
 
 func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
@@ -502,13 +504,13 @@ func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
 	big := allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/16"), netip.MustParsePrefix("fd00:40::/64")}, BlockSizeV4: 24, BlockSizeV6: 120}
 	ensurePool(t, e, big)
 	n := startNode(t, e, "n1", []string{"big"}, nodeOpts{})
-	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "big", Owner: owner(0)})
+	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "big", Owner: owner(0)})
 	require.NoError(t, err)
 	before, err := n.cli.Get(ctx, "x")
 	require.NoError(t, err)
-	var reqs []allocator.Request
+	var reqs []nodealloc.Request
 	for i := 1; i <= 100; i++ { // 200 writes: over etcd's 128 ops per transaction
-		reqs = append(reqs, allocator.Request{Pool: "big", Owner: owner(i)})
+		reqs = append(reqs, nodealloc.Request{Pool: "big", Owner: owner(i)})
 	}
 	for i, o := range n.alloc.AllocateBatch(ctx, reqs) {
 		require.NoError(t, o.Err, i)
@@ -526,7 +528,7 @@ func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
 	b := r.Allocations[0].Block
 	junkAddr := r.Allocations[0].Addr.Next()
@@ -540,7 +542,7 @@ func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
 
 	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	for i := 2; i < 20; i++ {
-		r, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		require.NotEqual(t, junkAddr, r.Allocations[0].Addr, "the hand-written address is never handed out")
 	}
@@ -553,7 +555,7 @@ func TestRestoredReservationLapses(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	n.sess.Close()
 	// The reservation lease ends while nobody watches (agent down).
@@ -561,7 +563,7 @@ func TestRestoredReservationLapses(t *testing.T) {
 	require.NoError(t, err)
 	n2 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	require.Empty(t, n2.alloc.Lookup(owner(1)), "a lapsed reservation is not restored")
-	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	r2, err := n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	require.NotEqual(t, r.Allocations[0].Rev, r2.Allocations[0].Rev, "a fresh reservation")
 	_, err = n2.alloc.Confirm(ctx, owner(1))

@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // A store call that fails with anything but a definite conflict (a
@@ -25,12 +27,12 @@ import (
 // Conflicts (failed compares, a reservation lease etcd no longer has) are
 // refusals: nothing was written.
 func outcomeUnknown(err error) bool {
-	return err != nil && !errors.Is(err, ErrConflict)
+	return err != nil && !errors.Is(err, records.ErrConflict)
 }
 
 // park records a call of unknown outcome that wrote or deleted refs for
 // the owner whose key is owner. Their addresses stay marked until settled.
-func (a *NodeAllocator) park(ps *poolState, owner, what string, refs ...IPRef) {
+func (a *Allocator) park(ps *poolState, owner, what string, refs ...records.IPRef) {
 	for _, ref := range refs {
 		delete(ps.planned, ref.Addr)
 		ps.unknown[ref.Addr] = pending{ref: ref, owner: owner}
@@ -39,17 +41,17 @@ func (a *NodeAllocator) park(ps *poolState, owner, what string, refs ...IPRef) {
 }
 
 // parkWrites parks writes of unknown outcome.
-func (a *NodeAllocator) parkWrites(ps *poolState, writes []IPWrite) {
+func (a *Allocator) parkWrites(ps *poolState, writes []records.IPWrite) {
 	for _, w := range writes {
-		a.park(ps, w.Record.Owner.Key(), "write", IPRef{Pool: w.Pool, Block: w.Block, Addr: w.Addr})
+		a.park(ps, w.Record.Owner.Key(), "write", records.IPRef{Pool: w.Pool, Block: w.Block, Addr: w.Addr})
 	}
 }
 
 // refsOf names the keys of als.
-func refsOf(als []*Allocation) []IPRef {
-	refs := make([]IPRef, len(als))
+func refsOf(als []*records.Allocation) []records.IPRef {
+	refs := make([]records.IPRef, len(als))
 	for i, al := range als {
-		refs[i] = IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr}
+		refs[i] = records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr}
 	}
 	return refs
 }
@@ -57,8 +59,8 @@ func refsOf(als []*Allocation) []IPRef {
 // settlePending reads back every parked call's addresses, in one round
 // trip, and rebuilds the cache at each from what etcd holds. If etcd
 // cannot be read the calls stay parked and the error wraps ErrUnavailable.
-func (a *NodeAllocator) settlePending(ctx context.Context) error {
-	var refs []IPRef
+func (a *Allocator) settlePending(ctx context.Context) error {
+	var refs []records.IPRef
 	for _, ps := range a.pools {
 		for _, p := range ps.unknown {
 			refs = append(refs, p.ref)
@@ -68,7 +70,7 @@ func (a *NodeAllocator) settlePending(ctx context.Context) error {
 		return nil
 	}
 	if err := a.readBack(ctx, refs); err != nil {
-		return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", ErrUnavailable, len(refs), err)
+		return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", records.ErrUnavailable, len(refs), err)
 	}
 	return nil
 }
@@ -76,12 +78,12 @@ func (a *NodeAllocator) settlePending(ctx context.Context) error {
 // readBack reads refs from etcd, with the expiry of their leases, and
 // settles the cache at each address (settleAddr); parked calls at those
 // addresses are settled with them. On an error nothing changes.
-func (a *NodeAllocator) readBack(ctx context.Context, refs []IPRef) error {
+func (a *Allocator) readBack(ctx context.Context, refs []records.IPRef) error {
 	got, err := a.cfg.Store.GetIPs(ctx, refs)
 	if err != nil {
 		return err
 	}
-	als := make([]Allocation, 0, len(got))
+	als := make([]records.Allocation, 0, len(got))
 	for _, al := range got {
 		als = append(als, al)
 	}
@@ -96,7 +98,7 @@ func (a *NodeAllocator) readBack(ctx context.Context, refs []IPRef) error {
 			continue
 		}
 		delete(ps.unknown, ref.Addr)
-		var cur *Allocation
+		var cur *records.Allocation
 		if al, ok := got[ref.Addr]; ok {
 			al.Seen = now
 			cur = &al
@@ -110,7 +112,7 @@ func (a *NodeAllocator) readBack(ctx context.Context, refs []IPRef) error {
 // of reservations and of kept records. A reservation read back from the
 // store expires with its lease, so a retried ADD after a restart does not
 // get one that has already lapsed.
-func (a *NodeAllocator) expiries(ctx context.Context, als []Allocation) (map[int64]time.Time, error) {
+func (a *Allocator) expiries(ctx context.Context, als []records.Allocation) (map[int64]time.Time, error) {
 	out := map[int64]time.Time{}
 	for _, al := range als {
 		if _, done := out[al.Lease]; al.Lease != 0 && !done {
@@ -128,7 +130,7 @@ func (a *NodeAllocator) expiries(ctx context.Context, als []Allocation) (map[int
 // for nothing; exp the expiry of leases). An allocation the cache held at
 // addr that etcd no longer has was released: its address cools. The bit
 // of an own block's address stays marked while anything holds it.
-func (a *NodeAllocator) settleAddr(ps *poolState, addr netip.Addr, cur *Allocation, exp map[int64]time.Time) {
+func (a *Allocator) settleAddr(ps *poolState, addr netip.Addr, cur *records.Allocation, exp map[int64]time.Time) {
 	var until time.Time
 	if cur != nil {
 		until = exp[cur.Lease]
@@ -141,7 +143,7 @@ func (a *NodeAllocator) settleAddr(ps *poolState, addr netip.Addr, cur *Allocati
 		}
 		a.logEnded(dropped, how)
 	}
-	if cur != nil && cur.Node == a.cfg.Node && cur.ContainerID != "" && (dropped == nil || dropped.Rev != cur.Rev) && cur.State != StateKept {
+	if cur != nil && cur.Node == a.cfg.Node && cur.ContainerID != "" && (dropped == nil || dropped.Rev != cur.Rev) && cur.State != records.StateKept {
 		a.log.Info("settled from etcd", "pool", ps.pool.Name, "ip", addr, "owner", cur.Owner.Key(), "state", cur.State)
 	}
 	if cur != nil {
@@ -157,8 +159,8 @@ func (a *NodeAllocator) settleAddr(ps *poolState, addr netip.Addr, cur *Allocati
 	}
 }
 
-// held reports whether an endpoint of this node uses addr (NodeConfig.Held).
-func (a *NodeAllocator) held(addr netip.Addr) bool {
+// held reports whether an endpoint of this node uses addr (Config.Held).
+func (a *Allocator) held(addr netip.Addr) bool {
 	if a.cfg.Held == nil {
 		return false
 	}
@@ -171,12 +173,12 @@ func (a *NodeAllocator) held(addr netip.Addr) bool {
 }
 
 // sameRecord reports whether two records are one write's.
-func sameRecord(x, y Record) bool {
+func sameRecord(x, y records.Record) bool {
 	return x.Owner == y.Owner && x.Node == y.Node && x.State == y.State && x.Since.Equal(y.Since)
 }
 
 // anyPending reports whether the owner has a parked write in any pool.
-func (a *NodeAllocator) anyPending(o Owner) bool {
+func (a *Allocator) anyPending(o records.Owner) bool {
 	for _, ps := range a.pools {
 		if ps.pendingFor(o.Key()) {
 			return true

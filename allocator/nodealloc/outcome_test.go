@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -23,15 +25,15 @@ import (
 func hooked(t testing.TB, e *kvstore.Embedded, name string, o nodeOpts) (*testNode, *hookStore) {
 	t.Helper()
 	var h *hookStore
-	o.wrap = func(s allocator.Store) allocator.Store { h = newHookStore(s); return h }
+	o.wrap = func(s records.Store) records.Store { h = newHookStore(s); return h }
 	n := startNode(t, e, name, []string{"small"}, o)
 	return n, h
 }
 
 // ownerIPs is what etcd holds for one owner, by address.
-func ownerIPs(t testing.TB, cli *clientv3.Client, o allocator.Owner) map[netip.Addr]allocator.Allocation {
+func ownerIPs(t testing.TB, cli *clientv3.Client, o records.Owner) map[netip.Addr]records.Allocation {
 	t.Helper()
-	out := map[netip.Addr]allocator.Allocation{}
+	out := map[netip.Addr]records.Allocation{}
 	for _, al := range storeIPs(t, cli, "small") {
 		if al.Owner.Key() == o.Key() {
 			out[al.Addr] = al
@@ -42,8 +44,8 @@ func ownerIPs(t testing.TB, cli *clientv3.Client, o allocator.Owner) map[netip.A
 
 // stored strips what only the node's memory knows (when it learned of an
 // allocation), leaving what etcd holds.
-func stored(als []allocator.Allocation) []allocator.Allocation {
-	out := make([]allocator.Allocation, len(als))
+func stored(als []records.Allocation) []records.Allocation {
+	out := make([]records.Allocation, len(als))
 	for i, al := range als {
 		al.Seen = time.Time{}
 		out[i] = al
@@ -82,13 +84,13 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 			n, h := hooked(t, e, "n1", nodeOpts{})
 			o := owner(1)
 			h.After("WriteIPs", commitThenFail(1))
-			r1, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o, Reserve: reserve})
+			r1, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: reserve})
 			require.NoError(t, err, "the write landed and a read says so")
 			h.Clear()
 			held := ownerIPs(t, n.cli, o)
 			require.Len(t, held, 1, "etcd holds one address for the owner: %v", held)
 			require.Contains(t, held, r1.Allocations[0].Addr)
-			r2, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o, Reserve: reserve})
+			r2, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: reserve})
 			require.NoError(t, err)
 			require.Equal(t, r1.Allocations[0].Addr, r2.Allocations[0].Addr)
 		})
@@ -99,12 +101,12 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 			o := owner(1)
 			ctx, cancel := context.WithCancel(context.Background())
 			h.After("WriteIPs", deadlineAfterCommit(cancel))
-			_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o, Reserve: reserve})
+			_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o, Reserve: reserve})
 			require.Error(t, err, "nothing could be read with the caller's context")
 			h.Clear()
 			landed := ownerIPs(t, n.cli, o)
 			require.Len(t, landed, 1, "the first write landed")
-			r, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o, Reserve: reserve})
+			r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: reserve})
 			require.NoError(t, err)
 			require.Len(t, r.Allocations, 1)
 			require.Contains(t, landed, r.Allocations[0].Addr, "the retried ADD gets the address that landed")
@@ -117,7 +119,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		ensurePool(t, e, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		h.After("WriteIPs", commitThenFail(1))
-		reqs := []allocator.Request{{Pool: "small", Owner: owner(1), Reserve: true}, {Pool: "small", Owner: owner(2), Reserve: true}, {Pool: "small", Owner: owner(3)}}
+		reqs := []nodealloc.Request{{Pool: "small", Owner: owner(1), Reserve: true}, {Pool: "small", Owner: owner(2), Reserve: true}, {Pool: "small", Owner: owner(3)}}
 		out := n.alloc.AllocateBatch(context.Background(), reqs)
 		h.Clear()
 		for i, oc := range out {
@@ -133,7 +135,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		ensurePool(t, e, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
-		r, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o, Reserve: true})
+		r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: true})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		h.After("WriteIPs", deadlineAfterCommit(cancel))
@@ -144,10 +146,10 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		require.NoError(t, err, "the retried confirm finds its first attempt landed")
 		require.Len(t, got, 1)
 		require.Equal(t, r.Allocations[0].Addr, got[0].Addr)
-		require.Equal(t, allocator.StateAllocated, got[0].State)
+		require.Equal(t, records.StateAllocated, got[0].State)
 		held := ownerIPs(t, n.cli, o)
 		require.Len(t, held, 1)
-		require.Equal(t, allocator.StateAllocated, held[got[0].Addr].State)
+		require.Equal(t, records.StateAllocated, held[got[0].Addr].State)
 		require.Zero(t, held[got[0].Addr].Lease, "permanent: off the reservation lease")
 	})
 	t.Run("release", func(t *testing.T) {
@@ -155,7 +157,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		ensurePool(t, e, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
-		_, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o})
+		_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
 		require.NoError(t, err)
 		h.After("DeleteIP", commitThenFail(1))
 		_, err = n.alloc.Release(context.Background(), o)
@@ -169,7 +171,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		ensurePool(t, e, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
-		r, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o})
+		r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		h.After("DeleteIP", deadlineAfterCommit(cancel))
@@ -179,7 +181,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		require.Empty(t, storeIPs(t, n.cli, "small"), "the delete landed")
 		// The owner's next ADD must not be answered with the address that
 		// is gone from etcd: it gets one that etcd holds.
-		again, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: o})
+		again, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
 		require.NoError(t, err)
 		held := ownerIPs(t, n.cli, o)
 		require.Len(t, held, 1)
@@ -199,18 +201,18 @@ func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 	ensurePool(t, e, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
-	r, err := n1.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
 	require.NoError(t, err)
 	block := r.Allocations[0].Block
 
 	// The agent restarts: a new lease, while the old one is still alive.
-	restart := func(before func(context.Context) error) (*allocator.NodeAllocator, *kvstore.Session, error) {
+	restart := func(before func(context.Context) error) (*nodealloc.Allocator, *kvstore.Session, error) {
 		h := newHookStore(n1.store)
 		h.Before("Reclaim", before)
 		sess, err := kvstore.NewSession(ctx, n1.cli, 30)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: "n1", Store: h, Pools: []string{"small"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: h, Pools: []string{"small"}})
 		require.NoError(t, err)
 		return al, sess, al.Restore(ctx, sess)
 	}
@@ -228,7 +230,7 @@ func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1, "the block is claimed again")
 	require.Equal(t, sess.ID(), resp.Kvs[0].Lease, "on the new lease")
-	got, err := al.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	got, err := al.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
 	require.NoError(t, err)
 	require.Equal(t, r.Allocations[0].Addr, got.Allocations[0].Addr)
 
@@ -240,8 +242,8 @@ func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 	})
 	require.Error(t, err, "Restore cannot succeed without the node's own non-empty block")
 	require.Contains(t, err.Error(), block.String())
-	_, err = al2.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2)})
-	require.ErrorIs(t, err, allocator.ErrLeaseLost, "a node that did not restore does not allocate")
+	_, err = al2.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.ErrorIs(t, err, records.ErrLeaseLost, "a node that did not restore does not allocate")
 }
 
 // TestReloadFailureKeepsCache makes the lease read of a block reload fail
@@ -252,9 +254,9 @@ func TestReloadFailureKeepsCache(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	n, h := hooked(t, e, "n1", nodeOpts{})
-	ra, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	ra, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
-	rb, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(2)})
+	rb, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
 	require.NoError(t, err)
 	// An address the node will pick next is taken behind its back.
 	y := rb.Allocations[0]
@@ -263,7 +265,7 @@ func TestReloadFailureKeepsCache(t *testing.T) {
 	require.NoError(t, err)
 	h.Before("LeaseExpiry", failTimes(1000, errInjected))
 
-	rc, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(3)})
+	rc, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(3)})
 	if err == nil {
 		require.NotEqual(t, next, rc.Allocations[0].Addr)
 		require.NotEqual(t, ra.Allocations[0].Addr, rc.Allocations[0].Addr)
@@ -272,7 +274,7 @@ func TestReloadFailureKeepsCache(t *testing.T) {
 	require.Equal(t, ra.Allocations, n.alloc.Lookup(owner(1)), "the reserved pod is still known")
 	require.Equal(t, rb.Allocations, n.alloc.Lookup(owner(2)), "the running pod is still known")
 	h.Clear()
-	again, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	again, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
 	require.Equal(t, ra.Allocations[0].Addr, again.Allocations[0].Addr, "the retried ADD gets the same address")
 	require.Len(t, ownerIPs(t, n.cli, owner(1)), 1)
@@ -297,7 +299,7 @@ func TestDenseClaimsConverge(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	als := make([]*allocator.NodeAllocator, nodes)
+	als := make([]*nodealloc.Allocator, nodes)
 	// No per-call timeout: 1000 claimers on one etcd and two cores (under
 	// -race, too) wait longer than a second for a call; this test is about
 	// the claim loop converging, not about abandoning slow calls.
@@ -306,7 +308,7 @@ func TestDenseClaimsConverge(t *testing.T) {
 		sess, err := kvstore.NewSession(ctx, cli, 120)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{CallTimeout: -1}), Pools: []string{"dense"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{CallTimeout: -1}), Pools: []string{"dense"}})
 		require.NoError(t, err)
 		require.NoError(t, al.Restore(ctx, sess))
 		als[i] = al
@@ -323,10 +325,10 @@ func TestDenseClaimsConverge(t *testing.T) {
 			<-start
 			// A try-again (etcd itself timing out under this load, as it
 			// does under -race) is retried, as the runtime retries code 11.
-			r, err := al.Allocate(ctx, allocator.Request{Pool: "dense", Owner: owner(i)})
-			for try := 0; try < 5 && errors.Is(err, allocator.ErrUnavailable); try++ {
+			r, err := al.Allocate(ctx, nodealloc.Request{Pool: "dense", Owner: owner(i)})
+			for try := 0; try < 5 && errors.Is(err, records.ErrUnavailable); try++ {
 				retries.Add(1)
-				r, err = al.Allocate(ctx, allocator.Request{Pool: "dense", Owner: owner(i)})
+				r, err = al.Allocate(ctx, nodealloc.Request{Pool: "dense", Owner: owner(i)})
 			}
 			errs[i] = err
 			if err == nil {
@@ -370,7 +372,7 @@ func TestOwnerWithTwoAddressesOfAFamily(t *testing.T) {
 	ensurePool(t, e, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
 	require.NoError(t, err)
 	first := r.Allocations[0]
 	second := first.Addr.Next().Next()
@@ -398,10 +400,10 @@ func TestLostClaimAnswerIsAdopted(t *testing.T) {
 	ensurePool(t, e, small)
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	h.After("Claim", commitThenFail(1))
-	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.ErrorIs(t, err, errUnknown)
 	h.Clear()
-	r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(1)})
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
 	resp, err := n.cli.Get(ctx, etcdstore.ClaimsPrefix("small"), clientv3.WithPrefix())
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // plan is a request whose addresses are chosen (and marked in the block
@@ -14,23 +17,23 @@ import (
 type plan struct {
 	ps     *poolState
 	req    Request
-	reused []*Allocation
-	writes []IPWrite
+	reused []*records.Allocation
+	writes []records.IPWrite
 	// lent are addresses this plan borrowed, written at once: a plan
 	// that fails later gives them back, so a refused request leaves the
 	// owner with what it held before.
-	lent []*Allocation
+	lent []*records.Allocation
 	// before is what the owner held when the request came in.
 	before map[netip.Addr]bool
 	// bind, for a sticky identity, is the binding written with the plan.
-	bind *Binding
+	bind *records.Binding
 }
 
 // plan chooses the request's addresses and marks them. pendErr is the
 // error of the last attempt to settle writes of unknown outcome: an owner
 // with such a write is refused until it is settled, since the write may
 // hold its address.
-func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*plan, error) {
+func (a *Allocator) plan(ctx context.Context, r Request, pendErr error) (*plan, error) {
 	if err := r.Owner.Validate(); err != nil {
 		return nil, err
 	}
@@ -39,7 +42,7 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 		return nil, err
 	}
 	if ps.pendingFor(r.Owner.Key()) {
-		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(ErrUnavailable, pendErr))
+		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(records.ErrUnavailable, pendErr))
 	}
 	if r.Sticky != nil {
 		return a.planSticky(ctx, ps, r, pendErr)
@@ -49,7 +52,7 @@ func (a *NodeAllocator) plan(ctx context.Context, r Request, pendErr error) (*pl
 
 // planOrdinary plans the request's addresses in the node's blocks,
 // claiming or borrowing as needed.
-func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr error) (*plan, error) {
+func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) (*plan, error) {
 	ps, err := a.poolState(r.Pool)
 	if err != nil {
 		return nil, err
@@ -63,21 +66,21 @@ func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr err
 		want, isStatic := static[f]
 		if al := a.live(ps, r.Owner, f); al != nil {
 			if isStatic && want != al.Addr {
-				return nil, a.abandon(ctx, p, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want))
+				return nil, a.abandon(ctx, p, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", records.ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want))
 			}
 			p.reused = append(p.reused, al)
 			continue
 		}
 		if ps.pool.Disabled {
-			return nil, a.abandon(ctx, p, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", ErrPoolDisabled, ps.pool.Name, ps.pool.Name))
+			return nil, a.abandon(ctx, p, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", records.ErrPoolDisabled, ps.pool.Name, ps.pool.Name))
 		}
 		var addr netip.Addr
 		var block netip.Prefix
-		var lent *Allocation
+		var lent *records.Allocation
 		if isStatic {
 			block, err = a.pickStatic(ctx, ps, want)
 			addr = want
-			if errors.Is(err, ErrNotOwned) {
+			if errors.Is(err, records.ErrNotOwned) {
 				lent, err = a.borrowStatic(ctx, ps, r, block, want, err)
 			}
 		} else {
@@ -94,7 +97,7 @@ func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr err
 		ob := ps.own[block]
 		ob.ba.Mark(addr)
 		ps.planned[addr] = true
-		p.writes = append(p.writes, IPWrite{
+		p.writes = append(p.writes, records.IPWrite{
 			Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Reserve: r.Reserve,
 			Record: a.newRecord(r, false),
 		})
@@ -105,7 +108,7 @@ func (a *NodeAllocator) planOrdinary(ctx context.Context, r Request, pendErr err
 // abandon undoes a plan that fails before its write: its marks, and
 // the addresses it borrowed (a failed release leaves one to the owner,
 // whose DEL or retry finds it).
-func (a *NodeAllocator) abandon(ctx context.Context, p *plan, cause error) error {
+func (a *Allocator) abandon(ctx context.Context, p *plan, cause error) error {
 	a.undo(p)
 	lent := p.lent
 	p.lent = nil
@@ -115,7 +118,7 @@ func (a *NodeAllocator) abandon(ctx context.Context, p *plan, cause error) error
 // giveBack releases borrowed addresses of a request that failed with
 // cause. If one cannot be released the owner still holds it: the error
 // then says try again, not a refusal.
-func (a *NodeAllocator) giveBack(ctx context.Context, ps *poolState, lent []*Allocation, cause error) error {
+func (a *Allocator) giveBack(ctx context.Context, ps *poolState, lent []*records.Allocation, cause error) error {
 	var errs []error
 	for _, al := range lent {
 		if err := a.release(ctx, ps, al); err != nil {
@@ -125,7 +128,7 @@ func (a *NodeAllocator) giveBack(ctx context.Context, ps *poolState, lent []*All
 	}
 	if len(errs) > 0 {
 		// The owner still holds what it borrowed: not a refusal any more.
-		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{ErrUnavailable}, errs...)...))
+		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{records.ErrUnavailable}, errs...)...))
 	}
 	return cause
 }
@@ -133,10 +136,10 @@ func (a *NodeAllocator) giveBack(ctx context.Context, ps *poolState, lent []*All
 // pickOrBorrow chooses a free address of family f in the node's blocks,
 // claiming a block if it must; when the pool has no block left it
 // borrows one from another node's block, written at once.
-func (a *NodeAllocator) pickOrBorrow(ctx context.Context, ps *poolState, r Request, f Family) (netip.Prefix, netip.Addr, *Allocation, error) {
+func (a *Allocator) pickOrBorrow(ctx context.Context, ps *poolState, r Request, f allocator.Family) (netip.Prefix, netip.Addr, *records.Allocation, error) {
 	for {
 		b, addr, err := a.pickFree(ctx, ps, f)
-		var ee *ExhaustedError
+		var ee *records.ExhaustedError
 		if !errors.As(err, &ee) {
 			return b, addr, nil, err
 		}
@@ -152,16 +155,16 @@ func (a *NodeAllocator) pickOrBorrow(ctx context.Context, ps *poolState, r Reque
 
 // requestFamilies resolves which families a request wants and its static
 // addresses by family, rejecting anything the pool cannot serve.
-func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error) {
-	static := map[Family]netip.Addr{}
+func requestFamilies(p allocator.Pool, r Request) ([]allocator.Family, map[allocator.Family]netip.Addr, error) {
+	static := map[allocator.Family]netip.Addr{}
 	for _, ip := range r.IPs {
 		ip = ip.Unmap()
-		f := FamilyOf(ip)
+		f := allocator.FamilyOf(ip)
 		if _, dup := static[f]; dup {
-			return nil, nil, fmt.Errorf("%w: two %s addresses requested", ErrBadRequest, f)
+			return nil, nil, fmt.Errorf("%w: two %s addresses requested", records.ErrBadRequest, f)
 		}
 		if !p.Contains(ip) {
-			return nil, nil, fmt.Errorf("%w: requested ip %s is not in pool %s", ErrBadRequest, ip, p.Name)
+			return nil, nil, fmt.Errorf("%w: requested ip %s is not in pool %s", records.ErrBadRequest, ip, p.Name)
 		}
 		static[f] = ip
 	}
@@ -176,16 +179,16 @@ func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error)
 	}
 	slices.Sort(fams)
 	if len(slices.Compact(fams)) != len(fams) {
-		return nil, nil, fmt.Errorf("%w: a family is requested twice", ErrBadRequest)
+		return nil, nil, fmt.Errorf("%w: a family is requested twice", records.ErrBadRequest)
 	}
 	for _, f := range fams {
 		if p.BlockSize(f) == 0 {
-			return nil, nil, fmt.Errorf("%w: pool %s has no %s range", ErrBadRequest, p.Name, f)
+			return nil, nil, fmt.Errorf("%w: pool %s has no %s range", records.ErrBadRequest, p.Name, f)
 		}
 	}
 	for f, ip := range static {
 		if !slices.Contains(fams, f) {
-			return nil, nil, fmt.Errorf("%w: requested ip %s but family %s not requested", ErrBadRequest, ip, f)
+			return nil, nil, fmt.Errorf("%w: requested ip %s but family %s not requested", records.ErrBadRequest, ip, f)
 		}
 	}
 	return fams, static, nil
@@ -195,7 +198,7 @@ func requestFamilies(p Pool, r Request) ([]Family, map[Family]netip.Addr, error)
 // reservations that have lapsed. A dropped one may still be in the store
 // for a moment; the write that reuses its address then fails and reloads
 // the block.
-func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
+func (a *Allocator) live(ps *poolState, o records.Owner, f allocator.Family) *records.Allocation {
 	for _, al := range ps.ofOwner(o.Key(), f) {
 		if !a.dropIfLapsed(ps, al) {
 			return al
@@ -208,9 +211,9 @@ func (a *NodeAllocator) live(ps *poolState, o Owner, f Family) *Allocation {
 // has ended, and reports whether it did. Every path that looks at a
 // cached reservation (by owner, by address, or to make room) goes
 // through it.
-func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
+func (a *Allocator) dropIfLapsed(ps *poolState, al *records.Allocation) bool {
 	exp, ok := ps.expires[al.Addr]
-	if !ok || al.State != StateReserved || !a.cfg.Now().After(exp) {
+	if !ok || al.State != records.StateReserved || !a.cfg.Now().After(exp) {
 		return false
 	}
 	a.drop(ps, al)
@@ -220,14 +223,14 @@ func (a *NodeAllocator) dropIfLapsed(ps *poolState, al *Allocation) bool {
 }
 
 // drop removes al from the cache and frees its address in the bitmap.
-func (a *NodeAllocator) drop(ps *poolState, al *Allocation) {
+func (a *Allocator) drop(ps *poolState, al *records.Allocation) {
 	ps.forget(al)
 	if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
 		ob.ba.Unmark(al.Addr)
 	}
 }
 
-func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (netip.Prefix, netip.Addr, error) {
+func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Family) (netip.Prefix, netip.Addr, error) {
 	a.thaw(ps)
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
@@ -236,7 +239,7 @@ func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (
 	// oldest address still cooling free room before a new block is
 	// claimed.
 	for addr := range ps.expires {
-		if al := ps.byAddr[addr]; al != nil && FamilyOf(addr) == f {
+		if al := ps.byAddr[addr]; al != nil && allocator.FamilyOf(addr) == f {
 			a.dropIfLapsed(ps, al)
 		}
 	}
@@ -261,11 +264,11 @@ func (a *NodeAllocator) pickFree(ctx context.Context, ps *poolState, f Family) (
 	return b, addr, nil
 }
 
-func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {
+func (a *Allocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {
 	b, ob := ps.ownBlockOf(addr)
 	if ob == nil {
 		if other, ok := ps.others[b]; ok && other.node != "" {
-			return b, fmt.Errorf("requested ip %s is in block %s of node %s: %w", addr, b, other.node, ErrNotOwned)
+			return b, fmt.Errorf("requested ip %s is in block %s of node %s: %w", addr, b, other.node, records.ErrNotOwned)
 		}
 		if err := a.claimSpecific(ctx, ps, b); err != nil {
 			return b, fmt.Errorf("requested ip %s: %w", addr, err)
@@ -273,13 +276,13 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 		ob = ps.own[b]
 	}
 	if slices.Contains(ps.pool.Excluded(b), addr) {
-		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", ErrBadRequest, addr, ps.pool.Name)
+		return b, fmt.Errorf("%w: requested ip %s is a network, broadcast or anycast address of pool %s", records.ErrBadRequest, addr, ps.pool.Name)
 	}
 	if al := ps.byAddr[addr]; al != nil {
 		a.dropIfLapsed(ps, al) // the create-if-absent write guards the rest
 	}
 	if _, kept := ps.kept[addr]; kept {
-		a.thawKept(ctx, ps, FamilyOf(addr)) // its window may have ended
+		a.thawKept(ctx, ps, allocator.FamilyOf(addr)) // its window may have ended
 	}
 	if _, cooling := ps.cool.at[addr]; cooling && ps.byAddr[addr] == nil {
 		delete(ps.cool.at, addr) // asked for by name: no cooldown
@@ -293,7 +296,7 @@ func (a *NodeAllocator) pickStatic(ctx context.Context, ps *poolState, addr neti
 		if k, ok := ps.kept[addr]; ok {
 			holder = "sticky identity " + k.identity + " (kept until " + k.until.UTC().Format(time.RFC3339) + ")"
 		}
-		return b, fmt.Errorf("requested ip %s is held by %s: %w", addr, holder, ErrIPInUse)
+		return b, fmt.Errorf("requested ip %s is held by %s: %w", addr, holder, records.ErrIPInUse)
 	}
 	return b, nil
 }

@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Re-asserting what the node's endpoints hold. etcd restored from an
@@ -20,12 +22,12 @@ import (
 // create-if-absent. An address held by another owner in etcd, or in an
 // orphaned block, is a conflict: nothing is written, and the agent
 // reports it. Until Reassert has run, the allocator keeps
-// the endpoints' addresses out of its free lists (NodeConfig.Held), so it
+// the endpoints' addresses out of its free lists (Config.Held), so it
 // never hands one out again.
 
 // HeldAddr is an address a local endpoint uses, and its owner.
 type HeldAddr struct {
-	Owner Owner
+	Owner records.Owner
 	Addr  netip.Addr
 }
 
@@ -35,14 +37,14 @@ type Conflict struct {
 	Pool   string
 	Reason string
 	// HeldBy is the allocation etcd has for the address, if any.
-	HeldBy *Allocation
+	HeldBy *records.Allocation
 }
 
 // Reassert checks every held address against the store and writes back
 // the allocations that are missing from it where it may (see above). It
 // returns the allocations it wrote back and the conflicts; an error means
 // etcd could not be read or written (try again later).
-func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored []Allocation, conflicts []Conflict, err error) {
+func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []records.Allocation, conflicts []Conflict, err error) {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
@@ -56,7 +58,7 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 		block netip.Prefix
 	}
 	var items []item
-	var refs []IPRef
+	var refs []records.IPRef
 	for _, h := range held {
 		addr := h.Addr.Unmap()
 		var it *item
@@ -71,7 +73,7 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 			continue
 		}
 		items = append(items, *it)
-		refs = append(refs, IPRef{Pool: it.ps.pool.Name, Block: it.block, Addr: addr})
+		refs = append(refs, records.IPRef{Pool: it.ps.pool.Name, Block: it.block, Addr: addr})
 	}
 	if len(refs) == 0 {
 		return nil, conflicts, nil
@@ -81,7 +83,7 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 		return nil, nil, fmt.Errorf("reassert: read allocations: %w", err)
 	}
 	var errs []error
-	var known []IPRef // the owner's in etcd, not (so) in the cache
+	var known []records.IPRef // the owner's in etcd, not (so) in the cache
 	for _, it := range items {
 		ps, addr := it.ps, it.h.Addr
 		if al, ok := cur[addr]; ok {
@@ -90,7 +92,7 @@ func (a *NodeAllocator) Reassert(ctx context.Context, held []HeldAddr) (restored
 				conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, HeldBy: &al,
 					Reason: fmt.Sprintf("held by %s on node %s", al.Owner.Key(), al.Node)})
 			case c == nil || c.Rev != al.Rev:
-				known = append(known, IPRef{Pool: ps.pool.Name, Block: it.block, Addr: addr})
+				known = append(known, records.IPRef{Pool: ps.pool.Name, Block: it.block, Addr: addr})
 			}
 			continue
 		}
@@ -120,11 +122,11 @@ const reassertWindow = time.Hour
 // reassertRecord is the record written back for h: the cached one of its
 // owner if the cache has it (identity and all), so the interval goes on;
 // else a new one.
-func (a *NodeAllocator) reassertRecord(ps *poolState, h HeldAddr) Record {
-	rec := Record{Owner: h.Owner, Node: a.cfg.Node, State: StateAllocated, Since: a.cfg.Now().UTC()}
+func (a *Allocator) reassertRecord(ps *poolState, h HeldAddr) records.Record {
+	rec := records.Record{Owner: h.Owner, Node: a.cfg.Node, State: records.StateAllocated, Since: a.cfg.Now().UTC()}
 	if old := ps.byAddr[h.Addr]; old != nil && old.Owner.Key() == h.Owner.Key() {
 		rec = old.Record
-		rec.Node, rec.State, rec.Borrowed = a.cfg.Node, StateAllocated, false
+		rec.Node, rec.State, rec.Borrowed = a.cfg.Node, records.StateAllocated, false
 	}
 	return rec
 }
@@ -133,7 +135,7 @@ func (a *NodeAllocator) reassertRecord(ps *poolState, h HeldAddr) Record {
 // back: with its binding when etcd lost that too (bind), as it is when the
 // binding names the owner, and without its identity when the identity has
 // moved on to another pod.
-func (a *NodeAllocator) reassertBinding(ctx context.Context, ps *poolState, rec *Record) (*Binding, error) {
+func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *records.Record) (*records.Binding, error) {
 	if rec.Identity == "" {
 		return nil, nil
 	}
@@ -153,7 +155,7 @@ func (a *NodeAllocator) reassertBinding(ctx context.Context, ps *poolState, rec 
 	if window == 0 {
 		window = int64(reassertWindow / time.Second)
 	}
-	nb := &Binding{Identity: rec.Identity, Owner: rec.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), WindowSeconds: window, Pool: ps.pool.Name}
+	nb := &records.Binding{Identity: rec.Identity, Owner: rec.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), WindowSeconds: window, Pool: ps.pool.Name}
 	for _, al := range ps.byOwner[rec.Owner.Key()] {
 		if al.Identity == rec.Identity {
 			nb.Addrs = append(nb.Addrs, al.Addr)
@@ -167,7 +169,7 @@ func (a *NodeAllocator) reassertBinding(ctx context.Context, ps *poolState, rec 
 // block: fenced by this node's claim on it (claimed again if it is free),
 // or borrowed again from the node that claims it. A write of unknown
 // outcome is settled like any other.
-func (a *NodeAllocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix) (*Allocation, *Conflict, error) {
+func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix) (*records.Allocation, *Conflict, error) {
 	addr := h.Addr
 	rec := a.reassertRecord(ps, h)
 	for attempt := 0; attempt < 2; attempt++ {
@@ -191,14 +193,14 @@ func (a *NodeAllocator) reassertOne(ctx context.Context, ps *poolState, h HeldAd
 		if err != nil {
 			return nil, nil, err
 		}
-		w := IPWrite{Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Record: rec}
-		var res WriteResult
+		w := records.IPWrite{Pool: ps.pool.Name, Block: block, ClaimRev: ob.claimRev, Addr: addr, Record: rec}
+		var res records.WriteResult
 		if bind != nil {
-			res, err = a.cfg.Store.WriteBound(ctx, *bind, []IPWrite{w})
+			res, err = a.cfg.Store.WriteBound(ctx, *bind, []records.IPWrite{w})
 		} else {
-			res, err = a.cfg.Store.WriteIPs(ctx, []IPWrite{w})
+			res, err = a.cfg.Store.WriteIPs(ctx, []records.IPWrite{w})
 		}
-		var we *WriteError
+		var we *records.WriteError
 		switch {
 		case errors.As(err, &we) && len(we.Fenced) > 0:
 			// etcd lost our claim too (made after the snapshot): forget
@@ -206,11 +208,11 @@ func (a *NodeAllocator) reassertOne(ctx context.Context, ps *poolState, h HeldAd
 			ps.forgetBlock(block)
 			delete(ps.own, block)
 			continue
-		case errors.Is(err, ErrConflict):
+		case errors.Is(err, records.ErrConflict):
 			// Written by someone meanwhile: the next pass reads who.
 			return nil, nil, fmt.Errorf("taken meanwhile: %w", err)
 		case outcomeUnknown(err):
-			a.parkWrites(ps, []IPWrite{w})
+			a.parkWrites(ps, []records.IPWrite{w})
 			if serr := a.settlePending(ctx); serr != nil {
 				return nil, nil, serr
 			}
@@ -219,11 +221,11 @@ func (a *NodeAllocator) reassertOne(ctx context.Context, ps *poolState, h HeldAd
 			}
 			return nil, nil, err
 		}
-		al := &Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: time.Now()}
 		ps.settleAt(addr, al, time.Time{}, a.cfg.Node)
 		return al, nil, nil
 	}
-	return nil, nil, fmt.Errorf("block %s's claim changed twice: %w", block, ErrConflict)
+	return nil, nil, fmt.Errorf("block %s's claim changed twice: %w", block, records.ErrConflict)
 }
 
 // notOwnError says why a held address's block cannot be this node's;
@@ -237,12 +239,12 @@ func (e *notOwnError) Error() string { return e.reason }
 // address in it, and the node's endpoints that use it keep their
 // addresses. A block another node claims, or that holds allocations
 // without a claim, is not taken: the reason says so.
-func (a *NodeAllocator) ownForReassert(ctx context.Context, ps *poolState, block netip.Prefix) (*ownBlock, error) {
+func (a *Allocator) ownForReassert(ctx context.Context, ps *poolState, block netip.Prefix) (*ownBlock, error) {
 	if ob := ps.own[block]; ob != nil {
 		return ob, nil
 	}
 	err := a.tryClaim(ctx, ps, block)
-	var ce *ClaimError
+	var ce *records.ClaimError
 	switch {
 	case err == nil:
 		a.log.Warn("claimed a free block again: an endpoint uses it though etcd had no claim", "pool", ps.pool.Name, "block", block)
@@ -257,7 +259,7 @@ func (a *NodeAllocator) ownForReassert(ctx context.Context, ps *poolState, block
 
 // markHeld keeps the held addresses of block out of ob's free list: an
 // endpoint still uses them though the store has no allocation (yet).
-func (a *NodeAllocator) markHeld(block netip.Prefix, ob *ownBlock) {
+func (a *Allocator) markHeld(block netip.Prefix, ob *ownBlock) {
 	if a.cfg.Held == nil {
 		return
 	}

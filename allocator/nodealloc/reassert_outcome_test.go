@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -25,7 +26,7 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 	ensurePool(t, e, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	o := owner(1)
-	res, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: o})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: o})
 	require.NoError(t, err)
 	x := res.Allocations[0]
 	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
@@ -37,8 +38,8 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 	sess, err := kvstore.NewSession(ctx, cli, 30)
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
-	held := []allocator.HeldAddr{{Owner: o, Addr: x.Addr}}
-	n, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: "a", Store: h, Pools: []string{"one"},
+	held := []nodealloc.HeldAddr{{Owner: o, Addr: x.Addr}}
+	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h, Pools: []string{"one"},
 		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
 	require.NoError(t, err)
 	require.NoError(t, n.Restore(ctx, sess))
@@ -75,7 +76,7 @@ func TestReassertKeepsStickyIdentity(t *testing.T) {
 	_, err = a.cli.Delete(ctx, etcdstore.BindingKey("one", "ns/web-0"))
 	require.NoError(t, err)
 
-	restored, conflicts, err := a.alloc.Reassert(ctx, []allocator.HeldAddr{{Owner: first, Addr: x.Addr}})
+	restored, conflicts, err := a.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: first, Addr: x.Addr}})
 	require.NoError(t, err)
 	require.Empty(t, conflicts)
 	require.Len(t, restored, 1)
@@ -89,7 +90,7 @@ func TestReassertKeepsStickyIdentity(t *testing.T) {
 
 	_, err = a.alloc.Release(ctx, first)
 	require.NoError(t, err)
-	require.Equal(t, allocator.StateKept, holdersOf(t, a.cli)[x.Addr].State, "the DEL keeps x for web-0")
+	require.Equal(t, records.StateKept, holdersOf(t, a.cli)[x.Addr].State, "the DEL keeps x for web-0")
 	res, err = a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 2), time.Minute))
 	require.NoError(t, err)
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)

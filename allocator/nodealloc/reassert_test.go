@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -25,7 +26,7 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	e := etcdtest.Start(t)
 	ensurePool(t, e, small)
 	var mu sync.Mutex
-	var held []allocator.HeldAddr
+	var held []nodealloc.HeldAddr
 	heldAddrs := func() []netip.Addr {
 		mu.Lock()
 		defer mu.Unlock()
@@ -40,16 +41,16 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	sess, err := kvstore.NewSession(ctx, cli, 30)
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: "n1", Store: st, Pools: []string{"small"}, Held: heldAddrs})
+	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: st, Pools: []string{"small"}, Held: heldAddrs})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
-	var got []allocator.Allocation
+	var got []records.Allocation
 	for i := range 3 {
-		r, err := al.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := al.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		got = append(got, r.Allocations[0])
 		mu.Lock()
-		held = append(held, allocator.HeldAddr{Owner: owner(i), Addr: r.Allocations[0].Addr})
+		held = append(held, nodealloc.HeldAddr{Owner: owner(i), Addr: r.Allocations[0].Addr})
 		mu.Unlock()
 	}
 	// etcd forgets 0 and 1; 1's address goes to someone else.
@@ -58,15 +59,15 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 		require.NoError(t, err)
 	}
 	other := etcdstore.New(cli, etcdstore.Options{})
-	_, err = other.WriteIPs(ctx, []allocator.IPWrite{{Pool: "small", Block: got[1].Block, ClaimRev: claimRev(t, cli, got[1].Block),
-		Addr: got[1].Addr, Record: allocator.Record{Owner: owner(99), Node: "n1", State: allocator.StateAllocated}}})
+	_, err = other.WriteIPs(ctx, []records.IPWrite{{Pool: "small", Block: got[1].Block, ClaimRev: claimRev(t, cli, got[1].Block),
+		Addr: got[1].Addr, Record: records.Record{Owner: owner(99), Node: "n1", State: records.StateAllocated}}})
 	require.NoError(t, err)
 
 	// The cache reloaded from etcd (a restart): the missing address is
 	// still not handed out.
 	require.NoError(t, al.Restore(ctx, sess))
 	for i := 10; i < 24; i++ { // past the end of the block: the search wraps
-		r, err := al.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(i)})
+		r, err := al.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(i)})
 		require.NoError(t, err)
 		require.NotEqual(t, got[0].Addr, r.Allocations[0].Addr, "an address a live endpoint holds is not handed out")
 	}
@@ -74,7 +75,7 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	// An endpoint in a block etcd has no claim for (claimed after the
 	// snapshot): free, so the node claims it again. One in a block
 	// another node claims: a conflict.
-	free := allocator.HeldAddr{Owner: owner(50), Addr: netip.MustParseAddr("10.20.0.250")}
+	free := nodealloc.HeldAddr{Owner: owner(50), Addr: netip.MustParseAddr("10.20.0.250")}
 	restored, conflicts, err := al.Reassert(ctx, append(held, free))
 	require.NoError(t, err)
 	require.Len(t, restored, 2, "conflicts: %+v", conflicts)
@@ -85,12 +86,12 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	require.Equal(t, owner(99).Key(), conflicts[0].HeldBy.Owner.Key())
 
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	r2, err := n2.alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: owner(60)})
+	r2, err := n2.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(60)})
 	require.NoError(t, err)
-	theirs := allocator.HeldAddr{Owner: owner(51), Addr: r2.Allocations[0].Addr.Next()}
+	theirs := nodealloc.HeldAddr{Owner: owner(51), Addr: r2.Allocations[0].Addr.Next()}
 	// An endpoint whose address is free in a block another node claims
 	// had borrowed it: it is borrowed again, with its home.
-	restored, conflicts, err = al.Reassert(ctx, []allocator.HeldAddr{theirs})
+	restored, conflicts, err = al.Reassert(ctx, []nodealloc.HeldAddr{theirs})
 	require.NoError(t, err)
 	require.Empty(t, conflicts)
 	require.Len(t, restored, 1)
@@ -104,7 +105,7 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, lent, "its home goes with it")
 
-	cur, err := st.GetIPs(ctx, []allocator.IPRef{{Pool: "small", Block: got[0].Block, Addr: got[0].Addr}})
+	cur, err := st.GetIPs(ctx, []records.IPRef{{Pool: "small", Block: got[0].Block, Addr: got[0].Addr}})
 	require.NoError(t, err)
 	require.Equal(t, owner(0).Key(), cur[got[0].Addr].Owner.Key(), "written back, for its owner")
 	_, err = al.Release(ctx, owner(0))

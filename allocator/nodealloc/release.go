@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // writeFence returns the revision that fences a write to al: its block's
 // claim, or for a borrowed address the node's borrow fence.
-func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Allocation) (int64, error) {
+func (a *Allocator) writeFence(ctx context.Context, ps *poolState, al *records.Allocation) (int64, error) {
 	if al.Borrowed {
 		return a.borrowFence(ctx)
 	}
@@ -18,7 +21,7 @@ func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Alloc
 	if ob == nil {
 		// The block's claim was lost (a fenced write): no write is
 		// fenced until Restore re-claims it.
-		return 0, fmt.Errorf("block %s is not claimed by node %s now: %w", al.Block, a.cfg.Node, ErrLeaseLost)
+		return 0, fmt.Errorf("block %s is not claimed by node %s now: %w", al.Block, a.cfg.Node, records.ErrLeaseLost)
 	}
 	return ob.claimRev, nil
 }
@@ -29,24 +32,24 @@ func (a *NodeAllocator) writeFence(ctx context.Context, ps *poolState, al *Alloc
 // owner that holds nothing succeeds; an owner with a write of unknown
 // outcome that cannot be settled yet is refused (try again), since that
 // write may hold an address.
-func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, error) {
+func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.waitOwner(ctx, o.Key()); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
 	}
 	if !a.restored {
-		return nil, fmt.Errorf("release %s: %w", o.Key(), ErrLeaseLost)
+		return nil, fmt.Errorf("release %s: %w", o.Key(), records.ErrLeaseLost)
 	}
 	if err := a.settlePending(ctx); err != nil && a.anyPending(o) {
 		return nil, fmt.Errorf("release %s: %w", o.Key(), err)
 	}
-	var out []Allocation
+	var out []records.Allocation
 	var errs []error
 	for _, ps := range a.pools {
-		var sticky []*Allocation
+		var sticky []*records.Allocation
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
-			if al.Identity != "" && al.State == StateAllocated {
+			if al.Identity != "" && al.State == records.StateAllocated {
 				sticky = append(sticky, al)
 				continue
 			}
@@ -75,30 +78,30 @@ func (a *NodeAllocator) Release(ctx context.Context, o Owner) ([]Allocation, err
 // what it decided on from an earlier snapshot: if the owner was deleted
 // and the address handed to someone else since, nothing is released. It
 // reports whether al is gone from etcd.
-func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (bool, error) {
+func (a *Allocator) ReleaseAllocation(ctx context.Context, al records.Allocation) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := a.waitOwner(ctx, al.Owner.Key()); err != nil {
 		return false, fmt.Errorf("release %s: %w", al.Addr, err)
 	}
 	if !a.restored {
-		return false, fmt.Errorf("release %s: %w", al.Addr, ErrLeaseLost)
+		return false, fmt.Errorf("release %s: %w", al.Addr, records.ErrLeaseLost)
 	}
 	ps, err := a.poolState(al.Pool)
 	if err != nil {
 		return false, err
 	}
 	cur := ps.byAddr[al.Addr]
-	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() && cur.Identity != "" && cur.State == StateAllocated {
+	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() && cur.Identity != "" && cur.State == records.StateAllocated {
 		// A sticky owner's addresses are kept together, for its identity.
-		var sticky []*Allocation
+		var sticky []*records.Allocation
 		for _, x := range ps.byOwner[cur.Owner.Key()] {
-			if x.Identity == cur.Identity && x.State == StateAllocated {
+			if x.Identity == cur.Identity && x.State == records.StateAllocated {
 				sticky = append(sticky, x)
 			}
 		}
 		if err := a.keepOwner(ctx, ps, sticky); err != nil {
-			if errors.Is(err, ErrConflict) {
+			if errors.Is(err, records.ErrConflict) {
 				return false, nil
 			}
 			return false, err
@@ -108,7 +111,7 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 	if cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() {
 		// Still the cached allocation: release it as a DEL would.
 		if err := a.release(ctx, ps, cur); err != nil {
-			if errors.Is(err, ErrConflict) {
+			if errors.Is(err, records.ErrConflict) {
 				return false, nil
 			}
 			return false, err
@@ -118,7 +121,7 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 	// Not (or no longer) cached as it was: delete only if etcd still
 	// holds it at that revision; the cache has nothing of it to drop.
 	err = a.cfg.Store.DeleteIP(ctx, al)
-	if errors.Is(err, ErrConflict) {
+	if errors.Is(err, records.ErrConflict) {
 		return false, nil
 	}
 	if err != nil {
@@ -128,13 +131,13 @@ func (a *NodeAllocator) ReleaseAllocation(ctx context.Context, al Allocation) (b
 	return true, nil
 }
 
-func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocation) error {
+func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allocation) error {
 	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
 		a.dropReleased(ps, al)
 		a.logEnded(al, "released")
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen.
 		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
@@ -142,7 +145,7 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	default:
-		a.park(ps, al.Owner.Key(), "release", IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
+		a.park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
 		if serr := a.settlePending(ctx); serr != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), serr)
 		}
@@ -158,9 +161,9 @@ func (a *NodeAllocator) release(ctx context.Context, ps *poolState, al *Allocati
 // another of the same family, so a node that shrinks does not hoard
 // blocks, yet always keeps one block per family ready for the next pod;
 // a disabled pool (being drained) gets every empty block back.
-func (a *NodeAllocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
+func (a *Allocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
 	ob := ps.own[b]
-	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(FamilyOf(b.Addr()))) < 2 && !ps.pool.Disabled) || a.ready() != nil {
+	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(allocator.FamilyOf(b.Addr()))) < 2 && !ps.pool.Disabled) || a.ready() != nil {
 		return
 	}
 	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {

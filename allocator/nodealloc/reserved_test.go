@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -32,7 +34,7 @@ func TestReservedRangeNeverAutoAssigned(t *testing.T) {
 
 	// A static request takes a reserved address: that is what it is for.
 	static := netip.MustParseAddr("10.79.0.5")
-	res, err := a.alloc.Allocate(ctx, allocator.Request{Pool: "res", Owner: owner(1000), IPs: []netip.Addr{static}})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "res", Owner: owner(1000), IPs: []netip.Addr{static}})
 	require.NoError(t, err)
 	require.Equal(t, static, res.Allocations[0].Addr)
 
@@ -41,7 +43,7 @@ func TestReservedRangeNeverAutoAssigned(t *testing.T) {
 	var exhausted error
 	for i := 0; exhausted == nil; i++ {
 		n := []*testNode{a, b}[i%2]
-		res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "res", Owner: owner(i)})
+		res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "res", Owner: owner(i)})
 		if err != nil {
 			exhausted = err
 			break
@@ -51,7 +53,7 @@ func TestReservedRangeNeverAutoAssigned(t *testing.T) {
 		require.False(t, got[addr])
 		got[addr] = true
 	}
-	require.ErrorIs(t, exhausted, allocator.ErrExhausted)
+	require.ErrorIs(t, exhausted, records.ErrExhausted)
 	require.Len(t, got, 44)
 	require.Contains(t, exhausted.Error(), "62 addresses, 45 allocated")
 	require.Contains(t, exhausted.Error(), "18 reserved")
@@ -83,10 +85,10 @@ func TestReservedRangeNeverAutoAssigned(t *testing.T) {
 	require.NoError(t, err)
 	for i := range 4 {
 		n := []*testNode{a, b}[i%2]
-		_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "res", Owner: owner(2000 + i)})
-		require.ErrorIs(t, err, allocator.ErrExhausted, "the released, now reserved %s is not handed out", victim)
+		_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "res", Owner: owner(2000 + i)})
+		require.ErrorIs(t, err, records.ErrExhausted, "the released, now reserved %s is not handed out", victim)
 	}
-	res, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "res", Owner: owner(3000), IPs: []netip.Addr{victim}})
+	res, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "res", Owner: owner(3000), IPs: []netip.Addr{victim}})
 	require.NoError(t, err, "a static request still may")
 	require.Equal(t, victim, res.Allocations[0].Addr)
 
@@ -130,7 +132,7 @@ func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 	p := allocator.Pool{Name: "orph", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.81.0.0/27")}, BlockSizeV4: 28}
 	ensurePool(t, e, p)
 	gone := startNode(t, e, "gone", []string{"orph"}, nodeOpts{})
-	_, err := gone.alloc.Allocate(ctx, allocator.Request{Pool: "orph", Owner: owner(1)})
+	_, err := gone.alloc.Allocate(ctx, nodealloc.Request{Pool: "orph", Owner: owner(1)})
 	require.NoError(t, err)
 	_, err = gone.cli.Revoke(ctx, clientv3.LeaseID(gone.sess.ID()))
 	require.NoError(t, err)
@@ -138,9 +140,9 @@ func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 	live := startNode(t, e, "live", []string{"orph"}, nodeOpts{})
 	var last error
 	for i := 100; last == nil; i++ {
-		_, last = live.alloc.Allocate(ctx, allocator.Request{Pool: "orph", Owner: owner(i)})
+		_, last = live.alloc.Allocate(ctx, nodealloc.Request{Pool: "orph", Owner: owner(i)})
 	}
-	var ee *allocator.ExhaustedError
+	var ee *records.ExhaustedError
 	require.ErrorAs(t, last, &ee)
 	require.True(t, ee.Temporary())
 	require.Equal(t, 1, ee.Orphaned)
@@ -158,7 +160,7 @@ func TestReuseCooldown(t *testing.T) {
 	ensurePool(t, e, p)
 	n := startNode(t, e, "n", []string{"cool"}, nodeOpts{cooldown: time.Hour})
 	addr := func(i int) netip.Addr {
-		res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(i)})
+		res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "cool", Owner: owner(i)})
 		require.NoError(t, err)
 		return res.Allocations[0].Addr
 	}
@@ -176,13 +178,13 @@ func TestReuseCooldown(t *testing.T) {
 	require.Equal(t, held[9], addr(101))
 	require.Equal(t, held[2], addr(102))
 	require.Equal(t, held[6], addr(103))
-	_, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(104)})
-	require.ErrorIs(t, err, allocator.ErrExhausted)
+	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "cool", Owner: owner(104)})
+	require.ErrorIs(t, err, records.ErrExhausted)
 
 	// Asked for by name, a cooling address is handed out at once.
 	_, err = n.alloc.Release(ctx, owner(0))
 	require.NoError(t, err)
-	res, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "cool", Owner: owner(105), IPs: []netip.Addr{held[0]}})
+	res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "cool", Owner: owner(105), IPs: []netip.Addr{held[0]}})
 	require.NoError(t, err)
 	require.Equal(t, held[0], res.Allocations[0].Addr)
 }

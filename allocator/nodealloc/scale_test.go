@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/benchreport"
 	"github.com/kvipam/kvipam/kvstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -21,13 +22,13 @@ import (
 // and claims that found the node's own claim: an earlier claim of the
 // block whose answer was lost (a timeout), adopted.
 type conflictCounter struct {
-	allocator.Store
+	records.Store
 	n, own *atomic.Int64
 }
 
-func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix, cl allocator.Claim, lease int64) (int64, error) {
+func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (int64, error) {
 	rev, err := c.Store.Claim(ctx, pool, b, cl, lease)
-	var ce *allocator.ClaimError
+	var ce *records.ClaimError
 	switch {
 	case errors.As(err, &ce) && ce.ClaimedBy == cl.Node:
 		c.own.Add(1)
@@ -68,7 +69,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	f := newFleet(b, backend, "storm")
 	var conflicts, own atomic.Int64
 	ttl := int64(envInt(b, "KVIPAM_STORM_TTL", 15))
-	als, sessions := f.start(ctx, 0, nodes, ttl, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
+	als, sessions := f.start(ctx, 0, nodes, ttl, func(st records.Store) records.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
 	clis := f.clis
 	base, baseEnds := stormTimes(nodes, func(i int) error {
 		_, err := kvstore.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
@@ -83,11 +84,11 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		// A try-again (a call past its deadline on this loaded etcd) is
 		// retried after a back-off, as the runtime retries CNI code 11,
 		// and counted.
-		r, err := als[i].Allocate(ctx, allocator.Request{Pool: "storm", Owner: owner(i)})
-		for try := 0; try < 5 && errors.Is(err, allocator.ErrUnavailable); try++ {
+		r, err := als[i].Allocate(ctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
+		for try := 0; try < 5 && errors.Is(err, records.ErrUnavailable); try++ {
 			tryAgain.Add(1)
 			time.Sleep(time.Duration(try+1) * 250 * time.Millisecond) // the runtime's back-off
-			r, err = als[i].Allocate(ctx, allocator.Request{Pool: "storm", Owner: owner(i)})
+			r, err = als[i].Allocate(ctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
 		}
 		if err != nil {
 			failed.Add(1)
@@ -156,7 +157,7 @@ func BenchmarkFill(b *testing.B) {
 
 // filled is what fleet.fill did.
 type filled struct {
-	als   []*allocator.NodeAllocator
+	als   []*nodealloc.Allocator
 	times []time.Duration
 	// rawTimes are the raw groups' (fleet.rawGroup), one after each group.
 	rawTimes []time.Duration
@@ -208,7 +209,7 @@ func (r filled) reportRaw(b *testing.B) {
 func (f *fleet) rawCreate(ctx context.Context, i, n int, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	rec := allocator.Record{Owner: owner(n), Node: nodeName(i), State: allocator.StateAllocated, Since: time.Now().UTC()}
+	rec := records.Record{Owner: owner(n), Node: nodeName(i), State: records.StateAllocated, Since: time.Now().UTC()}
 	_, err := kvstore.CreateJSON(ctx, f.clis[i%len(f.clis)], key, rec)
 	return err
 }
@@ -260,7 +261,7 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 	for first := 0; first < nodes; first += group {
 		n := min(group, nodes-first)
 		var conflicts, own atomic.Int64
-		als, _ := f.start(ctx, first, n, 60, func(st allocator.Store) allocator.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
+		als, _ := f.start(ctx, first, n, 60, func(st records.Store) records.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
 		before := f.sampleCPU()
 		time.Sleep(time.Second)
 		idle := f.sampleCPU().sub(before)
@@ -274,7 +275,7 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 			got := make([]answer, 0, addrs)
 			for k := range addrs {
 				o := owner((first+i)*addrs + k)
-				res, err := als[i].Allocate(ctx, allocator.Request{Pool: f.pool, Owner: o})
+				res, err := als[i].Allocate(ctx, nodealloc.Request{Pool: f.pool, Owner: o})
 				if err != nil {
 					failed.Add(1)
 					continue

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 )
 
 // BenchmarkSteady is issue 20's steady phase on a filled store, on each
@@ -118,7 +118,7 @@ func BenchmarkSteady(b *testing.B) {
 // node allocators) and raw transactions.
 type loadGen struct {
 	f      *fleet
-	als    []*allocator.NodeAllocator
+	als    []*nodealloc.Allocator
 	next   int64 // owner numbers of the load: from the fill's last on
 	seq    atomic.Int64
 	failed atomic.Int64
@@ -180,7 +180,7 @@ func (g *loadGen) allocate(ctx context.Context) error {
 	defer cancel()
 	al := g.als[rand.IntN(len(g.als))]
 	o := owner(int(g.next + g.seq.Add(1)))
-	r, err := al.Allocate(ctx, allocator.Request{Pool: g.f.pool, Owner: o})
+	r, err := al.Allocate(ctx, nodealloc.Request{Pool: g.f.pool, Owner: o})
 	if err != nil {
 		return err
 	}
@@ -226,7 +226,7 @@ func (g *loadGen) sweep(ctx context.Context, b *testing.B, rates []int, d time.D
 // restartCost starts n of the nodes of als anew, one at a time (fleet.
 // startNode: a lease, an allocator, its Restore), and returns the median
 // and the longest start. A restored node must hold what it held before.
-func (f *fleet) restartCost(ctx context.Context, als []*allocator.NodeAllocator, n int) (median, worst time.Duration) {
+func (f *fleet) restartCost(ctx context.Context, als []*nodealloc.Allocator, n int) (median, worst time.Duration) {
 	var took []time.Duration
 	for j := range min(n, len(als)) {
 		i := j * len(als) / n

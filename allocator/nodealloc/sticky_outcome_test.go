@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -8,7 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -18,13 +19,13 @@ func stickyNode(t *testing.T, name string) (*testNode, *hookStore, func() *testN
 	e := etcdtest.Start(t)
 	ensurePool(t, e, onePool)
 	var h *hookStore
-	n := startNode(t, e, name, []string{"one"}, nodeOpts{wrap: func(s allocator.Store) allocator.Store { h = newHookStore(s); return h }})
+	n := startNode(t, e, name, []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
 	other := func() *testNode { return startNode(t, e, "other", []string{"one"}, nodeOpts{}) }
 	return n, h, other
 }
 
 // lookupAddrs is what the node's cache says the owner holds.
-func lookupAddrs(n *testNode, o allocator.Owner) []netip.Addr {
+func lookupAddrs(n *testNode, o records.Owner) []netip.Addr {
 	var out []netip.Addr
 	for _, al := range n.alloc.Lookup(o) {
 		out = append(out, al.Addr)
@@ -61,7 +62,7 @@ func TestTakeoverAnswerLostThenLateDel(t *testing.T) {
 	require.NoError(t, err)
 	held := holdersOf(t, a.cli)
 	require.Equal(t, second.Key(), held[x].Owner.Key(), "x is still the second container's")
-	require.Equal(t, allocator.StateAllocated, held[x].State, "and not kept on a window lease")
+	require.Equal(t, records.StateAllocated, held[x].State, "and not kept on a window lease")
 	b, ok, err := a.store.GetBinding(ctx, "one", "ns/web-0")
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -82,7 +83,7 @@ func TestTakeoverKeptAnswerLost(t *testing.T) {
 	x := res.Allocations[0].Addr
 	_, err = a.alloc.Release(ctx, first)
 	require.NoError(t, err)
-	require.Equal(t, allocator.StateKept, holdersOf(t, a.cli)[x].State)
+	require.Equal(t, records.StateKept, holdersOf(t, a.cli)[x].State)
 
 	h.After("WriteBound", commitThenFail(1))
 	res, err = a.alloc.Allocate(ctx, stickyReq(second, time.Minute))
@@ -98,7 +99,7 @@ func TestTakeoverKeptAnswerLost(t *testing.T) {
 	require.NoError(t, err)
 	held := holdersOf(t, a.cli)
 	require.Len(t, held, 1, "nothing leaked")
-	require.Equal(t, allocator.StateKept, held[x].State, "x is kept for web-0 again")
+	require.Equal(t, records.StateKept, held[x].State, "x is kept for web-0 again")
 }
 
 // TestKeepAnswerLostFreesAfterWindow: a sticky DEL's keep commits and its
@@ -118,11 +119,11 @@ func TestKeepAnswerLostFreesAfterWindow(t *testing.T) {
 		_, err = a.alloc.Release(ctx, first) // the runtime retries a DEL
 		require.NoError(t, err)
 	}
-	require.Equal(t, allocator.StateKept, holdersOf(t, a.cli)[x].State)
+	require.Equal(t, records.StateKept, holdersOf(t, a.cli)[x].State)
 	require.Empty(t, lookupAddrs(a, first))
 	// The window ends: etcd deletes the kept record with its lease.
 	require.Eventually(t, func() bool { _, still := holdersOf(t, a.cli)[x]; return !still }, 30*time.Second, 50*time.Millisecond)
-	res, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+	res, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
 	require.NoError(t, err, "x is free on its node once the window has ended")
 	require.Equal(t, x, res.Allocations[0].Addr)
 }
@@ -156,7 +157,7 @@ func TestStickyReservationReleasesBinding(t *testing.T) {
 				require.Eventually(t, func() bool { _, still := holdersOf(t, a.cli)[x]; return !still }, 30*time.Second, 50*time.Millisecond)
 			}
 			// Another pod takes x.
-			_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+			_, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
 			require.NoError(t, err)
 			// The identity's next pod is served, with another address.
 			second := stickyPod("web-0", 2)
@@ -173,7 +174,7 @@ func TestStickyReservationReleasesBinding(t *testing.T) {
 }
 
 // ownerIPsIn is what etcd holds for o in pool "one".
-func ownerIPsIn(t *testing.T, n *testNode, o allocator.Owner) []netip.Addr {
+func ownerIPsIn(t *testing.T, n *testNode, o records.Owner) []netip.Addr {
 	t.Helper()
 	var out []netip.Addr
 	for addr, al := range holdersOf(t, n.cli) {

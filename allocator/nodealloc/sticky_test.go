@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -11,18 +11,19 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // stickyPod is the owner of one incarnation of a StatefulSet pod.
-func stickyPod(name string, gen int) allocator.Owner {
-	return allocator.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, gen), IfName: "eth0", Namespace: "ns", Pod: name, PodUID: fmt.Sprintf("uid-%s-%d", name, gen)}
+func stickyPod(name string, gen int) records.Owner {
+	return records.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, gen), IfName: "eth0", Namespace: "ns", Pod: name, PodUID: fmt.Sprintf("uid-%s-%d", name, gen)}
 }
 
-func stickyReq(o allocator.Owner, window time.Duration) allocator.Request {
-	return allocator.Request{Pool: "one", Owner: o, Sticky: &allocator.Sticky{Identity: o.Namespace + "/" + o.Pod, Window: window}}
+func stickyReq(o records.Owner, window time.Duration) nodealloc.Request {
+	return nodealloc.Request{Pool: "one", Owner: o, Sticky: &records.Sticky{Identity: o.Namespace + "/" + o.Pod, Window: window}}
 }
 
 // TestStickyWindowExpires: a DELeted sticky pod's address goes to no
@@ -49,23 +50,23 @@ func TestStickyWindowExpires(t *testing.T) {
 	got := map[netip.Addr]bool{}
 	for i := 0; ; i++ {
 		n := []*testNode{a, b}[i%2]
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(i)})
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
 		if err != nil {
-			require.ErrorIs(t, err, allocator.ErrExhausted)
+			require.ErrorIs(t, err, records.ErrExhausted)
 			break
 		}
 		got[r.Allocations[0].Addr] = true
 	}
 	require.Len(t, got, 13)
 	require.False(t, got[x], "%s went to another pod inside its window", x)
-	_, err = b.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(500), IPs: []netip.Addr{x}})
-	require.ErrorIs(t, err, allocator.ErrIPInUse, "a static request for a kept address fails clearly")
+	_, err = b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(500), IPs: []netip.Addr{x}})
+	require.ErrorIs(t, err, records.ErrIPInUse, "a static request for a kept address fails clearly")
 	require.Less(t, time.Since(kept), 3*time.Second, "all of that inside the window")
 
 	// After the window, x returns to the pool.
-	var r allocator.Result
+	var r nodealloc.Result
 	require.Eventually(t, func() bool {
-		r, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(501)})
+		r, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(501)})
 		return err == nil
 	}, 10*time.Second, 100*time.Millisecond)
 	require.Equal(t, x, r.Allocations[0].Addr)
@@ -90,11 +91,11 @@ func TestStickyKeptSurvivesRestart(t *testing.T) {
 	require.NoError(t, err)
 
 	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{}) // the agent restarted
-	_, err = a2.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
-	require.ErrorIs(t, err, allocator.ErrIPInUse)
+	_, err = a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+	require.ErrorIs(t, err, records.ErrIPInUse)
 	require.Contains(t, err.Error(), "sticky identity ns/web-0 (kept until", "the restarted node knows why x is taken")
 	require.Eventually(t, func() bool {
-		_, err = a2.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+		_, err = a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
 		return err == nil
 	}, 10*time.Second, 100*time.Millisecond, "x returns once the window ends: %v", err)
 }
@@ -135,8 +136,8 @@ func TestStickyIdentityFollowsAcrossNodes(t *testing.T) {
 	require.Len(t, hist, 1, "the late DEL records no second interval")
 	// A pod of another name claiming the identity while web-0 lives.
 	other := stickyPod("web-0-copy", 1)
-	_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: other, Sticky: &allocator.Sticky{Identity: "ns/web-0", Window: time.Minute}})
-	require.ErrorIs(t, err, allocator.ErrIdentityInUse)
+	_, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: other, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Minute}})
+	require.ErrorIs(t, err, records.ErrIdentityInUse)
 	// DEL on b, ADD back on a: x moves home.
 	_, err = b.alloc.Release(ctx, second)
 	require.NoError(t, err)
@@ -242,16 +243,16 @@ func TestStickyGCAndStaticConflicts(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, gone, "GC's release ends the pod's hold")
 	held := holdersOf(t, a.cli)
-	require.Equal(t, allocator.StateKept, held[x.Addr].State, "but the address is kept for web-0, not freed")
+	require.Equal(t, records.StateKept, held[x.Addr].State, "but the address is kept for web-0, not freed")
 
-	_, err = a.alloc.Allocate(ctx, allocator.Request{Pool: "one", Owner: owner(9), IPs: []netip.Addr{x.Addr}})
-	require.ErrorIs(t, err, allocator.ErrIPInUse)
+	_, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(9), IPs: []netip.Addr{x.Addr}})
+	require.ErrorIs(t, err, records.ErrIPInUse)
 	require.ErrorContains(t, err, "sticky identity ns/web-0")
 
 	req := stickyReq(stickyPod("web-0", 2), time.Hour)
 	req.IPs = []netip.Addr{x.Addr.Next()}
 	_, err = a.alloc.Allocate(ctx, req)
-	require.ErrorIs(t, err, allocator.ErrBadRequest)
+	require.ErrorIs(t, err, records.ErrBadRequest)
 	require.ErrorContains(t, err, "conflicts with sticky identity ns/web-0")
 
 	req.IPs = []netip.Addr{x.Addr}

@@ -1,4 +1,4 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // keptAddr is an address of an own block kept for a sticky identity.
@@ -19,7 +22,7 @@ type keptAddr struct {
 // identity's addresses (kept, or held by an earlier pod of the same name)
 // by compare-and-swap, or plans new ones and binds them, in one
 // transaction with the binding (WriteBound).
-func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request, pendErr error) (*plan, error) {
+func (a *Allocator) planSticky(ctx context.Context, ps *poolState, r Request, pendErr error) (*plan, error) {
 	if err := r.Sticky.Validate(); err != nil {
 		return nil, err
 	}
@@ -30,7 +33,7 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 	for _, ip := range r.IPs {
 		if ok && !slices.Contains(b.Addrs, ip.Unmap()) {
 			return nil, fmt.Errorf("%w: requested ip %s conflicts with sticky identity %s, which holds %v (kvipamctl claim show %s --pool %s)",
-				ErrBadRequest, ip, b.Identity, b.Addrs, b.Identity, ps.pool.Name)
+				records.ErrBadRequest, ip, b.Identity, b.Addrs, b.Identity, ps.pool.Name)
 		}
 	}
 	if ok && b.Owner.Key() == r.Owner.Key() {
@@ -57,7 +60,7 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 	}
 	if !b.Kept() && (b.Owner.Namespace != r.Owner.Namespace || b.Owner.Pod != r.Owner.Pod || b.Owner.Pod == "") {
 		return nil, fmt.Errorf("%w: %s is held by pod %s/%s (%s on node %s); two live pods cannot share one identity",
-			ErrIdentityInUse, r.Sticky.Identity, b.Owner.Namespace, b.Owner.Pod, b.Owner.Key(), b.Node)
+			records.ErrIdentityInUse, r.Sticky.Identity, b.Owner.Namespace, b.Owner.Pod, b.Owner.Key(), b.Node)
 	}
 	if ps.pool.Disabled {
 		// Taking kept addresses back is not handing out new ones.
@@ -67,14 +70,14 @@ func (a *NodeAllocator) planSticky(ctx context.Context, ps *poolState, r Request
 }
 
 // readBound reads what etcd holds at b's addresses.
-func (a *NodeAllocator) readBound(ctx context.Context, ps *poolState, b Binding) ([]IPRef, map[netip.Addr]Allocation, error) {
-	refs := make([]IPRef, 0, len(b.Addrs))
+func (a *Allocator) readBound(ctx context.Context, ps *poolState, b records.Binding) ([]records.IPRef, map[netip.Addr]records.Allocation, error) {
+	refs := make([]records.IPRef, 0, len(b.Addrs))
 	for _, addr := range b.Addrs {
 		blk, ok := ps.pool.BlockFor(addr)
 		if !ok {
-			return nil, nil, fmt.Errorf("%w: sticky identity %s holds %s, which is not in pool %s any more", ErrBadRequest, b.Identity, addr, ps.pool.Name)
+			return nil, nil, fmt.Errorf("%w: sticky identity %s holds %s, which is not in pool %s any more", records.ErrBadRequest, b.Identity, addr, ps.pool.Name)
 		}
-		refs = append(refs, IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
+		refs = append(refs, records.IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
 	}
 	cur, err := a.cfg.Store.GetIPs(ctx, refs)
 	if err != nil {
@@ -85,12 +88,12 @@ func (a *NodeAllocator) readBound(ctx context.Context, ps *poolState, b Binding)
 
 // planBound plans the request in the node's blocks and binds what it
 // gets to the identity, replacing the binding at rev (0: none).
-func (a *NodeAllocator) planBound(ctx context.Context, ps *poolState, r Request, pendErr error, rev int64) (*plan, error) {
+func (a *Allocator) planBound(ctx context.Context, ps *poolState, r Request, pendErr error, rev int64) (*plan, error) {
 	p, err := a.planOrdinary(ctx, r, pendErr)
 	if err != nil {
 		return nil, err
 	}
-	nb := Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(),
+	nb := records.Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(),
 		WindowSeconds: int64(r.Sticky.Window / time.Second), Pool: ps.pool.Name, Rev: rev}
 	for _, al := range p.reused {
 		nb.Addrs = append(nb.Addrs, al.Addr)
@@ -105,7 +108,7 @@ func (a *NodeAllocator) planBound(ctx context.Context, ps *poolState, r Request,
 
 // staleBinding reports whether none of b's addresses holds a record of
 // b's owner (cur is what etcd holds at them).
-func staleBinding(b Binding, cur map[netip.Addr]Allocation) bool {
+func staleBinding(b records.Binding, cur map[netip.Addr]records.Allocation) bool {
 	for _, addr := range b.Addrs {
 		if c, ok := cur[addr]; ok && c.Owner.Key() == b.Owner.Key() {
 			return false
@@ -116,14 +119,14 @@ func staleBinding(b Binding, cur map[netip.Addr]Allocation) bool {
 
 // syncBound reads into the cache the addresses of b, which names owner o,
 // that the cache does not know as o's.
-func (a *NodeAllocator) syncBound(ctx context.Context, ps *poolState, b Binding, o Owner) error {
-	var refs []IPRef
+func (a *Allocator) syncBound(ctx context.Context, ps *poolState, b records.Binding, o records.Owner) error {
+	var refs []records.IPRef
 	for _, addr := range b.Addrs {
 		if al := ps.byAddr[addr]; al != nil && al.Owner.Key() == o.Key() {
 			continue
 		}
 		if blk, ok := ps.pool.BlockFor(addr); ok {
-			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
+			refs = append(refs, records.IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr})
 		}
 	}
 	if len(refs) == 0 {
@@ -136,19 +139,19 @@ func (a *NodeAllocator) syncBound(ctx context.Context, ps *poolState, b Binding,
 // each compares the record found at refs (cur: kept for the identity, or
 // the earlier pod's) and is fenced like any write, into an own block or
 // borrowed.
-func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Request, b Binding, refs []IPRef, cur map[netip.Addr]Allocation) (*plan, error) {
+func (a *Allocator) planTakeover(ctx context.Context, ps *poolState, r Request, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) (*plan, error) {
 	p := &plan{ps: ps, req: r}
 	now := a.cfg.Now().UTC()
 	for _, ref := range refs {
-		rec := Record{Owner: r.Owner, Node: a.cfg.Node, State: StateAllocated, Since: now, Identity: b.Identity, WindowSeconds: int64(r.Sticky.Window / time.Second)}
-		w := IPWrite{Pool: ps.pool.Name, Block: ref.Block, Addr: ref.Addr, Record: rec}
+		rec := records.Record{Owner: r.Owner, Node: a.cfg.Node, State: records.StateAllocated, Since: now, Identity: b.Identity, WindowSeconds: int64(r.Sticky.Window / time.Second)}
+		w := records.IPWrite{Pool: ps.pool.Name, Block: ref.Block, Addr: ref.Addr, Record: rec}
 		if c, ok := cur[ref.Addr]; ok {
-			mine := c.Identity == b.Identity && (c.State == StateKept || c.Owner.Key() == b.Owner.Key())
+			mine := c.Identity == b.Identity && (c.State == records.StateKept || c.Owner.Key() == b.Owner.Key())
 			if !mine {
-				return nil, fmt.Errorf("sticky identity %s: its address %s is held by %s on node %s: %w", b.Identity, ref.Addr, c.Owner.Key(), c.Node, ErrIPInUse)
+				return nil, fmt.Errorf("sticky identity %s: its address %s is held by %s on node %s: %w", b.Identity, ref.Addr, c.Owner.Key(), c.Node, records.ErrIPInUse)
 			}
 			w.PrevRev = c.Rev
-			if c.State != StateKept {
+			if c.State != records.StateKept {
 				w.Ends = &c
 			}
 		}
@@ -177,7 +180,7 @@ func (a *NodeAllocator) planTakeover(ctx context.Context, ps *poolState, r Reque
 // the identity instead of freeing them. If the identity has moved on (a
 // later pod took the addresses over) there is nothing of this owner to
 // keep: the cache learns who holds them now and the release succeeds.
-func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*Allocation) error {
+func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records.Allocation) error {
 	identity := als[0].Identity
 	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, identity)
 	if err != nil {
@@ -186,13 +189,13 @@ func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*All
 	if !ok || b.Owner.Key() != als[0].Owner.Key() {
 		return a.dropTakenOver(ctx, ps, als)
 	}
-	vals := make([]Allocation, len(als))
+	vals := make([]records.Allocation, len(als))
 	for i, al := range als {
 		vals[i] = *al
 	}
 	end, err := a.cfg.Store.Keep(ctx, b, vals)
 	switch {
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, records.ErrConflict):
 		return a.dropTakenOver(ctx, ps, als)
 	case outcomeUnknown(err):
 		a.park(ps, als[0].Owner.Key(), "keep", refsOf(als)...)
@@ -220,7 +223,7 @@ func (a *NodeAllocator) keepOwner(ctx context.Context, ps *poolState, als []*All
 
 // stillCached returns the first of als that the cache still holds as it
 // was (same revision): etcd did not change it.
-func (a *NodeAllocator) stillCached(ps *poolState, als []*Allocation) *Allocation {
+func (a *Allocator) stillCached(ps *poolState, als []*records.Allocation) *records.Allocation {
 	for _, al := range als {
 		if cur := ps.byAddr[al.Addr]; cur == al {
 			return al
@@ -233,12 +236,12 @@ func (a *NodeAllocator) stillCached(ps *poolState, als []*Allocation) *Allocatio
 // the ones another owner holds now (taken over by a later pod of the
 // identity, or kept) leave the owner; any still this owner's as it was is
 // an error to retry.
-func (a *NodeAllocator) dropTakenOver(ctx context.Context, ps *poolState, als []*Allocation) error {
+func (a *Allocator) dropTakenOver(ctx context.Context, ps *poolState, als []*records.Allocation) error {
 	if err := a.readBack(ctx, refsOf(als)); err != nil {
 		return err
 	}
 	if al := a.stillCached(ps, als); al != nil {
-		return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, ErrConflict)
+		return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, records.ErrConflict)
 	}
 	for _, al := range als {
 		a.log.Info("late release of a sticky address a later pod holds now: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
@@ -248,13 +251,13 @@ func (a *NodeAllocator) dropTakenOver(ctx context.Context, ps *poolState, als []
 
 // thawKept frees own-block addresses whose kept window has ended, once
 // etcd confirms the record is gone.
-func (a *NodeAllocator) thawKept(ctx context.Context, ps *poolState, f Family) {
+func (a *Allocator) thawKept(ctx context.Context, ps *poolState, f allocator.Family) {
 	now := a.cfg.Now()
-	var refs []IPRef
+	var refs []records.IPRef
 	for addr, k := range ps.kept {
-		if FamilyOf(addr) == f && !k.until.IsZero() && now.After(k.until) {
+		if allocator.FamilyOf(addr) == f && !k.until.IsZero() && now.After(k.until) {
 			b, _ := ps.pool.BlockFor(addr)
-			refs = append(refs, IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
+			refs = append(refs, records.IPRef{Pool: ps.pool.Name, Block: b, Addr: addr})
 		}
 	}
 	if len(refs) == 0 {
@@ -266,7 +269,7 @@ func (a *NodeAllocator) thawKept(ctx context.Context, ps *poolState, f Family) {
 	}
 	for _, ref := range refs {
 		if c, still := cur[ref.Addr]; still {
-			if c.State != StateKept {
+			if c.State != records.StateKept {
 				delete(ps.kept, ref.Addr) // taken over: someone holds it now
 			}
 			continue

@@ -1,4 +1,4 @@
-package allocator_test
+package nodealloc_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -64,8 +66,8 @@ func (r *tightRun) start() {
 	wg.Wait()
 }
 
-func (r *tightRun) pod(i int) (*testNode, allocator.Owner) {
-	return r.nodes[i%tightNodes], allocator.Owner{ContainerID: fmt.Sprintf("tight-%04d", i), IfName: "eth0"}
+func (r *tightRun) pod(i int) (*testNode, records.Owner) {
+	return r.nodes[i%tightNodes], records.Owner{ContainerID: fmt.Sprintf("tight-%04d", i), IfName: "eth0"}
 }
 
 // each runs f for every pod at once and returns how long it took.
@@ -89,7 +91,7 @@ func (r *tightRun) each(f func(i int) error) time.Duration {
 func (r *tightRun) create() time.Duration {
 	return r.each(func(i int) error {
 		n, o := r.pod(i)
-		res, err := n.alloc.Allocate(context.Background(), allocator.Request{Pool: r.pool, Owner: o})
+		res, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: r.pool, Owner: o})
 		if err != nil {
 			return fmt.Errorf("pod %d on %s: %w", i, n.name, err)
 		}

@@ -1,43 +1,46 @@
-package allocator
+package nodealloc
 
 import (
 	"context"
 	"net/netip"
 	"slices"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Lookup returns what the owner holds, in every pool.
-func (a *NodeAllocator) Lookup(o Owner) []Allocation {
+func (a *Allocator) Lookup(o records.Owner) []records.Allocation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []Allocation
+	var out []records.Allocation
 	for _, ps := range a.pools {
 		for _, al := range ps.byOwner[o.Key()] {
 			out = append(out, *al)
 		}
 	}
-	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	slices.SortFunc(out, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return out
 }
 
 // Allocations returns every allocation this node holds, sorted by address.
-func (a *NodeAllocator) Allocations() []Allocation {
+func (a *Allocator) Allocations() []records.Allocation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []Allocation
+	var out []records.Allocation
 	for _, ps := range a.pools {
 		for _, al := range ps.byAddr {
 			out = append(out, *al)
 		}
 	}
-	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	slices.SortFunc(out, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return out
 }
 
 // Usage is the node's share of one pool family, and the pool's size.
 type Usage struct {
 	Pool   string
-	Family Family
+	Family allocator.Family
 	Blocks []netip.Prefix
 	// Capacity is what the own blocks can ever hand out automatically
 	// (reserved ranges left out); Free what they can hand out now.
@@ -58,7 +61,7 @@ type Usage struct {
 }
 
 // Usage reports per pool and family what this node owns and uses.
-func (a *NodeAllocator) Usage() []Usage {
+func (a *Allocator) Usage() []Usage {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []Usage
@@ -72,19 +75,19 @@ func (a *NodeAllocator) Usage() []Usage {
 				Disabled: ps.pool.Disabled, Cooling: ps.coolingIn(f)}
 			for _, b := range u.Blocks {
 				ba := ps.own[b].ba
-				u.Capacity += ba.Capacity() - len(ps.pool.reservedOffsets(b))
+				u.Capacity += ba.Capacity() - len(ps.pool.ReservedOffsets(b))
 				u.Free += ba.Free()
 			}
 			ids := map[string]bool{}
 			for addr, al := range ps.byAddr {
-				if FamilyOf(addr) != f {
+				if allocator.FamilyOf(addr) != f {
 					continue
 				}
 				if al.Identity != "" {
 					ids[al.Identity] = true
 				}
 				u.Used++
-				if al.State == StateReserved {
+				if al.State == records.StateReserved {
 					u.Reserved++
 				}
 				if al.Borrowed {
@@ -95,12 +98,12 @@ func (a *NodeAllocator) Usage() []Usage {
 				}
 			}
 			for addr := range ps.lent {
-				if FamilyOf(addr) == f {
+				if allocator.FamilyOf(addr) == f {
 					u.Lent++
 				}
 			}
 			for addr := range ps.kept {
-				if FamilyOf(addr) == f {
+				if allocator.FamilyOf(addr) == f {
 					u.Kept++
 				}
 			}
@@ -114,7 +117,7 @@ func (a *NodeAllocator) Usage() []Usage {
 // UpdatePool takes a changed spec of a served pool (the agent follows the
 // pools in etcd): reservations, the disabled flag and new cidrs apply at
 // once. A spec older than the one held is ignored.
-func (a *NodeAllocator) UpdatePool(p Pool) {
+func (a *Allocator) UpdatePool(p allocator.Pool) {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
@@ -130,7 +133,7 @@ func (a *NodeAllocator) UpdatePool(p Pool) {
 // GiveBackEmpty gives every empty block of a disabled pool back to the
 // pool, so that the pool can be deleted once its pods are gone. It
 // reports how many it gave back.
-func (a *NodeAllocator) GiveBackEmpty(ctx context.Context, pool string) int {
+func (a *Allocator) GiveBackEmpty(ctx context.Context, pool string) int {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
@@ -140,7 +143,7 @@ func (a *NodeAllocator) GiveBackEmpty(ctx context.Context, pool string) int {
 		return 0
 	}
 	n := len(ps.own)
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []allocator.Family{allocator.IPv4, allocator.IPv6} {
 		for _, b := range ps.sortedOwn(f) {
 			a.maybeUnclaim(ctx, ps, b)
 		}
@@ -149,12 +152,12 @@ func (a *NodeAllocator) GiveBackEmpty(ctx context.Context, pool string) int {
 }
 
 // Pool returns the spec of a served pool as the allocator holds it.
-func (a *NodeAllocator) Pool(name string) (Pool, bool) {
+func (a *Allocator) Pool(name string) (allocator.Pool, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[name]
 	if ps == nil {
-		return Pool{}, false
+		return allocator.Pool{}, false
 	}
 	return ps.pool, true
 }

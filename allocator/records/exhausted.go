@@ -1,4 +1,4 @@
-package allocator
+package records
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator"
 )
 
 // ExhaustedError reports a pool family with no address left for this
@@ -15,7 +17,7 @@ import (
 // helps (Temporary) or the pool needs more addresses.
 type ExhaustedError struct {
 	Pool   string
-	Family Family
+	Family allocator.Family
 	// Size is the number of addresses the pool can hand out, Reserved
 	// those of them in reserved ranges (never handed out automatically).
 	Size, Reserved uint64
@@ -73,11 +75,11 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // ExplainExhausted says why family f of pool p has no address to hand
 // out, counted from snap: what an ADD is told, and kvipamctl pool show.
-func ExplainExhausted(ctx context.Context, st Store, p Pool, f Family, snap PoolSnapshot) *ExhaustedError {
+func ExplainExhausted(ctx context.Context, st Store, p allocator.Pool, f allocator.Family, snap PoolSnapshot) *ExhaustedError {
 	e := &ExhaustedError{Pool: p.Name, Family: f, Size: p.Size(f), Reserved: p.ReservedCount(f), Blocks: p.BlockCount(f)}
 	leases := map[int64]bool{}
 	for _, bi := range snap.Blocks {
-		if FamilyOf(bi.Block.Addr()) != f {
+		if allocator.FamilyOf(bi.Block.Addr()) != f {
 			continue
 		}
 		used := snap.Used[bi.Block]
@@ -93,7 +95,7 @@ func ExplainExhausted(ctx context.Context, st Store, p Pool, f Family, snap Pool
 		}
 	}
 	for b, used := range snap.Used {
-		if FamilyOf(b.Addr()) != f {
+		if allocator.FamilyOf(b.Addr()) != f {
 			continue
 		}
 		e.Allocated += len(used)
@@ -105,7 +107,7 @@ func ExplainExhausted(ctx context.Context, st Store, p Pool, f Family, snap Pool
 		}
 	}
 	for addr := range snap.Lent {
-		if FamilyOf(addr) == f {
+		if allocator.FamilyOf(addr) == f {
 			e.Borrowed++
 		}
 	}

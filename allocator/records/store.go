@@ -1,4 +1,4 @@
-package allocator
+package records
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/internal/retry"
 )
 
@@ -159,9 +160,9 @@ type WriteResult struct {
 type Store interface {
 	// EnsurePool creates the pool or checks that the stored spec may be
 	// replaced by p (CheckPoolUpdate) and stores it. It returns the stored pool.
-	EnsurePool(ctx context.Context, p Pool) (Pool, error)
-	GetPool(ctx context.Context, name string) (Pool, error)
-	ListPools(ctx context.Context) ([]Pool, error)
+	EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error)
+	GetPool(ctx context.Context, name string) (allocator.Pool, error)
+	ListPools(ctx context.Context) ([]allocator.Pool, error)
 
 	// ListBlocks returns every block of the pool that has a claim or a home,
 	// read at one revision.

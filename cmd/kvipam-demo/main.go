@@ -22,6 +22,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -42,7 +44,7 @@ type node struct {
 	name  string
 	cli   *clientv3.Client
 	sess  *kvstore.Session
-	alloc *allocator.NodeAllocator
+	alloc *nodealloc.Allocator
 }
 
 func startNode(ctx context.Context, e *kvstore.Embedded, name string) (*node, error) {
@@ -54,7 +56,7 @@ func startNode(ctx context.Context, e *kvstore.Embedded, name string) (*node, er
 	if err != nil {
 		return nil, err
 	}
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"default"}})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"default"}})
 	if err != nil {
 		return nil, err
 	}
@@ -114,8 +116,8 @@ func run(ctx context.Context, w io.Writer, dir string) error {
 		if i >= 20 {
 			n = b
 		}
-		o := allocator.Owner{ContainerID: fmt.Sprintf("c%02d", i), IfName: "eth0", Namespace: "demo", Pod: fmt.Sprintf("pod-%02d", i)}
-		r, err := n.alloc.Allocate(ctx, allocator.Request{Pool: "default", Owner: o})
+		o := records.Owner{ContainerID: fmt.Sprintf("c%02d", i), IfName: "eth0", Namespace: "demo", Pod: fmt.Sprintf("pod-%02d", i)}
+		r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "default", Owner: o})
 		if err != nil {
 			return err
 		}
@@ -146,9 +148,9 @@ func run(ctx context.Context, w io.Writer, dir string) error {
 	}
 	step(w, "node-b fills the rest of the pool; node-a's orphaned blocks are never handed out")
 	for i := 100; ; i++ {
-		o := allocator.Owner{ContainerID: fmt.Sprintf("b%03d", i), IfName: "eth0"}
-		_, err := b.alloc.Allocate(ctx, allocator.Request{Pool: "default", Owner: o, Families: []allocator.Family{allocator.IPv4}})
-		var ee *allocator.ExhaustedError
+		o := records.Owner{ContainerID: fmt.Sprintf("b%03d", i), IfName: "eth0"}
+		_, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "default", Owner: o, Families: []allocator.Family{allocator.IPv4}})
+		var ee *records.ExhaustedError
 		if errors.As(err, &ee) {
 			fmt.Fprintf(w, "  node-b stopped after %d more pods: %v\n", i-100, err)
 			break
@@ -166,7 +168,7 @@ func run(ctx context.Context, w io.Writer, dir string) error {
 	defer a.close()
 	same := 0
 	for i := range 20 {
-		o := allocator.Owner{ContainerID: fmt.Sprintf("c%02d", i), IfName: "eth0"}
+		o := records.Owner{ContainerID: fmt.Sprintf("c%02d", i), IfName: "eth0"}
 		got := a.alloc.Lookup(o)
 		if len(got) == 2 && got[0].Addr == held[o.ContainerID][0] && got[1].Addr == held[o.ContainerID][1] {
 			same++

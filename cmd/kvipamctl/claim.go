@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Sticky identities (kvipam.io/sticky, kvipam.io/ip-claim): the addresses
@@ -43,9 +43,9 @@ func (a *app) claimCmd() *cobra.Command {
 					return err
 				}
 				if !ok {
-					return fmt.Errorf("sticky identity %s in pool %s: %w", args[0], pool, allocator.ErrNotFound)
+					return fmt.Errorf("sticky identity %s in pool %s: %w", args[0], pool, records.ErrNotFound)
 				}
-				return a.renderBindings(cmd.Context(), s, a.stdout, []allocator.Binding{b})
+				return a.renderBindings(cmd.Context(), s, a.stdout, []records.Binding{b})
 			})
 		},
 	}
@@ -73,7 +73,7 @@ func (a *app) claimCmd() *cobra.Command {
 
 // bindingRow is one sticky identity in claim list's JSON.
 type bindingRow struct {
-	allocator.Binding
+	records.Binding
 	Pool string `json:"pool"`
 	// Holder is the pod's owner key, or "" while kept; KeptFor is the
 	// time left of a kept identity's window.
@@ -81,7 +81,7 @@ type bindingRow struct {
 	KeptFor string `json:"keptFor,omitempty"`
 }
 
-func (a *app) renderBindings(ctx context.Context, s *etcdstore.Store, w io.Writer, bs []allocator.Binding) error {
+func (a *app) renderBindings(ctx context.Context, s *etcdstore.Store, w io.Writer, bs []records.Binding) error {
 	rows := make([]bindingRow, 0, len(bs))
 	for _, b := range bs {
 		r := bindingRow{Binding: b, Pool: b.Pool}

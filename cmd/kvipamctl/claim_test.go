@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // TestClaimCommands: a sticky identity shows in claim list and show
@@ -21,8 +22,8 @@ func TestClaimCommands(t *testing.T) {
 	h := newHarness(t)
 	h.withSmallPool()
 	n1 := h.agent("n1")
-	pod := allocator.Owner{ContainerID: "c1", IfName: "eth0", Namespace: "db", Pod: "pg-0", PodUID: "u1"}
-	req := allocator.Request{Pool: "small", Owner: pod, Sticky: &allocator.Sticky{Identity: "db/pg-0", Window: time.Hour}}
+	pod := records.Owner{ContainerID: "c1", IfName: "eth0", Namespace: "db", Pod: "pg-0", PodUID: "u1"}
+	req := nodealloc.Request{Pool: "small", Owner: pod, Sticky: &records.Sticky{Identity: "db/pg-0", Window: time.Hour}}
 	res, err := n1.Alloc.Allocate(ctx, req)
 	require.NoError(t, err)
 	x := res.Allocations[0].Addr
@@ -56,7 +57,7 @@ func TestClaimCommands(t *testing.T) {
 
 	// A binding naming an address another owner holds is a finding.
 	y := n1.Allocate(t, "small", 0, 1, false)[0].Addr
-	h.put(etcdstore.BindingKey("small", "db/ghost"), allocator.Binding{Identity: "db/ghost", Addrs: []netip.Addr{y}, WindowSeconds: 60})
+	h.put(etcdstore.BindingKey("small", "db/ghost"), records.Binding{Identity: "db/ghost", Addrs: []netip.Addr{y}, WindowSeconds: 60})
 	code, out, _ = h.run("check")
 	require.NotEqual(t, exitOK, code)
 	require.Contains(t, out, "sticky-conflict")

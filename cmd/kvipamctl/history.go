@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // historyOpts are the flags of ip history.
@@ -103,7 +103,7 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 		rows = append(rows, historyRow{HistoryRecord: r})
 	}
 	for _, cur := range s.IPs { // the live owners: intervals still open
-		r := etcdstore.HistoryOf(allocator.Allocation{Record: cur.Record, Pool: cur.Pool, Block: cur.Block, Addr: cur.Addr}, time.Time{}, "")
+		r := etcdstore.HistoryOf(records.Allocation{Record: cur.Record, Pool: cur.Pool, Block: cur.Block, Addr: cur.Addr}, time.Time{}, "")
 		if (f.IP.IsValid() && cur.Addr != f.IP) || (f.Pool != "" && cur.Pool != f.Pool) ||
 			(f.Pod != "" && (cur.Pod != f.Pod || cur.Namespace != f.Namespace)) || (!f.Until.IsZero() && cur.Since.After(f.Until)) {
 			continue

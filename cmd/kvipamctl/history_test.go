@@ -9,8 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/agenttest"
 )
 
@@ -25,12 +26,12 @@ func TestIPHistory(t *testing.T) {
 	const retention = 2 * time.Second
 	a := agenttest.Start(t, h.e, "n1", agenttest.Options{Pools: []string{"small"}, HistoryRetention: retention})
 	addr := netip.MustParseAddr("10.20.0.77")
-	var owners []allocator.Owner
+	var owners []records.Owner
 	for i := range 3 {
 		o := agenttest.Owner(i)
 		o.Namespace, o.Pod = "web", "web-0" // the same pod, re-created
 		owners = append(owners, o)
-		_, err := a.Alloc.Allocate(ctx, allocator.Request{Pool: "small", Owner: o, IPs: []netip.Addr{addr}})
+		_, err := a.Alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o, IPs: []netip.Addr{addr}})
 		require.NoError(t, err)
 		if i < 2 {
 			_, err = a.Alloc.Release(ctx, o)

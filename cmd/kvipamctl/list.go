@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // The list commands: block list and ip list. Each reads one snapshot and
@@ -58,7 +58,7 @@ func (a *app) ipCmd() *cobra.Command {
 		Short: "List addresses, filtered by pool, node, owner or state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f.State = allocator.State(state)
+			f.State = records.State(state)
 			return a.ipList(cmd.Context(), a.stdout, f)
 		},
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -244,10 +246,10 @@ func TestCheck(t *testing.T) {
 	lease, err := h.cli.Grant(context.Background(), 60)
 	require.NoError(t, err)
 	ghostBlock := h.freeBlock()
-	h.put(etcdstore.ClaimKey("small", ghostBlock), allocator.Claim{Node: "ghost"}, clientv3.WithLease(lease.ID))
+	h.put(etcdstore.ClaimKey("small", ghostBlock), records.Claim{Node: "ghost"}, clientv3.WithLease(lease.ID))
 	// A reservation that has no lease.
-	h.put(etcdstore.IPKey("small", al.Block, next(al.Block, 13)), allocator.Record{
-		Owner: agenttest.Owner(50), Node: "n1", State: allocator.StateReserved, Since: time.Now().UTC()})
+	h.put(etcdstore.IPKey("small", al.Block, next(al.Block, 13)), records.Record{
+		Owner: agenttest.Owner(50), Node: "n1", State: records.StateReserved, Since: time.Now().UTC()})
 	// And n1 dies: its block is orphaned.
 	n1.Kill(t)
 
@@ -521,7 +523,7 @@ func TestNodeRemoveNeedsEvidence(t *testing.T) {
 
 	// n2 takes the freed block and n1's first address for its own pod.
 	n2 := h.agent("n2")
-	res, err := n2.Alloc.Allocate(context.Background(), allocator.Request{Pool: "small", Owner: agenttest.Owner(100), IPs: []netip.Addr{held[0].Addr}})
+	res, err := n2.Alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: agenttest.Owner(100), IPs: []netip.Addr{held[0].Addr}})
 	require.NoError(t, err)
 	require.Equal(t, held[0].Addr, res.Allocations[0].Addr)
 	ipKey := etcdstore.IPKey("small", held[0].Block, held[0].Addr)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Block sizes pool create uses for a family that has CIDRs when the flag
@@ -153,7 +154,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	}
 	p, ok := s.Pools[name]
 	if !ok {
-		return fmt.Errorf("pool %q: %w", name, allocator.ErrPoolNotFound)
+		return fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 	}
 	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name)}
 	for _, b := range s.Bindings {
@@ -174,7 +175,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			if d.Exhausted == nil {
 				d.Exhausted = map[string]string{}
 			}
-			d.Exhausted[u.Family] = allocator.ExplainExhausted(ctx, st, p.Pool, f, snap).Error()
+			d.Exhausted[u.Family] = records.ExplainExhausted(ctx, st, p.Pool, f, snap).Error()
 			return nil
 		})
 		if err != nil {

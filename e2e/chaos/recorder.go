@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -67,7 +68,7 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 			return // a lent address's home
 		}
 		h := HomeChange{Block: b, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
-		if v, err := kvstore.Decode[allocator.Home](ev.Kv); err == nil {
+		if v, err := kvstore.Decode[records.Home](ev.Kv); err == nil {
 			h.Node = v.Value.Node
 		}
 		r.mu.Lock()
@@ -87,7 +88,7 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 	c := Change{Addr: addr, Block: block, Rev: ev.Kv.ModRevision, Seen: seen}
 	if ev.Type == clientv3.EventTypeDelete {
 		c.Deleted = true
-	} else if v, err := kvstore.Decode[allocator.Record](ev.Kv); err == nil {
+	} else if v, err := kvstore.Decode[records.Record](ev.Kv); err == nil {
 		c.Node, c.State, c.Borrowed = v.Value.Node, string(v.Value.State), v.Value.Borrowed
 		if v.Value.ContainerID != "" {
 			c.Owner = v.Value.Owner.Key()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/internal/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -27,7 +28,7 @@ func TestRecorderAgainstEtcd(t *testing.T) {
 	add := func(i int) netip.Addr {
 		o := agenttest.Owner(i)
 		start := time.Now()
-		r, err := n.Alloc.Allocate(ctx, allocator.Request{Pool: "p", Owner: o, Reserve: true})
+		r, err := n.Alloc.Allocate(ctx, nodealloc.Request{Pool: "p", Owner: o, Reserve: true})
 		require.NoError(t, err)
 		_, err = n.Alloc.Confirm(ctx, o)
 		require.NoError(t, err)

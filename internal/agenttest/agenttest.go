@@ -14,6 +14,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -25,7 +27,7 @@ type Agent struct {
 	Client  *clientv3.Client
 	Store   *etcdstore.Store
 	Session *kvstore.Session
-	Alloc   *allocator.NodeAllocator
+	Alloc   *nodealloc.Allocator
 }
 
 // Options tune Start.
@@ -58,7 +60,7 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 	if err := st.PutNode(ctx, rec, sess.ID()); err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: name, Store: st, Pools: o.Pools})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: st, Pools: o.Pools})
 	if err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
@@ -79,11 +81,11 @@ func (a *Agent) Kill(tb testing.TB) {
 
 // Allocate gives n owners, numbered from first (see Owner), one address
 // per family of pool each, and returns the allocations in order.
-func (a *Agent) Allocate(tb testing.TB, pool string, first, n int, reserve bool) []allocator.Allocation {
+func (a *Agent) Allocate(tb testing.TB, pool string, first, n int, reserve bool) []records.Allocation {
 	tb.Helper()
-	var out []allocator.Allocation
+	var out []records.Allocation
 	for i := first; i < first+n; i++ {
-		r, err := a.Alloc.Allocate(context.Background(), allocator.Request{Pool: pool, Owner: Owner(i), Reserve: reserve})
+		r, err := a.Alloc.Allocate(context.Background(), nodealloc.Request{Pool: pool, Owner: Owner(i), Reserve: reserve})
 		if err != nil {
 			tb.Fatalf("agent %s: %v", a.Name, err)
 		}
@@ -93,8 +95,8 @@ func (a *Agent) Allocate(tb testing.TB, pool string, first, n int, reserve bool)
 }
 
 // Owner is the i-th test owner: container ctr-<i>, interface eth0.
-func Owner(i int) allocator.Owner {
-	return allocator.Owner{ContainerID: fmt.Sprintf("ctr-%04d", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d", i)}
+func Owner(i int) records.Owner {
+	return records.Owner{ContainerID: fmt.Sprintf("ctr-%04d", i), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d", i)}
 }
 
 // EnsurePool creates p on e.
