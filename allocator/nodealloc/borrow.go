@@ -120,22 +120,17 @@ type lendable struct {
 	free []netip.Addr
 }
 
-// lendables lists the blocks of family f that live nodes claim and that
-// have a free address, fullest first, so that blocks nearly empty can
-// still be given back to the pool.
-func (a *Allocator) lendables(ps *poolState, f allocator.Family, snap records.PoolSnapshot) []lendable {
-	held := map[netip.Addr]bool{}
-	if a.cfg.Held != nil {
-		for _, h := range a.cfg.Held() {
-			held[h.Unmap()] = true
-		}
-	}
+// lendables lists the blocks of family f that live nodes other than me
+// claim and that have a free address (none held by an endpoint of this
+// node, none of unknown outcome), fullest first, so that blocks nearly
+// empty can still be given back to the pool.
+func (ps *poolState) lendables(me string, held map[netip.Addr]bool, f allocator.Family, snap records.PoolSnapshot) []lendable {
 	var cands []lendable
 	for _, bi := range snap.Blocks {
 		b := bi.Block
 		// Only blocks a live node claims: an orphaned block is its gone
 		// node's until kvipamctl node remove frees it whole.
-		if _, own := ps.own[b]; own || allocator.FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == a.cfg.Node {
+		if _, own := ps.own[b]; own || allocator.FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == me {
 			continue
 		}
 		ba, err := allocator.NewBlockAlloc(ps.pool, b)
@@ -185,7 +180,7 @@ const (
 // and takes the one released longest ago only when every candidate is
 // cooling, as the lender itself does.
 func (a *Allocator) lender(ctx context.Context, ps *poolState, f allocator.Family, snap records.PoolSnapshot, o records.Owner) (netip.Prefix, netip.Addr, bool) {
-	cands := a.lendables(ps, f, snap)
+	cands := ps.lendables(a.cfg.Node, a.heldSet(), f, snap)
 	if len(cands) == 0 {
 		return netip.Prefix{}, netip.Addr{}, false
 	}

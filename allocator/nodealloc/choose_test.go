@@ -25,7 +25,7 @@ func BenchmarkChooseBlock(b *testing.B) {
 	}
 	choose := func(a *Allocator, ps *poolState) time.Duration {
 		start := time.Now()
-		blk, ok := a.chooseBlock(ps, allocator.IPv4)
+		blk, ok := ps.chooseBlock(a.cfg.Node, allocator.IPv4)
 		d := time.Since(start)
 		if !ok {
 			b.Fatal("no block")

@@ -31,7 +31,7 @@ func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.F
 	}
 	var got netip.Prefix
 	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
-		cand, ok := a.chooseBlock(ps, f)
+		cand, ok := ps.chooseBlock(a.cfg.Node, f)
 		if !ok && !fresh {
 			if err := a.refreshOthers(ctx, ps); err != nil {
 				return err
@@ -41,7 +41,7 @@ func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.F
 				got = b
 				return nil
 			}
-			cand, ok = a.chooseBlock(ps, f)
+			cand, ok = ps.chooseBlock(a.cfg.Node, f)
 		}
 		if !ok {
 			return ps.exhausted(f)
@@ -153,10 +153,10 @@ func (a *Allocator) refreshOthers(ctx context.Context, ps *poolState) error {
 // walk (blockwalk.go) that is neither its own nor known to be another's.
 // A /32 (or /128) block that is a CIDR's network or broadcast address has
 // nothing to hand out and is never claimed.
-func (a *Allocator) chooseBlock(ps *poolState, f allocator.Family) (netip.Prefix, bool) {
+func (ps *poolState) chooseBlock(node string, f allocator.Family) (netip.Prefix, bool) {
 	w := ps.walks[f]
 	if w == nil {
-		w = allocator.NewBlockWalk(a.cfg.Node, ps.pool, f)
+		w = allocator.NewBlockWalk(node, ps.pool, f)
 		ps.walks[f] = w
 	}
 	single := (f == allocator.IPv4 && w.Bits() == 32) || (f == allocator.IPv6 && w.Bits() == 128)

@@ -29,16 +29,16 @@ type coolEntry struct {
 	at   time.Time
 }
 
-// dropReleased drops al from the cache after its release; its address
-// cools before it is free again.
-func (a *Allocator) dropReleased(ps *poolState, al *records.Allocation) {
+// dropReleased drops al from the cache after its release; with cool its
+// address cools from now before it is free again.
+func (ps *poolState) dropReleased(al *records.Allocation, cool bool, now time.Time) {
 	_, ob := ps.ownBlockOf(al.Addr)
-	if a.cfg.ReuseCooldown <= 0 || ob == nil {
-		a.drop(ps, al)
+	if !cool || ob == nil {
+		ps.drop(al)
 		return
 	}
 	ps.forget(al)
-	ps.coolAt(al.Addr, time.Now())
+	ps.coolAt(al.Addr, now)
 }
 
 // coolAt starts addr's cooldown at now; its bit stays marked.
@@ -50,18 +50,17 @@ func (ps *poolState) coolAt(addr netip.Addr, now time.Time) {
 	ps.cool.queue = append(ps.cool.queue, coolEntry{addr: addr, at: now})
 }
 
-// thaw frees the addresses whose cooldown is over.
-func (a *Allocator) thaw(ps *poolState) {
-	cutoff := time.Now().Add(-a.cfg.ReuseCooldown)
+// thaw frees the addresses that began cooling at or before cutoff.
+func (ps *poolState) thaw(cutoff time.Time) {
 	for len(ps.cool.queue) > 0 && !ps.cool.queue[0].at.After(cutoff) {
-		a.unfreeze(ps, ps.cool.queue[0])
+		ps.unfreeze(ps.cool.queue[0])
 		ps.cool.queue = ps.cool.queue[1:]
 	}
 }
 
 // thawOldest frees the oldest cooling address of family f, and reports
 // whether there was one.
-func (a *Allocator) thawOldest(ps *poolState, f allocator.Family) bool {
+func (ps *poolState) thawOldest(f allocator.Family) bool {
 	for {
 		i := slices.IndexFunc(ps.cool.queue, func(e coolEntry) bool { return allocator.FamilyOf(e.addr) == f })
 		if i < 0 {
@@ -69,7 +68,7 @@ func (a *Allocator) thawOldest(ps *poolState, f allocator.Family) bool {
 		}
 		e := ps.cool.queue[i]
 		ps.cool.queue = slices.Delete(ps.cool.queue, i, i+1)
-		if a.unfreeze(ps, e) {
+		if ps.unfreeze(e) {
 			return true
 		}
 	}
@@ -77,7 +76,7 @@ func (a *Allocator) thawOldest(ps *poolState, f allocator.Family) bool {
 
 // unfreeze ends e's cooldown if it is still the address's current one,
 // and reports whether the address became free.
-func (a *Allocator) unfreeze(ps *poolState, e coolEntry) bool {
+func (ps *poolState) unfreeze(e coolEntry) bool {
 	if at, ok := ps.cool.at[e.addr]; !ok || !at.Equal(e.at) {
 		return false // re-cooled or taken since
 	}

@@ -216,14 +216,14 @@ func (a *Allocator) dropIfLapsed(ps *poolState, al *records.Allocation) bool {
 	if !ok || al.State != records.StateReserved || !a.cfg.Now().After(exp) {
 		return false
 	}
-	a.drop(ps, al)
+	ps.drop(al)
 	a.logEnded(al, "reservation lapsed")
 	a.lapsed.add(*al, exp)
 	return true
 }
 
 // drop removes al from the cache and frees its address in the bitmap.
-func (a *Allocator) drop(ps *poolState, al *records.Allocation) {
+func (ps *poolState) drop(al *records.Allocation) {
 	ps.forget(al)
 	if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
 		ob.ba.Unmark(al.Addr)
@@ -231,7 +231,7 @@ func (a *Allocator) drop(ps *poolState, al *records.Allocation) {
 }
 
 func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Family) (netip.Prefix, netip.Addr, error) {
-	a.thaw(ps)
+	ps.thaw(time.Now().Add(-a.cfg.ReuseCooldown))
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
 	}
@@ -248,7 +248,7 @@ func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Fam
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil
 	}
-	for a.thawOldest(ps, f) {
+	for ps.thawOldest(f) {
 		if b, addr, ok := ps.nextFree(f); ok {
 			return b, addr, nil
 		}

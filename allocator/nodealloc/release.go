@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -135,7 +136,7 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
-		a.dropReleased(ps, al)
+		ps.dropReleased(al, a.cfg.ReuseCooldown > 0, time.Now())
 		a.logEnded(al, "released")
 	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than

@@ -160,16 +160,17 @@ func (a *Allocator) settleAddr(ps *poolState, addr netip.Addr, cur *records.Allo
 }
 
 // held reports whether an endpoint of this node uses addr (Config.Held).
-func (a *Allocator) held(addr netip.Addr) bool {
-	if a.cfg.Held == nil {
-		return false
-	}
-	for _, h := range a.cfg.Held() {
-		if h.Unmap() == addr {
-			return true
+func (a *Allocator) held(addr netip.Addr) bool { return a.heldSet()[addr] }
+
+// heldSet is the set of addresses this node's endpoints use (Config.Held).
+func (a *Allocator) heldSet() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	if a.cfg.Held != nil {
+		for _, h := range a.cfg.Held() {
+			out[h.Unmap()] = true
 		}
 	}
-	return false
+	return out
 }
 
 // sameRecord reports whether two records are one write's.
@@ -185,4 +186,46 @@ func (a *Allocator) anyPending(o records.Owner) bool {
 		}
 	}
 	return false
+}
+
+// learn corrects the cache from a failed write: blocks whose claim moved
+// are no longer ours; addresses found taken are reloaded from the store.
+// If a reload fails, the taken addresses are at least marked, so the retry
+// does not pick them again.
+func (a *Allocator) learn(ctx context.Context, err error) {
+	var we *records.WriteError
+	if !errors.As(err, &we) {
+		return
+	}
+	if we.FenceLost {
+		a.fenceRev = 0
+	}
+	for _, ps := range a.pools {
+		for _, b := range we.Fenced {
+			if _, ok := ps.own[b]; ok {
+				a.log.Warn("lost claim on block (fenced write)", "pool", ps.pool.Name, "block", b)
+				ps.loseBlock(b)
+			}
+		}
+		for _, addr := range we.Taken {
+			b, ob := ps.ownBlockOf(addr)
+			if ob == nil {
+				continue
+			}
+			if err := a.reloadBlock(ctx, ps, b); err != nil {
+				a.log.Warn("reload block", "pool", ps.pool.Name, "block", b, "error", err)
+				ob.ba.Mark(addr)
+			}
+		}
+	}
+}
+
+// loseBlock gives up an own block whose claim this node no longer holds:
+// nothing more is written into it. Its cached allocations stay known, so a
+// DEL still releases them (a release is guarded by the allocation's own
+// revision, not by the claim) and a retried ADD still finds them; Restore
+// re-claims the block if it is still this node's home.
+func (ps *poolState) loseBlock(b netip.Prefix) {
+	delete(ps.own, b)
+	ps.others[b] = otherBlock{node: "?"}
 }

@@ -202,7 +202,7 @@ func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records
 		if serr := a.settlePending(ctx); serr != nil {
 			return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, serr)
 		}
-		if still := a.stillCached(ps, als); still != nil {
+		if still := ps.stillCached(als); still != nil {
 			return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
 		}
 	case err != nil:
@@ -223,7 +223,7 @@ func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records
 
 // stillCached returns the first of als that the cache still holds as it
 // was (same revision): etcd did not change it.
-func (a *Allocator) stillCached(ps *poolState, als []*records.Allocation) *records.Allocation {
+func (ps *poolState) stillCached(als []*records.Allocation) *records.Allocation {
 	for _, al := range als {
 		if cur := ps.byAddr[al.Addr]; cur == al {
 			return al
@@ -240,7 +240,7 @@ func (a *Allocator) dropTakenOver(ctx context.Context, ps *poolState, als []*rec
 	if err := a.readBack(ctx, refsOf(als)); err != nil {
 		return err
 	}
-	if al := a.stillCached(ps, als); al != nil {
+	if al := ps.stillCached(als); al != nil {
 		return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, records.ErrConflict)
 	}
 	for _, al := range als {

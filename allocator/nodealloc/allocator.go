@@ -1,0 +1,135 @@
+package nodealloc
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/retry"
+)
+
+// Lease is the node's liveness lease: claims are written on it so they
+// expire when the node is gone. kvstore.Session satisfies it.
+type Lease interface {
+	ID() int64
+	Lost() bool
+}
+
+// Config configures an Allocator.
+type Config struct {
+	Node   string
+	BootID string
+	Store  records.Store
+	// Pools are the names of the pools this node allocates from; their
+	// specs are read from the Store at Restore.
+	Pools  []string
+	Logger hclog.Logger
+	// ClaimRetry paces the claim loop. Each lost race teaches the node one
+	// more taken block, so the loop converges: by default it has no
+	// attempt budget and ends only with a claimed block, a pool that is
+	// truly exhausted, or the caller's context.
+	ClaimRetry retry.Policy
+	// RestoreRetry bounds Restore's re-listing when a re-claim of the
+	// node's own block loses to a concurrent change. Zero: default.
+	RestoreRetry retry.Policy
+	// WriteRetry bounds allocation writes that lose a race. Zero: default.
+	WriteRetry retry.Policy
+	Now        func() time.Time
+	// Held, if set, lists the addresses the node's endpoints use. They
+	// are never handed out, even when the store has no allocation for
+	// them (etcd restored from an older snapshot) until Reassert has
+	// settled them.
+	Held func() []netip.Addr
+	// ReuseCooldown keeps a released address from being handed out again
+	// for this long unless nothing else in the node's blocks is free
+	// (cooldown.go). Zero: reuse at once.
+	ReuseCooldown time.Duration
+}
+
+// Allocator hands out IPs from the blocks one node owns, claiming
+// blocks from the shared pool as needed. etcd (through Store) is the
+// source of truth; the in-memory maps are a cache rebuilt by Restore and
+// corrected whenever a write finds them wrong.
+//
+// Allocator is safe for concurrent use. Allocations are serialized: a
+// batch (AllocateBatch) is the way to get throughput, one transaction for
+// many requests. Releases, confirms and views wait for an allocation's
+// writes, not for its claims (inflight.go).
+type Allocator struct {
+	cfg    Config
+	log    hclog.Logger
+	events hclog.Logger // one line per allocation and release (events.go)
+
+	// allocMu serializes allocations, Restore, Reassert, UpdatePool and
+	// GiveBackEmpty; it is taken before mu (inflight.go).
+	allocMu sync.Mutex
+	mu      sync.Mutex
+	// busy holds the owners of the allocation in flight, and busyDone is
+	// closed when it ends; both nil between allocations (inflight.go).
+	busy     map[string]bool
+	busyDone chan struct{}
+	lease    Lease
+	restored bool
+	pools    map[string]*poolState
+	// fenceRev is the revision of the node's borrow fence on the current
+	// lease; 0 until the first borrow (borrow.go).
+	fenceRev int64
+	// lapsed are reservations seen to lapse whose end is not yet in IP
+	// history (lapses.go); they have their own lock, so recording never
+	// waits behind allocation.
+	lapsed lapses
+}
+
+// New checks cfg. Call Restore before anything else.
+func New(cfg Config) (*Allocator, error) {
+	if cfg.Node == "" {
+		return nil, fmt.Errorf("%w: node name is empty", records.ErrBadRequest)
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("%w: no store", records.ErrBadRequest)
+	}
+	if len(cfg.Pools) == 0 {
+		return nil, fmt.Errorf("%w: no pools for node %s", records.ErrBadRequest, cfg.Node)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.ClaimRetry.Attempts == 0 {
+		cfg.ClaimRetry = retry.Policy{Attempts: retry.Unlimited, Initial: time.Millisecond, Max: 20 * time.Millisecond, Multiplier: 1.5, Jitter: 0.5}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger.Named("allocator")
+	return &Allocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}}, nil
+}
+
+// Node is the node this allocator serves.
+func (a *Allocator) Node() string { return a.cfg.Node }
+
+func (a *Allocator) claimRecord() records.Claim {
+	return records.Claim{Node: a.cfg.Node, BootID: a.cfg.BootID, ClaimedAt: a.cfg.Now().UTC()}
+}
+
+// ready checks that the allocator may write now.
+func (a *Allocator) ready() error {
+	if !a.restored {
+		return fmt.Errorf("node %s not restored: %w", a.cfg.Node, records.ErrLeaseLost)
+	}
+	if a.lease == nil || a.lease.Lost() {
+		return fmt.Errorf("node %s: %w", a.cfg.Node, records.ErrLeaseLost)
+	}
+	return nil
+}
+
+func (a *Allocator) poolState(name string) (*poolState, error) {
+	ps, ok := a.pools[name]
+	if !ok {
+		return nil, fmt.Errorf("pool %q is not served on node %s: %w", name, a.cfg.Node, records.ErrPoolNotFound)
+	}
+	return ps, nil
+}
