@@ -14,7 +14,6 @@ import (
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // A pool of one /28 block (14 usable addresses): node a claims it, node b
@@ -22,8 +21,7 @@ import (
 var onePool = allocator.Pool{Name: "one", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.82.0.0/28")}, BlockSizeV4: 28}
 
 func lenderAndBorrower(t *testing.T, wrapB func(records.Store) records.Store) (*kvstore.Embedded, *testNode, *testNode) {
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	for i := range 5 {
 		_, err := a.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "one", Owner: owner(i)})
@@ -112,8 +110,7 @@ func (w writeHook) WriteIPs(ctx context.Context, ws []records.IPWrite) (records.
 // another: no address is held twice.
 func TestBorrowRacesOwner(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
 	var once sync.Once
 	var stolen netip.Addr
@@ -156,8 +153,7 @@ func TestBorrowRacesOwner(t *testing.T) {
 // free; when nothing else is, it takes the one released longest ago.
 func TestBorrowRespectsCooldown(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool) // one /28 block: 14 usable addresses
+	e := startEtcd(t, onePool) // one /28 block: 14 usable addresses
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{cooldown: time.Hour})
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{cooldown: time.Hour})
 	for i := range 6 {

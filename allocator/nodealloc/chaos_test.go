@@ -26,9 +26,8 @@ import (
 // its own node, no owner with two addresses of a family.
 func TestChaos(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "chaos", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.60.0.0/25"), netip.MustParsePrefix("fd00:60::/120")}, BlockSizeV4: 29, BlockSizeV6: 125}
-	ensurePool(t, e, pool)
+	e := startEtcd(t, pool)
 
 	var mu sync.Mutex
 	holder := map[netip.Addr]string{} // what callers were told, minus releases

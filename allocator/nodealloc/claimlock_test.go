@@ -138,9 +138,8 @@ func within(t *testing.T, d time.Duration, what string, f func()) {
 func TestClaimYieldConcurrent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "yield", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.61.0.0/26"), netip.MustParsePrefix("fd00:61::/122")}, BlockSizeV4: 30, BlockSizeV6: 126}
-	ensurePool(t, e, pool)
+	e := startEtcd(t, pool)
 	slow := func(s records.Store) records.Store {
 		h := newHookStore(s)
 		pause := func(context.Context) error {

@@ -10,7 +10,6 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // TestConfirmBatch: several owners' confirms go to etcd in one
@@ -21,8 +20,7 @@ import (
 // outcome) is settled, and every owner in it is confirmed.
 func TestConfirmBatch(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	var writes atomic.Int32
 	h.Before("WriteIPs", func(context.Context) error { writes.Add(1); return nil })

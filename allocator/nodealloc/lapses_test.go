@@ -11,7 +11,6 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // TestLapsedReservationInHistory: a reservation never confirmed lapses
@@ -20,8 +19,7 @@ import (
 // etcd has deleted the key.
 func TestLapsedReservationInHistory(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
 	first, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
@@ -54,8 +52,7 @@ func TestLapsedReservationInHistory(t *testing.T) {
 // and yes when another owner holds the address now.
 func TestRecordLapsedWaitsForEtcd(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
 	res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)

@@ -122,8 +122,7 @@ func TestModelNodeAllocator(t *testing.T) {
 		// 30 and 31 usable addresses for 36 owners: the pool fills, and
 		// nodes borrow across blocks.
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
-	e := etcdtest.Start(t)
-	ensurePool(t, e, pool)
+	e := startEtcd(t, pool)
 	check := etcdtest.Client(t, e) // the test's own view of etcd, without faults
 	ctx := context.Background()
 

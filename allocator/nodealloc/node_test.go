@@ -60,6 +60,17 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}
 }
 
+// startEtcd starts a fresh embedded etcd for the test, with pools in it:
+// the fixture every test of the node allocator starts from.
+func startEtcd(t testing.TB, pools ...allocator.Pool) *kvstore.Embedded {
+	t.Helper()
+	e := etcdtest.Start(t)
+	for _, p := range pools {
+		ensurePool(t, e, p)
+	}
+	return e
+}
+
 func ensurePool(t testing.TB, e *kvstore.Embedded, p allocator.Pool) {
 	t.Helper()
 	_, err := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{}).EnsurePool(context.Background(), p)
@@ -93,8 +104,7 @@ func claimOf(t testing.TB, cli *clientv3.Client, pool string, b netip.Prefix) *r
 var small = allocator.Pool{Name: "small", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.20.0.0/24")}, BlockSizeV4: 28}
 
 func TestConcurrentNodesExhaustPool(t *testing.T) {
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	const nodes = 16
 	ns := make([]*testNode, nodes)
 	for i := range ns {
@@ -163,8 +173,7 @@ func TestConcurrentNodesExhaustPool(t *testing.T) {
 
 func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
 	r1, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
@@ -193,8 +202,7 @@ func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 
 func TestReleasedAddressIsNotReusedAtOnce(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
@@ -210,8 +218,7 @@ func TestReleasedAddressIsNotReusedAtOnce(t *testing.T) {
 
 func TestStaticIP(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
 	want := netip.MustParseAddr("10.20.0.77")
@@ -237,8 +244,7 @@ func TestStaticIP(t *testing.T) {
 
 func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	var held []records.Allocation
 	for i := range 20 { // spills into a second block
@@ -312,8 +318,7 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 
 func TestStaleWriterIsFenced(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
@@ -348,8 +353,7 @@ func TestStaleWriterIsFenced(t *testing.T) {
 // the claim changed under the allocator (an admin freed the block).
 func TestFencedAllocatorMovesOn(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
@@ -380,8 +384,7 @@ func claimRev(t testing.TB, cli *clientv3.Client, b netip.Prefix) int64 {
 
 func TestReservationExpiresUnlessConfirmed(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{resTTL: time.Second})
 	kept, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
@@ -419,9 +422,8 @@ func TestReservationExpiresUnlessConfirmed(t *testing.T) {
 
 func TestRestoreKeepsEveryIP(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	dual := allocator.Pool{Name: "dual", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.30.0.0/16"), netip.MustParsePrefix("fd00:30::/64")}, BlockSizeV4: 26, BlockSizeV6: 120}
-	ensurePool(t, e, dual)
+	e := startEtcd(t, dual)
 	n := startNode(t, e, "n1", []string{"dual"}, nodeOpts{})
 	want := map[string][]netip.Addr{}
 	for i := range 150 {
@@ -459,8 +461,7 @@ func TestRestoreKeepsEveryIP(t *testing.T) {
 
 func TestBatchIsOneTransaction(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(0)}) // claims the first block
 	require.NoError(t, err)
@@ -486,9 +487,8 @@ func TestBatchIsOneTransaction(t *testing.T) {
 
 func TestIPv6LargePool(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	v6 := allocator.Pool{Name: "v6", CIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:64::/64")}, BlockSizeV6: 120}
-	ensurePool(t, e, v6)
+	e := startEtcd(t, v6)
 	n := startNode(t, e, "n1", []string{"v6"}, nodeOpts{})
 	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "v6", Owner: owner(1)})
 	require.NoError(t, err)
@@ -500,9 +500,8 @@ func TestIPv6LargePool(t *testing.T) {
 
 func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	big := allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.40.0.0/16"), netip.MustParsePrefix("fd00:40::/64")}, BlockSizeV4: 24, BlockSizeV6: 120}
-	ensurePool(t, e, big)
+	e := startEtcd(t, big)
 	n := startNode(t, e, "n1", []string{"big"}, nodeOpts{})
 	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "big", Owner: owner(0)})
 	require.NoError(t, err)
@@ -525,8 +524,7 @@ func TestLargeBatchIsSplitUnderEtcdLimits(t *testing.T) {
 // node's block neither stops its restore nor gets its address reused.
 func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.NoError(t, err)
@@ -552,8 +550,7 @@ func TestHandWrittenKeysDoNotStopANode(t *testing.T) {
 // lease has ended is not handed back to a retried ADD.
 func TestRestoredReservationLapses(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)

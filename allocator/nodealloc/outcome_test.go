@@ -79,8 +79,7 @@ func deadlineAfterCommit(cancel context.CancelFunc) func(context.Context, error)
 func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 	for _, reserve := range []bool{true, false} {
 		t.Run(fmt.Sprintf("reserve=%v/answer-lost", reserve), func(t *testing.T) {
-			e := etcdtest.Start(t)
-			ensurePool(t, e, small)
+			e := startEtcd(t, small)
 			n, h := hooked(t, e, "n1", nodeOpts{})
 			o := owner(1)
 			h.After("WriteIPs", commitThenFail(1))
@@ -95,8 +94,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 			require.Equal(t, r1.Allocations[0].Addr, r2.Allocations[0].Addr)
 		})
 		t.Run(fmt.Sprintf("reserve=%v/deadline", reserve), func(t *testing.T) {
-			e := etcdtest.Start(t)
-			ensurePool(t, e, small)
+			e := startEtcd(t, small)
 			n, h := hooked(t, e, "n1", nodeOpts{})
 			o := owner(1)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -115,8 +113,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		})
 	}
 	t.Run("batch", func(t *testing.T) {
-		e := etcdtest.Start(t)
-		ensurePool(t, e, small)
+		e := startEtcd(t, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		h.After("WriteIPs", commitThenFail(1))
 		reqs := []nodealloc.Request{{Pool: "small", Owner: owner(1), Reserve: true}, {Pool: "small", Owner: owner(2), Reserve: true}, {Pool: "small", Owner: owner(3)}}
@@ -131,8 +128,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		require.Len(t, storeIPs(t, n.cli, "small"), 3)
 	})
 	t.Run("confirm", func(t *testing.T) {
-		e := etcdtest.Start(t)
-		ensurePool(t, e, small)
+		e := startEtcd(t, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
 		r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: true})
@@ -153,8 +149,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		require.Zero(t, held[got[0].Addr].Lease, "permanent: off the reservation lease")
 	})
 	t.Run("release", func(t *testing.T) {
-		e := etcdtest.Start(t)
-		ensurePool(t, e, small)
+		e := startEtcd(t, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
 		_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
@@ -167,8 +162,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		require.Empty(t, storeIPs(t, n.cli, "small"))
 	})
 	t.Run("release/deadline", func(t *testing.T) {
-		e := etcdtest.Start(t)
-		ensurePool(t, e, small)
+		e := startEtcd(t, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})
 		o := owner(1)
 		r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
@@ -197,8 +191,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 // it must fail rather than serve without that block's pods.
 func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n1 := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
 	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
@@ -251,8 +244,7 @@ func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 // running pod stays known, and its retried ADD gets its own address.
 func TestReloadFailureKeepsCache(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	ra, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
 	require.NoError(t, err)
@@ -290,9 +282,8 @@ func TestDenseClaimsConverge(t *testing.T) {
 		t.Skip("1,000 nodes: skipped in -short")
 	}
 	const nodes, clients = 1000, 16
-	e := etcdtest.Start(t)
 	dense := allocator.Pool{Name: "dense", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.128.0.0/16")}, BlockSizeV4: 26}
-	ensurePool(t, e, dense)
+	e := startEtcd(t, dense)
 	clis := make([]*clientv3.Client, clients)
 	for i := range clis {
 		clis[i] = etcdtest.Client(t, e)
@@ -368,8 +359,7 @@ func TestDenseClaimsConverge(t *testing.T) {
 // both, and Release frees both.
 func TestOwnerWithTwoAddressesOfAFamily(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n := startNode(t, e, "n1", []string{"small"}, nodeOpts{})
 	o := owner(1)
 	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
@@ -396,8 +386,7 @@ func TestOwnerWithTwoAddressesOfAFamily(t *testing.T) {
 // second block.
 func TestLostClaimAnswerIsAdopted(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	h.After("Claim", commitThenFail(1))
 	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})

@@ -22,8 +22,7 @@ import (
 // and a second Reassert pass changes nothing.
 func TestReassertAnswerLostIsTracked(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	o := owner(1)
 	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: o})
@@ -64,8 +63,7 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 // not freed) and the identity's next pod gets it.
 func TestReassertKeepsStickyIdentity(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	first := stickyPod("web-0", 1)
 	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Minute))

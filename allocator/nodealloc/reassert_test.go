@@ -23,8 +23,7 @@ import (
 // node's.
 func TestReassertAfterStoreLoss(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, small)
+	e := startEtcd(t, small)
 	var mu sync.Mutex
 	var held []nodealloc.HeldAddr
 	heldAddrs := func() []netip.Addr {

@@ -128,9 +128,8 @@ func TestReservedRangeNeverAutoAssigned(t *testing.T) {
 // borrowed from.
 func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	p := allocator.Pool{Name: "orph", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.81.0.0/27")}, BlockSizeV4: 28}
-	ensurePool(t, e, p)
+	e := startEtcd(t, p)
 	gone := startNode(t, e, "gone", []string{"orph"}, nodeOpts{})
 	_, err := gone.alloc.Allocate(ctx, nodealloc.Request{Pool: "orph", Owner: owner(1)})
 	require.NoError(t, err)
@@ -155,9 +154,8 @@ func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 // oldest released one is, rather than more of the pool.
 func TestReuseCooldown(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
 	p := allocator.Pool{Name: "cool", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.83.0.0/28")}, BlockSizeV4: 28}
-	ensurePool(t, e, p)
+	e := startEtcd(t, p)
 	n := startNode(t, e, "n", []string{"cool"}, nodeOpts{cooldown: time.Hour})
 	addr := func(i int) netip.Addr {
 		res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "cool", Owner: owner(i)})

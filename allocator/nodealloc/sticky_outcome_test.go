@@ -10,14 +10,12 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // stickyNode starts node name on pool "one" behind a hookStore.
 func stickyNode(t *testing.T, name string) (*testNode, *hookStore, func() *testNode) {
 	t.Helper()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	var h *hookStore
 	n := startNode(t, e, name, []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
 	other := func() *testNode { return startNode(t, e, "other", []string{"one"}, nodeOpts{}) }
@@ -138,8 +136,7 @@ func TestStickyReservationReleasesBinding(t *testing.T) {
 	ctx := context.Background()
 	for _, how := range []string{"released", "lapsed"} {
 		t.Run(how, func(t *testing.T) {
-			e := etcdtest.Start(t)
-			ensurePool(t, e, onePool)
+			e := startEtcd(t, onePool)
 			a := startNode(t, e, "a", []string{"one"}, nodeOpts{resTTL: 2 * time.Second})
 			first := stickyPod("web-0", 1)
 			req := stickyReq(first, time.Minute)

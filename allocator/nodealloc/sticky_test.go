@@ -14,7 +14,6 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // stickyPod is the owner of one incarnation of a StatefulSet pod.
@@ -31,8 +30,7 @@ func stickyReq(o records.Owner, window time.Duration) nodealloc.Request {
 // address returns to the pool by itself.
 func TestStickyWindowExpires(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool) // one /28: 14 addresses
+	e := startEtcd(t, onePool) // one /28: 14 addresses
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
 	res, err := a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 1), 3*time.Second))
@@ -81,8 +79,7 @@ func TestStickyWindowExpires(t *testing.T) {
 // holder), and hands it out again once the window ends.
 func TestStickyKeptSurvivesRestart(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	res, err := a.alloc.Allocate(ctx, stickyReq(stickyPod("web-0", 1), 2*time.Second))
 	require.NoError(t, err)
@@ -106,8 +103,7 @@ func TestStickyKeptSurvivesRestart(t *testing.T) {
 // second live pod claiming web-0 by another name is refused.
 func TestStickyIdentityFollowsAcrossNodes(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
 	first, second := stickyPod("web-0", 1), stickyPod("web-0", 2)
@@ -156,8 +152,7 @@ func TestStickyIdentityFollowsAcrossNodes(t *testing.T) {
 // addresses, no address has two owners, and nothing leaks.
 func TestStickyScaleDownUpRace(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	nodes := []*testNode{startNode(t, e, "a", []string{"one"}, nodeOpts{}), startNode(t, e, "b", []string{"one"}, nodeOpts{}), startNode(t, e, "c", []string{"one"}, nodeOpts{})}
 	const window = 2 * time.Second
 	const pods, rounds = 5, 12
@@ -232,8 +227,7 @@ func assertNoErr(t *testing.T, err error, format string, args ...any) bool {
 // its identity holds, fail clearly.
 func TestStickyGCAndStaticConflicts(t *testing.T) {
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	ensurePool(t, e, onePool)
+	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	first := stickyPod("web-0", 1)
 	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Hour))
