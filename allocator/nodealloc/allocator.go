@@ -19,11 +19,21 @@ type Lease interface {
 	Lost() bool
 }
 
+// Store is what the node allocator needs of the store: every role of
+// records.Store but writing pool specs.
+type Store interface {
+	records.PoolReader
+	records.Claims
+	records.IPs
+	records.Loans
+	records.Bindings
+}
+
 // Config configures an Allocator.
 type Config struct {
 	Node   string
 	BootID string
-	Store  records.Store
+	Store  Store
 	// Pools are the names of the pools this node allocates from; their
 	// specs are read from the Store at Restore.
 	Pools  []string

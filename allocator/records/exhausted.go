@@ -75,7 +75,7 @@ func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
 // ExplainExhausted says why family f of pool p has no address to hand
 // out, counted from snap: what an ADD is told, and kvipamctl pool show.
-func ExplainExhausted(ctx context.Context, st Store, p allocator.Pool, f allocator.Family, snap PoolSnapshot) *ExhaustedError {
+func ExplainExhausted(ctx context.Context, st LeaseReader, p allocator.Pool, f allocator.Family, snap PoolSnapshot) *ExhaustedError {
 	e := &ExhaustedError{Pool: p.Name, Family: f, Size: p.Size(f), Reserved: p.ReservedCount(f), Blocks: p.BlockCount(f)}
 	leases := map[int64]bool{}
 	for _, bi := range snap.Blocks {

@@ -153,17 +153,35 @@ type WriteResult struct {
 	Expires time.Time
 }
 
-// Store is the durable, shared side of allocation: etcd in production.
-// Every method is one atomic step; the fences that keep invariants 1-3 hold
-// live in these steps, not in the caller's memory. Implementations must be
-// safe for concurrent use.
+// Store is the durable, shared side of allocation: etcd in production
+// (allocator/etcdstore). Every method is one atomic step; the fences that
+// keep invariants 1-3 hold live in these steps, not in the caller's
+// memory. Implementations must be safe for concurrent use. It is the sum
+// of the roles below; a consumer names the roles it uses.
 type Store interface {
+	Pools
+	Claims
+	IPs
+	Loans
+	Bindings
+}
+
+// PoolReader reads a pool's spec.
+type PoolReader interface {
+	GetPool(ctx context.Context, name string) (allocator.Pool, error)
+}
+
+// Pools reads and writes pool specs.
+type Pools interface {
+	PoolReader
 	// EnsurePool creates the pool or checks that the stored spec may be
 	// replaced by p (CheckPoolUpdate) and stores it. It returns the stored pool.
 	EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error)
-	GetPool(ctx context.Context, name string) (allocator.Pool, error)
 	ListPools(ctx context.Context) ([]allocator.Pool, error)
+}
 
+// Claims are the blocks' claims and homes.
+type Claims interface {
 	// ListBlocks returns every block of the pool that has a claim or a home,
 	// read at one revision.
 	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
@@ -176,7 +194,17 @@ type Store interface {
 	Reclaim(ctx context.Context, pool string, prev BlockInfo, c Claim, lease int64) (rev int64, err error)
 	// Unclaim gives up an empty block still claimed at claimRev.
 	Unclaim(ctx context.Context, pool string, block netip.Prefix, claimRev int64) error
+}
 
+// LeaseReader says when a lease ends.
+type LeaseReader interface {
+	// LeaseExpiry says when a reservation lease ends (now, if it has).
+	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
+}
+
+// IPs are the allocation records.
+type IPs interface {
+	LeaseReader
 	// ListIPs returns the allocations of one block.
 	ListIPs(ctx context.Context, pool string, block netip.Prefix) ([]Allocation, error)
 	// WriteIPs applies all writes in one transaction or none. It fails with
@@ -186,8 +214,6 @@ type Store interface {
 	// with no allocation is absent from the map. It is how a write whose
 	// outcome is unknown (a timeout, a lost connection) is resolved.
 	GetIPs(ctx context.Context, refs []IPRef) (map[netip.Addr]Allocation, error)
-	// LeaseExpiry says when a reservation lease ends (now, if it has).
-	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
 	// DeleteIP releases al if it is still at al.Rev; absent is success,
 	// a changed key wraps ErrConflict. The store records the ownership
 	// interval that ends (IP history) in the same atomic step.
@@ -196,7 +222,10 @@ type Store interface {
 	// end. It reports false when the store still holds al as it was (its
 	// lease has not ended there yet): ask again later.
 	RecordLapsed(ctx context.Context, al Allocation, end time.Time) (bool, error)
+}
 
+// Loans are addresses borrowed across blocks.
+type Loans interface {
 	// PoolSnapshot reads a pool's claims, homes, lent addresses and
 	// allocated addresses (not their records) at one revision: what
 	// borrowing and an exhaustion report decide on.
@@ -212,7 +241,10 @@ type Store interface {
 	// address with no history is absent. Borrowers respect the lender's
 	// reuse cooldown with it.
 	LastReleased(ctx context.Context, pool string, addrs []netip.Addr) (map[netip.Addr]time.Time, error)
+}
 
+// Bindings are sticky identities' bindings.
+type Bindings interface {
 	// GetBinding reads a sticky identity's binding; ok is false when
 	// there is none.
 	GetBinding(ctx context.Context, pool, identity string) (b Binding, ok bool, err error)
