@@ -7,7 +7,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -65,10 +64,7 @@ type Agent struct {
 	bindings  *nsBindings
 	podMTU    int
 
-	mu       sync.Mutex
-	restored bool
-	// restoreErr is why the last restore failed, while not restored.
-	restoreErr error
+	ready *readiness
 }
 
 // New checks cfg and prepares an agent; Run starts it.
@@ -83,16 +79,7 @@ func New(cfg Config, o Options) (*Agent, error) {
 		o.Version = "dev"
 	}
 	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
-	a.m = newMetrics(poolCollector{
-		usage: func() []nodealloc.Usage {
-			if a.alloc == nil {
-				return nil
-			}
-			return a.alloc.Usage()
-		},
-		blocks: &blockCounts{pools: a.servedPools, list: a.listBlocks, ttl: 15 * time.Second},
-		leaks:  a.leaks,
-	})
+	a.m = newMetrics()
 	a.exhausted.errors = a.m.exhausted
 	return a, nil
 }
@@ -136,7 +123,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	if err := a.readyErr(); err != nil {
+	if err := a.ready.readyErr(); err != nil {
 		a.log.Error("agent serving but not ready", "node", a.cfg.Node, "socket", a.cfg.Socket, "reason", err)
 	} else {
 		a.log.Info("agent ready", "node", a.cfg.Node, "socket", a.cfg.Socket, "datapath", a.dp.Name(), "version", a.opts.Version)
@@ -194,9 +181,8 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newGroupCommit(a.alloc.AllocateBatch, func(err error) nodealloc.Outcome { return nodealloc.Outcome{Err: err} },
-		a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
-	a.batch.observe = func(n int) { a.m.batch.Observe(float64(n)) }
+	a.batch = newGroupCommit(allocationBatches{a.alloc}, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
+	a.batch.sizes = a.m.batch
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
 	}
@@ -217,37 +203,41 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	a.recorder = &nodeRecorder{put: a.store.PutNode, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS)}
+	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS)}
 	a.lease = &leaseKeeper{
-		grant: a.grant, restore: func(ctx context.Context, s *kvstore.Session) error { return a.alloc.Restore(ctx, s) }, timeout: a.cfg.RequestTimeout.Duration,
+		leases: nodeLeases{cli: a.cli, ttl: int64(a.cfg.LeaseTTL.Seconds()), recorder: a.recorder}, alloc: a.alloc, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
 	}
 	nl, err := openNetlink(a.cfg.NetNS)
 	if err != nil {
 		return err
 	}
-	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp.Forget, a.log.Named("reaper"))
+	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp, a.log.Named("reaper"))
 	// Confirms are sent as soon as the last batch is done, without a wait.
-	a.confirms = newGroupCommit(a.alloc.ConfirmBatch, func(err error) nodealloc.ConfirmOutcome { return nodealloc.ConfirmOutcome{Err: err} },
-		a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
+	a.confirms = newGroupCommit(confirmBatches{a.alloc}, a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
-		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holder: a.holder, reportLost: a.reportLost, reaper: a.reaper,
-		freed: a.exhausted.clear, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
+		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holders: poolHolders{pools: a.cfg.Pools, store: a.store},
+		lost: lostReports{recorder: a.recorder, gauge: a.m.lostEPs, lease: a.lease, log: a.log}, reaper: a.reaper,
+		freed: a.exhausted, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
-	// Back in touch with etcd, the DELs plugins queued meanwhile go first
-	// (their pods are gone: re-asserting them would bring them back),
-	// then the endpoints are compared with etcd.
-	a.lease.renewed = func(ctx context.Context) { a.endpoints.drainNow(ctx); a.endpoints.recheck(ctx) }
-	a.probe = &etcdProbe{ping: a.ping, log: a.log, reachable: func(ctx context.Context) { a.endpoints.drainNow(ctx); a.endpoints.verify(ctx) }}
+	a.m.reg.MustRegister(poolCollector{
+		usage:  a.alloc,
+		blocks: &blockCounts{pools: servedPools{names: a.cfg.poolNames(), alloc: a.alloc}, store: a.store, ttl: 15 * time.Second},
+		leaks:  leakCounter{alloc: a.alloc, endpoints: a.endpoints, pools: a.cfg.poolNames(), grace: a.cfg.GCGrace.Duration},
+	})
+	// Back in touch with etcd, the endpoints catch up (endpointManager's
+	// leaseRenewed and etcdBack).
+	a.lease.renewed = a.endpoints
+	a.probe = &etcdProbe{store: a.store, log: a.log, back: a.endpoints}
+	a.ready = &readiness{probe: a.probe, lease: a.lease}
 	a.bindings = newNSBindings()
 	a.rec = &reconciler{
-		endpoints: a.endpoints, linkExists: a.dp.HostLinkExists, drain: a.endpoints.drain, recordLapses: a.alloc.RecordLapses,
-		verify: a.endpoints.verify,
-		grace:  a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
+		endpoints: a.endpoints, links: a.dp, lapses: a.alloc,
+		grace: a.cfg.GCGrace.Duration, interval: a.cfg.GCInterval.Duration, timeout: a.cfg.RequestTimeout.Duration,
 		released: a.m.gcReleased.WithLabelValues("reconciler"), log: a.log,
 	}
 	a.gc = &collector{
-		allocations: a.alloc.Allocations, release: a.endpoints.releaseAllocations, grace: a.cfg.GCGrace.Duration,
+		allocs: a.alloc, releaser: a.endpoints, grace: a.cfg.GCGrace.Duration,
 		released: a.m.gcReleased.WithLabelValues("gc_request"), log: a.log,
 	}
 	sess, err := a.lease.ensure(ctx)
@@ -256,20 +246,26 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	if err := a.restore(ctx, sess); err != nil {
 		a.log.Error("restore failed; serving not-ready and retrying", "error", err)
-		a.mu.Lock()
-		a.restoreErr = err
-		a.mu.Unlock()
+		a.ready.restoreDone(err)
 	}
 	return nil
 }
 
+// nodeLeases grants the node's leases: each a new session whose node
+// record is written on it.
+type nodeLeases struct {
+	cli      *clientv3.Client
+	ttl      int64
+	recorder *nodeRecorder
+}
+
 // grant takes a new node lease and writes the node record on it.
-func (a *Agent) grant(ctx context.Context) (*kvstore.Session, error) {
-	sess, err := kvstore.NewSession(ctx, a.cli, int64(a.cfg.LeaseTTL.Seconds()))
+func (l nodeLeases) grant(ctx context.Context) (*kvstore.Session, error) {
+	sess, err := kvstore.NewSession(ctx, l.cli, l.ttl)
 	if err != nil {
 		return nil, err
 	}
-	if err := a.recorder.write(ctx, sess.ID()); err != nil {
+	if err := l.recorder.write(ctx, sess.ID()); err != nil {
 		sess.Close()
 		return nil, err
 	}
@@ -288,9 +284,7 @@ func (a *Agent) restore(ctx context.Context, sess *kvstore.Session) error {
 	if err := a.endpoints.restore(ctx); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	a.restored, a.restoreErr = true, nil
-	a.mu.Unlock()
+	a.ready.restoreDone(nil)
 	return nil
 }
 
@@ -299,7 +293,7 @@ func (a *Agent) restore(ctx context.Context, sess *kvstore.Session) error {
 func (a *Agent) maintain(ctx context.Context) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 5*time.Second, 0
-	for !a.isRestored() {
+	for !a.ready.isRestored() {
 		select {
 		case <-ctx.Done():
 			return
@@ -316,26 +310,13 @@ func (a *Agent) maintain(ctx context.Context) {
 			break
 		}
 		a.log.Warn("restore failed again; still not ready", "error", err)
-		a.mu.Lock()
-		a.restoreErr = err
-		a.mu.Unlock()
+		a.ready.restoreDone(err)
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { a.rec.run(ctx) })
-	wg.Go(func() { a.endpoints.watchQueue(ctx, time.Second, a.readyErr) })
+	wg.Go(func() { a.endpoints.watchQueue(ctx, time.Second, a.ready.readyErr) })
 	a.lease.run(ctx)
 	wg.Wait()
-}
-
-func (a *Agent) isRestored() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.restored
-}
-
-// ping is the etcd probe's read.
-func (a *Agent) ping(ctx context.Context) error {
-	return a.store.Ping(ctx)
 }
 
 func (a *Agent) openEtcd(ctx context.Context) error {
@@ -371,12 +352,14 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		return nil, nil, fmt.Errorf("restrict socket: %w", err)
 	}
 	h := &handlers{
-		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), bindingFor: a.bindings.poolFor, podMTU: a.podMTU,
+		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), bindings: a.bindings, podMTU: a.podMTU,
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
-		allocateFn: a.allocate, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp.Counters,
-		collect: a.gc.collect, lookup: a.alloc.Lookup, statusFn: a.status,
+		alloc: queuedAllocations{a.batch}, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp,
+		garbage: a.gc, owners: a.alloc,
+		reporter: statusReporter{node: a.cfg.Node, version: a.opts.Version, datapath: a.dp.Name(), embedded: a.embedded != nil, etcd: a.cli,
+			ready: a.ready, probe: a.probe, lease: a.lease, usage: a.alloc, exhausted: a.exhausted},
 	}
-	as := &apiServer{ready: a.readyErr, restored: a.isRestored, timeout: a.cfg.RequestTimeout.Duration, requests: a.m.requests, log: a.log, h: h}
+	as := &apiServer{state: a.ready, timeout: a.cfg.RequestTimeout.Duration, requests: a.m.requests, log: a.log, h: h}
 	srv := &http.Server{Handler: as.routes(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
 	return srv, ln, nil
 }
@@ -417,23 +400,4 @@ func readBootID() string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// ready reports whether the agent can allocate now, and why not.
-func (a *Agent) readyErr() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	switch {
-	case !a.restored && a.restoreErr != nil:
-		return fmt.Errorf("restore failed, retrying: %w", a.restoreErr)
-	case !a.restored:
-		return errors.New("agent is restoring its state")
-	}
-	if err := a.probe.lastErr(); err != nil {
-		return fmt.Errorf("etcd unreachable: %w", err)
-	}
-	if !a.lease.live() {
-		return errors.New("node lease lost; re-establishing")
-	}
-	return nil
 }

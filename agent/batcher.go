@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // groupCommit is the agent's group commit: concurrent requests queue on a
@@ -15,13 +17,11 @@ import (
 // request at a time; a lone request goes out at once. Allocations use it
 // with a wait, endpoint creates' confirms without.
 type groupCommit[R, O any] struct {
-	commit func(ctx context.Context, reqs []R) []O
-	// failed is the outcome of a caller that gave up before its batch.
-	failed func(err error) O
-	// observe, if set, sees each batch's size.
-	observe func(n int)
-	max     int
-	in      chan *groupItem[R, O]
+	batches batchCommitter[R, O]
+	// sizes, if set, sees each batch's size.
+	sizes prometheus.Observer
+	max   int
+	in    chan *groupItem[R, O]
 	// timeout is the etcd budget of one batch. It is detached from the
 	// callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
@@ -31,14 +31,22 @@ type groupCommit[R, O any] struct {
 	coming atomic.Int64
 }
 
+// batchCommitter commits one batch of a group commit: one outcome per
+// request, in order; failedOutcome is the outcome of a caller that gave up
+// before its batch was sent.
+type batchCommitter[R, O any] interface {
+	commitBatch(ctx context.Context, reqs []R) []O
+	failedOutcome(err error) O
+}
+
 type groupItem[R, O any] struct {
 	ctx  context.Context
 	req  R
 	done chan O
 }
 
-func newGroupCommit[R, O any](commit func(context.Context, []R) []O, failed func(error) O, max int, wait, timeout time.Duration) *groupCommit[R, O] {
-	return &groupCommit[R, O]{commit: commit, failed: failed, max: max, in: make(chan *groupItem[R, O], max), wait: wait, timeout: timeout}
+func newGroupCommit[R, O any](batches batchCommitter[R, O], max int, wait, timeout time.Duration) *groupCommit[R, O] {
+	return &groupCommit[R, O]{batches: batches, max: max, in: make(chan *groupItem[R, O], max), wait: wait, timeout: timeout}
 }
 
 // run serves batches until ctx ends. Its owner (the agent) waits for it.
@@ -94,7 +102,7 @@ func (b *groupCommit[R, O]) serve(items []*groupItem[R, O]) {
 	live := items[:0]
 	for _, it := range items {
 		if it.ctx.Err() != nil {
-			it.done <- b.failed(it.ctx.Err())
+			it.done <- b.batches.failedOutcome(it.ctx.Err())
 			continue
 		}
 		live = append(live, it)
@@ -108,9 +116,9 @@ func (b *groupCommit[R, O]) serve(items []*groupItem[R, O]) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
-	out := b.commit(ctx, reqs)
-	if b.observe != nil {
-		b.observe(len(live))
+	out := b.batches.commitBatch(ctx, reqs)
+	if b.sizes != nil {
+		b.sizes.Observe(float64(len(live)))
 	}
 	for i, it := range live {
 		it.done <- out[i]

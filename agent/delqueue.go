@@ -61,3 +61,20 @@ func (m *endpointManager) watchQueue(ctx context.Context, interval time.Duration
 		}
 	}
 }
+
+// leaseRenewed runs once a lost lease was replaced and the blocks
+// re-claimed: the DELs plugins queued meanwhile go first (their pods are
+// gone: re-asserting them would bring them back), then the endpoints are
+// checked against etcd.
+func (m *endpointManager) leaseRenewed(ctx context.Context) {
+	m.drainNow(ctx)
+	m.recheck(ctx)
+}
+
+// etcdBack runs when etcd answers again after it did not (it may have
+// been restored meanwhile): queued DELs first, then the endpoints are
+// compared with etcd and what it lost is re-asserted.
+func (m *endpointManager) etcdBack(ctx context.Context) {
+	m.drainNow(ctx)
+	m.verify(ctx)
+}

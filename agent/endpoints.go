@@ -30,12 +30,17 @@ type endpointManager struct {
 	alloc   endpointAllocator
 	dp      Datapath
 	records *endpointRecords
-	// holder reads who holds addr now, for reports of lost endpoints.
-	holder func(ctx context.Context, addr netip.Addr) (pool string, al *records.Allocation, err error)
-	// reportLost publishes endpoints found lost (metrics, node record).
-	reportLost func(ctx context.Context, lost []etcdstore.LostEndpoint)
-	// freed runs after a release freed addresses.
-	freed func()
+	// holders reads who holds an address now, for reports of lost
+	// endpoints.
+	holders interface {
+		holder(ctx context.Context, addr netip.Addr) (pool string, al *records.Allocation, err error)
+	}
+	// lost, if set, publishes endpoints found lost (metrics, node record).
+	lost interface {
+		reportLost(ctx context.Context, lost []etcdstore.LostEndpoint)
+	}
+	// freed, if set, is told when a release freed addresses.
+	freed interface{ clear() }
 	// reasserted counts allocations written back after etcd lost them.
 	reasserted prometheus.Counter
 	// reaper retires the host veths of DELs and deletes them later.
@@ -226,7 +231,7 @@ func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]str
 		out = append(out, al.Addr.String())
 	}
 	if len(rel) > 0 && m.freed != nil {
-		m.freed()
+		m.freed.clear()
 	}
 	return out, err
 }
@@ -273,7 +278,7 @@ func (m *endpointManager) releaseAllocations(ctx context.Context, als []records.
 		}
 	}
 	if len(out) > 0 && m.freed != nil {
-		m.freed()
+		m.freed.clear()
 	}
 	return out, errors.Join(errs...)
 }

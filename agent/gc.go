@@ -13,11 +13,13 @@ import (
 
 // collector serves CNI GC requests. It is safe for concurrent use.
 type collector struct {
-	// allocations is a snapshot of this node's allocations.
-	allocations func() []records.Allocation
-	// release frees the chosen allocations if etcd still holds them as
+	// allocs is a snapshot of this node's allocations.
+	allocs interface{ Allocations() []records.Allocation }
+	// releaser frees the chosen allocations if etcd still holds them as
 	// they were in the snapshot.
-	release  func(ctx context.Context, als []records.Allocation) ([]string, error)
+	releaser interface {
+		releaseAllocations(ctx context.Context, als []records.Allocation) ([]string, error)
+	}
 	grace    time.Duration
 	released prometheus.Counter
 	log      hclog.Logger
@@ -41,7 +43,7 @@ func (c *collector) collect(ctx context.Context, req api.GCRequest, now time.Tim
 	}
 	var doomed []records.Allocation
 	res := api.GCResponse{Released: []string{}}
-	for _, al := range c.allocations() {
+	for _, al := range c.allocs.Allocations() {
 		if (req.Pool != "" && al.Pool != req.Pool) || (req.Network != "" && al.Network != req.Network) || valid[al.Owner.Key()] {
 			continue
 		}
@@ -54,7 +56,7 @@ func (c *collector) collect(ctx context.Context, req api.GCRequest, now time.Tim
 	if c.testHookDecided != nil {
 		c.testHookDecided()
 	}
-	released, err := c.release(ctx, doomed)
+	released, err := c.releaser.releaseAllocations(ctx, doomed)
 	res.Released = append(res.Released, released...)
 	c.released.Add(float64(len(released)))
 	if len(released) > 0 {

@@ -21,31 +21,58 @@ type handlers struct {
 	node        string
 	pools       []allocator.Pool
 	defaultPool string
-	// bindingFor is a namespace's bound pool, or "".
-	bindingFor func(ns string) string
-	podMTU     int
-	datapath   string
-	resTTL     time.Duration
+	bindings    poolBinder
+	podMTU      int
+	datapath    string
+	resTTL      time.Duration
 
-	allocateFn func(ctx context.Context, req nodealloc.Request) (nodealloc.Result, error)
-	exhausted  *exhaustion
-	endpoints  interface {
+	alloc     requestAllocator
+	exhausted *exhaustion
+	endpoints interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
 		release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error)
 		delete(ctx context.Context, o api.Owner) error
 		list() []api.Endpoint
 	}
-	counters func() (map[uint32]api.Counters, error)
-	collect  func(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error)
-	lookup   func(o records.Owner) []records.Allocation
-	statusFn func() api.Status
+	counters counterSource
+	garbage  gcCollector
+	owners   ownerLookup
+	reporter statusSource
 }
+
+// poolBinder says which pool a namespace is bound to ("" for none).
+type poolBinder interface{ poolFor(ns string) string }
+
+// requestAllocator serves one allocate request.
+type requestAllocator interface {
+	Allocate(ctx context.Context, req nodealloc.Request) (nodealloc.Result, error)
+}
+
+// counterSource reads the datapath's per-endpoint counters.
+type counterSource interface {
+	Counters() (map[uint32]api.Counters, error)
+}
+
+// gcCollector serves a CNI GC request.
+type gcCollector interface {
+	collect(ctx context.Context, req api.GCRequest, now time.Time) (api.GCResponse, error)
+}
+
+// ownerLookup says what an owner holds on this node.
+type ownerLookup interface {
+	Lookup(o records.Owner) []records.Allocation
+}
+
+// statusSource is the agent's status.
+type statusSource interface{ status() api.Status }
 
 func (h *handlers) health(context.Context, struct{}) (map[string]string, error) {
 	return map[string]string{"status": "ok"}, nil
 }
 
-func (h *handlers) status(context.Context, struct{}) (api.Status, error) { return h.statusFn(), nil }
+func (h *handlers) status(context.Context, struct{}) (api.Status, error) {
+	return h.reporter.status(), nil
+}
 
 func (h *handlers) config(context.Context, struct{}) (api.Config, error) {
 	var pools []string
@@ -70,7 +97,7 @@ func (h *handlers) allocate(ctx context.Context, req api.AllocateRequest) (api.A
 	if err != nil {
 		return api.AllocateResponse{}, err
 	}
-	res, err := h.allocateFn(ctx, areq)
+	res, err := h.alloc.Allocate(ctx, areq)
 	h.exhausted.note(areq, err)
 	if err != nil {
 		return api.AllocateResponse{}, err
@@ -86,8 +113,8 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 	out := nodealloc.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
 	field, from := "podPool", "the pod's annotation kvipam.io/pool"
 	var bound string
-	if h.bindingFor != nil {
-		bound = h.bindingFor(req.Owner.Namespace)
+	if h.bindings != nil {
+		bound = h.bindings.poolFor(req.Owner.Namespace)
 	}
 	switch {
 	case req.PodPool != "":
@@ -136,11 +163,11 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 // heldPool is the pool in which the owner already holds addresses on
 // this node, or "": want when it holds some there too.
 func (h *handlers) heldPool(o records.Owner, want string) string {
-	if h.lookup == nil {
+	if h.owners == nil {
 		return ""
 	}
 	held := ""
-	for _, al := range h.lookup(o) {
+	for _, al := range h.owners.Lookup(o) {
 		if al.Pool == want {
 			return want
 		}
@@ -227,7 +254,7 @@ func statsQuery(_ http.ResponseWriter, r *http.Request) (listQuery, error) {
 func (h *handlers) listEndpoints(_ context.Context, q listQuery) (api.EndpointList, error) {
 	eps := h.endpoints.list()
 	if q.stats {
-		counters, err := h.counters()
+		counters, err := h.counters.Counters()
 		if err != nil {
 			return api.EndpointList{}, fmt.Errorf("read datapath counters: %w", err)
 		}
@@ -260,12 +287,12 @@ func (h *handlers) checkGC(req api.GCRequest) error {
 }
 
 func (h *handlers) gc(ctx context.Context, req api.GCRequest) (api.GCResponse, error) {
-	return h.collect(ctx, req, time.Now())
+	return h.garbage.collect(ctx, req, time.Now())
 }
 
 func (h *handlers) allocations(_ context.Context, o api.Owner) (api.AllocationList, error) {
 	out := api.AllocationList{Allocations: []api.Allocation{}}
-	for _, al := range h.lookup(toOwner(o)) {
+	for _, al := range h.owners.Lookup(toOwner(o)) {
 		out.Allocations = append(out.Allocations, api.Allocation{
 			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Block: al.Block, State: string(al.State),
 		})

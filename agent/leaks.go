@@ -3,6 +3,7 @@ package agent
 import (
 	"time"
 
+	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -31,14 +32,19 @@ func leakCandidates(als []records.Allocation, endpointOwners map[string]bool, po
 	return out
 }
 
-// leaks is leakCandidates for the running agent.
-func (a *Agent) leaks() map[string]int {
-	if a.alloc == nil || a.endpoints == nil {
-		return nil
-	}
+// leakCounter counts the running agent's leak candidates
+// (leakCandidates) at scrape time.
+type leakCounter struct {
+	alloc     interface{ Allocations() []records.Allocation }
+	endpoints interface{ list() []api.Endpoint }
+	pools     []string
+	grace     time.Duration
+}
+
+func (c leakCounter) leaks() map[string]int {
 	owners := map[string]bool{}
-	for _, ep := range a.endpoints.list() {
+	for _, ep := range c.endpoints.list() {
 		owners[ep.Owner.Key()] = true
 	}
-	return leakCandidates(a.alloc.Allocations(), owners, a.cfg.poolNames(), a.cfg.GCGrace.Duration, time.Now())
+	return leakCandidates(c.alloc.Allocations(), owners, c.pools, c.grace, time.Now())
 }

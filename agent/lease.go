@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -18,14 +19,18 @@ import (
 // re-claimed on it; running pods keep their addresses throughout, since
 // allocations carry no lease. It is safe for concurrent use.
 type leaseKeeper struct {
-	// grant takes a new lease and writes the node record on it.
-	grant func(ctx context.Context) (*kvstore.Session, error)
-	// restore re-claims the node's blocks on a new lease.
-	restore func(ctx context.Context, s *kvstore.Session) error
-	// renewed runs after a lost lease was replaced and the blocks
-	// re-claimed (pods whose addresses went elsewhere meanwhile are
-	// reported then).
-	renewed func(ctx context.Context)
+	// leases grants a new lease and writes the node record on it.
+	leases interface {
+		grant(ctx context.Context) (*kvstore.Session, error)
+	}
+	// alloc re-claims the node's blocks on a new lease.
+	alloc interface {
+		Restore(ctx context.Context, lease nodealloc.Lease) error
+	}
+	// renewed, if set, is told when a lost lease was replaced and the
+	// blocks re-claimed (pods whose addresses went elsewhere meanwhile
+	// are reported then).
+	renewed interface{ leaseRenewed(ctx context.Context) }
 	timeout time.Duration
 	held    prometheus.Gauge
 	log     hclog.Logger
@@ -63,7 +68,7 @@ func (k *leaseKeeper) ensure(ctx context.Context) (*kvstore.Session, error) {
 	if s := k.session(); s != nil && !s.Lost() {
 		return s, nil
 	}
-	s, err := k.grant(ctx)
+	s, err := k.leases.grant(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -104,12 +109,12 @@ func (k *leaseKeeper) run(ctx context.Context) {
 func (k *leaseKeeper) renew(ctx context.Context) bool {
 	rctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
-	sess, err := k.grant(rctx)
+	sess, err := k.leases.grant(rctx)
 	if err != nil {
 		k.log.Debug("renew lease", "error", err)
 		return false
 	}
-	if err := k.restore(rctx, sess); err != nil {
+	if err := k.alloc.Restore(rctx, sess); err != nil {
 		k.log.Warn("re-claim blocks on the new lease", "error", err)
 		sess.Close()
 		return false
@@ -117,7 +122,7 @@ func (k *leaseKeeper) renew(ctx context.Context) bool {
 	k.set(sess)
 	k.log.Info("node lease re-established; blocks re-claimed", "lease", sess.ID())
 	if k.renewed != nil {
-		k.renewed(rctx)
+		k.renewed.leaseRenewed(rctx)
 	}
 	return true
 }
@@ -133,11 +138,13 @@ func (k *leaseKeeper) close() {
 // etcdProbe checks etcd once a second, so a request can be refused at once
 // when etcd is known to be down instead of waiting out its timeout.
 type etcdProbe struct {
-	ping func(ctx context.Context) error
-	log  hclog.Logger
-	// reachable runs when etcd answers again after it did not: it may
-	// have been restored from a snapshot meanwhile.
-	reachable func(ctx context.Context)
+	store interface {
+		Ping(ctx context.Context) error
+	}
+	log hclog.Logger
+	// back, if set, is told when etcd answers again after it did not: it
+	// may have been restored from a snapshot meanwhile.
+	back interface{ etcdBack(ctx context.Context) }
 
 	mu  sync.Mutex
 	err error
@@ -148,7 +155,7 @@ func (p *etcdProbe) run(ctx context.Context) {
 	defer t.Stop()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		err := p.ping(pctx)
+		err := p.store.Ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -161,9 +168,9 @@ func (p *etcdProbe) run(ctx context.Context) {
 			p.log.Warn("etcd unreachable", "error", err)
 		} else if changed {
 			p.log.Info("etcd reachable again")
-			if p.reachable != nil {
+			if p.back != nil {
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				p.reachable(rctx)
+				p.back.etcdBack(rctx)
 				cancel()
 			}
 		}

@@ -33,17 +33,17 @@ const reapGroup = api.ReapLinkGroup
 type linkReaper struct {
 	nl    *netlink.Handle
 	netns string // the host veths' namespace, "" for the agent's own
-	// forget runs for each retired endpoint once its veth is deleted.
-	forget func(ep api.Endpoint) error
-	log    hclog.Logger
+	// dp forgets each retired endpoint once its veth is deleted.
+	dp  interface{ Forget(ep api.Endpoint) error }
+	log hclog.Logger
 
 	kick    chan struct{}
 	mu      sync.Mutex
 	retired []api.Endpoint // waiting for forget
 }
 
-func newLinkReaper(h *netlink.Handle, netnsPath string, forget func(api.Endpoint) error, log hclog.Logger) *linkReaper {
-	return &linkReaper{nl: h, netns: netnsPath, forget: forget, log: log, kick: make(chan struct{}, 1)}
+func newLinkReaper(h *netlink.Handle, netnsPath string, dp interface{ Forget(api.Endpoint) error }, log hclog.Logger) *linkReaper {
+	return &linkReaper{nl: h, netns: netnsPath, dp: dp, log: log, kick: make(chan struct{}, 1)}
 }
 
 // retire readies the host veth name for deletion and returns its ifindex,
@@ -138,7 +138,7 @@ func (r *linkReaper) reap() error {
 	}
 	var errs []error
 	for _, ep := range eps {
-		if err := r.forget(ep); err != nil {
+		if err := r.dp.Forget(ep); err != nil {
 			errs = append(errs, fmt.Errorf("forget endpoint %d (%s): %w", ep.ID, ep.HostIfName, err))
 		}
 	}

@@ -5,9 +5,13 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/kvstore"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Lost endpoints. A node that was away (down, or cut off from etcd for
@@ -69,8 +73,8 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 			_ = m.records.remove(ep.Owner)
 		}
 	}
-	if len(lost) > 0 && m.reportLost != nil {
-		m.reportLost(ctx, lost)
+	if len(lost) > 0 && m.lost != nil {
+		m.lost.reportLost(ctx, lost)
 	}
 	return keep
 }
@@ -82,7 +86,7 @@ func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gon
 		IPs: []etcdstore.LostIP{}, FoundAt: time.Now().UTC()}
 	for _, addr := range gone {
 		ip := etcdstore.LostIP{IP: addr.String(), Unknown: true}
-		pool, al, err := m.holder(ctx, addr)
+		pool, al, err := m.holders.holder(ctx, addr)
 		switch {
 		case err != nil:
 			m.log.Warn("cannot read who holds a lost address", "ip", addr, "error", err)
@@ -97,28 +101,43 @@ func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gon
 	return le
 }
 
+// poolHolders finds who holds an address of the node's pools in etcd.
+type poolHolders struct {
+	pools []allocator.Pool
+	store interface {
+		Holder(ctx context.Context, p allocator.Pool, addr netip.Addr) (*records.Allocation, error)
+	}
+}
+
 // holder finds the pool of addr and who holds it in etcd now.
-func (a *Agent) holder(ctx context.Context, addr netip.Addr) (string, *records.Allocation, error) {
-	for _, p := range a.cfg.Pools {
+func (h poolHolders) holder(ctx context.Context, addr netip.Addr) (string, *records.Allocation, error) {
+	for _, p := range h.pools {
 		if p.Contains(addr) {
-			al, err := a.store.Holder(ctx, p, addr)
+			al, err := h.store.Holder(ctx, p, addr)
 			return p.Name, al, err
 		}
 	}
 	return "", nil, nil
 }
 
-// reportLost publishes endpoints found lost: the gauge, and the node
+// lostReports publishes endpoints found lost: the gauge, and the node
 // record rewritten on the current lease (a later lease's record carries
 // them too).
-func (a *Agent) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
-	n, changed := a.recorder.addLost(lost)
-	a.m.lostEPs.Set(float64(n))
-	sess := a.lease.session()
+type lostReports struct {
+	recorder *nodeRecorder
+	gauge    prometheus.Gauge
+	lease    interface{ session() *kvstore.Session }
+	log      hclog.Logger
+}
+
+func (r lostReports) reportLost(ctx context.Context, lost []etcdstore.LostEndpoint) {
+	n, changed := r.recorder.addLost(lost)
+	r.gauge.Set(float64(n))
+	sess := r.lease.session()
 	if sess == nil || !changed {
 		return
 	}
-	if err := a.recorder.write(ctx, sess.ID()); err != nil {
-		a.log.Warn("cannot list lost endpoints in the node record", "error", err)
+	if err := r.recorder.write(ctx, sess.ID()); err != nil {
+		r.log.Warn("cannot list lost endpoints in the node record", "error", err)
 	}
 }

@@ -25,7 +25,7 @@ type metrics struct {
 	exhausted  *prometheus.CounterVec
 }
 
-func newMetrics(pools poolCollector) *metrics {
+func newMetrics() *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		txn: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -60,7 +60,7 @@ func newMetrics(pools poolCollector) *metrics {
 			Name: "kvipam_pool_exhaustion_errors_total", Help: "ADDs refused because the pool had no free address (none to claim or borrow).",
 		}, []string{"pool", "family"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted, pools)
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted)
 	return m
 }
 

@@ -15,7 +15,9 @@ import (
 // endpoints it found lost, which kvipamctl check reports. It is safe for
 // concurrent use.
 type nodeRecorder struct {
-	put     func(ctx context.Context, rec etcdstore.NodeRecord, lease int64) error
+	store interface {
+		PutNode(ctx context.Context, rec etcdstore.NodeRecord, lease int64) error
+	}
 	node    string
 	bootID  string
 	version string
@@ -36,7 +38,7 @@ func (r *nodeRecorder) write(ctx context.Context, lease int64) error {
 	r.mu.Unlock()
 	rec := etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs,
 		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
-	err := r.put(ctx, rec, lease)
+	err := r.store.PutNode(ctx, rec, lease)
 	if err != nil && was {
 		r.mu.Lock()
 		r.unwritten = true

@@ -45,9 +45,9 @@ var (
 // poolCollector reads the allocator's books and the pool's blocks at
 // scrape time, so the series never drift from them.
 type poolCollector struct {
-	usage  func() []nodealloc.Usage
+	usage  interface{ Usage() []nodealloc.Usage }
 	blocks *blockCounts
-	leaks  func() map[string]int
+	leaks  interface{ leaks() map[string]int }
 }
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -61,7 +61,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
 	}
 	disabled := map[string]bool{}
-	for _, u := range c.usage() {
+	for _, u := range c.usage.Usage() {
 		l := []string{u.Pool, u.Family.String()}
 		gauge(descSize, float64(u.Size), l...)
 		gauge(descResRanges, float64(u.ReservedRanges), l...)
@@ -92,7 +92,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if c.leaks != nil {
-		for pool, n := range c.leaks() {
+		for pool, n := range c.leaks.leaks() {
 			gauge(descLeaks, float64(n), pool)
 		}
 	}
@@ -102,9 +102,11 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 // read of their claims and homes, kept for a while so that scrapes do not
 // load etcd.
 type blockCounts struct {
-	pools func() []allocator.Pool
-	list  func(ctx context.Context, pool string) ([]records.BlockInfo, error)
-	ttl   time.Duration
+	pools interface{ served() []allocator.Pool }
+	store interface {
+		ListBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error)
+	}
+	ttl time.Duration
 
 	mu     sync.Mutex
 	at     time.Time
@@ -126,8 +128,8 @@ func (c *blockCounts) get() []poolBlocks {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var out []poolBlocks
-	for _, p := range c.pools() {
-		infos, err := c.list(ctx, p.Name)
+	for _, p := range c.pools.served() {
+		infos, err := c.store.ListBlocks(ctx, p.Name)
 		if err != nil {
 			return c.cached // keep the last good answer
 		}
@@ -152,22 +154,19 @@ func (c *blockCounts) get() []poolBlocks {
 
 // servedPools are the specs of the pools this node serves, as the
 // allocator holds them (they follow etcd).
-func (a *Agent) servedPools() []allocator.Pool {
+type servedPools struct {
+	names []string
+	alloc interface {
+		Pool(name string) (allocator.Pool, bool)
+	}
+}
+
+func (s servedPools) served() []allocator.Pool {
 	var out []allocator.Pool
-	for _, name := range a.cfg.poolNames() {
-		if a.alloc == nil {
-			return nil
-		}
-		if p, ok := a.alloc.Pool(name); ok {
+	for _, name := range s.names {
+		if p, ok := s.alloc.Pool(name); ok {
 			out = append(out, p)
 		}
 	}
 	return out
-}
-
-func (a *Agent) listBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error) {
-	if a.store == nil {
-		return nil, ErrNotReady
-	}
-	return a.store.ListBlocks(ctx, pool)
 }

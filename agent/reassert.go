@@ -76,7 +76,7 @@ func (m *endpointManager) reassert(ctx context.Context, eps []api.Endpoint, repo
 		le.Reason = strings.Join(reasons[k], "; ")
 		lost = append(lost, le)
 	}
-	if m.reportLost != nil {
-		m.reportLost(ctx, lost)
+	if m.lost != nil {
+		m.lost.reportLost(ctx, lost)
 	}
 }

@@ -19,14 +19,19 @@ type reconciler struct {
 	endpoints interface {
 		list() []api.Endpoint
 		releaseEndpoint(ctx context.Context, ep api.Endpoint) (ips []string, same bool, err error)
+		// drain applies the DELs queued by plugins.
+		drain(ctx context.Context) error
+		// verify compares the endpoints with etcd and re-asserts what
+		// etcd lost (reassert.go).
+		verify(ctx context.Context)
 	}
-	linkExists func(api.Endpoint) (bool, error)
-	drain      func(ctx context.Context) error
-	// recordLapses writes reservations seen to lapse to IP history.
-	recordLapses func(ctx context.Context) error
-	// verify compares the endpoints with etcd and re-asserts what etcd
-	// lost (reassert.go).
-	verify   func(ctx context.Context)
+	links interface {
+		HostLinkExists(ep api.Endpoint) (bool, error)
+	}
+	// lapses, if set, writes reservations seen to lapse to IP history.
+	lapses interface {
+		RecordLapses(ctx context.Context) error
+	}
 	grace    time.Duration
 	interval time.Duration
 	timeout  time.Duration
@@ -54,7 +59,7 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 	if r.suspect == nil {
 		r.suspect = map[string]time.Time{}
 	}
-	if err := r.drain(ctx); err != nil {
+	if err := r.endpoints.drain(ctx); err != nil {
 		r.log.Warn("reconcile: DEL queue", "error", err)
 	}
 	released := 0
@@ -62,7 +67,7 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 	for _, ep := range r.endpoints.list() {
 		k := ep.Owner.Key()
 		seen[k] = true
-		exists, err := r.linkExists(ep)
+		exists, err := r.links.HostLinkExists(ep)
 		if err != nil {
 			r.log.Debug("reconcile: cannot check endpoint", "owner", k, "error", err)
 			continue
@@ -102,14 +107,12 @@ func (r *reconciler) pass(ctx context.Context, now time.Time) int {
 			delete(r.suspect, k)
 		}
 	}
-	if r.verify != nil {
+	rctx, cancel := context.WithTimeout(ctx, r.timeout)
+	r.endpoints.verify(rctx)
+	cancel()
+	if r.lapses != nil {
 		rctx, cancel := context.WithTimeout(ctx, r.timeout)
-		r.verify(rctx)
-		cancel()
-	}
-	if r.recordLapses != nil {
-		rctx, cancel := context.WithTimeout(ctx, r.timeout)
-		if err := r.recordLapses(rctx); err != nil {
+		if err := r.lapses.RecordLapses(rctx); err != nil {
 			r.log.Warn("reconcile: IP history of lapsed reservations", "error", err)
 		}
 		cancel()

@@ -23,10 +23,9 @@ import (
 // parts, maps their errors to API errors (apiError) and writes JSON. It is
 // safe for concurrent use.
 type apiServer struct {
-	// ready is nil when the agent can serve everything; restored when it
-	// knows its allocations (enough to release).
-	ready    func() error
-	restored func() bool
+	// state says whether the agent can serve everything (readyErr nil),
+	// and whether it knows its allocations (enough to release).
+	state    readinessState
 	timeout  time.Duration
 	requests *prometheus.CounterVec
 	log      hclog.Logger
@@ -94,12 +93,12 @@ func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check
 func (s *apiServer) check(n need) error {
 	switch n {
 	case needReady:
-		return s.ready()
+		return s.state.readyErr()
 	case needRestored:
-		if !s.restored() {
+		if !s.state.isRestored() {
 			// Until the node knows its allocations, a release would free
 			// nothing and tear down a running pod's datapath for nothing.
-			if err := s.ready(); err != nil {
+			if err := s.state.readyErr(); err != nil {
 				return err
 			}
 			return ErrNotReady

@@ -2,29 +2,42 @@ package agent
 
 import (
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/kvstore"
 )
 
-// status is the answer to GET /v1/status: readiness and why not, etcd,
-// the lease, and each pool family's use on this node.
-func (a *Agent) status() api.Status {
-	st := api.Status{Node: a.cfg.Node, Version: a.opts.Version, Datapath: a.dp.Name()}
-	err := a.readyErr()
+// statusReporter answers GET /v1/status: readiness and why not, etcd, the
+// lease, and each pool family's use on this node.
+type statusReporter struct {
+	node, version, datapath string
+	embedded                bool
+	etcd                    interface{ Endpoints() []string }
+	ready                   readinessState
+	probe                   interface{ lastErr() error }
+	lease                   interface{ session() *kvstore.Session }
+	usage                   interface{ Usage() []nodealloc.Usage }
+	exhausted               *exhaustion
+}
+
+func (r statusReporter) status() api.Status {
+	st := api.Status{Node: r.node, Version: r.version, Datapath: r.datapath}
+	err := r.ready.readyErr()
 	st.Ready = err == nil
 	if err != nil {
 		st.Message = err.Error()
 	}
-	st.Restored = a.isRestored()
-	etcdErr := a.probe.lastErr()
-	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: a.embedded != nil, Endpoints: a.cli.Endpoints()}
+	st.Restored = r.ready.isRestored()
+	etcdErr := r.probe.lastErr()
+	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: r.embedded, Endpoints: r.etcd.Endpoints()}
 	if etcdErr != nil {
 		st.Etcd.Error = etcdErr.Error()
 	}
 	st.Lease = api.LeaseStatus{State: "lost"}
-	if s := a.lease.session(); s != nil && !s.Lost() {
+	if s := r.lease.session(); s != nil && !s.Lost() {
 		st.Lease = api.LeaseStatus{ID: s.ID(), TTL: s.TTL(), State: "held"}
 	}
-	exhausted := a.exhausted.snapshot()
-	for _, u := range a.alloc.Usage() {
+	exhausted := r.exhausted.snapshot()
+	for _, u := range r.usage.Usage() {
 		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Free,
 			Borrowed: u.Borrowed, Lent: u.Lent, Size: u.Size, ReservedRanges: u.ReservedRanges, Disabled: u.Disabled}
 		ps.Blocks = append(ps.Blocks, u.Blocks...)
