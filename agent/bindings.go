@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"sync"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
@@ -11,16 +10,15 @@ import (
 // pool, kvipamctl pool bind-namespace) for the allocate handler. It is
 // safe for concurrent use.
 type nsBindings struct {
-	mu   sync.RWMutex
-	pool map[string]string // namespace -> pool
+	pool mirror[string, string] // namespace -> pool
 }
 
 // bindingSource is where the bindings come from (etcdstore.Store).
 type bindingSource interface {
-	WatchBindings(ctx context.Context, h etcdstore.BindingsHandler) error
+	WatchBindings(ctx context.Context, h etcdstore.Handler[etcdstore.NamespaceBinding]) error
 }
 
-func newNSBindings() *nsBindings { return &nsBindings{pool: map[string]string{}} }
+func newNSBindings() *nsBindings { return &nsBindings{} }
 
 // run follows the bindings until ctx ends.
 func (b *nsBindings) run(ctx context.Context, src bindingSource) { _ = src.WatchBindings(ctx, b) }
@@ -30,28 +28,18 @@ func (b *nsBindings) poolFor(ns string) string {
 	if ns == "" {
 		return ""
 	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return b.pool[ns]
+	p, _ := b.pool.get(ns)
+	return p
 }
 
-func (b *nsBindings) ResetBindings(bs []etcdstore.NamespaceBinding) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	clear(b.pool)
+func (b *nsBindings) Reset(bs []etcdstore.NamespaceBinding) {
+	all := make(map[string]string, len(bs))
 	for _, x := range bs {
-		b.pool[x.Namespace] = x.Pool
+		all[x.Namespace] = x.Pool
 	}
+	b.pool.reset(all)
 }
 
-func (b *nsBindings) PutBinding(x etcdstore.NamespaceBinding) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.pool[x.Namespace] = x.Pool
-}
+func (b *nsBindings) Put(x etcdstore.NamespaceBinding) { b.pool.put(x.Namespace, x.Pool) }
 
-func (b *nsBindings) DeleteBinding(ns string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	delete(b.pool, ns)
-}
+func (b *nsBindings) Delete(x etcdstore.NamespaceBinding) { b.pool.del(x.Namespace) }

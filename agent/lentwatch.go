@@ -26,7 +26,7 @@ type lentWatch struct {
 
 // homeSource is where homes come from (etcdstore.Store).
 type homeSource interface {
-	WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error
+	WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error
 }
 
 func (w lentWatch) run(ctx context.Context, src homeSource) {
@@ -34,9 +34,9 @@ func (w lentWatch) run(ctx context.Context, src homeSource) {
 	_ = src.WatchHomes(ctx, w)
 }
 
-// ResetHomes replaces everything the node knows of lent addresses: a
+// Reset replaces everything the node knows of lent addresses: a
 // loan given back during a watch gap is in no event, only missing here.
-func (w lentWatch) ResetHomes(homes []etcdstore.BlockHome) {
+func (w lentWatch) Reset(homes []etcdstore.BlockHome) {
 	lent := map[string]map[netip.Addr]string{}
 	for _, h := range homes {
 		if !h.Lent {
@@ -52,13 +52,13 @@ func (w lentWatch) ResetHomes(homes []etcdstore.BlockHome) {
 	}
 }
 
-func (w lentWatch) PutHome(h etcdstore.BlockHome) {
+func (w lentWatch) Put(h etcdstore.BlockHome) {
 	if h.Lent {
 		w.alloc.NoteLent(h.Pool, h.Block.Addr(), h.Node, true)
 	}
 }
 
-func (w lentWatch) DeleteHome(h etcdstore.BlockHome) {
+func (w lentWatch) Delete(h etcdstore.BlockHome) {
 	if h.Lent {
 		w.alloc.NoteLent(h.Pool, h.Block.Addr(), "", false)
 		w.giveBack(h.Pool)

@@ -14,15 +14,15 @@ import (
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
-// resetSignal passes every call on to a HomesHandler and says on resets
-// when one ResetHomes has returned.
+// resetSignal passes every call on to a handler of homes and says on
+// resets when one Reset has returned.
 type resetSignal struct {
-	etcdstore.HomesHandler
+	etcdstore.Handler[etcdstore.BlockHome]
 	resets chan<- struct{}
 }
 
-func (r resetSignal) ResetHomes(h []etcdstore.BlockHome) {
-	r.HomesHandler.ResetHomes(h)
+func (r resetSignal) Reset(h []etcdstore.BlockHome) {
+	r.Handler.Reset(h)
 	r.resets <- struct{}{}
 }
 
@@ -32,8 +32,8 @@ type signalledHomes struct {
 	resets chan struct{}
 }
 
-func (s signalledHomes) WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error {
-	return s.src.WatchHomes(ctx, resetSignal{HomesHandler: h, resets: s.resets})
+func (s signalledHomes) WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error {
+	return s.src.WatchHomes(ctx, resetSignal{Handler: h, resets: s.resets})
 }
 
 func lentOf(al *nodealloc.Allocator, pool string) int {

@@ -31,15 +31,13 @@ type peerRouter struct {
 	prog   routeProgrammer // host-gw or vxlan
 	log    hclog.Logger
 
-	mu    sync.Mutex
-	owner map[netip.Prefix]string // block -> home node
-	addrs map[string][]netip.Addr // node -> addresses
-	// homesListed and nodesListed are set by the first full list of each:
-	// until both are in, the desired routes are not known, and a sync
-	// would delete routes (to every peer whose address is not loaded yet)
-	// that the next sync adds back, cutting pod traffic in between.
-	homesListed, nodesListed bool
-	kick                     chan struct{}
+	owner mirror[netip.Prefix, string] // block -> home node
+	addrs mirror[string, []netip.Addr] // node -> addresses
+	// Until the first full list of both is in, the desired routes are
+	// not known, and a sync would delete routes (to every peer whose
+	// address is not loaded yet) that the next sync adds back, cutting
+	// pod traffic in between.
+	kick chan struct{}
 	// passes counts the loop's passes (a sync, or a wait for the first
 	// lists); tests wait on it.
 	passes atomic.Int64
@@ -48,13 +46,12 @@ type peerRouter struct {
 // peerSource is where the peer router learns block homes and node
 // addresses (etcdstore.Store).
 type peerSource interface {
-	WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error
-	WatchNodes(ctx context.Context, h etcdstore.NodesHandler) error
+	WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error
+	WatchNodes(ctx context.Context, h etcdstore.Handler[etcdstore.NodeInfo]) error
 }
 
 func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
-	return &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log,
-		owner: map[netip.Prefix]string{}, addrs: map[string][]netip.Addr{}, kick: make(chan struct{}, 1)}
+	return &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, kick: make(chan struct{}, 1)}
 }
 
 // run watches homes and node records and keeps the routes in step until
@@ -91,9 +88,9 @@ func (p *peerRouter) run(ctx context.Context) {
 
 // listed reports whether both first lists are in.
 func (p *peerRouter) listed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.homesListed && p.nodesListed
+	_, homes := p.owner.snapshot()
+	_, nodes := p.addrs.snapshot()
+	return homes && nodes
 }
 
 func (p *peerRouter) changed() {
@@ -113,14 +110,14 @@ type peerHop struct {
 // desired is every other node's block with the node's address of the
 // block's family.
 func (p *peerRouter) desired() map[netip.Prefix]peerHop {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	owner, _ := p.owner.snapshot()
+	addrs, _ := p.addrs.snapshot()
 	out := map[netip.Prefix]peerHop{}
-	for b, node := range p.owner {
+	for b, node := range owner {
 		if node == p.node {
 			continue
 		}
-		for _, a := range p.addrs[node] {
+		for _, a := range addrs[node] {
 			if a.Is4() == b.Addr().Is4() {
 				out[b] = peerHop{node: node, addr: a}
 				break
@@ -148,28 +145,22 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 // homeWatch mirrors the block homes of every pool.
 type homeWatch struct{ p *peerRouter }
 
-func (w homeWatch) ResetHomes(homes []etcdstore.BlockHome) {
-	w.p.mu.Lock()
-	clear(w.p.owner)
+func (w homeWatch) Reset(homes []etcdstore.BlockHome) {
+	all := make(map[netip.Prefix]string, len(homes))
 	for _, h := range homes {
-		w.p.owner[h.Block] = h.Node
+		all[h.Block] = h.Node
 	}
-	w.p.homesListed = true
-	w.p.mu.Unlock()
+	w.p.owner.reset(all)
 	w.p.changed()
 }
 
-func (w homeWatch) PutHome(h etcdstore.BlockHome) {
-	w.p.mu.Lock()
-	w.p.owner[h.Block] = h.Node
-	w.p.mu.Unlock()
+func (w homeWatch) Put(h etcdstore.BlockHome) {
+	w.p.owner.put(h.Block, h.Node)
 	w.p.changed()
 }
 
-func (w homeWatch) DeleteHome(h etcdstore.BlockHome) {
-	w.p.mu.Lock()
-	delete(w.p.owner, h.Block)
-	w.p.mu.Unlock()
+func (w homeWatch) Delete(h etcdstore.BlockHome) {
+	w.p.owner.del(h.Block)
 	w.p.changed()
 }
 
@@ -177,24 +168,21 @@ func (w homeWatch) DeleteHome(h etcdstore.BlockHome) {
 // (lease expired) keeps the last known addresses.
 type nodeWatch struct{ p *peerRouter }
 
-func (w nodeWatch) ResetNodes(nodes []etcdstore.NodeInfo) {
-	w.p.mu.Lock()
+func (w nodeWatch) Reset(nodes []etcdstore.NodeInfo) {
+	all := make(map[string][]netip.Addr, len(nodes))
 	for _, n := range nodes {
-		w.p.addrs[n.Name] = n.Addresses
+		all[n.Name] = n.Addresses
 	}
-	w.p.nodesListed = true
-	w.p.mu.Unlock()
+	w.p.addrs.merge(all)
 	w.p.changed()
 }
 
-func (w nodeWatch) PutNode(n etcdstore.NodeInfo) {
-	w.p.mu.Lock()
-	w.p.addrs[n.Name] = n.Addresses
-	w.p.mu.Unlock()
+func (w nodeWatch) Put(n etcdstore.NodeInfo) {
+	w.p.addrs.put(n.Name, n.Addresses)
 	w.p.changed()
 }
 
-func (nodeWatch) DeleteNode(string) {}
+func (nodeWatch) Delete(etcdstore.NodeInfo) {}
 
 // nodeAddresses are the addresses peers route this node's blocks to: the
 // configured ones, else, per family, the first global unicast address of

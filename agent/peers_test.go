@@ -146,16 +146,16 @@ type scriptedPeers struct {
 	go_   chan struct{}
 }
 
-func (s *scriptedPeers) WatchHomes(ctx context.Context, h etcdstore.HomesHandler) error {
-	h.ResetHomes(s.homes)
+func (s *scriptedPeers) WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error {
+	h.Reset(s.homes)
 	<-ctx.Done()
 	return ctx.Err()
 }
 
-func (s *scriptedPeers) WatchNodes(ctx context.Context, h etcdstore.NodesHandler) error {
+func (s *scriptedPeers) WatchNodes(ctx context.Context, h etcdstore.Handler[etcdstore.NodeInfo]) error {
 	select {
 	case <-s.go_:
-		h.ResetNodes(s.nodes)
+		h.Reset(s.nodes)
 	case <-ctx.Done():
 	}
 	<-ctx.Done()

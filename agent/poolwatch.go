@@ -28,7 +28,7 @@ type poolUpdater interface {
 
 // poolSource is where pool specs come from (etcdstore.Store).
 type poolSource interface {
-	WatchPools(ctx context.Context, h etcdstore.PoolsHandler) error
+	WatchPools(ctx context.Context, h etcdstore.Handler[allocator.Pool]) error
 }
 
 func (w poolWatch) run(ctx context.Context, src poolSource) {
@@ -36,15 +36,15 @@ func (w poolWatch) run(ctx context.Context, src poolSource) {
 	_ = src.WatchPools(ctx, w)
 }
 
-func (w poolWatch) ResetPools(pools []allocator.Pool) {
+func (w poolWatch) Reset(pools []allocator.Pool) {
 	for _, p := range pools {
-		w.PutPool(p)
+		w.Put(p)
 	}
 }
 
-// PutPool applies a pool's new spec; a disabled pool gets its empty
+// Put applies a pool's new spec; a disabled pool gets its empty
 // blocks back at once, so that it can be deleted when its pods are gone.
-func (w poolWatch) PutPool(p allocator.Pool) {
+func (w poolWatch) Put(p allocator.Pool) {
 	w.alloc.UpdatePool(p)
 	if p.Disabled && w.ctx != nil {
 		if n := w.alloc.GiveBackEmpty(w.ctx, p.Name); n > 0 {
@@ -53,7 +53,8 @@ func (w poolWatch) PutPool(p allocator.Pool) {
 	}
 }
 
-func (w poolWatch) DeletePool(name string) {
+func (w poolWatch) Delete(gone allocator.Pool) {
+	name := gone.Name
 	p, ok := w.alloc.Pool(name)
 	if !ok {
 		return

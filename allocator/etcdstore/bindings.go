@@ -70,20 +70,13 @@ func (s *Store) NamespaceBindings(ctx context.Context) ([]NamespaceBinding, erro
 	return out, nil
 }
 
-// BindingsHandler follows the namespace bindings. Calls come from one
-// goroutine.
-type BindingsHandler interface {
-	// ResetBindings gives every binding: at start and after a re-list.
-	ResetBindings(bs []NamespaceBinding)
-	PutBinding(b NamespaceBinding)
-	DeleteBinding(ns string)
-}
-
 // WatchBindings lists the namespace bindings, then follows the changes
-// until ctx ends, as WatchHomes does.
-func (s *Store) WatchBindings(ctx context.Context, h BindingsHandler) error {
-	return s.follow(ctx, NamespaceBindingsPrefix(), decoded[NamespaceBinding]{decode: decodeBinding, reset: h.ResetBindings, put: h.PutBinding,
-		del: func(key string) { h.DeleteBinding(strings.TrimPrefix(key, NamespaceBindingsPrefix())) }})
+// until ctx ends, as WatchHomes does. A deleted binding names only its
+// Namespace.
+func (s *Store) WatchBindings(ctx context.Context, h Handler[NamespaceBinding]) error {
+	return s.follow(ctx, NamespaceBindingsPrefix(), decoded[NamespaceBinding]{h: h, decode: decodeBinding, fromKey: func(key string) (NamespaceBinding, bool) {
+		return NamespaceBinding{Namespace: strings.TrimPrefix(key, NamespaceBindingsPrefix())}, true
+	}})
 }
 
 func decodeBinding(kv *mvccpb.KeyValue) (NamespaceBinding, bool) {

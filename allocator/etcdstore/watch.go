@@ -27,17 +27,17 @@ type BlockHome struct {
 	Lent bool
 }
 
-// HomesHandler follows the block homes of every pool. Calls come from one
-// goroutine.
-type HomesHandler interface {
-	// ResetHomes replaces everything known with homes: at start, and
-	// whenever the watch had to list again (a compaction, a restore).
-	ResetHomes(homes []BlockHome)
-	// PutHome records a home written or changed.
-	PutHome(h BlockHome)
-	// DeleteHome forgets the home of a block or lent address (Node is
-	// not known).
-	DeleteHome(h BlockHome)
+// Handler follows a watched prefix of records of type T (homes, node
+// records, namespace bindings, pool specs). Reset replaces everything
+// known with all: at start, and whenever the watch had to list again (a
+// compaction, a restore); a record that went while the watch could not see
+// it gets no Delete, it is simply not in all. Put is a record written or
+// changed; Delete one that went, with only the fields its key names set.
+// Calls come from one goroutine.
+type Handler[T any] interface {
+	Reset(all []T)
+	Put(v T)
+	Delete(v T)
 }
 
 // NodeInfo is a node record as other nodes use it.
@@ -46,35 +46,25 @@ type NodeInfo struct {
 	Addresses []netip.Addr
 }
 
-// NodesHandler follows the node records. Calls come from one goroutine.
-type NodesHandler interface {
-	// ResetNodes gives every live node record: at start, and whenever the
-	// watch had to list again. A record that went while the watch could
-	// not see it gets no DeleteNode; it is simply not in nodes.
-	ResetNodes(nodes []NodeInfo)
-	// PutNode records a node record written or changed.
-	PutNode(n NodeInfo)
-	// DeleteNode is called when a record goes (its lease ended).
-	DeleteNode(name string)
-}
-
 // WatchHomes lists every block home, then follows the changes until ctx
 // ends, listing again whenever the watch cannot resume. It returns ctx's
 // error. Homes whose key or value cannot be read are skipped.
-func (s *Store) WatchHomes(ctx context.Context, h HomesHandler) error {
-	return s.follow(ctx, AllHomesPrefix(), decoded[BlockHome]{decode: decodeHome, reset: h.ResetHomes, put: h.PutHome,
-		del: func(key string) {
-			if pool, b, lent, ok := parseHomeKey(key); ok {
-				h.DeleteHome(BlockHome{Pool: pool, Block: b, Lent: lent})
-			}
-		}})
+// A deleted home names its pool, block (or lent address) and Lent, not
+// its node.
+func (s *Store) WatchHomes(ctx context.Context, h Handler[BlockHome]) error {
+	return s.follow(ctx, AllHomesPrefix(), decoded[BlockHome]{h: h, decode: decodeHome, fromKey: func(key string) (BlockHome, bool) {
+		pool, b, lent, ok := parseHomeKey(key)
+		return BlockHome{Pool: pool, Block: b, Lent: lent}, ok
+	}})
 }
 
 // WatchNodes lists the node records, then follows the changes until ctx
-// ends, as WatchHomes does.
-func (s *Store) WatchNodes(ctx context.Context, h NodesHandler) error {
-	return s.follow(ctx, NodesPrefix(), decoded[NodeInfo]{decode: decodeNodeInfo, reset: h.ResetNodes, put: h.PutNode,
-		del: func(key string) { h.DeleteNode(strings.TrimPrefix(key, NodesPrefix())) }})
+// ends, as WatchHomes does. A record goes when its node's lease ends; the
+// deleted one names only the node.
+func (s *Store) WatchNodes(ctx context.Context, h Handler[NodeInfo]) error {
+	return s.follow(ctx, NodesPrefix(), decoded[NodeInfo]{h: h, decode: decodeNodeInfo, fromKey: func(key string) (NodeInfo, bool) {
+		return NodeInfo{Name: strings.TrimPrefix(key, NodesPrefix())}, true
+	}})
 }
 
 // follow lists prefix and watches it from the list's revision, again and
@@ -95,14 +85,13 @@ func (s *Store) follow(ctx context.Context, prefix string, h kvstore.WatchHandle
 	return ctx.Err()
 }
 
-// decoded follows a prefix of decoded records for a handler: decode
-// turns a key into a record (false: unreadable, skipped), and a deleted
-// key goes to del.
+// decoded follows a prefix of decoded records for a Handler: decode turns
+// a key and value into a record, fromKey a deleted key into the record's
+// key fields (false: unreadable, skipped).
 type decoded[T any] struct {
-	decode func(*mvccpb.KeyValue) (T, bool)
-	reset  func([]T)
-	put    func(T)
-	del    func(key string)
+	h       Handler[T]
+	decode  func(*mvccpb.KeyValue) (T, bool)
+	fromKey func(key string) (T, bool)
 }
 
 func (w decoded[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
@@ -112,16 +101,18 @@ func (w decoded[T]) Reset(kvs []*mvccpb.KeyValue, _ int64) {
 			out = append(out, v)
 		}
 	}
-	w.reset(out)
+	w.h.Reset(out)
 }
 
 func (w decoded[T]) Apply(ev *clientv3.Event) {
 	if ev.Type == clientv3.EventTypeDelete {
-		w.del(string(ev.Kv.Key))
+		if v, ok := w.fromKey(string(ev.Kv.Key)); ok {
+			w.h.Delete(v)
+		}
 		return
 	}
 	if v, ok := w.decode(ev.Kv); ok {
-		w.put(v)
+		w.h.Put(v)
 	}
 }
 
@@ -171,22 +162,13 @@ func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
 	return n, true
 }
 
-// PoolsHandler follows the pool specs. Calls come from one goroutine.
-type PoolsHandler interface {
-	// ResetPools gives every pool: at start, and whenever the watch had
-	// to list again.
-	ResetPools(pools []allocator.Pool)
-	// PutPool records a pool created or changed.
-	PutPool(p allocator.Pool)
-	// DeletePool is called when a pool is deleted.
-	DeletePool(name string)
-}
-
 // WatchPools lists the pools, then follows the changes until ctx ends,
 // as WatchHomes does. Each pool carries the revision it was written at.
-func (s *Store) WatchPools(ctx context.Context, h PoolsHandler) error {
-	return s.follow(ctx, PoolsPrefix(), decoded[allocator.Pool]{decode: decodePool, reset: h.ResetPools, put: h.PutPool,
-		del: func(key string) { h.DeletePool(strings.TrimPrefix(key, PoolsPrefix())) }})
+// A deleted pool names only its Name.
+func (s *Store) WatchPools(ctx context.Context, h Handler[allocator.Pool]) error {
+	return s.follow(ctx, PoolsPrefix(), decoded[allocator.Pool]{h: h, decode: decodePool, fromKey: func(key string) (allocator.Pool, bool) {
+		return allocator.Pool{Name: strings.TrimPrefix(key, PoolsPrefix())}, true
+	}})
 }
 
 func decodePool(kv *mvccpb.KeyValue) (allocator.Pool, bool) {

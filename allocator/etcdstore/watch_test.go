@@ -27,16 +27,21 @@ type (
 	deleteNode string
 )
 
-// recorder is a HomesHandler and a NodesHandler that passes every call on
-// as one of the event types above.
+// recorder passes every watch call on as one of the event types above;
+// homes and nodes are its Handlers of each kind of record.
 type recorder chan any
 
-func (r recorder) ResetHomes(h []etcdstore.BlockHome) { r <- resetHomes(h) }
-func (r recorder) PutHome(h etcdstore.BlockHome)      { r <- putHome(h) }
-func (r recorder) DeleteHome(h etcdstore.BlockHome)   { r <- deleteHome{h.Pool, h.Block} }
-func (r recorder) ResetNodes(n []etcdstore.NodeInfo)  { r <- resetNodes(n) }
-func (r recorder) PutNode(n etcdstore.NodeInfo)       { r <- putNode(n) }
-func (r recorder) DeleteNode(name string)             { r <- deleteNode(name) }
+type homes struct{ r recorder }
+
+func (h homes) Reset(x []etcdstore.BlockHome) { h.r <- resetHomes(x) }
+func (h homes) Put(x etcdstore.BlockHome)     { h.r <- putHome(x) }
+func (h homes) Delete(x etcdstore.BlockHome)  { h.r <- deleteHome{x.Pool, x.Block} }
+
+type nodes struct{ r recorder }
+
+func (n nodes) Reset(x []etcdstore.NodeInfo) { n.r <- resetNodes(x) }
+func (n nodes) Put(x etcdstore.NodeInfo)     { n.r <- putNode(x) }
+func (n nodes) Delete(x etcdstore.NodeInfo)  { n.r <- deleteNode(x.Name) }
 
 func (r recorder) next(tb testing.TB) any {
 	tb.Helper()
@@ -80,7 +85,7 @@ func TestWatchHomes(t *testing.T) {
 	a, _ := claim("p", "10.0.0.0/28", "node-a")
 	b6, _ := claim("q", "fd00::/120", "node-b")
 
-	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchHomes(ctx, r) })
+	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchHomes(ctx, homes{r}) })
 	require.ElementsMatch(t, resetHomes{{Pool: "p", Block: a, Node: "node-a"}, {Pool: "q", Block: b6, Node: "node-b"}}, r.next(t),
 		"the first call lists the homes of every pool")
 
@@ -107,7 +112,7 @@ func TestWatchNodes(t *testing.T) {
 	}
 	put("node-a", "192.0.2.1", "2001:db8::1")
 
-	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchNodes(ctx, r) })
+	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchNodes(ctx, nodes{r}) })
 	require.Equal(t, resetNodes{{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}}, r.next(t))
 
 	// An address that does not parse is dropped; the rest of the record is kept.

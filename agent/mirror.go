@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"maps"
+	"sync"
+)
+
+// mirror is a map the agent keeps from a watch of etcd records (namespace
+// bindings, block homes, node addresses): the one copy a part reads. A
+// watch's handler fills it; listed says whether a full list has come in
+// yet. It is safe for concurrent use.
+type mirror[K comparable, V any] struct {
+	mu     sync.RWMutex
+	m      map[K]V
+	listed bool
+}
+
+// reset replaces the whole map with a full list's.
+func (m *mirror[K, V]) reset(all map[K]V) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.m, m.listed = all, true
+}
+
+// merge puts every entry of a full list, keeping entries the list lacks
+// (node addresses outlive their record).
+func (m *mirror[K, V]) merge(all map[K]V) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[K]V{}
+	}
+	maps.Copy(m.m, all)
+	m.listed = true
+}
+
+func (m *mirror[K, V]) put(k K, v V) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[K]V{}
+	}
+	m.m[k] = v
+}
+
+func (m *mirror[K, V]) del(k K) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.m, k)
+}
+
+func (m *mirror[K, V]) get(k K) (V, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	v, ok := m.m[k]
+	return v, ok
+}
+
+// snapshot is a copy of the map, and whether a full list is in.
+func (m *mirror[K, V]) snapshot() (map[K]V, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return maps.Clone(m.m), m.listed
+}
