@@ -15,10 +15,12 @@ fi
 # Transport details are mapped below the agent (kvstore/etcdstore).
 grpc=$(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./agent/... | awk '/google.golang.org\/grpc/ {print $1}')
 [ -z "$grpc" ] || bad "agent code imports grpc: $(echo $grpc)"
-# The pure allocator has no etcd import.
-if go list -f '{{join .Imports "\n"}}' ./allocator | grep -q 'go.etcd.io'; then
-	bad "allocator imports etcd"
-fi
+# The pure allocator imports the standard library and internal foundations
+# only; the records import neither etcd nor the node allocator.
+pure=$(go list -f '{{join .Imports "\n"}}' ./allocator | grep '\.' | grep -v '^github.com/kvipam/kvipam/internal/' || true)
+[ -z "$pure" ] || bad "allocator (pure) imports $(echo $pure)"
+recs=$(go list -f '{{join .Imports "\n"}}' ./allocator/records | grep -E 'go.etcd.io|/allocator/nodealloc|/allocator/etcdstore' || true)
+[ -z "$recs" ] || bad "allocator/records imports $(echo $recs)"
 # The etcd key layout is spelled only in allocator/etcdstore.
 keys=$(grep -rln '"/kvipam/v1' --include=*.go . | grep -v '^./allocator/etcdstore/' || true)
 [ -z "$keys" ] || bad "the key prefix is spelled outside allocator/etcdstore: $(echo $keys)"
