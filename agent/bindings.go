@@ -33,11 +33,7 @@ func (b *nsBindings) poolFor(ns string) string {
 }
 
 func (b *nsBindings) Reset(bs []etcdstore.NamespaceBinding) {
-	all := make(map[string]string, len(bs))
-	for _, x := range bs {
-		all[x.Namespace] = x.Pool
-	}
-	b.pool.reset(all)
+	b.pool.reset(byKey(bs, func(x etcdstore.NamespaceBinding) (string, string) { return x.Namespace, x.Pool }))
 }
 
 func (b *nsBindings) Put(x etcdstore.NamespaceBinding) { b.pool.put(x.Namespace, x.Pool) }

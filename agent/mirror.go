@@ -15,6 +15,17 @@ type mirror[K comparable, V any] struct {
 	listed bool
 }
 
+// byKey indexes a full list of records by their key, as a mirror holds
+// them.
+func byKey[T any, K comparable, V any](list []T, kv func(T) (K, V)) map[K]V {
+	out := make(map[K]V, len(list))
+	for _, x := range list {
+		k, v := kv(x)
+		out[k] = v
+	}
+	return out
+}
+
 // reset replaces the whole map with a full list's.
 func (m *mirror[K, V]) reset(all map[K]V) {
 	m.mu.Lock()

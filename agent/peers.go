@@ -146,11 +146,7 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 type homeWatch struct{ p *peerRouter }
 
 func (w homeWatch) Reset(homes []etcdstore.BlockHome) {
-	all := make(map[netip.Prefix]string, len(homes))
-	for _, h := range homes {
-		all[h.Block] = h.Node
-	}
-	w.p.owner.reset(all)
+	w.p.owner.reset(byKey(homes, func(h etcdstore.BlockHome) (netip.Prefix, string) { return h.Block, h.Node }))
 	w.p.changed()
 }
 
@@ -169,11 +165,7 @@ func (w homeWatch) Delete(h etcdstore.BlockHome) {
 type nodeWatch struct{ p *peerRouter }
 
 func (w nodeWatch) Reset(nodes []etcdstore.NodeInfo) {
-	all := make(map[string][]netip.Addr, len(nodes))
-	for _, n := range nodes {
-		all[n.Name] = n.Addresses
-	}
-	w.p.addrs.merge(all)
+	w.p.addrs.merge(byKey(nodes, func(n etcdstore.NodeInfo) (string, []netip.Addr) { return n.Name, n.Addresses }))
 	w.p.changed()
 }
 
