@@ -73,9 +73,15 @@ func (e *ExhaustedError) Error() string {
 // Unwrap makes an ExhaustedError match ErrExhausted.
 func (e *ExhaustedError) Unwrap() error { return ErrExhausted }
 
+// LeaseExpirer says when a reservation lease ends: the one method of the
+// Store that ExplainExhausted uses.
+type LeaseExpirer interface {
+	LeaseExpiry(ctx context.Context, lease int64) (time.Time, error)
+}
+
 // ExplainExhausted says why family f of pool p has no address to hand
 // out, counted from snap: what an ADD is told, and kvipamctl pool show.
-func ExplainExhausted(ctx context.Context, st Store, p allocator.Pool, f allocator.Family, snap PoolSnapshot) *ExhaustedError {
+func ExplainExhausted(ctx context.Context, st LeaseExpirer, p allocator.Pool, f allocator.Family, snap PoolSnapshot) *ExhaustedError {
 	e := &ExhaustedError{Pool: p.Name, Family: f, Size: p.Size(f), Reserved: p.ReservedCount(f), Blocks: p.BlockCount(f)}
 	leases := map[int64]bool{}
 	for _, bi := range snap.Blocks {
