@@ -41,22 +41,17 @@ func (s *Snapshot) add(kv *mvccpb.KeyValue) {
 		s.bad(kv, "%v", err)
 		return
 	}
-	switch k.Kind {
-	case etcdstore.KeyPool:
-		s.addPool(kv, k)
-	case etcdstore.KeyNode:
-		s.addNode(kv, k)
-	case etcdstore.KeyClaim:
-		s.addClaim(kv, k)
-	case etcdstore.KeyHome:
-		s.addHome(kv, k)
-	case etcdstore.KeyLent:
-		s.addLent(kv, k)
-	case etcdstore.KeyIP:
-		s.addIP(kv, k)
-	case etcdstore.KeyBinding:
-		s.addBinding(kv, k)
+	if add := adders[k.Kind]; add != nil {
+		add(s, kv, k)
 	}
+}
+
+// adders file a parsed key-value by its kind.
+var adders = map[etcdstore.KeyKind]func(*Snapshot, *mvccpb.KeyValue, etcdstore.Key){
+	etcdstore.KeyPool: (*Snapshot).addPool, etcdstore.KeyNode: (*Snapshot).addNode,
+	etcdstore.KeyClaim: (*Snapshot).addClaim, etcdstore.KeyHome: (*Snapshot).addHome,
+	etcdstore.KeyLent: (*Snapshot).addLent, etcdstore.KeyIP: (*Snapshot).addIP,
+	etcdstore.KeyBinding: (*Snapshot).addBinding,
 }
 
 func decode[T any](kv *mvccpb.KeyValue, v *T) error {
