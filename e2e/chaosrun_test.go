@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -95,8 +94,8 @@ func TestChaosRun(t *testing.T) {
 	require.NoError(t, err)
 	final := map[netip.Addr]string{}
 	for _, kv := range resp.Kvs {
-		pool, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), etcdstore.AllIPsPrefix()), "/")
-		if al, err := etcdstore.DecodeAllocation(pool, kv); err == nil && al.ContainerID != "" {
+		k, _ := etcdstore.ParseKey(string(kv.Key))
+		if al, err := etcdstore.DecodeAllocation(k.Pool, kv); err == nil && al.ContainerID != "" {
 			final[al.Addr] = al.Owner.Key()
 		}
 	}

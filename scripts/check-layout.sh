@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the layout rules of docs/design.md ("How the code is laid out"):
-# import directions, one home for the etcd key schema, small files, and no
-# build outputs in git. Prints every violation; exits non-zero if any.
+# import directions, one home for the etcd key schema, its transactions and
+# its key parsing, small files, and no build outputs in git. Prints every violation; exits non-zero if any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -24,6 +24,31 @@ recs=$(go list -f '{{join .Imports "\n"}}' ./allocator/records | grep -E 'go.etc
 # The etcd key layout is spelled only in allocator/etcdstore.
 keys=$(grep -rln '"/kvipam/v1' --include=*.go . | grep -v '^./allocator/etcdstore/' || true)
 [ -z "$keys" ] || bad "the key prefix is spelled outside allocator/etcdstore: $(echo $keys)"
+# One door to etcd: transactions and key parsing only in allocator/etcdstore
+# (kvstore, the generic layer under it, may build transactions too). Tests
+# may read and write etcd raw to check state or fake a restore; production
+# code asks etcdstore.
+door=()
+while read -r f; do
+	case "$f" in *_test.go | allocator/etcdstore/* | kvstore/*) continue ;; esac
+	[ -f "$f" ] && door+=("$f")
+done < <(git ls-files --cached --others --exclude-standard '*.go')
+# A raw transaction: a Txn, its operations and compares, or kvstore's
+# compare-and-swap helpers.
+txn='\.Txn\(|clientv3\.(Op|Cmp|Txn)\b|clientv3\.Op(Get|Put|Delete|Txn)\(|clientv3\.Compare\('
+txn+='|clientv3\.(ModRevision|CreateRevision|Version|Value|LeaseValue)\('
+txn+='|kvstore\.(Absent|Exists|Unchanged|PrefixEmpty|DeleteAt|CreateJSON|SwapJSON)\('
+while read -r hit; do
+	bad "raw etcd transaction outside allocator/etcdstore (use an etcdstore method): $hit"
+done < <(grep -nE "$txn" "${door[@]}")
+# Key parsing: reading a block name back, cutting or splitting a key
+# (string(kv.Key), ev.Kv.Key), or cutting at one of etcdstore's prefixes
+# (use etcdstore.ParseKey).
+split='(strings|bytes)\.(Cut|CutPrefix|CutSuffix|TrimPrefix|TrimSuffix|Split|SplitN|SplitAfter|Fields|FieldsFunc|Index|LastIndex|HasPrefix|HasSuffix)\('
+while read -r hit; do
+	bad "key parsed outside allocator/etcdstore (use etcdstore.ParseKey): $hit"
+done < <(grep -nE 'allocator\.ParseBlockName\(|(strings|bytes)\.[A-Za-z]+\(string\([A-Za-z_.]*\.Key\)' "${door[@]}"
+	grep -nE "$split" "${door[@]}" | grep -E 'etcdstore\.[A-Za-z]*Prefix\b')
 # One concept per file: no hand-written Go file over 450 lines.
 while read -r f; do
 	case "$f" in *_test.go) continue ;; esac

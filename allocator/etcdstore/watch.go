@@ -116,24 +116,19 @@ func (w decoded[T]) Apply(ev *clientv3.Event) {
 	}
 }
 
-// parseHomeKey splits <AllHomesPrefix><pool>/<block>, or a lent
-// address's <AllHomesPrefix><pool>/ip/<addr> (lent).
+// parseHomeKey reads a block's home key, or a lent address's (lent), whose
+// address it gives as a host route.
 func parseHomeKey(key string) (pool string, b netip.Prefix, lent, ok bool) {
-	rest, ok := strings.CutPrefix(key, AllHomesPrefix())
-	if !ok {
+	k, err := ParseKey(key)
+	switch {
+	case err != nil:
 		return "", netip.Prefix{}, false, false
+	case k.Kind == KeyLent:
+		return k.Pool, netip.PrefixFrom(k.Addr, k.Addr.BitLen()), true, true
+	case k.Kind == KeyHome:
+		return k.Pool, k.Block, false, true
 	}
-	pool, name, ok := strings.Cut(rest, "/")
-	if !ok {
-		return "", netip.Prefix{}, false, false
-	}
-	if s, lent := strings.CutPrefix(name, "ip/"); lent {
-		// A lent address's home: routed as a host route.
-		a, err := netip.ParseAddr(s)
-		return pool, netip.PrefixFrom(a, a.BitLen()), true, err == nil
-	}
-	b, err := allocator.ParseBlockName(name)
-	return pool, b, false, err == nil
+	return "", netip.Prefix{}, false, false
 }
 
 func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {

@@ -6,10 +6,8 @@ import (
 	"fmt"
 
 	"github.com/hashicorp/go-hclog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/kvstore"
 )
 
 // Status is what executing a step did.
@@ -44,9 +42,8 @@ type Result struct {
 	Skipped  int       `json:"skipped"`
 }
 
-// Execute runs the plan's steps in order. A step without guards is one
-// kvstore.DeleteAt; a guarded one is one transaction comparing the key's
-// revision and every guard. Each key deleted gets an audit line on log.
+// Execute runs the plan's steps in order, each one etcdstore.DeleteGuarded:
+// one transaction comparing the key's revision and every guard. Each key deleted gets an audit line on log.
 // Execute goes on after a failed step, skipping only the rest of its
 // group, and returns an error joining the failures; running the plan again
 // is safe. ctx bounds the whole run.
@@ -91,100 +88,23 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 	return res, nil
 }
 
-// deleteStep runs one step. A step whose transaction has an unknown
-// outcome (the answer lost, a deadline) is settled as every write is: its
-// key is read back, and the step is deleted if the key is gone, not
-// applied if it is still there as planned.
+// deleteStep runs one step through etcdstore.DeleteGuarded, which also
+// settles a transaction of unknown outcome (the answer lost, a deadline)
+// as every write is: by reading the key back.
 func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
-	status, err := in.tryStep(ctx, st)
-	if err == nil || errors.Is(err, kvstore.ErrConflict) {
-		return status, err
-	}
-	resp, rerr := in.cli.Get(ctx, st.Key, clientv3.WithKeysOnly())
-	switch {
-	case rerr != nil:
-		return StatusFailed, fmt.Errorf("%w; its outcome is unknown and the key could not be read back (%v): run the plan again", err, rerr)
-	case len(resp.Kvs) == 0:
-		return StatusDeleted, nil
-	case resp.Kvs[0].ModRevision == st.Rev:
-		return StatusFailed, fmt.Errorf("%w; read back: not applied, the key is as planned: run the plan again", err)
-	default:
-		return StatusFailed, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", st.Key, st.Rev, resp.Kvs[0].ModRevision, kvstore.ErrConflict)
-	}
-}
-
-func (in *Inspector) tryStep(ctx context.Context, st Step) (Status, error) {
-	if st.History != nil && in.opts.History != nil {
+	d := etcdstore.GuardedDelete{Key: st.Key, Rev: st.Rev, Guards: st.Guards, Also: st.Also}
+	if st.History != nil {
 		rec := *st.History
 		rec.End = in.now().UTC()
-		status := StatusFailed
-		err := in.opts.History.Commit(ctx, []etcdstore.HistoryRecord{rec}, func(puts []clientv3.Op) (err error) {
-			status, err = in.guardedDelete(ctx, st, puts)
-			return err
-		})
-		return status, err
+		d.History = &rec
 	}
-	if len(st.Guards) == 0 {
-		if err := kvstore.DeleteAt(ctx, in.cli, st.Key, st.Rev); err != nil {
-			return StatusFailed, err
-		}
-		return StatusDeleted, nil
-	}
-	return in.guardedDelete(ctx, st, nil)
-}
-
-// guardedDelete deletes st's key in one transaction comparing its revision
-// and every guard, with the extra operations then.
-func (in *Inspector) guardedDelete(ctx context.Context, st Step, then []clientv3.Op) (Status, error) {
-	cmps := []clientv3.Cmp{kvstore.Unchanged(st.Key, st.Rev)}
-	reads := []clientv3.Op{clientv3.OpGet(st.Key, clientv3.WithKeysOnly())}
-	for _, g := range st.Guards {
-		switch {
-		case g.Prefix:
-			cmps = append(cmps, kvstore.PrefixEmpty(g.Key))
-			reads = append(reads, clientv3.OpGet(g.Key, clientv3.WithPrefix(), clientv3.WithCountOnly()))
-		case g.Rev == 0:
-			cmps = append(cmps, kvstore.Absent(g.Key))
-			reads = append(reads, clientv3.OpGet(g.Key, clientv3.WithCountOnly()))
-		default:
-			cmps = append(cmps, kvstore.Unchanged(g.Key, g.Rev))
-			reads = append(reads, clientv3.OpGet(g.Key, clientv3.WithKeysOnly()))
-		}
-	}
-	then = append([]clientv3.Op{clientv3.OpDelete(st.Key)}, then...)
-	for _, k := range st.Also {
-		then = append(then, clientv3.OpDelete(k))
-	}
-	resp, err := in.cli.Txn(ctx).If(cmps...).Then(then...).Else(reads...).Commit()
-	if err != nil {
-		return StatusFailed, fmt.Errorf("delete %s: %w", st.Key, err)
-	}
-	if resp.Succeeded {
-		return StatusDeleted, nil
-	}
-	return guardFailure(st, resp)
-}
-
-// guardFailure explains a guarded delete that did not happen from the Else
-// reads: the key itself, then one read per guard.
-func guardFailure(st Step, resp *clientv3.TxnResponse) (Status, error) {
-	cur := resp.Responses[0].GetResponseRange()
-	if len(cur.Kvs) == 0 {
+	gone, err := etcdstore.DeleteGuarded(ctx, in.cli, in.opts.History, d)
+	switch {
+	case err != nil:
+		return StatusFailed, err
+	case gone:
 		return StatusGone, nil
+	default:
+		return StatusDeleted, nil
 	}
-	if rev := cur.Kvs[0].ModRevision; rev != st.Rev {
-		return StatusFailed, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", st.Key, st.Rev, rev, kvstore.ErrConflict)
-	}
-	for i, g := range st.Guards {
-		r := resp.Responses[i+1].GetResponseRange()
-		switch {
-		case g.Prefix && r.Count > 0:
-			return StatusFailed, fmt.Errorf("delete %s: %d keys appeared under %s: %w", st.Key, r.Count, g.Key, kvstore.ErrConflict)
-		case !g.Prefix && g.Rev == 0 && r.Count > 0:
-			return StatusFailed, fmt.Errorf("delete %s: %s exists again (node back or block re-claimed): %w", st.Key, g.Key, kvstore.ErrConflict)
-		case !g.Prefix && g.Rev != 0 && (len(r.Kvs) == 0 || r.Kvs[0].ModRevision != g.Rev):
-			return StatusFailed, fmt.Errorf("delete %s: %s changed since the plan: %w", st.Key, g.Key, kvstore.ErrConflict)
-		}
-	}
-	return StatusFailed, fmt.Errorf("delete %s: a guard failed: %w", st.Key, kvstore.ErrConflict)
 }

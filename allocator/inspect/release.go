@@ -39,25 +39,9 @@ const (
 )
 
 // Guard is a condition a step's delete is fenced by, checked in the same
-// transaction: Key absent (Rev 0), Key unchanged at Rev, or (Prefix) no key
-// at all under Key.
-type Guard struct {
-	Key    string `json:"key"`
-	Rev    int64  `json:"rev,omitempty"`
-	Prefix bool   `json:"prefix,omitempty"`
-}
-
-// String says what the guard requires, for plans shown to a person.
-func (g Guard) String() string {
-	switch {
-	case g.Prefix:
-		return "no key under " + g.Key
-	case g.Rev == 0:
-		return g.Key + " absent"
-	default:
-		return fmt.Sprintf("%s at revision %d", g.Key, g.Rev)
-	}
-}
+// transaction (etcdstore runs it): Key absent (Rev 0), Key unchanged at
+// Rev, or (Prefix) no key at all under Key.
+type Guard = etcdstore.Guard
 
 // Step deletes one key, only if it still has revision Rev and its guards
 // hold.

@@ -86,18 +86,8 @@ func (in *Inspector) Snapshot(ctx context.Context) (*Snapshot, error) {
 		Homes:  map[BlockKey]HomeRec{},
 		Lent:   map[LentKey]LentRec{},
 	}
-	for _, r := range []struct {
-		prefix string
-		add    func(*mvccpb.KeyValue)
-	}{
-		{poolsPrefix, s.addPool},
-		{nodesPrefix, s.addNode},
-		{claimsPrefix, s.addClaim},
-		{homesPrefix, s.addHome},
-		{ipsPrefix, s.addIP},
-		{stickyPrefix, s.addBinding},
-	} {
-		if err := in.scan(ctx, s, r.prefix, r.add); err != nil {
+	for _, prefix := range []string{poolsPrefix, nodesPrefix, claimsPrefix, homesPrefix, ipsPrefix, stickyPrefix} {
+		if err := in.scan(ctx, s, prefix, s.add); err != nil {
 			return nil, err
 		}
 	}

@@ -21,7 +21,7 @@ func (a *app) bindingCmds() []*cobra.Command {
 		Example: "  kvipamctl pool bind-namespace payments blue",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				if err := s.BindNamespace(cmd.Context(), args[0], args[1]); err != nil {
 					return err
 				}
@@ -35,7 +35,7 @@ func (a *app) bindingCmds() []*cobra.Command {
 		Short: "Remove NAMESPACE's default pool",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				if err := s.UnbindNamespace(cmd.Context(), args[0]); err != nil {
 					return err
 				}
@@ -54,7 +54,7 @@ func (a *app) bindingCmds() []*cobra.Command {
 }
 
 func (a *app) bindingsList(ctx context.Context, w io.Writer) error {
-	return a.withStore(ctx, func(s *etcdstore.Store) error {
+	return a.withStore(ctx, func(s operatorStore) error {
 		bs, err := s.NamespaceBindings(ctx)
 		if err != nil {
 			return err
@@ -79,10 +79,11 @@ func (a *app) bindingsList(ctx context.Context, w io.Writer) error {
 	})
 }
 
-// withStore runs f with a store on the configured etcd. kvipamctl writes
+// withStore runs f with a store on the configured etcd, seen as the
+// methods kvipamctl uses (operatorStore). kvipamctl writes
 // no history through it and bounds its calls by the command's context
 // only (a large history read may take longer than a call timeout).
-func (a *app) withStore(ctx context.Context, f func(*etcdstore.Store) error) error {
+func (a *app) withStore(ctx context.Context, f func(operatorStore) error) error {
 	cli, err := a.client(ctx)
 	if err != nil {
 		return err

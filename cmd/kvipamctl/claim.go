@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -22,7 +21,7 @@ func (a *app) claimCmd() *cobra.Command {
 		Short: "List sticky identities: their addresses, and the pod holding them or how long they are kept",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				bs, err := s.ListBindings(cmd.Context(), listPool)
 				if err != nil {
 					return err
@@ -37,7 +36,7 @@ func (a *app) claimCmd() *cobra.Command {
 		Short: "Show one sticky identity",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				b, ok, err := s.GetBinding(cmd.Context(), pool, args[0])
 				if err != nil {
 					return err
@@ -55,7 +54,7 @@ func (a *app) claimCmd() *cobra.Command {
 		Short: "Free a kept identity's addresses before its window ends (refused while a pod holds them)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				freed, err := s.ReleaseBinding(cmd.Context(), pool, args[0])
 				if err != nil {
 					return err
@@ -81,7 +80,7 @@ type bindingRow struct {
 	KeptFor string `json:"keptFor,omitempty"`
 }
 
-func (a *app) renderBindings(ctx context.Context, s *etcdstore.Store, w io.Writer, bs []records.Binding) error {
+func (a *app) renderBindings(ctx context.Context, s records.LeaseReader, w io.Writer, bs []records.Binding) error {
 	rows := make([]bindingRow, 0, len(bs))
 	for _, b := range bs {
 		r := bindingRow{Binding: b, Pool: b.Pool}

@@ -95,7 +95,7 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 		}
 	}
 	var recs []etcdstore.HistoryRecord
-	if err := a.withStore(ctx, func(s *etcdstore.Store) (err error) { recs, err = s.History(ctx, f); return err }); err != nil {
+	if err := a.withStore(ctx, func(s operatorStore) (err error) { recs, err = s.History(ctx, f); return err }); err != nil {
 		return err
 	}
 	rows := make([]historyRow, 0, len(recs)+1)

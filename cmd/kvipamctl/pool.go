@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
 )
@@ -84,7 +83,7 @@ func (a *app) poolCreate(ctx context.Context, w io.Writer, name string, cidrs []
 	p.BlockSizeV4 = blockSize(p, allocator.IPv4, bs4, defaultBlockV4)
 	p.BlockSizeV6 = blockSize(p, allocator.IPv6, bs6, defaultBlockV6)
 	var got allocator.Pool
-	if err := a.withStore(ctx, func(s *etcdstore.Store) (err error) { got, err = s.EnsurePool(ctx, p); return err }); err != nil {
+	if err := a.withStore(ctx, func(s operatorStore) (err error) { got, err = s.EnsurePool(ctx, p); return err }); err != nil {
 		return fmt.Errorf("create pool %s: %w", name, err)
 	}
 	return a.render(w, got, func(tw io.Writer) {
@@ -167,15 +166,15 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			continue
 		}
 		f, _ := allocator.ParseFamily(u.Family)
-		err := a.withStore(ctx, func(st *etcdstore.Store) error {
-			snap, err := st.PoolSnapshot(ctx, name)
+		err := a.withStore(ctx, func(st operatorStore) error {
+			why, err := explainExhausted(ctx, st, name, p.Pool, f)
 			if err != nil {
 				return err
 			}
 			if d.Exhausted == nil {
 				d.Exhausted = map[string]string{}
 			}
-			d.Exhausted[u.Family] = records.ExplainExhausted(ctx, st, p.Pool, f, snap).Error()
+			d.Exhausted[u.Family] = why
 			return nil
 		})
 		if err != nil {
@@ -254,4 +253,14 @@ func joinAddrs(as []netip.Addr) string {
 		s[i] = a.String()
 	}
 	return strings.Join(s, ",")
+}
+
+// explainExhausted says why family f of pool p, stored as name, has no
+// address left, as an ADD is told.
+func explainExhausted(ctx context.Context, st exhaustionReader, name string, p allocator.Pool, f allocator.Family) (string, error) {
+	snap, err := st.PoolSnapshot(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	return records.ExplainExhausted(ctx, st, p, f, snap).Error(), nil
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
 // Changes to a pool an operator makes while it is in use. Every one is a
@@ -116,7 +115,7 @@ is how a pool is drained before remove-cidr or delete.`,
 			if err != nil {
 				return fmt.Errorf("parse cidr %q: %w", args[1], err)
 			}
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				p, err := s.RemoveCIDR(cmd.Context(), args[0], c)
 				if err != nil {
 					return err
@@ -131,7 +130,7 @@ is how a pool is drained before remove-cidr or delete.`,
 		Short: "Delete a pool; refused while anything in it is allocated, claimed or bound",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.withStore(cmd.Context(), func(s *etcdstore.Store) error {
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
 				if err := s.DeletePool(cmd.Context(), args[0]); err != nil {
 					return err
 				}
@@ -145,7 +144,7 @@ is how a pool is drained before remove-cidr or delete.`,
 
 // changePool applies change to a pool in etcd and says what it did.
 func (a *app) changePool(ctx context.Context, name, did string, change func(p *allocator.Pool) error) error {
-	return a.withStore(ctx, func(s *etcdstore.Store) error {
+	return a.withStore(ctx, func(s operatorStore) error {
 		p, err := s.UpdatePool(ctx, name, change)
 		if err != nil {
 			return err

@@ -2,13 +2,11 @@ package chaos
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
@@ -60,14 +58,13 @@ func (r *Recorder) run(ctx context.Context, cli *clientv3.Client) {
 }
 
 func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
-	key := string(ev.Kv.Key)
-	if rest, ok := strings.CutPrefix(key, etcdstore.AllHomesPrefix()); ok {
-		pool, name, _ := strings.Cut(rest, "/")
-		b, err := allocator.ParseBlockName(name)
-		if err != nil || !strings.HasPrefix(key, etcdstore.HomesPrefix(pool)) {
-			return // a lent address's home
-		}
-		h := HomeChange{Block: b, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
+	k, err := etcdstore.ParseKey(string(ev.Kv.Key))
+	if err != nil {
+		return
+	}
+	switch {
+	case k.Kind == etcdstore.KeyHome:
+		h := HomeChange{Block: k.Block, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
 		if v, err := kvstore.Decode[records.Home](ev.Kv); err == nil {
 			h.Node = v.Value.Node
 		}
@@ -75,17 +72,10 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 		r.homes = append(r.homes, h)
 		r.mu.Unlock()
 		return
+	case k.Kind != etcdstore.KeyIP || !k.Block.Contains(k.Addr):
+		return // a lent address's home, or not an allocation
 	}
-	rest, ok := strings.CutPrefix(key, etcdstore.AllIPsPrefix())
-	if !ok {
-		return
-	}
-	pool, _, _ := strings.Cut(rest, "/")
-	block, addr, err := etcdstore.ParseIPKey(pool, key)
-	if err != nil {
-		return
-	}
-	c := Change{Addr: addr, Block: block, Rev: ev.Kv.ModRevision, Seen: seen}
+	c := Change{Addr: k.Addr, Block: k.Block, Rev: ev.Kv.ModRevision, Seen: seen}
 	if ev.Type == clientv3.EventTypeDelete {
 		c.Deleted = true
 	} else if v, err := kvstore.Decode[records.Record](ev.Kv); err == nil {
