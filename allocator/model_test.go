@@ -58,6 +58,7 @@ type mOwner struct {
 	o        allocator.Owner
 	node     int
 	identity string // sticky identity, "" for an ordinary owner
+	gen      int    // the container's generation in its identity
 	told     []netip.Addr
 	reserved bool
 	expires  time.Time
@@ -107,6 +108,7 @@ type modelRun struct {
 	gens      map[string]int
 	step      int
 	op        string // the operation of this step, for the fault table's write kinds
+	call      string // the store call in flight
 	quiet     bool   // no faults (a probe, a recovery)
 	faults    map[string]*[5]int
 	reads     int
@@ -223,7 +225,7 @@ func (r *modelRun) addOwner(o allocator.Owner, node int, identity string) *mOwne
 // hookUp makes n's store inject the faults.
 func (r *modelRun) hookUp(n *mNode) {
 	var kind string // the kind of the write in flight (one goroutine)
-	n.hook.Observe(func(op string, arg any) { kind = r.kindOf(op, arg) })
+	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
 	for _, op := range []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent",
 		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed"} {
 		write := !slices.Contains([]string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent"}, op)
@@ -231,7 +233,7 @@ func (r *modelRun) hookUp(n *mNode) {
 			if r.quiet {
 				return nil
 			}
-			if !write {
+			if !write || kind == "" {
 				if r.roll(readFailRate * *modelFault) {
 					r.reads++
 					return fmt.Errorf("%s: %w", op, errInjected)
@@ -260,7 +262,7 @@ func (r *modelRun) hookUp(n *mNode) {
 		})
 		if write {
 			n.hook.After(op, func(_ context.Context, err error) error {
-				if err == nil && !r.quiet && r.roll(faultRates[fUnknown]**modelFault) {
+				if err == nil && !r.quiet && kind != "" && r.roll(faultRates[fUnknown]**modelFault) {
 					r.count(kind, fUnknown)
 					return fmt.Errorf("%s: %w", op, errUnknown)
 				}
@@ -292,6 +294,9 @@ func (r *modelRun) kindOf(op string, arg any) string {
 			return "reassert"
 		}
 		ws, _ := arg.([]allocator.IPWrite)
+		if len(ws) == 0 {
+			return "" // an empty transaction: nothing to fault
+		}
 		owners := map[string]bool{}
 		for _, w := range ws {
 			owners[w.Record.Owner.Key()] = true
@@ -316,6 +321,7 @@ func (r *modelRun) count(kind string, f int) {
 	if row := r.faults[kind]; row != nil {
 		row[f]++
 	}
+	r.logf("  fault: %s (%s): %s", kind, r.call, faultKinds[f])
 }
 
 // table formats the fault counts by write kind and fault kind.
@@ -396,6 +402,11 @@ func (r *modelRun) recover(n *mNode, force bool) {
 		err := n.alloc.Restore(r.ctx, n.sess)
 		if err == nil {
 			return
+		}
+		if errors.Is(err, allocator.ErrLeaseLost) {
+			// Revoked, and the keepalive has not noticed yet.
+			n.sess.Close()
+			n.sess = nil
 		}
 		if try > 20 {
 			r.fail("restore %s: %v", n.name, err)
@@ -674,6 +685,7 @@ func (r *modelRun) opStickyAdd(n *mNode) {
 	o := allocator.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, r.gens[id]), IfName: "eth0", Namespace: "ns", Pod: name,
 		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
 	mo := r.addOwner(o, n.i, id)
+	mo.gen = r.gens[id]
 	r.stickyAdd(n, mo, r.rng.IntN(3) == 0)
 }
 
@@ -787,9 +799,8 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 		restored, conflicts, err := n.alloc.Reassert(r.ctx, held)
 		r.logf("%s Reassert: restored %v, conflicts %v, %v", n.name, addrsOf(restored), conflicts, err)
 		for _, c := range conflicts {
-			if c.HeldBy != nil {
-				r.fail("reassert of %s: %s is held by %s in etcd", c.Owner.Key(), c.Addr, c.HeldBy.Owner.Key())
-			}
+			// Reported, as the agent does (the pod should be deleted):
+			// an unsure owner's address may be another's by now.
 			r.owners[c.Owner.Key()].unsure = true
 		}
 		if err == nil {
@@ -886,7 +897,7 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 		if h := r.holder[al.Addr]; h != "" && h != k {
 			ho := r.owners[h]
 			switch {
-			case mo.identity != "" && ho.identity == mo.identity:
+			case mo.identity != "" && ho.identity == mo.identity && mo.gen > ho.gen:
 				// Taken over from an earlier container of the identity.
 				ho.told = slices.DeleteFunc(ho.told, func(a netip.Addr) bool { return a == al.Addr })
 			case !ho.unsure:
