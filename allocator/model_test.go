@@ -1,6 +1,7 @@
 package allocator_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -27,8 +29,8 @@ var (
 	modelSeed     = flag.Uint64("model.seed", 0, "seed of TestModelNodeAllocator's choices and faults; 0 picks one and logs it")
 	modelLogLines = flag.Int("model.log", 40, "operations TestModelNodeAllocator shows before a violation")
 	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
-		"storeloss (and reassert), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL)")
-	modelFault    = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
+		"storeloss (and reassert), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
 )
 
 // The kinds of write the allocator sends, and the faults the model test
@@ -89,6 +91,7 @@ type mNode struct {
 	hook  *hookStore
 	alloc *allocator.NodeAllocator
 	sess  *kvstore.Session
+	logs  *bytes.Buffer // the allocator's log, for a report
 }
 
 // modelRun is one run of TestModelNodeAllocator: its nodes, its model and
@@ -119,6 +122,7 @@ type modelRun struct {
 	reads     int
 	log       []string
 	failed    bool
+	lent      map[netip.Addr]string // lent addresses as the agents' watch last delivered them
 }
 
 // TestModelNodeAllocator drives three node allocators through every kind
@@ -184,6 +188,7 @@ func TestModelNodeAllocator(t *testing.T) {
 	for r.step = 0; r.step < *modelSteps && !r.failed; r.step++ {
 		r.expireReservations()
 		r.randomStep()
+		r.syncLent()
 		if !r.failed {
 			r.verify()
 		}
@@ -200,6 +205,38 @@ func TestModelNodeAllocator(t *testing.T) {
 	if *modelFault > 0 && *modelSteps >= 200 {
 		require.NotZero(t, total, "the run must meet writes of unknown outcome")
 	}
+}
+
+// syncLent delivers to every node what changed in the pool's lent
+// addresses, as each agent's watch of the homes does (NoteLent).
+func (r *modelRun) syncLent() {
+	resp, err := r.check.Get(r.ctx, etcdstore.LentPrefix(r.pool.Name), clientv3.WithPrefix())
+	require.NoError(r.t, err)
+	now := map[netip.Addr]string{}
+	for _, kv := range resp.Kvs {
+		addr, err := netip.ParseAddr(strings.TrimPrefix(string(kv.Key), etcdstore.LentPrefix(r.pool.Name)))
+		if err != nil {
+			continue
+		}
+		if v, err := kvstore.Decode[allocator.Home](kv); err == nil {
+			now[addr] = v.Value.Node
+		}
+	}
+	for addr, node := range now {
+		if r.lent[addr] != node {
+			for _, n := range r.nodes {
+				n.alloc.NoteLent(r.pool.Name, addr, node, true)
+			}
+		}
+	}
+	for addr, node := range r.lent {
+		if _, ok := now[addr]; !ok {
+			for _, n := range r.nodes {
+				n.alloc.NoteLent(r.pool.Name, addr, node, false)
+			}
+		}
+	}
+	r.lent = now
 }
 
 // fail reports the first violation with the seed, the step and the
@@ -363,7 +400,11 @@ func (r *modelRun) revokeHistoryLease() {
 // startAlloc makes n a new allocator, as an agent (re)start does, and
 // restores it.
 func (r *modelRun) startAlloc(n *mNode) {
-	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: n.name, Store: n.hook, Pools: []string{r.pool.Name},
+	if n.logs == nil {
+		n.logs = &bytes.Buffer{}
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Output: n.logs, Level: hclog.Debug, DisableTime: true})
+	al, err := allocator.NewNodeAllocator(allocator.NodeConfig{Node: n.name, Store: n.hook, Pools: []string{r.pool.Name}, Logger: logger,
 		Held: func() []netip.Addr { return r.heldOn(n.i) }})
 	require.NoError(r.t, err)
 	n.alloc = al
@@ -422,9 +463,11 @@ func (r *modelRun) recover(n *mNode, force bool) {
 	}
 }
 
-// after handles an operation's error on node n: a lost lease is renewed.
+// after handles an operation's error on node n: a lost lease is renewed
+// and the node restored, as the agent's lease keeper does (not on any
+// other error: the agent restores only when its lease is lost).
 func (r *modelRun) after(n *mNode, err error) {
-	if err != nil && (errors.Is(err, allocator.ErrLeaseLost) || errors.Is(err, allocator.ErrUnavailable)) {
+	if err != nil && errors.Is(err, allocator.ErrLeaseLost) {
 		r.recover(n, true)
 		return
 	}
@@ -461,7 +504,9 @@ func (r *modelRun) randomStep() {
 	case p < 72:
 		r.opStickyAdd(n)
 	case p < 80:
-		r.opStickyRetry()
+		if !skip("stickyretry") {
+			r.opStickyRetry()
+		}
 	case p < 85:
 		if !skip("storeloss") {
 			r.opStoreLoss(n)
@@ -559,6 +604,17 @@ func (r *modelRun) opStatic(n *mNode) {
 	r.after(n, err)
 }
 
+// logOf is what n's allocator logged about addr.
+func (n *mNode) logOf(addr netip.Addr) string {
+	var out []string
+	for _, l := range strings.Split(n.logs.String(), "\n") {
+		if strings.Contains(l, "="+addr.String()+" ") || strings.HasSuffix(l, "="+addr.String()) || strings.Contains(l, addr.String()+"]") || strings.Contains(l, addr.String()+",") {
+			out = append(out, "    "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // probeWedged asks again, with no faults and once every window the model
 // knows of has ended, for an address etcd holds nothing for and that the
 // node refused as in use. A second refusal is a wedged address.
@@ -576,7 +632,8 @@ func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first erro
 	res, err := n.alloc.Allocate(r.ctx, allocator.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}})
 	r.logf("%s probe: Allocate %s static %s without faults: %v %v", n.name, mo.o.Key(), addr, addrsOf(res.Allocations), err)
 	if errors.Is(err, allocator.ErrIPInUse) && r.freeInEtcd(addr) {
-		r.fail("%s is wedged on %s: etcd holds nothing for it, nobody was told it, and a static request is refused (%v; first: %v)", addr, n.name, err, first)
+		r.fail("%s is wedged on %s: etcd holds nothing for it, nobody was told it, and a static request is refused (%v; first: %v)\n%s's log of %s:\n%s",
+			addr, n.name, err, first, n.name, addr, n.logOf(addr))
 		return
 	}
 	r.answer(mo, res, err)
@@ -954,6 +1011,9 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 			mo.expires = end
 		}
 	}
+	if mo.reserved {
+		r.logf("  %s holds a reservation until %s at the earliest", k, mo.expires.Format(time.StampMilli))
+	}
 }
 
 // released records that mo's DEL succeeded, sent at from: a sure sticky
@@ -991,6 +1051,22 @@ func (r *modelRun) readIPs() []allocator.Allocation {
 	als, err := etcdstore.DecodeAllocations(r.pool.Name, resp.Kvs)
 	require.NoError(r.t, err)
 	return als
+}
+
+// history describes the IP history of addrs, for a report.
+func (r *modelRun) history(addrs []netip.Addr) string {
+	st := etcdstore.New(r.check, etcdstore.Options{})
+	var out []string
+	for _, a := range addrs {
+		hs, err := st.History(r.ctx, etcdstore.HistoryFilter{Pool: r.pool.Name, IP: a})
+		if err != nil {
+			return err.Error()
+		}
+		for _, h := range hs {
+			out = append(out, fmt.Sprintf("%s %s on %s %s at %s", h.IP, h.Owner.Key(), h.Node, h.Reason, h.End.Format(time.StampMilli)))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // lapsing reports whether a lease has ended or ends within a second.
@@ -1043,7 +1119,7 @@ func (r *modelRun) verify() {
 		slices.SortFunc(got, netip.Addr.Compare)
 		slices.SortFunc(want, netip.Addr.Compare)
 		if !slices.Equal(got, want) {
-			r.fail("%s was told %v but etcd holds %v for it", k, want, got)
+			r.fail("%s was told %v but etcd holds %v for it (IP history of %v: %s)", k, want, got, want, r.history(want))
 			return
 		}
 	}
