@@ -189,6 +189,7 @@ func TestModelNodeAllocator(t *testing.T) {
 		r.expireReservations()
 		r.randomStep()
 		r.syncLent()
+		r.expireReservations() // a step may have waited long
 		if !r.failed {
 			r.verify()
 		}
@@ -1119,7 +1120,8 @@ func (r *modelRun) verify() {
 		slices.SortFunc(got, netip.Addr.Compare)
 		slices.SortFunc(want, netip.Addr.Compare)
 		if !slices.Equal(got, want) {
-			r.fail("%s was told %v but etcd holds %v for it (IP history of %v: %s)", k, want, got, want, r.history(want))
+			r.fail("%s was told %v (reserved %v, until %s; now %s) but etcd holds %v for it (IP history of %v: %s)", k, want, mo.reserved,
+				mo.expires.Format(time.StampMilli), time.Now().Format(time.StampMilli), got, want, r.history(want))
 			return
 		}
 	}
