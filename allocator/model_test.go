@@ -29,7 +29,8 @@ var (
 	modelSeed     = flag.Uint64("model.seed", 0, "seed of TestModelNodeAllocator's choices and faults; 0 picks one and logs it")
 	modelLogLines = flag.Int("model.log", 40, "operations TestModelNodeAllocator shows before a violation")
 	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
-		"storeloss (and reassert), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+		"storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+	modelDump  = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
 	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
 )
 
@@ -71,6 +72,7 @@ type mOwner struct {
 	expires  time.Time
 	unsure   bool
 	delFail  bool // its DEL failed: the runtime retries it
+	operator bool // an operator released what it held (its node was removed)
 }
 
 // keptFor is an address kept for a sticky identity after its pod's DEL,
@@ -123,6 +125,10 @@ type modelRun struct {
 	log       []string
 	failed    bool
 	lent      map[netip.Addr]string // lent addresses as the agents' watch last delivered them
+	spec      allocator.Pool        // the pool's spec as stored now
+	static    bool                  // the answer being applied is to a request for a static address
+	idAddrs   map[string]map[netip.Addr]bool
+	ops       map[string]*[3]int
 }
 
 // TestModelNodeAllocator drives three node allocators through every kind
@@ -156,7 +162,10 @@ func TestModelNodeAllocator(t *testing.T) {
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
 	e := etcdtest.Start(t)
 	ensurePool(t, e, pool)
-	r := &modelRun{t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
+	spec := pool
+	// Keys of the extra cidr the pool operation adds and removes.
+	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
+	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
 		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
 		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[5]int{}}
 	for _, k := range writeKinds {
@@ -196,6 +205,10 @@ func TestModelNodeAllocator(t *testing.T) {
 	}
 	t.Logf("%d steps in %s", r.step, time.Since(start).Round(time.Millisecond))
 	t.Log("faults injected, by write kind:\n" + r.table())
+	t.Log("operations (ok / refused / failed):\n" + r.opTable())
+	if *modelDump {
+		t.Log("last operations:\n  " + strings.Join(r.log[max(0, len(r.log)-*modelLogLines):], "\n  "))
+	}
 	if r.failed {
 		t.FailNow()
 	}
@@ -369,6 +382,36 @@ func (r *modelRun) count(kind string, f int) {
 	r.logf("  fault: %s (%s): %s", kind, r.call, faultKinds[f])
 }
 
+// tally counts an operation's outcome: ok, refused or failed.
+func (r *modelRun) tally(op string, err error) {
+	row := r.ops[op]
+	if row == nil {
+		row = &[3]int{}
+		r.ops[op] = row
+	}
+	switch {
+	case err == nil:
+		row[0]++
+	case refusal(err):
+		row[1]++
+	default:
+		row[2]++
+	}
+}
+
+func (r *modelRun) opTable() string {
+	names := make([]string, 0, len(r.ops))
+	for k := range r.ops {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "%-16s %7d %7d %7d\n", k, r.ops[k][0], r.ops[k][1], r.ops[k][2])
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
 // table formats the fault counts by write kind and fault kind.
 func (r *modelRun) table() string {
 	var b strings.Builder
@@ -447,6 +490,13 @@ func (r *modelRun) recover(n *mNode, force bool) {
 				continue
 			}
 			n.sess = sess
+			// The agent's node record, on its lease: an operator's
+			// commands refuse a node that has one.
+			rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
+			if err := etcdstore.New(r.check, etcdstore.Options{}).PutNode(r.ctx, rec, int64(sess.ID())); err != nil {
+				r.fail("node record of %s: %v", n.name, err)
+				return
+			}
 		}
 		err := n.alloc.Restore(r.ctx, n.sess)
 		if err == nil {
@@ -518,6 +568,15 @@ func (r *modelRun) randomStep() {
 		r.op = "lapse-record"
 		err := n.alloc.RecordLapses(r.ctx)
 		r.logf("%s RecordLapses: %v", n.name, err)
+		r.tally("record lapses", err)
+	case p < 95:
+		if !skip("pool") {
+			r.opPool()
+		}
+	case p < 97:
+		if !skip("operator") {
+			r.opOperator(n)
+		}
 	default:
 		r.opAllocate(n)
 	}
@@ -540,6 +599,7 @@ func (r *modelRun) opAllocate(n *mNode) {
 	req := allocator.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: r.rng.IntN(2) == 0}
 	res, err := n.alloc.Allocate(r.ctx, req)
 	r.logf("%s Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), req.Reserve, addrsOf(res.Allocations), err)
+	r.tally("allocate", err)
 	r.answer(mo, res, err)
 	r.after(n, err)
 }
@@ -558,6 +618,7 @@ func (r *modelRun) opBatch(n *mNode) {
 	var lastErr error
 	for i, oc := range outs {
 		r.logf("%s AllocateBatch %s: %v %v", n.name, mos[i].o.Key(), addrsOf(oc.Result.Allocations), oc.Err)
+		r.tally("batch request", oc.Err)
 		r.answer(mos[i], oc.Result, oc.Err)
 		if oc.Err != nil {
 			lastErr = oc.Err
@@ -597,6 +658,9 @@ func (r *modelRun) opStatic(n *mNode) {
 	req := allocator.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}}
 	res, err := n.alloc.Allocate(r.ctx, req)
 	r.logf("%s Allocate %s static %s (free in etcd before: %v): %v %v", n.name, mo.o.Key(), addr, freeBefore, addrsOf(res.Allocations), err)
+	r.tally("static", err)
+	r.static = true
+	defer func() { r.static = false }()
 	if errors.Is(err, allocator.ErrIPInUse) && freeBefore && r.holder[addr] == "" && !r.maybeKept[addr] && r.claimer(addr) == n.i {
 		r.probeWedged(n, mo, addr, err)
 		return
@@ -632,6 +696,7 @@ func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first erro
 	}
 	res, err := n.alloc.Allocate(r.ctx, allocator.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}})
 	r.logf("%s probe: Allocate %s static %s without faults: %v %v", n.name, mo.o.Key(), addr, addrsOf(res.Allocations), err)
+	r.static = true
 	if errors.Is(err, allocator.ErrIPInUse) && r.freeInEtcd(addr) {
 		r.fail("%s is wedged on %s: etcd holds nothing for it, nobody was told it, and a static request is refused (%v; first: %v)\n%s's log of %s:\n%s",
 			addr, n.name, err, first, n.name, addr, n.logOf(addr))
@@ -685,6 +750,7 @@ func (r *modelRun) opConfirm() {
 	r.recover(n, false)
 	done, err := n.alloc.Confirm(r.ctx, mo.o)
 	r.logf("%s Confirm %s: %v %v", n.name, mo.o.Key(), addrsOf(done), err)
+	r.tally("confirm", err)
 	switch {
 	case errors.Is(err, allocator.ErrNotFound):
 		if len(mo.told) > 0 && !mo.unsure {
@@ -719,6 +785,7 @@ func (r *modelRun) opRelease() {
 	from := time.Now()
 	out, err := n.alloc.Release(r.ctx, mo.o)
 	r.logf("%s Release %s (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.told, mo.unsure, addrsOf(out), err)
+	r.tally("release", err)
 	if err != nil {
 		mo.unsure, mo.delFail = true, true
 		r.after(n, err)
@@ -790,6 +857,7 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	req := allocator.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: reserve, Sticky: &allocator.Sticky{Identity: mo.identity, Window: r.stickyWindow()}}
 	res, err := n.alloc.Allocate(r.ctx, req)
 	r.logf("%s sticky Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), reserve, addrsOf(res.Allocations), err)
+	r.tally("sticky allocate", err)
 	if err != nil && !refusal(err) {
 		// A takeover may have landed: the identity's other containers
 		// may hold less than they were told.
@@ -869,6 +937,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	for try := 0; ; try++ {
 		restored, conflicts, err := n.alloc.Reassert(r.ctx, held)
 		r.logf("%s Reassert: restored %v, conflicts %v, %v", n.name, addrsOf(restored), conflicts, err)
+		r.tally("reassert", err)
 		for _, c := range conflicts {
 			// Reported, as the agent does (the pod should be deleted):
 			// an unsure owner's address may be another's by now.
@@ -919,6 +988,7 @@ func (r *modelRun) opAwaitWindows() {
 		r.noteRecent(a)
 	}
 	r.logf("windows ended for %v", addrs)
+	r.tally("await windows", nil)
 }
 
 func (r *modelRun) noteRecent(a netip.Addr) {
@@ -958,6 +1028,15 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 		}
 		fams[f] = al.Addr
 		got = append(got, al.Addr)
+		if !mo.unsure && !slices.Contains(mo.told, al.Addr) {
+			r.checkNew(mo, al.Addr, r.static, mo.identity != "" && r.idAddrs[mo.identity][al.Addr])
+		}
+		if mo.identity != "" {
+			if r.idAddrs[mo.identity] == nil {
+				r.idAddrs[mo.identity] = map[netip.Addr]bool{}
+			}
+			r.idAddrs[mo.identity][al.Addr] = true
+		}
 		if kf, ok := r.kept[al.Addr]; ok {
 			if kf.identity != mo.identity && now.Before(kf.from.Add(kf.window)) {
 				r.fail("%s, kept for sticky identity %s since %s for %s, was handed to %s", al.Addr, kf.identity, kf.from.Format(time.StampMilli), kf.window, k)
@@ -999,7 +1078,7 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 	for _, a := range got {
 		r.holder[a] = k
 	}
-	mo.told, mo.unsure, mo.delFail = got, false, false
+	mo.told, mo.unsure, mo.delFail, mo.operator = got, false, false, false
 	// A reservation lapses no earlier than its record's time plus the
 	// reservation TTL; an answer may not know its expiry (after a Restore).
 	mo.reserved, mo.expires = false, expires
@@ -1094,6 +1173,10 @@ func (r *modelRun) verify() {
 	held := map[string][]netip.Addr{}
 	fams := map[string]netip.Addr{}
 	for _, al := range als {
+		if !slices.ContainsFunc(r.spec.CIDRs, func(c netip.Prefix) bool { return c.Contains(al.Addr) }) {
+			r.fail("etcd holds %s for %s, outside the pool's cidrs %v", al.Addr, al.Owner.Key(), r.spec.CIDRs)
+			return
+		}
 		if al.State == allocator.StateKept {
 			continue
 		}
@@ -1147,7 +1230,11 @@ func (r *modelRun) verify() {
 			return
 		}
 		if !mo.unsure && len(mo.told) == 0 {
-			r.fail("binding of %s names %s (addresses %v), which holds nothing (told nothing, etcd holds %v)", b.Identity, b.Owner.Key(), b.Addrs, held[b.Owner.Key()])
+			how := "its release succeeded"
+			if mo.operator {
+				how = "an operator released it with its node"
+			}
+			r.fail("binding of %s names %s (addresses %v), which holds nothing (%s; etcd holds %v for it)", b.Identity, b.Owner.Key(), b.Addrs, how, held[b.Owner.Key()])
 			return
 		}
 	}
