@@ -136,18 +136,31 @@ type modelRun struct {
 // permanent), batches, static addresses, borrowing across blocks,
 // confirms, releases, sticky identities (bind, keep at DEL, takeover from
 // a live pod and from a kept record, an earlier container's late DEL,
-// window expiry), re-asserting allocations etcd lost (an etcd restore),
-// and recording lapsed reservations; while the store injects into every
-// write each fault: an unknown outcome (the write lands, the caller is
-// told it failed), a failure before sending, a lost race, a revocation
-// of the node's lease, and of the lease IP history is written on. After
-// every step it checks etcd, read without faults, against a model of
-// what every owner was told: no address told to two live owners, and no
-// kept address told to an owner of another identity inside its window;
-// no owner with two addresses of a family; every sure owner's addresses
-// in etcd exactly as told (after a release: nothing); no sticky binding
-// naming a container that holds nothing; no address refused as in use
-// on its node while etcd holds nothing for it.
+// window expiry), re-asserting allocations etcd lost (an etcd restore,
+// in the running allocator or after a restart), recording lapsed
+// reservations, an operator's release --owner and node remove of a
+// stopped node (model_ops_test.go), and pool changes (disable, reserve,
+// add and remove a cidr); while every write meets each fault: an unknown
+// outcome (the write lands, the caller is told it failed), a failure
+// before sending, a lost race (refused as a conflict without reaching
+// etcd), a revocation of the node's lease, and of the lease IP history
+// is written on. After every step it checks etcd, read without faults,
+// against a model of what every owner was told: no address told to two
+// live owners, and no kept address told to an owner of another identity
+// inside its window; no owner with two addresses of a family; every sure
+// owner's addresses in etcd exactly as told (after a release: nothing);
+// no sticky binding naming a container that holds nothing; no address
+// refused as in use on its node while etcd holds nothing for it; nothing
+// new handed out of a disabled pool or a reservation, nothing outside
+// the pool's cidrs.
+//
+// Not here: a namespace rebound to another pool between two tries of an
+// ADD. The allocator serves the pool a request names, and an owner may
+// hold addresses in several pools; which pool a retry asks is the
+// agent's choice (TestRetriedAddAfterNamespaceRebind).
+//
+// It is driven by one goroutine, so a seed replays the same choices and
+// faults; lease and window timing still vary between runs.
 //
 // Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=100000
 func TestModelNodeAllocator(t *testing.T) {
