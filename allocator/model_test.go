@@ -113,22 +113,23 @@ type modelRun struct {
 	kept   map[netip.Addr]keptFor
 	// maybeKept are addresses of sticky owners released while unsure:
 	// etcd may keep them for a while; the window op waits for them too.
-	maybeKept map[netip.Addr]bool
-	recent    []netip.Addr // addresses released or lapsed lately: static requests aim at them
-	gens      map[string]int
-	step      int
-	op        string // the operation of this step, for the fault table's write kinds
-	call      string // the store call in flight
-	quiet     bool   // no faults (a probe, a recovery)
-	faults    map[string]*[5]int
-	reads     int
-	log       []string
-	failed    bool
-	lent      map[netip.Addr]string // lent addresses as the agents' watch last delivered them
-	spec      allocator.Pool        // the pool's spec as stored now
-	static    bool                  // the answer being applied is to a request for a static address
-	idAddrs   map[string]map[netip.Addr]bool
-	ops       map[string]*[3]int
+	maybeKept  map[netip.Addr]bool
+	recent     []netip.Addr // addresses released or lapsed lately: static requests aim at them
+	gens       map[string]int
+	step       int
+	op         string // the operation of this step, for the fault table's write kinds
+	call       string // the store call in flight
+	quiet      bool   // no faults (a probe, a recovery)
+	faults     map[string]*[5]int
+	reads      int
+	log        []string
+	failed     bool
+	lent       map[netip.Addr]string // lent addresses as the agents' watch last delivered them
+	spec       allocator.Pool        // the pool's spec as stored now
+	static     bool                  // the answer being applied is to a request for a static address
+	confirming bool                  // the answer being applied is a Confirm's
+	idAddrs    map[string]map[netip.Addr]bool
+	ops        map[string]*[3]int
 }
 
 // TestModelNodeAllocator drives three node allocators through every kind
@@ -772,7 +773,9 @@ func (r *modelRun) opConfirm() {
 			r.fail("confirm of %s found nothing, but it was told %v", mo.o.Key(), mo.told)
 		}
 	case err == nil:
+		r.confirming = true
 		r.tell(mo, done, time.Time{})
+		r.confirming = false
 	case !refusal(err):
 		mo.unsure = true
 	}
@@ -1037,6 +1040,15 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 	var got []netip.Addr
 	now := time.Now()
 	for _, al := range als {
+		if al.Owner.Key() != k {
+			r.fail("%s was answered %s with the record of %s", k, al.Addr, al.Owner.Key())
+		}
+		if h := r.holder[al.Addr]; r.confirming && h != "" && h != k && mo.identity != "" && r.owners[h].identity == mo.identity && r.owners[h].gen > mo.gen {
+			// A Confirm of a container whose identity a later pod took
+			// over on another node answers its node's cache, which has
+			// not seen the takeover; its late DEL releases nothing.
+			continue
+		}
 		f := allocator.FamilyOf(al.Addr)
 		if prev, dup := fams[f]; dup {
 			r.fail("%s was told two %s addresses at once: %s and %s", k, f, prev, al.Addr)
@@ -1062,8 +1074,9 @@ func (r *modelRun) tell(mo *mOwner, als []allocator.Allocation, expires time.Tim
 		if h := r.holder[al.Addr]; h != "" && h != k {
 			ho := r.owners[h]
 			switch {
-			case mo.identity != "" && ho.identity == mo.identity && mo.gen > ho.gen:
-				// Taken over from an earlier container of the identity.
+			case mo.identity != "" && ho.identity == mo.identity:
+				// Taken over from another container of the identity: a
+				// later pod, or an earlier one ADDed again.
 				ho.told = slices.DeleteFunc(ho.told, func(a netip.Addr) bool { return a == al.Addr })
 			case !ho.unsure:
 				r.fail("%s handed to %s while %s holds it", al.Addr, k, h)
