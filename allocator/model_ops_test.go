@@ -50,16 +50,16 @@ func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) { return t.r.operator
 const kindOperator = "operator delete"
 
 func (r *modelRun) operatorCommit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
-	if r.roll(faultRates[fHistory] * *modelFault) {
+	if r.inject(kindOperator, fHistory) {
 		r.count(kindOperator, fHistory)
 		r.revokeHistoryLease()
 	}
-	if r.roll(faultRates[fBefore] * *modelFault) {
+	if r.inject(kindOperator, fBefore) {
 		r.count(kindOperator, fBefore)
 		return nil, fmt.Errorf("operator delete: %w", errInjected)
 	}
 	resp, err := txn.Commit()
-	if err == nil && r.roll(faultRates[fUnknown]**modelFault) {
+	if err == nil && r.inject(kindOperator, fUnknown) {
 		r.count(kindOperator, fUnknown)
 		return nil, fmt.Errorf("operator delete: %w", errUnknown)
 	}

@@ -30,6 +30,8 @@ var (
 	modelLogLines = flag.Int("model.log", 40, "operations TestModelNodeAllocator shows before a violation")
 	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
 		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+	modelSpare = flag.String("model.spare", "", "comma-separated write kind=fault cells TestModelNodeAllocator does not inject, "+
+		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history)")
 	modelDump  = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
 	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
 )
@@ -310,21 +312,21 @@ func (r *modelRun) hookUp(n *mNode) {
 				}
 				return nil
 			}
-			if r.roll(faultRates[fRevoke] * *modelFault) {
+			if r.inject(kind, fRevoke) {
 				r.count(kind, fRevoke)
 				if n.sess != nil {
 					_, _ = r.check.Revoke(ctx, clientv3.LeaseID(n.sess.ID()))
 				}
 			}
-			if r.roll(faultRates[fHistory] * *modelFault) {
+			if r.inject(kind, fHistory) {
 				r.count(kind, fHistory)
 				r.revokeHistoryLease()
 			}
-			if r.roll(faultRates[fBefore] * *modelFault) {
+			if r.inject(kind, fBefore) {
 				r.count(kind, fBefore)
 				return fmt.Errorf("%s: %w", op, errInjected)
 			}
-			if r.roll(faultRates[fRace] * *modelFault) {
+			if r.inject(kind, fRace) {
 				r.count(kind, fRace)
 				return fmt.Errorf("injected lost race in %s: %w", op, allocator.ErrConflict)
 			}
@@ -332,7 +334,7 @@ func (r *modelRun) hookUp(n *mNode) {
 		})
 		if write {
 			n.hook.After(op, func(_ context.Context, err error) error {
-				if err == nil && !r.quiet && kind != "" && r.roll(faultRates[fUnknown]**modelFault) {
+				if err == nil && !r.quiet && kind != "" && r.inject(kind, fUnknown) {
 					r.count(kind, fUnknown)
 					return fmt.Errorf("%s: %w", op, errUnknown)
 				}
@@ -388,6 +390,18 @@ func (r *modelRun) kindOf(op string, arg any) string {
 func skip(op string) bool { return slices.Contains(strings.Split(*modelSkip, ","), op) }
 
 func (r *modelRun) roll(p float64) bool { return r.rng.Float64() < p }
+
+// spared reports whether -model.spare leaves fault f out of write kind.
+func spared(kind string, f int) bool {
+	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history"}
+	return slices.Contains(strings.Split(*modelSpare, ","), kind+"="+short[f])
+}
+
+// inject rolls fault f for a write of kind.
+func (r *modelRun) inject(kind string, f int) bool {
+	hit := r.roll(faultRates[f] * *modelFault)
+	return hit && !spared(kind, f)
+}
 
 func (r *modelRun) count(kind string, f int) {
 	if row := r.faults[kind]; row != nil {
