@@ -50,6 +50,7 @@ func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) { return t.r.operator
 const kindOperator = "operator delete"
 
 func (r *modelRun) operatorCommit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
+	r.call = "Txn"
 	if r.inject(kindOperator, fHistory) {
 		r.count(kindOperator, fHistory)
 		r.revokeHistoryLease()
