@@ -1,6 +1,11 @@
 package inspect
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
+)
 
 // withBindings appends to steps the delete of every sticky binding that
 // names an address one of steps deletes from its identity's record (kept
@@ -13,10 +18,26 @@ import "slices"
 // and is guarded by the binding's revision (a pod that took the identity
 // meanwhile keeps it) and by every such address being gone (an address
 // step that failed, say because the node came back, leaves the binding).
-func withBindings(s *Snapshot, steps []Step) []Step {
+//
+// A binding in the plan's scope (its pod or node is what the plan
+// releases) that names a pod holding none of its addresses once the plan
+// has run is deleted too: a plan run again after its binding step failed
+// finds the addresses gone already, and would otherwise leave the binding
+// naming a container that holds nothing. Its guards are its revision and
+// each address as the snapshot shows it (absent, or at the revision of
+// the record another owner holds).
+func withBindings(s *Snapshot, steps []Step, scope func(records.Binding) bool) []Step {
 	ips := make(map[string]*IP, len(s.IPs))
+	byAddr := map[LentKey]*IP{}
 	for i := range s.IPs {
 		ips[s.IPs[i].Key] = &s.IPs[i]
+		byAddr[LentKey{s.IPs[i].Pool, s.IPs[i].Addr.Unmap()}] = &s.IPs[i]
+	}
+	deleted := map[string]bool{}
+	for _, st := range steps {
+		if st.Kind == StepIP {
+			deleted[st.Key] = true
+		}
 	}
 	type identity struct{ pool, name string }
 	released := map[identity][]*IP{}
@@ -33,6 +54,9 @@ func withBindings(s *Snapshot, steps []Step) []Step {
 				guards = append(guards, Guard{Key: ip.Key})
 			}
 		}
+		if len(guards) == 0 && !b.Kept() && scope(b.Binding) {
+			guards = staleGuards(s, b, byAddr, deleted)
+		}
 		if len(guards) == 0 {
 			continue
 		}
@@ -44,4 +68,33 @@ func withBindings(s *Snapshot, steps []Step) []Step {
 		steps = append(steps, st)
 	}
 	return steps
+}
+
+// staleGuards returns the guards under which binding b names a pod that
+// holds none of its addresses once the deletes of a plan have run, or nil
+// if the pod holds one of them still.
+func staleGuards(s *Snapshot, b BindingRec, byAddr map[LentKey]*IP, deleted map[string]bool) []Guard {
+	p, ok := s.Pools[b.Pool]
+	if !ok {
+		return nil
+	}
+	var guards []Guard
+	for _, addr := range b.Addrs {
+		ip := byAddr[LentKey{b.Pool, addr.Unmap()}]
+		switch {
+		case ip == nil:
+			blk, ok := p.BlockFor(addr)
+			if !ok {
+				return nil
+			}
+			guards = append(guards, Guard{Key: etcdstore.IPKey(b.Pool, blk, addr)})
+		case deleted[ip.Key]:
+			guards = append(guards, Guard{Key: ip.Key})
+		case ip.Owner.Key() == b.Owner.Key():
+			return nil // the pod still holds it
+		default:
+			guards = append(guards, Guard{Key: ip.Key, Rev: ip.Rev})
+		}
+	}
+	return guards
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // PlanNodeRemove plans the audited release of a node that is gone
@@ -59,7 +60,7 @@ func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, er
 	if err := refuseLive(s, force, others...); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: blocks hold addresses of other nodes: %w", action, err)
 	}
-	p.Steps = withBindings(s, p.Steps)
+	p.Steps = withBindings(s, p.Steps, func(b records.Binding) bool { return b.Node == node })
 	return p, nil
 }
 

@@ -329,3 +329,40 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 		require.NoError(t, actx.Err())
 	})
 }
+
+// TestReleaseAgainDeletesStaleBinding: an operator's release of a sticky
+// pod deletes its address, and the binding step fails (etcd unavailable
+// for that one transaction). Run again, the plan finds no address of the
+// pod any more; it must still delete the binding that names the pod and
+// none of whose addresses the pod holds, or the binding outlives the
+// release naming a container that holds nothing.
+func TestReleaseAgainDeletesStaleBinding(t *testing.T) {
+	ctx := t.Context()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	o := records.Owner{ContainerID: "web-0-c1", IfName: "eth0", Namespace: "ns", Pod: "web-0"}
+	_, err := n1.Alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Hour}})
+	require.NoError(t, err)
+	bindingKey := etcdstore.BindingKey("small", "ns/web-0")
+	n1.Kill(t)
+
+	p, err := inspect.PlanReleaseOwner(v.snapshot(t), o.ContainerID, "", gone("n1"), false)
+	require.NoError(t, err)
+	var ipSteps []inspect.Step
+	for _, st := range p.Steps {
+		if st.Kind == inspect.StepIP {
+			ipSteps = append(ipSteps, st)
+		}
+	}
+	require.NotEmpty(t, ipSteps)
+	p.Steps = ipSteps // the binding step did not run (its transaction failed)
+	_, err = v.in.Execute(ctx, p, nil)
+	require.NoError(t, err)
+	require.True(t, v.exists(t, bindingKey))
+
+	again, err := inspect.PlanReleaseOwner(v.snapshot(t), o.ContainerID, "", gone("n1"), false)
+	require.NoError(t, err)
+	_, err = v.in.Execute(ctx, again, nil)
+	require.NoError(t, err)
+	require.False(t, v.exists(t, bindingKey), "the binding of the released pod goes on the second run")
+}

@@ -120,7 +120,7 @@ func refuseLive(s *Snapshot, force bool, nodes ...string) error {
 // one that is not live needs ev, the operator's statement that it is gone
 // (see PlanNodeRemove: a node cut off from etcd has no node record either,
 // while its pods use their addresses), whether forced or not.
-func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep func(*IP) bool) (Plan, error) {
+func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep func(*IP) bool, scope func(records.Binding) bool) (Plan, error) {
 	p := Plan{Action: action, Revision: s.Revision, Force: force, Steps: []Step{}}
 	var nodes []string
 	for i := range s.IPs {
@@ -139,7 +139,7 @@ func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep f
 	if gone {
 		p.Evidence = &ev
 	}
-	p.Steps = withBindings(s, p.Steps)
+	p.Steps = withBindings(s, p.Steps, scope)
 	return p, nil
 }
 
@@ -190,7 +190,7 @@ func PlanReleaseIP(s *Snapshot, pool string, addr netip.Addr, ev Evidence, force
 	}
 	return planIPs(s, action, "released by operator", ev, force, func(ip *IP) bool {
 		return ip.Addr.Unmap() == addr && (pool == "" || ip.Pool == pool)
-	})
+	}, func(b records.Binding) bool { return slices.Contains(b.Addrs, addr) })
 }
 
 // PlanReleaseOwner plans the release of every address of a container, in
@@ -206,6 +206,8 @@ func PlanReleaseOwner(s *Snapshot, containerID, ifName string, ev Evidence, forc
 	}
 	return planIPs(s, action, "released by operator", ev, force, func(ip *IP) bool {
 		return ip.ContainerID == containerID && (ifName == "" || ip.IfName == ifName)
+	}, func(b records.Binding) bool {
+		return b.Owner.ContainerID == containerID && (ifName == "" || b.Owner.IfName == ifName)
 	})
 }
 
@@ -219,5 +221,5 @@ func PlanReleaseNode(s *Snapshot, node string, ev Evidence, force bool) (Plan, e
 	}
 	return planIPs(s, "release node "+node, "released with node "+node, ev, force, func(ip *IP) bool {
 		return ip.Node == node
-	})
+	}, func(b records.Binding) bool { return b.Node == node })
 }

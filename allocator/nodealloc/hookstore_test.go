@@ -27,6 +27,26 @@ type hookStore struct {
 	mu     sync.Mutex
 	before map[string]func(ctx context.Context) error
 	after  map[string]func(ctx context.Context, err error) error
+	// observe, if set, sees each call's name and its main argument
+	// (the writes, the binding, the allocation) before the Before hook.
+	observe func(op string, arg any)
+}
+
+// Observe makes f see every call and its main argument before its Before
+// hook runs: a test that faults writes by kind tells them apart by it.
+func (h *hookStore) Observe(f func(op string, arg any)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.observe = f
+}
+
+func (h *hookStore) see(op string, arg any) {
+	h.mu.Lock()
+	f := h.observe
+	h.mu.Unlock()
+	if f != nil {
+		f(op, arg)
+	}
 }
 
 func newHookStore(s records.Store) *hookStore {
@@ -54,6 +74,7 @@ func (h *hookStore) Clear() {
 	defer h.mu.Unlock()
 	clear(h.before)
 	clear(h.after)
+	h.observe = nil
 }
 
 // commitThenFail is an After hook for write calls: the write has been
@@ -114,6 +135,7 @@ func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]records.Bloc
 }
 
 func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+	h.see("Claim", b)
 	if err := h.pre(ctx, "Claim"); err != nil {
 		return 0, err
 	}
@@ -122,6 +144,7 @@ func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c re
 }
 
 func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
+	h.see("Reclaim", prev)
 	if err := h.pre(ctx, "Reclaim"); err != nil {
 		return 0, err
 	}
@@ -130,6 +153,7 @@ func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.Block
 }
 
 func (h *hookStore) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimRev int64) error {
+	h.see("Unclaim", b)
 	if err := h.pre(ctx, "Unclaim"); err != nil {
 		return err
 	}
@@ -153,6 +177,7 @@ func (h *hookStore) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip
 }
 
 func (h *hookStore) WriteIPs(ctx context.Context, writes []records.IPWrite) (records.WriteResult, error) {
+	h.see("WriteIPs", writes)
 	if err := h.pre(ctx, "WriteIPs"); err != nil {
 		return records.WriteResult{}, err
 	}
@@ -169,6 +194,7 @@ func (h *hookStore) LeaseExpiry(ctx context.Context, lease int64) (time.Time, er
 }
 
 func (h *hookStore) DeleteIP(ctx context.Context, al records.Allocation) error {
+	h.see("DeleteIP", al)
 	if err := h.pre(ctx, "DeleteIP"); err != nil {
 		return err
 	}
@@ -184,6 +210,7 @@ func (h *hookStore) PoolSnapshot(ctx context.Context, pool string) (records.Pool
 }
 
 func (h *hookStore) FenceBorrower(ctx context.Context, c records.Claim, lease int64) (int64, error) {
+	h.see("FenceBorrower", c)
 	if err := h.pre(ctx, "FenceBorrower"); err != nil {
 		return 0, err
 	}
@@ -200,6 +227,7 @@ func (h *hookStore) GetBinding(ctx context.Context, pool, identity string) (reco
 }
 
 func (h *hookStore) WriteBound(ctx context.Context, b records.Binding, writes []records.IPWrite) (records.WriteResult, error) {
+	h.see("WriteBound", writes)
 	if err := h.pre(ctx, "WriteBound"); err != nil {
 		return records.WriteResult{}, err
 	}
@@ -208,6 +236,7 @@ func (h *hookStore) WriteBound(ctx context.Context, b records.Binding, writes []
 }
 
 func (h *hookStore) Keep(ctx context.Context, b records.Binding, als []records.Allocation) (time.Time, error) {
+	h.see("Keep", als)
 	if err := h.pre(ctx, "Keep"); err != nil {
 		return time.Time{}, err
 	}
@@ -216,6 +245,7 @@ func (h *hookStore) Keep(ctx context.Context, b records.Binding, als []records.A
 }
 
 func (h *hookStore) RecordLapsed(ctx context.Context, al records.Allocation, end time.Time) (bool, error) {
+	h.see("RecordLapsed", al)
 	if err := h.pre(ctx, "RecordLapsed"); err != nil {
 		return false, err
 	}

@@ -1,6 +1,7 @@
 package nodealloc_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -8,11 +9,12 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
-	"sync"
-	"sync/atomic"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -25,266 +27,539 @@ import (
 )
 
 var (
-	modelSteps = flag.Int("model.steps", 120, "steps per caller of TestModelNodeAllocator (make test runs it briefly; raise it for a long run)")
-	modelSeed  = flag.Uint64("model.seed", 0, "seed of TestModelNodeAllocator's choices and faults; 0 picks one and logs it")
+	modelSteps    = flag.Int("model.steps", 400, "steps of TestModelNodeAllocator (make test runs it briefly; raise it for a long run)")
+	modelSeed     = flag.Uint64("model.seed", 0, "seed of TestModelNodeAllocator's choices and faults; 0 picks one and logs it")
+	modelLogLines = flag.Int("model.log", 40, "operations TestModelNodeAllocator shows before a violation")
+	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
+		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+	modelSpare = flag.String("model.spare", "", "comma-separated write kind=fault cells TestModelNodeAllocator does not inject, "+
+		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history)")
+	modelDump  = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
+	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
 )
 
-// faultPlan is how often the model test injects each fault, per store call.
-type faultPlan struct {
-	failBefore float64 // the call fails without reaching etcd
-	unknown    float64 // a write commits, then the caller is told it failed
-	conflict   float64 // a write is refused as a lost race without reaching etcd
-	revoke     float64 // the node's lease is revoked before the call
+// The kinds of write the allocator sends, and the faults the model test
+// injects into each (the rows and columns of its fault table).
+var (
+	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
+		"lapse-record", "operator delete", "claim", "unclaim"}
+	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost"}
+)
+
+const (
+	fUnknown = iota
+	fBefore
+	fRace
+	fRevoke
+	fHistory
+)
+
+// faultRates are the chances, per write, of each fault kind (faultKinds'
+// order), and of a failed read.
+var faultRates = [...]float64{fUnknown: 0.07, fBefore: 0.03, fRace: 0.02, fRevoke: 0.006, fHistory: 0.01}
+
+const readFailRate = 0.01
+
+// reservationTTL is short, so that reservations lapse during a run.
+const reservationTTL = 4 * time.Second
+
+// mOwner is what the model knows of one attachment: what it was told it
+// holds, and whether it can know (unsure: its last operation failed with
+// an outcome the model cannot tell, so etcd may hold more or less).
+type mOwner struct {
+	o        records.Owner
+	node     int
+	identity string // sticky identity, "" for an ordinary owner
+	gen      int    // the container's generation in its identity
+	told     []netip.Addr
+	reserved bool
+	expires  time.Time
+	unsure   bool
+	delFail  bool // its DEL failed: the runtime retries it
+	operator bool // an operator released what it held (its node was removed)
 }
 
-// faults decides, from one seeded source, which store call fails how.
-type faults struct {
-	mu   sync.Mutex
-	rng  *rand.Rand
-	plan faultPlan
-	n    map[string]int // injected, by kind
+// keptFor is an address kept for a sticky identity after its pod's DEL,
+// from a time before the Keep was sent: its window runs at least until
+// from+window.
+type keptFor struct {
+	identity string
+	from     time.Time
+	window   time.Duration
 }
 
-func (f *faults) roll(p float64, kind string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.rng.Float64() >= p {
-		return false
-	}
-	f.n[kind]++
-	return true
-}
-
-// modelNode is a node allocator whose store injects faults, and what its
-// agent would do on a lost lease: take a new one and Restore.
-type modelNode struct {
+// mNode is one node's allocator on a fault-injecting store, and what its
+// agent does: renew a lost lease and Restore.
+type mNode struct {
+	i     int
 	name  string
 	cli   *clientv3.Client
-	store *etcdstore.Store
+	hook  *hookStore
 	alloc *nodealloc.Allocator
-	mu    sync.Mutex // serializes recover
-	sess  atomic.Pointer[kvstore.Session]
+	sess  *kvstore.Session
+	logs  *bytes.Buffer // the allocator's log, for a report
 }
 
-// session is read by fault hooks that run inside recover's Restore, so it
-// is not guarded by mu.
-func (n *modelNode) session() *kvstore.Session { return n.sess.Load() }
-
-// recover renews a lost lease and restores, as the agent's lease keeper
-// does; a failure (an injected one included) is left for the next caller.
-func (n *modelNode) recover(ctx context.Context) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if s := n.session(); s != nil && !s.Lost() {
-		if err := n.alloc.Restore(ctx, s); err == nil {
-			return
-		}
-	}
-	if s := n.session(); s != nil {
-		s.Close()
-	}
-	sess, err := kvstore.NewSession(ctx, n.cli, 30)
-	if err != nil {
-		n.sess.Store(nil)
-		return
-	}
-	n.sess.Store(sess)
-	_ = n.alloc.Restore(ctx, sess)
+// modelRun is one run of TestModelNodeAllocator: its nodes, its model and
+// its faults. It is driven by one goroutine, so a seed replays the same
+// choices and faults (lease and window timing still vary).
+type modelRun struct {
+	t      *testing.T
+	ctx    context.Context
+	seed   uint64
+	rng    *rand.Rand
+	check  *clientv3.Client // the test's own view of etcd, without faults
+	pool   allocator.Pool
+	nodes  []*mNode
+	owners map[string]*mOwner
+	order  []string // owner keys in creation order, for seeded choices
+	holder map[netip.Addr]string
+	kept   map[netip.Addr]keptFor
+	// maybeKept are addresses of sticky owners released while unsure:
+	// etcd may keep them for a while; the window op waits for them too.
+	maybeKept  map[netip.Addr]bool
+	recent     []netip.Addr // addresses released or lapsed lately: static requests aim at them
+	gens       map[string]int
+	step       int
+	op         string // the operation of this step, for the fault table's write kinds
+	call       string // the store call in flight
+	quiet      bool   // no faults (a probe, a recovery)
+	faults     map[string]*[5]int
+	reads      int
+	log        []string
+	failed     bool
+	lent       map[netip.Addr]string // lent addresses as the agents' watch last delivered them
+	spec       allocator.Pool        // the pool's spec as stored now
+	static     bool                  // the answer being applied is to a request for a static address
+	confirming bool                  // the answer being applied is a Confirm's
+	idAddrs    map[string]map[netip.Addr]bool
+	ops        map[string]*[3]int
 }
 
-// model is what callers were told: which owner holds which address.
-type model struct {
-	mu     sync.Mutex
-	holder map[netip.Addr]string // address -> owner told it, not since released
-	// unsure owners had an operation fail: etcd may hold more or less for
-	// them than they were told, until their next success.
-	unsure map[string]bool
-}
-
-// TestModelNodeAllocator drives several node allocators with concurrent
-// callers through random allocations (reservations, permanent, static,
-// batches), confirms and releases, while the store injects lost races,
-// failures, writes of unknown outcome, reload failures and lease
-// revocations at random points. After every step it checks the caller's
-// answer against a model of what every caller was told, and etcd against
-// both: no address with two live owners, no owner with two addresses of a
-// family, and every owner's addresses in etcd exactly as it was last told.
+// TestModelNodeAllocator drives three node allocators through every kind
+// of write the allocator has: ordinary allocations (reservations and
+// permanent), batches, static addresses, borrowing across blocks,
+// confirms, releases, sticky identities (bind, keep at DEL, takeover from
+// a live pod and from a kept record, an earlier container's late DEL,
+// window expiry), re-asserting allocations etcd lost (an etcd restore,
+// in the running allocator or after a restart), recording lapsed
+// reservations, an operator's release --owner and node remove of a
+// stopped node (model_ops_test.go), and pool changes (disable, reserve,
+// add and remove a cidr); while every write meets each fault: an unknown
+// outcome (the write lands, the caller is told it failed), a failure
+// before sending, a lost race (refused as a conflict without reaching
+// etcd), a revocation of the node's lease, and of the lease IP history
+// is written on. After every step it checks etcd, read without faults,
+// against a model of what every owner was told: no address told to two
+// live owners, and no kept address told to an owner of another identity
+// inside its window; no owner with two addresses of a family; every sure
+// owner's addresses in etcd exactly as told (after a release: nothing);
+// no sticky binding naming a container that holds nothing; no address
+// refused as in use on its node while etcd holds nothing for it; nothing
+// new handed out of a disabled pool or a reservation, nothing outside
+// the pool's cidrs.
 //
-// Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=5000
+// Not here: a namespace rebound to another pool between two tries of an
+// ADD. The allocator serves the pool a request names, and an owner may
+// hold addresses in several pools; which pool a retry asks is the
+// agent's choice (TestRetriedAddAfterNamespaceRebind).
+//
+// It is driven by one goroutine, so a seed replays the same choices and
+// faults; lease and window timing still vary between runs.
+//
+// Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=100000
 func TestModelNodeAllocator(t *testing.T) {
 	seed := *modelSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (replay the choices with -model.seed=%d; goroutine timing still varies)", seed, seed)
-	const nodes, callers, ownersPerCaller = 3, 3, 4
+	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, *modelSteps)
 	pool := allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
-		// 30 and 31 usable addresses for 36 owners: the pool fills, and
-		// nodes borrow across blocks.
+		// 30 and 31 usable addresses: the pool fills, and nodes borrow
+		// across blocks.
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
-	e := startEtcd(t, pool)
-	check := etcdtest.Client(t, e) // the test's own view of etcd, without faults
-	ctx := context.Background()
-
-	f := &faults{rng: rand.New(rand.NewPCG(seed, 1)), n: map[string]int{},
-		plan: faultPlan{failBefore: 0.02, unknown: 0.05, conflict: 0.02, revoke: 0.004}}
-	var borrows atomic.Int64 // borrowed writes sent
-	ns := make([]*modelNode, nodes)
-	for i := range ns {
-		n := &modelNode{name: fmt.Sprintf("node-%d", i), cli: etcdtest.Client(t, e)}
-		n.store = etcdstore.New(n.cli, etcdstore.Options{ReservationTTL: time.Hour})
-		h := newHookStore(n.store)
-		for _, op := range []string{"ListBlocks", "Claim", "Reclaim", "Unclaim", "ListIPs", "GetIPs", "WriteIPs", "LeaseExpiry", "DeleteIP", "PoolSnapshot", "FenceBorrower"} {
-			h.Before(op, func(ctx context.Context) error {
-				if f.roll(f.plan.revoke, "revoke") {
-					if s := n.session(); s != nil {
-						_, _ = check.Revoke(ctx, clientv3.LeaseID(s.ID()))
-					}
-				}
-				if op == "WriteIPs" && f.roll(f.plan.conflict, "conflict") {
-					return fmt.Errorf("injected lost race: %w", records.ErrConflict)
-				}
-				if f.roll(f.plan.failBefore, "fail:"+op) {
-					return errInjected
-				}
-				return nil
-			})
-			if op == "WriteIPs" || op == "DeleteIP" || op == "Claim" || op == "Reclaim" || op == "Unclaim" || op == "FenceBorrower" {
-				h.After(op, func(_ context.Context, err error) error {
-					if err == nil && f.roll(f.plan.unknown, "unknown:"+op) {
-						return errUnknown
-					}
-					return err
-				})
+	e := etcdtest.Start(t)
+	ensurePool(t, e, pool)
+	spec := pool
+	// Keys of the extra cidr the pool operation adds and removes.
+	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
+	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
+		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[5]int{}}
+	for _, k := range writeKinds {
+		r.faults[k] = &[5]int{}
+	}
+	const nodes, ordinaryPerNode, identities = 3, 4, 3
+	for i := range nodes {
+		n := &mNode{i: i, name: fmt.Sprintf("node-%d", i), cli: etcdtest.Client(t, e)}
+		n.hook = newHookStore(etcdstore.New(n.cli, etcdstore.Options{ReservationTTL: reservationTTL}))
+		r.hookUp(n)
+		r.nodes = append(r.nodes, n)
+		r.startAlloc(n)
+		for j := range ordinaryPerNode {
+			r.addOwner(records.Owner{ContainerID: fmt.Sprintf("n%d-o%d", i, j), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d-%d", i, j)}, i, "")
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range r.nodes {
+			if n.sess != nil {
+				n.sess.Close()
 			}
 		}
-		al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: writeHook{Store: h, onWrite: func(ws []records.IPWrite) {
-			for _, w := range ws {
-				if w.Borrowed {
-					borrows.Add(1)
-				}
-			}
-		}}, Pools: []string{pool.Name}})
-		require.NoError(t, err)
-		n.alloc = al
-		n.recover(ctx)
-		ns[i] = n
+	})
+	for i := range identities {
+		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
 	}
 
-	m := &model{holder: map[netip.Addr]string{}, unsure: map[string]bool{}}
-	var failed sync.Once
-	fail := func(format string, args ...any) {
-		failed.Do(func() { t.Errorf("seed %d: "+format, append([]any{seed}, args...)...) })
+	start := time.Now()
+	for r.step = 0; r.step < *modelSteps && !r.failed; r.step++ {
+		r.expireReservations()
+		r.randomStep()
+		r.syncLent()
+		r.expireReservations() // a step may have waited long
+		if !r.failed {
+			r.verify()
+		}
 	}
-	var wg sync.WaitGroup
-	for c := range nodes * callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n := ns[c%nodes]
-			rng := rand.New(rand.NewPCG(seed, uint64(c)+2))
-			var owners []records.Owner
-			for i := range ownersPerCaller {
-				owners = append(owners, records.Owner{ContainerID: fmt.Sprintf("c%d-o%d", c, i), IfName: "eth0"})
-			}
-			told := map[string][]netip.Addr{} // this caller's owners, as last told
-			for step := 0; step < *modelSteps && !t.Failed(); step++ {
-				o := owners[rng.IntN(len(owners))]
-				k := o.Key()
-				var err error
-				switch op := rng.IntN(100); {
-				case op < 35:
-					var r nodealloc.Result
-					r, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: rng.IntN(2) == 0})
-					if err == nil {
-						m.tell(fail, o, r.Allocations, told)
-					}
-				case op < 45:
-					// A batch of this caller's owners, as the agent's group commit sends.
-					var reqs []nodealloc.Request
-					for _, bo := range owners[:2+rng.IntN(len(owners)-1)] {
-						reqs = append(reqs, nodealloc.Request{Pool: pool.Name, Owner: bo, Reserve: true})
-					}
-					for i, oc := range n.alloc.AllocateBatch(ctx, reqs) {
-						if oc.Err == nil {
-							m.tell(fail, reqs[i].Owner, oc.Result.Allocations, told)
-						} else if !refusal(oc.Err) {
-							m.doubt(reqs[i].Owner)
-						}
-						m.verifyOwner(ctx, fail, check, pool.Name, reqs[i].Owner, told)
-					}
-				case op < 52:
-					if len(told[k]) > 0 || m.isUnsure(k) {
-						continue
-					}
-					// A static address anywhere in the pool: taken ones must be refused.
-					cidr := pool.CIDRs[rng.IntN(len(pool.CIDRs))]
-					addr := cidr.Addr()
-					for range rng.IntN(64) {
-						addr = addr.Next()
-					}
-					var r nodealloc.Result
-					r, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, IPs: []netip.Addr{addr}})
-					if err == nil {
-						m.tell(fail, o, r.Allocations, told)
-					}
-				case op < 67:
-					var done []records.Allocation
-					done, err = n.alloc.Confirm(ctx, o)
-					switch {
-					case errors.Is(err, records.ErrNotFound):
-						if len(told[k]) > 0 && !m.isUnsure(k) {
-							fail("confirm of %s found nothing, but it was told %v", k, told[k])
-						}
-						err = nil // nothing to confirm is a fine answer
-					case err == nil:
-						// Confirm answers the owner's whole holding, now permanent.
-						held := map[netip.Addr]records.Allocation{}
-						for _, al := range storeIPs(t, check, pool.Name) {
-							if al.Owner.Key() == k {
-								held[al.Addr] = al
-							}
-						}
-						for _, al := range done {
-							if held[al.Addr].State != records.StateAllocated {
-								fail("confirm of %s answered %s but it is %q in etcd", k, al.Addr, held[al.Addr].State)
-							}
-						}
-						m.tell(fail, o, done, told)
-					}
-				default:
-					m.doubt(o) // its addresses may be free from now on
-					_, err = n.alloc.Release(ctx, o)
-					if err == nil {
-						m.released(o, told)
-					}
-				}
-				if err != nil && !refusal(err) {
-					m.doubt(o)
-				}
-				if err != nil {
-					if errors.Is(err, records.ErrLeaseLost) || errors.Is(err, records.ErrUnavailable) {
-						n.recover(ctx)
-					}
-				}
-				m.verifyOwner(ctx, fail, check, pool.Name, o, told)
-				m.verifyStore(ctx, fail, check, pool.Name)
-			}
-		}()
+	t.Logf("%d steps in %s", r.step, time.Since(start).Round(time.Millisecond))
+	t.Log("faults injected, by write kind:\n" + r.table())
+	t.Log("operations (ok / refused / failed):\n" + r.opTable())
+	if *modelDump {
+		t.Log("last operations:\n  " + strings.Join(r.log[max(0, len(r.log)-*modelLogLines):], "\n  "))
 	}
-	wg.Wait()
-	t.Logf("faults injected: %v", f.n)
-	require.False(t, t.Failed())
-	require.NotZero(t, f.n["unknown:WriteIPs"], "the run must meet writes of unknown outcome")
-	require.NotZero(t, borrows.Load(), "and borrowing across blocks")
-	t.Logf("borrowed writes: %d", borrows.Load())
-	require.NotZero(t, f.n["revoke"]+f.n["fail:LeaseExpiry"]+f.n["fail:ListIPs"], "and lease or reload faults")
+	if r.failed {
+		t.FailNow()
+	}
+	total := 0
+	for _, row := range r.faults {
+		total += row[fUnknown]
+	}
+	if *modelFault > 0 && *modelSteps >= 200 {
+		require.NotZero(t, total, "the run must meet writes of unknown outcome")
+	}
+}
+
+// syncLent delivers to every node what changed in the pool's lent
+// addresses, as each agent's watch of the homes does (NoteLent).
+func (r *modelRun) syncLent() {
+	resp, err := r.check.Get(r.ctx, etcdstore.LentPrefix(r.pool.Name), clientv3.WithPrefix())
+	require.NoError(r.t, err)
+	now := map[netip.Addr]string{}
+	for _, kv := range resp.Kvs {
+		addr, err := netip.ParseAddr(strings.TrimPrefix(string(kv.Key), etcdstore.LentPrefix(r.pool.Name)))
+		if err != nil {
+			continue
+		}
+		if v, err := kvstore.Decode[records.Home](kv); err == nil {
+			now[addr] = v.Value.Node
+		}
+	}
+	for addr, node := range now {
+		if r.lent[addr] != node {
+			for _, n := range r.nodes {
+				n.alloc.NoteLent(r.pool.Name, addr, node, true)
+			}
+		}
+	}
+	for addr, node := range r.lent {
+		if _, ok := now[addr]; !ok {
+			for _, n := range r.nodes {
+				n.alloc.NoteLent(r.pool.Name, addr, node, false)
+			}
+		}
+	}
+	r.lent = now
+}
+
+// fail reports the first violation with the seed, the step and the
+// operations before it.
+func (r *modelRun) fail(format string, args ...any) {
+	if r.failed {
+		return
+	}
+	r.failed = true
+	from := max(0, len(r.log)-*modelLogLines)
+	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "))
+}
+
+func (r *modelRun) logf(format string, args ...any) {
+	r.log = append(r.log, fmt.Sprintf("%d: ", r.step)+fmt.Sprintf(format, args...))
+	if len(r.log) > 400 {
+		r.log = slices.Clone(r.log[200:])
+	}
+}
+
+func (r *modelRun) addOwner(o records.Owner, node int, identity string) *mOwner {
+	mo := &mOwner{o: o, node: node, identity: identity}
+	r.owners[o.Key()] = mo
+	r.order = append(r.order, o.Key())
+	return mo
+}
+
+// hookUp makes n's store inject the faults.
+func (r *modelRun) hookUp(n *mNode) {
+	var kind string // the kind of the write in flight (one goroutine)
+	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
+	for _, op := range []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent",
+		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed"} {
+		write := !slices.Contains([]string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent"}, op)
+		n.hook.Before(op, func(ctx context.Context) error {
+			if r.quiet {
+				return nil
+			}
+			if !write || kind == "" {
+				if r.roll(readFailRate * *modelFault) {
+					r.reads++
+					return fmt.Errorf("%s: %w", op, errInjected)
+				}
+				return nil
+			}
+			if r.inject(kind, fRevoke) {
+				r.count(kind, fRevoke)
+				if n.sess != nil {
+					_, _ = r.check.Revoke(ctx, clientv3.LeaseID(n.sess.ID()))
+				}
+			}
+			if r.inject(kind, fHistory) {
+				r.count(kind, fHistory)
+				r.revokeHistoryLease()
+			}
+			if r.inject(kind, fBefore) {
+				r.count(kind, fBefore)
+				return fmt.Errorf("%s: %w", op, errInjected)
+			}
+			if r.inject(kind, fRace) {
+				r.count(kind, fRace)
+				return fmt.Errorf("injected lost race in %s: %w", op, records.ErrConflict)
+			}
+			return nil
+		})
+		if write {
+			n.hook.After(op, func(_ context.Context, err error) error {
+				if err == nil && !r.quiet && kind != "" && r.inject(kind, fUnknown) {
+					r.count(kind, fUnknown)
+					return fmt.Errorf("%s: %w", op, errUnknown)
+				}
+				return err
+			})
+		}
+	}
+}
+
+// kindOf names the write kind of a store call.
+func (r *modelRun) kindOf(op string, arg any) string {
+	switch op {
+	case "Claim", "Reclaim":
+		return "claim"
+	case "Unclaim":
+		return "unclaim"
+	case "DeleteIP":
+		return "release"
+	case "FenceBorrower":
+		return "borrow"
+	case "WriteBound":
+		return "bind/takeover"
+	case "Keep":
+		return "keep"
+	case "RecordLapsed":
+		return "lapse-record"
+	case "WriteIPs":
+		if r.op == "reassert" {
+			return "reassert"
+		}
+		ws, _ := arg.([]records.IPWrite)
+		if len(ws) == 0 {
+			return "" // an empty transaction: nothing to fault
+		}
+		owners := map[string]bool{}
+		for _, w := range ws {
+			owners[w.Record.Owner.Key()] = true
+			switch {
+			case w.Borrowed:
+				return "borrow"
+			case w.PrevRev != 0:
+				return "confirm"
+			}
+		}
+		if len(owners) > 1 {
+			return "batch"
+		}
+		return "create"
+	}
+	return op
+}
+
+func skip(op string) bool { return slices.Contains(strings.Split(*modelSkip, ","), op) }
+
+func (r *modelRun) roll(p float64) bool { return r.rng.Float64() < p }
+
+// spared reports whether -model.spare leaves fault f out of write kind.
+func spared(kind string, f int) bool {
+	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history"}
+	return slices.Contains(strings.Split(*modelSpare, ","), kind+"="+short[f])
+}
+
+// inject rolls fault f for a write of kind.
+func (r *modelRun) inject(kind string, f int) bool {
+	hit := r.roll(faultRates[f] * *modelFault)
+	return hit && !spared(kind, f)
+}
+
+func (r *modelRun) count(kind string, f int) {
+	if row := r.faults[kind]; row != nil {
+		row[f]++
+	}
+	r.logf("  fault: %s (%s): %s", kind, r.call, faultKinds[f])
+}
+
+// tally counts an operation's outcome: ok, refused or failed.
+func (r *modelRun) tally(op string, err error) {
+	row := r.ops[op]
+	if row == nil {
+		row = &[3]int{}
+		r.ops[op] = row
+	}
+	switch {
+	case err == nil:
+		row[0]++
+	case refusal(err):
+		row[1]++
+	default:
+		row[2]++
+	}
+}
+
+func (r *modelRun) opTable() string {
+	names := make([]string, 0, len(r.ops))
+	for k := range r.ops {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "%-16s %7d %7d %7d\n", k, r.ops[k][0], r.ops[k][1], r.ops[k][2])
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// table formats the fault counts by write kind and fault kind.
+func (r *modelRun) table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-16s", "write \\ fault")
+	for _, f := range faultKinds {
+		fmt.Fprintf(&b, " %18s", f)
+	}
+	b.WriteString("\n")
+	for _, k := range writeKinds {
+		fmt.Fprintf(&b, "%-16s", k)
+		for _, c := range r.faults[k] {
+			fmt.Fprintf(&b, " %18d", c)
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "failed reads: %d", r.reads)
+	return b.String()
+}
+
+// revokeHistoryLease revokes the lease IP history is written on now, as
+// an etcd restored from a snapshot or an operator would.
+func (r *modelRun) revokeHistoryLease() {
+	resp, err := r.check.Get(r.ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend))
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
+		return
+	}
+	_, _ = r.check.Revoke(r.ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+}
+
+// startAlloc makes n a new allocator, as an agent (re)start does, and
+// restores it.
+func (r *modelRun) startAlloc(n *mNode) {
+	if n.logs == nil {
+		n.logs = &bytes.Buffer{}
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Output: n.logs, Level: hclog.Debug, DisableTime: true})
+	al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: n.hook, Pools: []string{r.pool.Name}, Logger: logger,
+		Held: func() []netip.Addr { return r.heldOn(n.i) }})
+	require.NoError(r.t, err)
+	n.alloc = al
+	r.recover(n, true)
+}
+
+// heldOn lists the addresses the endpoints of node i use (NodeConfig.Held).
+func (r *modelRun) heldOn(i int) []netip.Addr {
+	var out []netip.Addr
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.node == i {
+			out = append(out, mo.told...)
+		}
+	}
+	return out
+}
+
+// recover renews a lost lease and restores, as the agent's lease keeper
+// does. Faults may fail it; after a few tries it goes on without them.
+func (r *modelRun) recover(n *mNode, force bool) {
+	if !force && n.sess != nil && !n.sess.Lost() {
+		return
+	}
+	defer func(q bool) { r.quiet = q }(r.quiet)
+	for try := 0; ; try++ {
+		if try >= 4 {
+			r.quiet = true
+		}
+		if n.sess == nil || n.sess.Lost() {
+			if n.sess != nil {
+				n.sess.Close()
+			}
+			sess, err := kvstore.NewSession(r.ctx, n.cli, 30)
+			if err != nil {
+				if try > 20 {
+					r.fail("new session for %s: %v", n.name, err)
+					return
+				}
+				continue
+			}
+			n.sess = sess
+			// The agent's node record, on its lease: an operator's
+			// commands refuse a node that has one.
+			rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
+			if err := etcdstore.New(r.check, etcdstore.Options{}).PutNode(r.ctx, rec, int64(sess.ID())); err != nil {
+				r.fail("node record of %s: %v", n.name, err)
+				return
+			}
+		}
+		err := n.alloc.Restore(r.ctx, n.sess)
+		if err == nil {
+			return
+		}
+		if errors.Is(err, records.ErrLeaseLost) {
+			// Revoked, and the keepalive has not noticed yet.
+			n.sess.Close()
+			n.sess = nil
+		}
+		if try > 20 {
+			r.fail("restore %s: %v", n.name, err)
+			return
+		}
+	}
+}
+
+// after handles an operation's error on node n: a lost lease is renewed
+// and the node restored, as the agent's lease keeper does (not on any
+// other error: the agent restores only when its lease is lost).
+func (r *modelRun) after(n *mNode, err error) {
+	if err != nil && errors.Is(err, records.ErrLeaseLost) {
+		r.recover(n, true)
+		return
+	}
+	r.recover(n, false)
 }
 
 // refusal reports whether err is a definite refusal, after which the store
 // holds for the owner exactly what it held before.
 func refusal(err error) bool {
-	for _, e := range []error{records.ErrBadRequest, records.ErrIPInUse, records.ErrNotOwned, records.ErrExhausted, records.ErrNotFound} {
+	for _, e := range []error{records.ErrBadRequest, records.ErrIPInUse, records.ErrNotOwned, records.ErrExhausted,
+		records.ErrNotFound, records.ErrIdentityInUse, records.ErrPoolDisabled} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -292,125 +567,719 @@ func refusal(err error) bool {
 	return false
 }
 
-// tell records that o was told als (its whole holding in the pool, one
-// address per family), checking it against everyone else's.
-func (m *model) tell(fail func(string, ...any), o records.Owner, als []records.Allocation, told map[string][]netip.Addr) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	k := o.Key()
-	fams := map[allocator.Family]netip.Addr{}
-	var got []netip.Addr
-	for _, al := range als {
-		f := allocator.FamilyOf(al.Addr)
-		if prev, dup := fams[f]; dup {
-			fail("%s was told two %s addresses at once: %s and %s", k, f, prev, al.Addr)
+// randomStep runs one operation chosen by the seed.
+func (r *modelRun) randomStep() {
+	n := r.nodes[r.rng.IntN(len(r.nodes))]
+	r.recover(n, false)
+	switch p := r.rng.IntN(100); {
+	case p < 18:
+		r.opAllocate(n)
+	case p < 24:
+		r.opBatch(n)
+	case p < 30:
+		r.opStatic(n)
+	case p < 40:
+		r.opConfirm()
+	case p < 58:
+		r.opRelease()
+	case p < 72:
+		if !skip("sticky") {
+			r.opStickyAdd(n)
 		}
-		fams[f] = al.Addr
-		got = append(got, al.Addr)
-		if h := m.holder[al.Addr]; h != "" && h != k && !m.unsure[h] {
-			fail("%s handed to %s while %s holds it", al.Addr, k, h)
+	case p < 80:
+		if !skip("stickyretry") {
+			r.opStickyRetry()
+		}
+	case p < 85:
+		if !skip("storeloss") {
+			r.opStoreLoss(n)
+		}
+	case p < 89:
+		r.opAwaitWindows()
+	case p < 92:
+		r.op = "lapse-record"
+		err := n.alloc.RecordLapses(r.ctx)
+		r.logf("%s RecordLapses: %v", n.name, err)
+		r.tally("record lapses", err)
+	case p < 95:
+		if !skip("pool") {
+			r.opPool()
+		}
+	case p < 97:
+		if !skip("operator") {
+			r.opOperator(n)
+		}
+	default:
+		r.opAllocate(n)
+	}
+}
+
+// ordinary picks an ordinary owner of node n.
+func (r *modelRun) ordinary(n *mNode) *mOwner {
+	var cands []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i {
+			cands = append(cands, mo)
 		}
 	}
-	if !m.unsure[k] {
-		for _, prev := range told[k] {
-			if a, ok := fams[allocator.FamilyOf(prev)]; ok && a != prev {
-				fail("%s held %s and a retry gave it %s", k, prev, a)
+	return cands[r.rng.IntN(len(cands))]
+}
+
+func (r *modelRun) opAllocate(n *mNode) {
+	r.op = "create"
+	mo := r.ordinary(n)
+	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: r.rng.IntN(2) == 0}
+	res, err := n.alloc.Allocate(r.ctx, req)
+	r.logf("%s Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), req.Reserve, addrsOf(res.Allocations), err)
+	r.tally("allocate", err)
+	r.answer(mo, res, err)
+	r.after(n, err)
+}
+
+func (r *modelRun) opBatch(n *mNode) {
+	r.op = "batch"
+	var reqs []nodealloc.Request
+	var mos []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i && r.rng.IntN(3) > 0 {
+			reqs = append(reqs, nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: true})
+			mos = append(mos, mo)
+		}
+	}
+	outs := n.alloc.AllocateBatch(r.ctx, reqs)
+	var lastErr error
+	for i, oc := range outs {
+		r.logf("%s AllocateBatch %s: %v %v", n.name, mos[i].o.Key(), addrsOf(oc.Result.Allocations), oc.Err)
+		r.tally("batch request", oc.Err)
+		r.answer(mos[i], oc.Result, oc.Err)
+		if oc.Err != nil {
+			lastErr = oc.Err
+		}
+	}
+	r.after(n, lastErr)
+}
+
+// opStatic asks for a static address: one released or lapsed lately, or
+// any of the pool. Taken ones must be refused; one etcd holds nothing for
+// must not be refused as in use by the node whose block it is.
+func (r *modelRun) opStatic(n *mNode) {
+	r.op = "create"
+	mo := r.ordinary(n)
+	if len(mo.told) > 0 || mo.unsure {
+		return
+	}
+	var addr netip.Addr
+	if len(r.recent) > 0 && r.rng.IntN(2) == 0 {
+		addr = r.recent[r.rng.IntN(len(r.recent))]
+		if claimer := r.claimer(addr); claimer >= 0 {
+			n = r.nodes[claimer]
+			r.recover(n, false)
+			// An owner of that node asks.
+			if mo = r.ordinary(n); len(mo.told) > 0 || mo.unsure {
+				return
+			}
+		}
+	} else {
+		cidr := r.pool.CIDRs[r.rng.IntN(len(r.pool.CIDRs))]
+		addr = cidr.Addr()
+		for range 1 + r.rng.IntN(30) {
+			addr = addr.Next()
+		}
+	}
+	freeBefore := r.freeInEtcd(addr)
+	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}}
+	res, err := n.alloc.Allocate(r.ctx, req)
+	r.logf("%s Allocate %s static %s (free in etcd before: %v): %v %v", n.name, mo.o.Key(), addr, freeBefore, addrsOf(res.Allocations), err)
+	r.tally("static", err)
+	r.static = true
+	defer func() { r.static = false }()
+	if errors.Is(err, records.ErrIPInUse) && freeBefore && r.holder[addr] == "" && !r.maybeKept[addr] && r.claimer(addr) == n.i {
+		r.probeWedged(n, mo, addr, err)
+		return
+	}
+	r.answer(mo, res, err)
+	r.after(n, err)
+}
+
+// logOf is what n's allocator logged about addr.
+func (n *mNode) logOf(addr netip.Addr) string {
+	var out []string
+	for _, l := range strings.Split(n.logs.String(), "\n") {
+		if strings.Contains(l, "="+addr.String()+" ") || strings.HasSuffix(l, "="+addr.String()) || strings.Contains(l, addr.String()+"]") || strings.Contains(l, addr.String()+",") {
+			out = append(out, "    "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// probeWedged asks again, with no faults and once every window the model
+// knows of has ended, for an address etcd holds nothing for and that the
+// node refused as in use. A second refusal is a wedged address.
+func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first error) {
+	r.quiet = true
+	defer func() { r.quiet = false }()
+	var until time.Time
+	for _, k := range r.kept {
+		until = maxTime(until, k.from.Add(k.window+time.Second))
+	}
+	time.Sleep(time.Until(until))
+	if !r.freeInEtcd(addr) {
+		return
+	}
+	res, err := n.alloc.Allocate(r.ctx, nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}})
+	r.logf("%s probe: Allocate %s static %s without faults: %v %v", n.name, mo.o.Key(), addr, addrsOf(res.Allocations), err)
+	r.static = true
+	if errors.Is(err, records.ErrIPInUse) && r.freeInEtcd(addr) {
+		r.fail("%s is wedged on %s: etcd holds nothing for it, nobody was told it, and a static request is refused (%v; first: %v)\n%s's log of %s:\n%s",
+			addr, n.name, err, first, n.name, addr, n.logOf(addr))
+		return
+	}
+	r.answer(mo, res, err)
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// freeInEtcd reports whether etcd holds no allocation at addr.
+func (r *modelRun) freeInEtcd(addr netip.Addr) bool {
+	b, ok := r.pool.BlockFor(addr)
+	if !ok {
+		return false
+	}
+	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, addr))
+	return err == nil && len(resp.Kvs) == 0
+}
+
+// claimer is the index of the node claiming addr's block, or -1.
+func (r *modelRun) claimer(addr netip.Addr) int {
+	b, ok := r.pool.BlockFor(addr)
+	if !ok {
+		return -1
+	}
+	c, err := kvstore.GetJSON[records.Claim](r.ctx, r.check, etcdstore.ClaimKey(r.pool.Name, b))
+	if err != nil {
+		return -1
+	}
+	for _, n := range r.nodes {
+		if n.name == c.Value.Node {
+			return n.i
+		}
+	}
+	return -1
+}
+
+func (r *modelRun) opConfirm() {
+	r.op = "confirm"
+	mo := r.owners[r.order[r.rng.IntN(len(r.order))]]
+	if mo.delFail {
+		return
+	}
+	n := r.nodes[mo.node]
+	r.recover(n, false)
+	done, err := n.alloc.Confirm(r.ctx, mo.o)
+	r.logf("%s Confirm %s: %v %v", n.name, mo.o.Key(), addrsOf(done), err)
+	r.tally("confirm", err)
+	switch {
+	case errors.Is(err, records.ErrNotFound):
+		if len(mo.told) > 0 && !mo.unsure {
+			r.fail("confirm of %s found nothing, but it was told %v", mo.o.Key(), mo.told)
+		}
+	case err == nil:
+		r.confirming = true
+		r.tell(mo, done, time.Time{})
+		r.confirming = false
+	case !refusal(err):
+		mo.unsure = true
+	}
+	r.after(n, err)
+}
+
+// opRelease DELs an owner: one whose DEL failed (the runtime retries it),
+// or any, an earlier container of a sticky identity included (a late DEL).
+func (r *modelRun) opRelease() {
+	r.op = "release"
+	var mo *mOwner
+	var retry []*mOwner
+	for _, k := range r.order {
+		if r.owners[k].delFail {
+			retry = append(retry, r.owners[k])
+		}
+	}
+	if len(retry) > 0 && r.rng.IntN(2) == 0 {
+		mo = retry[r.rng.IntN(len(retry))]
+	} else {
+		mo = r.owners[r.order[r.rng.IntN(len(r.order))]]
+	}
+	n := r.nodes[mo.node]
+	r.recover(n, false)
+	from := time.Now()
+	out, err := n.alloc.Release(r.ctx, mo.o)
+	r.logf("%s Release %s (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.told, mo.unsure, addrsOf(out), err)
+	r.tally("release", err)
+	if err != nil {
+		mo.unsure, mo.delFail = true, true
+		r.after(n, err)
+		return
+	}
+	r.released(mo, from)
+	r.after(n, nil)
+}
+
+// stickyWindow is a window short enough for the run to see windows end.
+func (r *modelRun) stickyWindow() time.Duration { return time.Duration(1+r.rng.IntN(2)) * time.Second }
+
+// opStickyAdd ADDs a new container of a sticky identity (its pod
+// re-created), on its last container's node or another: a takeover from
+// a live pod when the last container was not DELeted, else of the kept
+// addresses, or a new binding.
+func (r *modelRun) opStickyAdd(n *mNode) {
+	r.op = "bind/takeover"
+	ids := make([]string, 0, len(r.gens))
+	for id := range r.gens {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	id := ids[r.rng.IntN(len(ids))]
+	last := r.latest(id)
+	if last != nil && (len(last.told) > 0 || last.unsure || last.delFail) && skip("livetakeover") {
+		return
+	}
+	if last != nil && r.rng.IntN(2) == 0 {
+		n = r.nodes[last.node] // re-created on the same node
+		r.recover(n, false)
+	}
+	r.gens[id]++
+	_, name, _ := strings.Cut(id, "/")
+	o := records.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, r.gens[id]), IfName: "eth0", Namespace: "ns", Pod: name,
+		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
+	mo := r.addOwner(o, n.i, id)
+	mo.gen = r.gens[id]
+	r.stickyAdd(n, mo, r.rng.IntN(3) == 0 && !skip("stickyreserve"))
+}
+
+// opStickyRetry retries the ADD of a sticky identity's latest container,
+// as the runtime does after a failed ADD (or a second ADD of a live one).
+func (r *modelRun) opStickyRetry() {
+	r.op = "bind/takeover"
+	var cands []*mOwner
+	for id := range r.gens {
+		if last := r.latest(id); last != nil && !last.delFail && (last.unsure || r.rng.IntN(4) == 0) {
+			cands = append(cands, last)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	slices.SortFunc(cands, func(a, b *mOwner) int { return strings.Compare(a.o.Key(), b.o.Key()) })
+	mo := cands[r.rng.IntN(len(cands))]
+	n := r.nodes[mo.node]
+	r.recover(n, false)
+	r.stickyAdd(n, mo, mo.reserved)
+}
+
+// latest is the identity's latest container, nil if none.
+func (r *modelRun) latest(id string) *mOwner {
+	_, name, _ := strings.Cut(id, "/")
+	return r.owners[fmt.Sprintf("%s-c%d/eth0", name, r.gens[id])]
+}
+
+func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
+	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: reserve, Sticky: &records.Sticky{Identity: mo.identity, Window: r.stickyWindow()}}
+	res, err := n.alloc.Allocate(r.ctx, req)
+	r.logf("%s sticky Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), reserve, addrsOf(res.Allocations), err)
+	r.tally("sticky allocate", err)
+	if err != nil && !refusal(err) {
+		// A takeover may have landed: the identity's other containers
+		// may hold less than they were told.
+		for _, k := range r.order {
+			if other := r.owners[k]; other.identity == mo.identity {
+				other.unsure = true
 			}
 		}
 	}
-	for _, prev := range told[k] {
+	r.answer(mo, res, err)
+	if err == nil {
+		// The identity's kept addresses are all taken over: none stays
+		// kept beside the new pod's.
+		for _, al := range r.readIPs() {
+			if al.State == records.StateKept && al.Identity == mo.identity {
+				r.fail("sticky identity %s: its pod %s was given %v while etcd still keeps %s for it", mo.identity, mo.o.Key(), addrsOf(res.Allocations), al.Addr)
+			}
+		}
+	}
+	r.after(n, err)
+}
+
+// answer applies an allocation's answer to the model.
+func (r *modelRun) answer(mo *mOwner, res nodealloc.Result, err error) {
+	switch {
+	case err == nil:
+		r.tell(mo, res.Allocations, res.Expires)
+	case !refusal(err):
+		mo.unsure = true
+	}
+}
+
+// opStoreLoss loses some of node n's allocations from etcd, as a restore
+// of an older snapshot does, then re-asserts them as the agent does:
+// after restarting (Restore, with the endpoints' addresses held) or in
+// the running allocator.
+func (r *modelRun) opStoreLoss(n *mNode) {
+	var lost []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.node == n.i && !mo.unsure && len(mo.told) > 0 && r.rng.IntN(2) == 0 {
+			lost = append(lost, mo)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	var held []nodealloc.HeldAddr
+	for _, mo := range lost {
+		for _, a := range mo.told {
+			b, _ := r.pool.BlockFor(a)
+			_, err := r.check.Delete(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
+			require.NoError(r.t, err)
+			_, err = r.check.Delete(r.ctx, etcdstore.LentKey(r.pool.Name, a))
+			require.NoError(r.t, err)
+		}
+	}
+	// The agent re-asserts all its endpoints.
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.node == n.i {
+			for _, a := range mo.told {
+				held = append(held, nodealloc.HeldAddr{Owner: mo.o, Addr: a})
+			}
+		}
+	}
+	restart := r.rng.IntN(2) == 0
+	r.logf("%s store loss of %v; restart %v", n.name, func() (s []string) {
+		for _, mo := range lost {
+			s = append(s, mo.o.Key())
+		}
+		return
+	}(), restart)
+	if restart {
+		r.op = "claim"
+		r.startAlloc(n)
+	}
+	r.op = "reassert"
+	for try := 0; ; try++ {
+		restored, conflicts, err := n.alloc.Reassert(r.ctx, held)
+		r.logf("%s Reassert: restored %v, conflicts %v, %v", n.name, addrsOf(restored), conflicts, err)
+		r.tally("reassert", err)
+		for _, c := range conflicts {
+			// Reported, as the agent does (the pod should be deleted):
+			// an unsure owner's address may be another's by now.
+			r.owners[c.Owner.Key()].unsure = true
+		}
+		if err == nil {
+			break
+		}
+		r.after(n, err)
+		if try == 6 {
+			for _, mo := range lost {
+				mo.unsure = true
+			}
+			break
+		}
+	}
+	r.after(n, nil)
+}
+
+// opAwaitWindows waits for the kept addresses' windows to end: their
+// records leave etcd by themselves (or a later pod took them over).
+func (r *modelRun) opAwaitWindows() {
+	if len(r.kept) == 0 && len(r.maybeKept) == 0 {
+		return
+	}
+	addrs := map[netip.Addr]bool{}
+	for a := range r.kept {
+		addrs[a] = true
+	}
+	for a := range r.maybeKept {
+		addrs[a] = true
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for a := range addrs {
+		for {
+			al, ok := r.readIP(a)
+			if !ok || al.State != records.StateKept {
+				break
+			}
+			if time.Now().After(deadline) {
+				r.fail("%s is still kept for %s long after its window: %+v", a, al.Identity, al)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		delete(r.kept, a)
+		delete(r.maybeKept, a)
+		r.noteRecent(a)
+	}
+	r.logf("windows ended for %v", addrs)
+	r.tally("await windows", nil)
+}
+
+func (r *modelRun) noteRecent(a netip.Addr) {
+	if !slices.Contains(r.recent, a) {
+		r.recent = append(r.recent, a)
+	}
+	if len(r.recent) > 12 {
+		r.recent = r.recent[1:]
+	}
+}
+
+// expireReservations doubts owners whose reservation is about to lapse:
+// etcd may drop it any time from then on.
+func (r *modelRun) expireReservations() {
+	now := time.Now()
+	for _, mo := range r.owners {
+		if mo.reserved && !mo.expires.IsZero() && now.After(mo.expires.Add(-time.Second)) {
+			mo.unsure, mo.reserved = true, false
+			for _, a := range mo.told {
+				r.noteRecent(a)
+			}
+		}
+	}
+}
+
+// tell records that mo was told als (its whole holding, one address per
+// family), checking it against everyone else's.
+func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time) {
+	k := mo.o.Key()
+	fams := map[allocator.Family]netip.Addr{}
+	var got []netip.Addr
+	now := time.Now()
+	for _, al := range als {
+		if al.Owner.Key() != k {
+			r.fail("%s was answered %s with the record of %s", k, al.Addr, al.Owner.Key())
+		}
+		if h := r.holder[al.Addr]; r.confirming && h != "" && h != k && mo.identity != "" && r.owners[h].identity == mo.identity && r.owners[h].gen > mo.gen {
+			// A Confirm of a container whose identity a later pod took
+			// over on another node answers its node's cache, which has
+			// not seen the takeover; its late DEL releases nothing.
+			continue
+		}
+		f := allocator.FamilyOf(al.Addr)
+		if prev, dup := fams[f]; dup {
+			r.fail("%s was told two %s addresses at once: %s and %s", k, f, prev, al.Addr)
+		}
+		fams[f] = al.Addr
+		got = append(got, al.Addr)
+		if !mo.unsure && !slices.Contains(mo.told, al.Addr) {
+			r.checkNew(mo, al.Addr, r.static, mo.identity != "" && r.idAddrs[mo.identity][al.Addr])
+		}
+		if mo.identity != "" {
+			if r.idAddrs[mo.identity] == nil {
+				r.idAddrs[mo.identity] = map[netip.Addr]bool{}
+			}
+			r.idAddrs[mo.identity][al.Addr] = true
+		}
+		if kf, ok := r.kept[al.Addr]; ok {
+			if kf.identity != mo.identity && now.Before(kf.from.Add(kf.window)) {
+				r.fail("%s, kept for sticky identity %s since %s for %s, was handed to %s", al.Addr, kf.identity, kf.from.Format(time.StampMilli), kf.window, k)
+			}
+			delete(r.kept, al.Addr)
+		}
+		delete(r.maybeKept, al.Addr)
+		if h := r.holder[al.Addr]; h != "" && h != k {
+			ho := r.owners[h]
+			switch {
+			case mo.identity != "" && ho.identity == mo.identity:
+				// Taken over from another container of the identity: a
+				// later pod, or an earlier one ADDed again.
+				ho.told = slices.DeleteFunc(ho.told, func(a netip.Addr) bool { return a == al.Addr })
+			case !ho.unsure:
+				r.fail("%s handed to %s while %s holds it", al.Addr, k, h)
+			default:
+				ho.told = slices.DeleteFunc(ho.told, func(a netip.Addr) bool { return a == al.Addr })
+			}
+		}
+	}
+	if !mo.unsure {
+		for _, prev := range mo.told {
+			if a, ok := fams[allocator.FamilyOf(prev)]; ok && a != prev {
+				r.fail("%s held %s and a retry gave it %s", k, prev, a)
+			}
+		}
+	}
+	for _, prev := range mo.told {
 		if !slices.Contains(got, prev) {
-			if _, same := fams[allocator.FamilyOf(prev)]; same || m.unsure[k] {
-				delete(m.holder, prev)
+			if _, same := fams[allocator.FamilyOf(prev)]; same || mo.unsure {
+				if r.holder[prev] == k {
+					delete(r.holder, prev)
+				}
 				continue
 			}
 			got = append(got, prev) // a family not in this answer is still held
 		}
 	}
 	for _, a := range got {
-		m.holder[a] = k
+		r.holder[a] = k
 	}
-	told[k] = got
-	delete(m.unsure, k)
-}
-
-func (m *model) doubt(o records.Owner) {
-	m.mu.Lock()
-	m.unsure[o.Key()] = true
-	m.mu.Unlock()
-}
-
-func (m *model) isUnsure(k string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.unsure[k]
-}
-
-func (m *model) released(o records.Owner, told map[string][]netip.Addr) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, a := range told[o.Key()] {
-		if m.holder[a] == o.Key() {
-			delete(m.holder, a)
-		}
-	}
-	told[o.Key()] = nil
-	delete(m.unsure, o.Key())
-}
-
-// verifyOwner checks that etcd holds exactly what o was last told, unless
-// o is unsure (its last operation failed).
-func (m *model) verifyOwner(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string, o records.Owner, told map[string][]netip.Addr) {
-	if m.isUnsure(o.Key()) {
-		return
-	}
-	als, ok := readPool(ctx, fail, cli, pool)
-	if !ok {
-		return
-	}
-	var held []netip.Addr
+	mo.told, mo.unsure, mo.delFail, mo.operator = got, false, false, false
+	// A reservation lapses no earlier than its record's time plus the
+	// reservation TTL; an answer may not know its expiry (after a Restore).
+	mo.reserved, mo.expires = false, expires
 	for _, al := range als {
-		if al.Owner.Key() == o.Key() {
-			held = append(held, al.Addr)
+		if al.State != records.StateReserved {
+			continue
+		}
+		mo.reserved = true
+		if end := al.Since.Add(reservationTTL); mo.expires.IsZero() || end.Before(mo.expires) {
+			mo.expires = end
 		}
 	}
-	want := slices.Clone(told[o.Key()])
-	slices.SortFunc(held, netip.Addr.Compare)
-	slices.SortFunc(want, netip.Addr.Compare)
-	if !slices.Equal(held, want) {
-		fail("%s was told %v but etcd holds %v for it", o.Key(), want, held)
+	if mo.reserved {
+		r.logf("  %s holds a reservation until %s at the earliest", k, mo.expires.Format(time.StampMilli))
 	}
 }
 
-// verifyStore checks etcd as a whole: no owner holds two addresses of a
-// family (one key per address makes two owners of one address impossible
-// in etcd itself; the model checks what callers were told).
-func (m *model) verifyStore(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) {
-	als, ok := readPool(ctx, fail, cli, pool)
-	if !ok {
-		return
+// released records that mo's DEL succeeded, sent at from: a sure sticky
+// owner's permanent addresses are kept for its identity; everything else
+// it held is free.
+func (r *modelRun) released(mo *mOwner, from time.Time) {
+	k := mo.o.Key()
+	for _, a := range mo.told {
+		if r.holder[a] == k {
+			delete(r.holder, a)
+		}
+		switch {
+		case mo.identity != "" && !mo.unsure && !mo.reserved:
+			r.kept[a] = keptFor{identity: mo.identity, from: from, window: time.Second}
+		case mo.identity != "":
+			r.maybeKept[a] = true
+		default:
+			r.noteRecent(a)
+		}
 	}
-	seen := map[string]netip.Addr{}
+	mo.told, mo.unsure, mo.delFail, mo.reserved = nil, false, false, false
+}
+
+func addrsOf(als []records.Allocation) []netip.Addr {
+	out := make([]netip.Addr, len(als))
+	for i, al := range als {
+		out[i] = al.Addr
+	}
+	return out
+}
+
+func (r *modelRun) readIPs() []records.Allocation {
+	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
+	require.NoError(r.t, err)
+	als, err := etcdstore.DecodeAllocations(r.pool.Name, resp.Kvs)
+	require.NoError(r.t, err)
+	return als
+}
+
+// history describes the IP history of addrs, for a report.
+func (r *modelRun) history(addrs []netip.Addr) string {
+	st := etcdstore.New(r.check, etcdstore.Options{})
+	var out []string
+	for _, a := range addrs {
+		hs, err := st.History(r.ctx, etcdstore.HistoryFilter{Pool: r.pool.Name, IP: a})
+		if err != nil {
+			return err.Error()
+		}
+		for _, h := range hs {
+			out = append(out, fmt.Sprintf("%s %s on %s %s at %s", h.IP, h.Owner.Key(), h.Node, h.Reason, h.End.Format(time.StampMilli)))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+// lapsing reports whether a lease has ended or ends within a second.
+func (r *modelRun) lapsing(lease int64) bool {
+	resp, err := r.check.TimeToLive(r.ctx, clientv3.LeaseID(lease))
+	return err == nil && resp.TTL <= 1
+}
+
+func (r *modelRun) readIP(a netip.Addr) (records.Allocation, bool) {
+	b, _ := r.pool.BlockFor(a)
+	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
+	require.NoError(r.t, err)
+	if len(resp.Kvs) == 0 {
+		return records.Allocation{}, false
+	}
+	al, err := etcdstore.DecodeAllocation(r.pool.Name, resp.Kvs[0])
+	require.NoError(r.t, err)
+	return al, true
+}
+
+// verify checks etcd, read without faults, against the model.
+func (r *modelRun) verify() {
+	als := r.readIPs()
+	held := map[string][]netip.Addr{}
+	fams := map[string]netip.Addr{}
 	for _, al := range als {
-		k := al.Owner.Key() + "/" + allocator.FamilyOf(al.Addr).String()
-		if prev, dup := seen[k]; dup {
-			fail("etcd holds two %s addresses for %s: %s and %s", allocator.FamilyOf(al.Addr), al.Owner.Key(), prev, al.Addr)
+		if !slices.ContainsFunc(r.spec.CIDRs, func(c netip.Prefix) bool { return c.Contains(al.Addr) }) {
+			r.fail("etcd holds %s for %s, outside the pool's cidrs %v", al.Addr, al.Owner.Key(), r.spec.CIDRs)
+			return
 		}
-		seen[k] = al.Addr
+		if al.State == records.StateKept {
+			continue
+		}
+		k := al.Owner.Key()
+		if mo := r.owners[k]; al.Lease != 0 && (mo == nil || !slices.Contains(mo.told, al.Addr)) && r.lapsing(al.Lease) {
+			// A reservation whose lease has ended, not yet deleted by
+			// etcd: its owner's node dropped it at its end.
+			continue
+		}
+		held[k] = append(held[k], al.Addr)
+		fk := k + "/" + allocator.FamilyOf(al.Addr).String()
+		if prev, dup := fams[fk]; dup {
+			r.fail("etcd holds two %s addresses for %s: %s and %s", allocator.FamilyOf(al.Addr), k, prev, al.Addr)
+			return
+		}
+		fams[fk] = al.Addr
 	}
-}
-
-// readPool reads every allocation of pool from etcd.
-func readPool(ctx context.Context, fail func(string, ...any), cli *clientv3.Client, pool string) ([]records.Allocation, bool) {
-	resp, err := cli.Get(ctx, etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
-	if err != nil {
-		fail("read etcd: %v", err)
-		return nil, false
+	for _, k := range r.order {
+		mo := r.owners[k]
+		if mo.unsure {
+			continue
+		}
+		got, want := slices.Clone(held[k]), slices.Clone(mo.told)
+		slices.SortFunc(got, netip.Addr.Compare)
+		slices.SortFunc(want, netip.Addr.Compare)
+		if !slices.Equal(got, want) {
+			r.fail("%s was told %v (reserved %v, until %s; now %s) but etcd holds %v for it (IP history of %v: %s)", k, want, mo.reserved,
+				mo.expires.Format(time.StampMilli), time.Now().Format(time.StampMilli), got, want, r.history(want))
+			return
+		}
 	}
-	als, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
-	if err != nil {
-		fail("decode etcd: %v", err)
-		return nil, false
+	for k := range held {
+		if r.owners[k] == nil {
+			r.fail("etcd holds %v for %s, which the model never saw", held[k], k)
+			return
+		}
 	}
-	return als, true
+	// A binding names a container that holds its addresses.
+	resp, err := r.check.Get(r.ctx, etcdstore.StickyPrefix(r.pool.Name), clientv3.WithPrefix())
+	require.NoError(r.t, err)
+	for _, kv := range resp.Kvs {
+		v, err := kvstore.Decode[records.Binding](kv)
+		require.NoError(r.t, err)
+		b := v.Value
+		if b.Kept() {
+			continue
+		}
+		mo := r.owners[b.Owner.Key()]
+		if mo == nil {
+			r.fail("binding of %s names %s, which the model never saw", b.Identity, b.Owner.Key())
+			return
+		}
+		if !mo.unsure && len(mo.told) == 0 {
+			how := "its release succeeded"
+			if mo.operator {
+				how = "an operator released it with its node"
+			}
+			r.fail("binding of %s names %s (addresses %v), which holds nothing (%s; etcd holds %v for it)", b.Identity, b.Owner.Key(), b.Addrs, how, held[b.Owner.Key()])
+			return
+		}
+	}
 }
