@@ -93,8 +93,13 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
 	}
 	var ips []netip.Addr
+	var identity string
+	var window int64
 	for _, al := range held {
 		ips = append(ips, al.Addr)
+		if al.Identity != "" {
+			identity, window = al.Identity, al.WindowSeconds
+		}
 	}
 	for i, p := range req.IPs {
 		if !slices.Contains(ips, p.Addr()) {
@@ -113,6 +118,7 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
+		StickyIdentity: identity, StickyWindowSeconds: window,
 	}
 	m.records.assignID(&ep)
 	datapath, record, err := m.program(ctx, &ep)

@@ -197,6 +197,11 @@ type Endpoint struct {
 	// agent's endpoint records on disk hold the same text.
 	IPs           []netip.Addr `json:"ips"`
 	EgressLimited bool         `json:"egressLimited,omitempty"`
+	// StickyIdentity and StickyWindowSeconds are the sticky identity the
+	// endpoint's addresses follow, if any: kept on disk so that an agent
+	// restarted after etcd lost the records writes them back with it.
+	StickyIdentity      string `json:"stickyIdentity,omitempty"`
+	StickyWindowSeconds int64  `json:"stickyWindowSeconds,omitempty"`
 	Datapath      string       `json:"datapath"`
 	Created       time.Time    `json:"created"`
 	// Counters are the datapath's per-endpoint counters (bpf mode only),

@@ -952,7 +952,9 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == n.i {
 			for _, a := range mo.told {
-				held = append(held, nodealloc.HeldAddr{Owner: mo.o, Addr: a})
+				// The agent's endpoint record keeps the identity (and its
+				// window; the model's are 1-2 s) for a restarted node.
+				held = append(held, nodealloc.HeldAddr{Owner: mo.o, Addr: a, Identity: mo.identity, WindowSeconds: 1})
 			}
 		}
 	}

@@ -25,10 +25,15 @@ import (
 // the endpoints' addresses out of its free lists (Config.Held), so it
 // never hands one out again.
 
-// HeldAddr is an address a local endpoint uses, and its owner.
+// HeldAddr is an address a local endpoint uses, and its owner; Identity
+// and WindowSeconds are the sticky identity the address follows, if any
+// (the endpoint's own record keeps them), so that a restarted node whose
+// cache lost the record writes it back with its identity.
 type HeldAddr struct {
-	Owner records.Owner
-	Addr  netip.Addr
+	Owner         records.Owner
+	Addr          netip.Addr
+	Identity      string
+	WindowSeconds int64
 }
 
 // Conflict is a held address that could not be re-asserted.
@@ -64,7 +69,8 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 		var it *item
 		for _, ps := range a.pools {
 			if b, ok := ps.pool.BlockFor(addr); ok {
-				it = &item{h: HeldAddr{Owner: h.Owner, Addr: addr}, ps: ps, block: b}
+				h.Addr = addr
+				it = &item{h: h, ps: ps, block: b}
 				break
 			}
 		}
@@ -123,7 +129,8 @@ const reassertWindow = time.Hour
 // owner if the cache has it (identity and all), so the interval goes on;
 // else a new one.
 func (a *Allocator) reassertRecord(ps *poolState, h HeldAddr) records.Record {
-	rec := records.Record{Owner: h.Owner, Node: a.cfg.Node, State: records.StateAllocated, Since: a.cfg.Now().UTC()}
+	rec := records.Record{Owner: h.Owner, Node: a.cfg.Node, State: records.StateAllocated, Since: a.cfg.Now().UTC(),
+		Identity: h.Identity, WindowSeconds: h.WindowSeconds}
 	if old := ps.byAddr[h.Addr]; old != nil && old.Owner.Key() == h.Owner.Key() {
 		rec = old.Record
 		rec.Node, rec.State, rec.Borrowed = a.cfg.Node, records.StateAllocated, false

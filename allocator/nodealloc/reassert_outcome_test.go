@@ -93,3 +93,29 @@ func TestReassertKeepsStickyIdentity(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
+
+// TestReassertKeepsStickyIdentityAfterRestart: as above, but the node
+// restarted after etcd lost the record, so its cache knows nothing of it:
+// the identity comes from the endpoint (HeldAddr), and the identity's
+// next container takes the address over rather than being refused as if
+// another owner held it.
+func TestReassertKeepsStickyIdentityAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	first, second := stickyPod("web-0", 1), stickyPod("web-0", 2)
+	res, err := a.alloc.Allocate(ctx, stickyReq(first, time.Minute))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr))
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{}) // restarted
+	_, conflicts, err := a2.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: first, Addr: x.Addr, Identity: "ns/web-0", WindowSeconds: 60}})
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Equal(t, "ns/web-0", holdersOf(t, a.cli)[x.Addr].Identity, "written back with the endpoint's identity")
+	res, err = a2.alloc.Allocate(ctx, stickyReq(second, time.Minute))
+	require.NoError(t, err, "the identity's next container takes it over")
+	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}
