@@ -113,6 +113,16 @@ func (a *Allocator) planConfirm(ctx context.Context, o records.Owner) (confirmPl
 	for _, ps := range a.pools {
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
 			if al.State != records.StateReserved {
+				if al.Identity != "" {
+					// A later container of its identity may have taken
+					// it over from another node: ask etcd, not the cache.
+					if err := a.readBack(ctx, refsOf([]*records.Allocation{al})); err != nil {
+						return p, fmt.Errorf("confirm %s: read back %s: %w", o.Key(), al.Addr, err)
+					}
+					if al = ps.byAddr[al.Addr]; al == nil || al.Owner.Key() != o.Key() {
+						continue
+					}
+				}
 				p.done = append(p.done, *al)
 				continue
 			}
