@@ -37,6 +37,8 @@ type nodeOpts struct {
 	wrap func(records.Store) records.Store
 	// cooldown is the reuse cooldown (Config.ReuseCooldown).
 	cooldown time.Duration
+	// held is what the node's endpoints use (Config.Held).
+	held func() []netip.Addr
 }
 
 func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o nodeOpts) *testNode {
@@ -54,7 +56,7 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown, Held: o.held})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}

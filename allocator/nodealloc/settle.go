@@ -149,12 +149,16 @@ func (a *Allocator) settleAddr(ps *poolState, addr netip.Addr, cur *records.Allo
 	if cur != nil {
 		return
 	}
+	// An allocation the cache held there was released: free (or cool) its
+	// address as a release that answered would, whether or not its
+	// endpoint is gone yet. An address nothing was cached at stays taken
+	// while an endpoint uses it (Config.Held).
 	_, ob := ps.ownBlockOf(addr)
 	switch {
-	case ob == nil:
+	case ob == nil || ps.planned[addr]:
 	case dropped != nil && a.cfg.ReuseCooldown > 0:
 		ps.coolAt(addr, time.Now())
-	case !ps.planned[addr] && ps.cool.at[addr].IsZero() && !a.held(addr):
+	case dropped != nil || ps.cool.at[addr].IsZero() && !a.held(addr):
 		ob.ba.Unmark(addr)
 	}
 }
