@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
 )
 
 // lentWatch tells the allocator which addresses of this node's blocks
@@ -16,8 +17,8 @@ import (
 // that the drained pool can be deleted.
 type lentWatch struct {
 	alloc interface {
-		NoteLent(pool string, addr netip.Addr, node string, present bool)
-		ResetLent(lent map[string]map[netip.Addr]string) []string
+		NoteLent(pool string, addr netip.Addr, node string, rev int64, present bool)
+		ResetLent(lent map[string]map[netip.Addr]nodealloc.Loan) []string
 		Pool(name string) (allocator.Pool, bool)
 		GiveBackEmpty(ctx context.Context, pool string) int
 	}
@@ -37,15 +38,15 @@ func (w lentWatch) run(ctx context.Context, src homeSource) {
 // Reset replaces everything the node knows of lent addresses: a
 // loan given back during a watch gap is in no event, only missing here.
 func (w lentWatch) Reset(homes []etcdstore.BlockHome) {
-	lent := map[string]map[netip.Addr]string{}
+	lent := map[string]map[netip.Addr]nodealloc.Loan{}
 	for _, h := range homes {
 		if !h.Lent {
 			continue
 		}
 		if lent[h.Pool] == nil {
-			lent[h.Pool] = map[netip.Addr]string{}
+			lent[h.Pool] = map[netip.Addr]nodealloc.Loan{}
 		}
-		lent[h.Pool][h.Block.Addr()] = h.Node
+		lent[h.Pool][h.Block.Addr()] = nodealloc.Loan{Node: h.Node, Rev: h.Rev}
 	}
 	for _, pool := range w.alloc.ResetLent(lent) {
 		w.giveBack(pool)
@@ -54,13 +55,13 @@ func (w lentWatch) Reset(homes []etcdstore.BlockHome) {
 
 func (w lentWatch) Put(h etcdstore.BlockHome) {
 	if h.Lent {
-		w.alloc.NoteLent(h.Pool, h.Block.Addr(), h.Node, true)
+		w.alloc.NoteLent(h.Pool, h.Block.Addr(), h.Node, h.Rev, true)
 	}
 }
 
 func (w lentWatch) Delete(h etcdstore.BlockHome) {
 	if h.Lent {
-		w.alloc.NoteLent(h.Pool, h.Block.Addr(), "", false)
+		w.alloc.NoteLent(h.Pool, h.Block.Addr(), "", 0, false)
 		w.giveBack(h.Pool)
 	}
 }

@@ -25,6 +25,8 @@ type BlockHome struct {
 	Node  string
 	// Lent marks a lent address's home; Block is then a host prefix.
 	Lent bool
+	// Rev is the revision the home was written at (0 for a deleted one).
+	Rev int64
 }
 
 // Handler follows a watched prefix of records of type T (homes, node
@@ -140,7 +142,7 @@ func decodeHome(kv *mvccpb.KeyValue) (BlockHome, bool) {
 	if json.Unmarshal(kv.Value, &h) != nil {
 		return BlockHome{}, false
 	}
-	return BlockHome{Pool: pool, Block: b, Node: h.Node, Lent: lent}, true
+	return BlockHome{Pool: pool, Block: b, Node: h.Node, Lent: lent, Rev: kv.ModRevision}, true
 }
 
 func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {

@@ -338,7 +338,10 @@ func (a *Allocator) reloadLent(ctx context.Context, ps *poolState, f allocator.F
 // in one of this node's blocks: another node holds addr (present), or
 // gave it back. Either way etcd's create-if-absent stays the guard; this
 // only keeps the node's books, and its next choice, right sooner.
-func (a *Allocator) NoteLent(pool string, addr netip.Addr, node string, present bool) {
+//
+// rev is the revision the loan was written at: a cached allocation older
+// than the loan was taken over (noteLent).
+func (a *Allocator) NoteLent(pool string, addr netip.Addr, node string, rev int64, present bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[pool]
@@ -350,8 +353,9 @@ func (a *Allocator) NoteLent(pool string, addr netip.Addr, node string, present 
 		return
 	}
 	if present {
-		ps.lent[addr] = node
-		ob.ba.Mark(addr)
+		if al := ps.noteLent(addr, Loan{Node: node, Rev: rev}); al != nil {
+			a.logEnded(al, "taken over by node "+node)
+		}
 		return
 	}
 	if _, ok := ps.lent[addr]; ok {

@@ -1,6 +1,10 @@
 package nodealloc
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/kvipam/kvipam/allocator/records"
+)
 
 // ResetLent replaces what the node knows of the addresses of its own
 // blocks that other nodes hold, by pool, with a complete listing (the
@@ -10,7 +14,7 @@ import "net/netip"
 // ResetLent returns the pools that had a loan dropped, whose blocks may
 // now be empty (see GiveBackEmpty). Like NoteLent it only keeps the books:
 // etcd's create-if-absent stays the guard.
-func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]string) []string {
+func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]Loan) []string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var changed []string
@@ -23,10 +27,12 @@ func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]string) []string {
 				dropped = true
 			}
 		}
-		for addr, node := range listed {
-			if _, ob := ps.ownBlockOf(addr); ob != nil && node != a.cfg.Node {
-				ps.lent[addr] = node
-				ob.ba.Mark(addr)
+		for addr, loan := range listed {
+			if loan.Node == a.cfg.Node {
+				continue
+			}
+			if al := ps.noteLent(addr, loan); al != nil {
+				a.logEnded(al, "taken over by node "+loan.Node)
 			}
 		}
 		if dropped {
@@ -34,6 +40,39 @@ func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]string) []string {
 		}
 	}
 	return changed
+}
+
+// Loan is another node's hold on an address of this node's block: the
+// node, and the revision its home was written at.
+type Loan struct {
+	Node string
+	Rev  int64
+}
+
+// noteLent records the loan of addr, an address of an own block, and
+// returns the allocation the cache held there if the loan is newer, which
+// it forgets: a loan of an own block's address is written only by a
+// create-if-absent or by a sticky takeover that compared the record there,
+// so a cached record older than the loan is gone from etcd (a later
+// container of its identity took it over from another node). A late watch
+// event of a loan older than the cached record changes nothing of it. A
+// write of unknown outcome at addr is left to its settling.
+func (ps *poolState) noteLent(addr netip.Addr, loan Loan) *records.Allocation {
+	_, ob := ps.ownBlockOf(addr)
+	if ob == nil {
+		return nil
+	}
+	al := ps.byAddr[addr]
+	if al != nil && loan.Rev <= al.Rev {
+		return nil // the loan ended before the cached record was written
+	}
+	ps.lent[addr] = loan.Node
+	ob.ba.Mark(addr)
+	if _, parked := ps.unknown[addr]; al == nil || parked {
+		return nil
+	}
+	ps.forget(al)
+	return al
 }
 
 // dropLent forgets a loan given back, and frees its address unless the

@@ -128,10 +128,10 @@ type modelRun struct {
 	reads      int
 	log        []string
 	failed     bool
-	lent       map[netip.Addr]string // lent addresses as the agents' watch last delivered them
-	spec       allocator.Pool        // the pool's spec as stored now
-	static     bool                  // the answer being applied is to a request for a static address
-	confirming bool                  // the answer being applied is a Confirm's
+	lent       map[netip.Addr]nodealloc.Loan // lent addresses as the agents' watch last delivered them
+	spec       allocator.Pool                // the pool's spec as stored now
+	static     bool                          // the answer being applied is to a request for a static address
+	confirming bool                          // the answer being applied is a Confirm's
 	idAddrs    map[string]map[netip.Addr]bool
 	ops        map[string]*[3]int
 }
@@ -244,27 +244,27 @@ func TestModelNodeAllocator(t *testing.T) {
 func (r *modelRun) syncLent() {
 	resp, err := r.check.Get(r.ctx, etcdstore.LentPrefix(r.pool.Name), clientv3.WithPrefix())
 	require.NoError(r.t, err)
-	now := map[netip.Addr]string{}
+	now := map[netip.Addr]nodealloc.Loan{}
 	for _, kv := range resp.Kvs {
 		addr, err := netip.ParseAddr(strings.TrimPrefix(string(kv.Key), etcdstore.LentPrefix(r.pool.Name)))
 		if err != nil {
 			continue
 		}
 		if v, err := kvstore.Decode[records.Home](kv); err == nil {
-			now[addr] = v.Value.Node
+			now[addr] = nodealloc.Loan{Node: v.Value.Node, Rev: kv.ModRevision}
 		}
 	}
-	for addr, node := range now {
-		if r.lent[addr] != node {
+	for addr, loan := range now {
+		if r.lent[addr] != loan {
 			for _, n := range r.nodes {
-				n.alloc.NoteLent(r.pool.Name, addr, node, true)
+				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, loan.Rev, true)
 			}
 		}
 	}
-	for addr, node := range r.lent {
+	for addr, loan := range r.lent {
 		if _, ok := now[addr]; !ok {
 			for _, n := range r.nodes {
-				n.alloc.NoteLent(r.pool.Name, addr, node, false)
+				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, 0, false)
 			}
 		}
 	}

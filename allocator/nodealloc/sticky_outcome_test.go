@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 )
@@ -180,4 +181,37 @@ func ownerIPsIn(t *testing.T, n *testNode, o records.Owner) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// TestTakeoverFromAnotherNodeForgetsCached: web-0's first container holds
+// x on node a; its next container, on node b, takes x over (borrowed in
+// a's block) before the first one's DEL. Node a learns of the loan from
+// its watch of homes: its cached allocation of x is then stale (a loan of
+// an address is written only over the record it compared), and must go,
+// so that once the loan ends x is free on a again, without waiting for a
+// DEL of the first container that may never come.
+func TestTakeoverFromAnotherNodeForgetsCached(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	first, second := stickyPod("web-0", 1), stickyPod("web-0", 2)
+	res, err := a.alloc.Allocate(ctx, stickyReq(first, 2*time.Second))
+	require.NoError(t, err)
+	x := res.Allocations[0].Addr
+	res, err = b.alloc.Allocate(ctx, stickyReq(second, 2*time.Second))
+	require.NoError(t, err)
+	require.Equal(t, x, res.Allocations[0].Addr)
+	home, err := a.cli.Get(ctx, etcdstore.LentKey("one", x))
+	require.NoError(t, err)
+	require.Len(t, home.Kvs, 1)
+	a.alloc.NoteLent("one", x, "b", home.Kvs[0].ModRevision, true) // a's watch of homes
+	require.Empty(t, lookupAddrs(a, first), "a's cache no longer has x as the first container's")
+
+	_, err = b.alloc.Release(ctx, second) // kept for the window, then gone
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, still := holdersOf(t, a.cli)[x]; return !still }, 30*time.Second, 50*time.Millisecond)
+	a.alloc.NoteLent("one", x, "", 0, false)
+	_, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
+	require.NoError(t, err, "x is free on a once the loan has ended")
 }
