@@ -82,7 +82,7 @@ type endpointAllocator interface {
 // plugin's rollback (release) to undo.
 func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
 	defer m.lockOwner(req.Owner)()
-	owner := toOwner(req.Owner)
+	owner := req.Owner
 	held := m.alloc.Lookup(owner)
 	if len(held) == 0 {
 		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
@@ -220,7 +220,7 @@ func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]str
 	if err := m.deleteLocked(ctx, o); err != nil {
 		return nil, err
 	}
-	rel, err := m.alloc.Release(ctx, toOwner(o))
+	rel, err := m.alloc.Release(ctx, o)
 	out := make([]string, 0, len(rel))
 	for _, al := range rel {
 		out = append(out, al.Addr.String())
@@ -305,8 +305,4 @@ func (m *endpointManager) recheck(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.checkEndpoints(ctx, m.records.list())
-}
-
-func toOwner(o api.Owner) records.Owner {
-	return records.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, PodUID: o.PodUID, Network: o.Network}
 }

@@ -83,7 +83,7 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 	if err := validOwner(req.Owner); err != nil {
 		return nodealloc.Request{}, err
 	}
-	out := nodealloc.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
+	out := nodealloc.Request{Owner: req.Owner, Reserve: !req.Permanent}
 	field, from := "podPool", "the pod's annotation kvipam.io/pool"
 	var bound string
 	if h.bindingFor != nil {
@@ -265,7 +265,7 @@ func (h *handlers) gc(ctx context.Context, req api.GCRequest) (api.GCResponse, e
 
 func (h *handlers) allocations(_ context.Context, o api.Owner) (api.AllocationList, error) {
 	out := api.AllocationList{Allocations: []api.Allocation{}}
-	for _, al := range h.lookup(toOwner(o)) {
+	for _, al := range h.lookup(o) {
 		out.Allocations = append(out.Allocations, api.Allocation{
 			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Block: al.Block, State: string(al.State),
 		})

@@ -72,7 +72,7 @@ func TestOwnersRequestsOverlap(t *testing.T) {
 	close(g.gate)
 	require.NoError(t, <-created)
 	require.NoError(t, <-released)
-	require.Empty(t, ta.a.alloc.Lookup(toOwner(slow)), "the release ran before the create it waited for")
+	require.Empty(t, ta.a.alloc.Lookup(slow), "the release ran before the create it waited for")
 	eps, err := ta.c.Endpoints(ctx)
 	require.NoError(t, err)
 	require.Empty(t, eps)
