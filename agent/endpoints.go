@@ -17,7 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/keylock"
+	"github.com/kvipam/kvipam/internal/foundation/keylock"
 )
 
 // endpointManager owns the node's endpoints: the datapath state and the

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
 	"github.com/kvipam/kvipam/kvstore"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // State is where an allocation is in its life.
