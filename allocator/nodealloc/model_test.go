@@ -20,6 +20,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -408,7 +409,7 @@ func readPool(ctx context.Context, fail func(string, ...any), cli *clientv3.Clie
 		fail("read etcd: %v", err)
 		return nil, false
 	}
-	als, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
+	als, err := agenttest.DecodeAllocations(pool, resp.Kvs)
 	if err != nil {
 		fail("decode etcd: %v", err)
 		return nil, false
