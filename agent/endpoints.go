@@ -149,14 +149,9 @@ func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (datapa
 // list returns every endpoint ordered by ID.
 func (m *endpointManager) list() []api.Endpoint { return m.records.list() }
 
-// delete removes an endpoint's datapath state and record, keeping its
-// IPs. Deleting what does not exist succeeds.
-func (m *endpointManager) delete(ctx context.Context, o api.Owner) error {
-	defer m.lockOwner(o)()
-	return m.deleteLocked(ctx, o)
-}
-
-// deleteLocked and releaseLocked need the owner's lock or m.mu.
+// deleteLocked removes an endpoint's datapath state and record, keeping
+// its IPs; deleting what does not exist succeeds. It and releaseLocked
+// need the owner's lock or m.mu.
 func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
 	ep, ok := m.records.get(o)
 	if !ok {

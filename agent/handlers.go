@@ -32,7 +32,6 @@ type handlers struct {
 	endpoints  interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
 		release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error)
-		delete(ctx context.Context, o api.Owner) error
 		list() []api.Endpoint
 	}
 	counters func() (map[uint32]api.Counters, error)
@@ -238,13 +237,6 @@ func (h *handlers) listEndpoints(_ context.Context, q listQuery) (api.EndpointLi
 		}
 	}
 	return api.EndpointList{Endpoints: eps}, nil
-}
-
-func (h *handlers) deleteEndpoint(ctx context.Context, o api.Owner) (map[string]string, error) {
-	if err := h.endpoints.delete(ctx, o); err != nil {
-		return nil, err
-	}
-	return map[string]string{"status": "deleted"}, nil
 }
 
 func (h *handlers) checkGC(req api.GCRequest) error {
