@@ -29,17 +29,12 @@ func (p *IPAM) Funcs() skel.CNIFuncs { return funcsOf(p) }
 // ipam.addressPrefix is "host"; ipam.gatewayV4/gatewayV6 and ipam.routes
 // adapt the result to the main plugin's network (deploy/cni/README.md).
 func (p *IPAM) Add(args *skel.CmdArgs) error {
-	v, err := p.begin(ipamName, ParseIPAMConfig, args)
+	v, o, err := p.beginAdd(ipamName, ParseIPAMConfig, args)
 	if err != nil {
 		return err
 	}
 	defer v.done()
 	c, log, ag := v.c, v.log, v.ag
-	ka, err := ParseArgs(args.Args)
-	if err != nil {
-		return err
-	}
-	o := owner(args, ka, c.Name)
 	ctx := context.Background() // each call is bounded by the client's timeout
 	alloc, err := allocate(ctx, ag, c, o, true)
 	if err != nil {
@@ -81,10 +76,8 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 	if v.c.PrevResult == nil {
 		return invalidConf("CHECK needs the prevResult of the ADD")
 	}
-	ctx, cancel := v.bounded()
-	defer cancel()
 	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
-	held, err := v.ag.Allocations(ctx, o)
+	held, err := v.ag.Allocations(v.ctx, o)
 	if err != nil {
 		return fmt.Errorf("check: agent allocations: %w", err)
 	}
@@ -108,9 +101,7 @@ func (p *IPAM) Status(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	ctx, cancel := v.bounded()
-	defer cancel()
-	return checkStatus(ctx, v.ag, v.c)
+	return checkStatus(v.ctx, v.ag, v.c)
 }
 
 // GC releases this network's pool's allocations on the node whose
@@ -121,9 +112,7 @@ func (p *IPAM) GC(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	ctx, cancel := v.bounded()
-	defer cancel()
-	res, err := gcPool(ctx, v.ag, v.c)
+	res, err := gcPool(v.ctx, v.ag, v.c)
 	if err != nil {
 		return err
 	}

@@ -79,23 +79,18 @@ func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 // the result. Any failure removes the veth and, after the reservation,
 // releases the IPs.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	v, err := p.begin(pluginName, ParseConfig, args)
+	v, o, err := p.beginAdd(pluginName, ParseConfig, args)
 	if err != nil {
 		return err
 	}
 	defer v.done()
 	c, log, ag := v.c, v.log, v.ag
-	ka, err := ParseArgs(args.Args)
-	if err != nil {
-		return err
-	}
 	if c.PrevResult != nil {
 		return invalidConf("kvipam creates the pod's interface, so it must be the first plugin of the chain; it was given a prevResult")
 	}
 	if err := checkNetns(args.Netns); err != nil {
 		return err
 	}
-	o := owner(args, ka, c.Name)
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
@@ -205,9 +200,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	ctx, cancel := v.bounded()
-	defer cancel()
-	return checkStatus(ctx, v.ag, v.c)
+	return checkStatus(v.ctx, v.ag, v.c)
 }
 
 // GC releases this network's pool's allocations on the node whose
@@ -219,17 +212,15 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	ctx, cancel := v.bounded()
-	defer cancel()
 	if v.c.ValidAttachments == nil {
 		v.log.Info("gc without a valid-attachments list: nothing to do")
 		return nil
 	}
-	eps, err := v.ag.Endpoints(ctx)
+	eps, err := v.ag.Endpoints(v.ctx)
 	if err != nil {
 		return fmt.Errorf("gc: list agent endpoints: %w", err)
 	}
-	res, err := gcPool(ctx, v.ag, v.c)
+	res, err := gcPool(v.ctx, v.ag, v.c)
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,9 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	}
 	local := CheckPod(spec, podMAC, routes)
 
-	ctx, cancel := v.bounded()
+	// The agent's calls get the whole agent timeout after the local
+	// checks, however long those took.
+	ctx, cancel := context.WithTimeout(context.Background(), v.c.AgentTimeout)
 	defer cancel()
 	remote := checkEndpoint(ctx, v.ag, args, spec.Addrs)
 	if local != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/hashicorp/go-hclog"
+	"github.com/kvipam/kvipam/agent/api"
 )
 
 // Names of the two plugins, as their loggers call them.
@@ -19,7 +20,13 @@ type verb struct {
 	c   *Config
 	log hclog.Logger
 	ag  Agent
-	// done closes the logger's file.
+	// ctx bounds a verb's calls to the agent together by the
+	// configuration's agent timeout, from begin: STATUS and GC of both
+	// plugins, kvipam-ipam's CHECK. ADD bounds each call instead, DEL its
+	// release (releaseOrQueue), and kvipam's CHECK the calls after its
+	// local checks.
+	ctx context.Context
+	// done cancels ctx and closes the logger's file.
 	done func()
 }
 
@@ -37,11 +44,21 @@ func (o IO) begin(name string, parse func([]byte) (*Config, error), args *skel.C
 	if c.UnknownKey != nil {
 		log.Warn("configuration has a key kvipam does not know; ADD refuses it", "error", c.UnknownKey)
 	}
-	return &verb{c: c, log: log, ag: o.agent(c), done: closeLog}, nil
+	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	return &verb{c: c, log: log, ag: o.agent(c), ctx: ctx, done: func() { cancel(); closeLog() }}, nil
 }
 
-// bounded is a context for one call to the agent, bounded by the
-// configuration's agent timeout.
-func (v *verb) bounded() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), v.c.AgentTimeout)
+// beginAdd is begin for ADD, which also reads the attachment's owner,
+// with the pod's names from CNI_ARGS. The caller defers done.
+func (o IO) beginAdd(name string, parse func([]byte) (*Config, error), args *skel.CmdArgs) (*verb, api.Owner, error) {
+	v, err := o.begin(name, parse, args)
+	if err != nil {
+		return nil, api.Owner{}, err
+	}
+	own, err := owner(args, v.c.Name)
+	if err != nil {
+		v.done()
+		return nil, api.Owner{}, err
+	}
+	return v, own, nil
 }
