@@ -10,10 +10,10 @@ TEST_FLAGS ?= -count=1 -timeout 15m
 all: build
 
 # The build's version and commit, which every binary's --version reports
-# (package internal/buildinfo).
+# (package internal/foundation/buildinfo).
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
-LDFLAGS := -X github.com/kvipam/kvipam/internal/buildinfo.version=$(VERSION) -X github.com/kvipam/kvipam/internal/buildinfo.commit=$(COMMIT)
+LDFLAGS := -X github.com/kvipam/kvipam/internal/foundation/buildinfo.version=$(VERSION) -X github.com/kvipam/kvipam/internal/foundation/buildinfo.commit=$(COMMIT)
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...

@@ -186,7 +186,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
 	}
-	switch a.cfg.RoutingMode() {
+	switch a.cfg.Routing {
 	case RoutingVXLAN:
 		// Pod packets are encapsulated: the overlay carries the underlay's
 		// MTU less the overhead, and a larger pod MTU would send packets

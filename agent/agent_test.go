@@ -23,7 +23,8 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -60,7 +61,7 @@ func testConfig(t testing.TB, e *kvstore.Embedded) Config {
 	c.MTU = 1450
 	c.RequestTimeout = Duration{3 * time.Second}
 	c.GCInterval = Duration{time.Hour} // tests drive the reconciler by hand
-	c.PeerRoutes = false               // never route in the real host namespace
+	c.Routing = RoutingNone            // never route in the real host namespace
 	return c
 }
 
@@ -241,7 +242,7 @@ func storeIPs(t testing.TB, cli *clientv3.Client) []records.Allocation {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix("default"), clientv3.WithPrefix())
 	require.NoError(t, err)
-	out, err := etcdstore.DecodeAllocations("default", resp.Kvs)
+	out, err := agenttest.DecodeAllocations("default", resp.Kvs)
 	require.NoError(t, err)
 	return out
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -31,7 +30,7 @@ func BenchmarkSocketAllocate(b *testing.B) {
 	for _, conc := range []int{1, 200} {
 		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
 			floor := run(b.N, conc, func() error {
-				_, err := kvstore.CreateJSON(context.Background(), cli, fmt.Sprintf("/floor/%d", seq.Add(1)), map[string]string{"containerID": "x"})
+				_, err := etcdtest.CreateJSON(context.Background(), cli, fmt.Sprintf("/floor/%d", seq.Add(1)), map[string]string{"containerID": "x"})
 				return err
 			})
 			b.ResetTimer()

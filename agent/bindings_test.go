@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -88,7 +89,7 @@ func ownerIPs(t testing.TB, cli *clientv3.Client, o api.Owner, pools ...string) 
 	for _, p := range pools {
 		resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix(p), clientv3.WithPrefix())
 		require.NoError(t, err)
-		als, err := etcdstore.DecodeAllocations(p, resp.Kvs)
+		als, err := agenttest.DecodeAllocations(p, resp.Kvs)
 		require.NoError(t, err)
 		for _, al := range als {
 			if al.ContainerID == o.ContainerID && al.IfName == o.IfName {

@@ -83,8 +83,6 @@ type Config struct {
 	Routing string `json:"routing"`
 	// VXLAN tunes the overlay of routing vxlan.
 	VXLAN VXLANConfig `json:"vxlan"`
-	// PeerRoutes false is the former spelling of routing none.
-	PeerRoutes bool `json:"peerRoutes"`
 }
 
 // Routing modes.
@@ -98,14 +96,6 @@ const (
 type VXLANConfig struct {
 	VNI  int `json:"vni"`
 	Port int `json:"port"`
-}
-
-// RoutingMode is Routing, with peerRoutes false meaning none.
-func (c *Config) RoutingMode() string {
-	if !c.PeerRoutes {
-		return RoutingNone
-	}
-	return c.Routing
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -145,7 +135,6 @@ func DefaultConfig() Config {
 		BatchWait:      Duration{2 * time.Millisecond},
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 		BPFAttach:      BPFAttachAuto,
-		PeerRoutes:     true,
 		Routing:        RoutingHostGW,
 		VXLAN:          VXLANConfig{VNI: 1, Port: 4789},
 		// A week: kvipamctl ip history answers for it, and etcd holds about

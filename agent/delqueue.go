@@ -14,7 +14,7 @@ import (
 // container ID and interface for a new attachment.
 func (m *endpointManager) drain(ctx context.Context) error {
 	n, err := delqueue.DrainEntries(ctx, m.delQueueDir, func(ctx context.Context, e delqueue.Entry) error {
-		for _, al := range m.alloc.Lookup(toOwner(e.Owner)) {
+		for _, al := range m.alloc.Lookup(e.Owner) {
 			if !e.QueuedAt.IsZero() && al.Since.After(e.QueuedAt) {
 				m.log.Info("dropping a queued DEL older than the owner's allocation", "owner", e.Owner.Key(), "queued", e.QueuedAt, "allocated", al.Since)
 				return nil

@@ -17,7 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/keylock"
+	"github.com/kvipam/kvipam/internal/foundation/keylock"
 )
 
 // endpointManager owns the node's endpoints: the datapath state and the
@@ -87,7 +87,7 @@ type endpointAllocator interface {
 // plugin's rollback (release) to undo.
 func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error) {
 	defer m.lockOwner(req.Owner)()
-	owner := toOwner(req.Owner)
+	owner := req.Owner
 	held := m.alloc.Lookup(owner)
 	if len(held) == 0 {
 		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
@@ -160,14 +160,9 @@ func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (datapa
 // list returns every endpoint ordered by ID.
 func (m *endpointManager) list() []api.Endpoint { return m.records.list() }
 
-// delete removes an endpoint's datapath state and record, keeping its
-// IPs. Deleting what does not exist succeeds.
-func (m *endpointManager) delete(ctx context.Context, o api.Owner) error {
-	defer m.lockOwner(o)()
-	return m.deleteLocked(ctx, o)
-}
-
-// deleteLocked and releaseLocked need the owner's lock or m.mu.
+// deleteLocked removes an endpoint's datapath state and record, keeping
+// its IPs; deleting what does not exist succeeds. It and releaseLocked
+// need the owner's lock or m.mu.
 func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
 	ep, ok := m.records.get(o)
 	if !ok {
@@ -231,7 +226,7 @@ func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]str
 	if err := m.deleteLocked(ctx, o); err != nil {
 		return nil, err
 	}
-	rel, err := m.alloc.Release(ctx, toOwner(o))
+	rel, err := m.alloc.Release(ctx, o)
 	out := make([]string, 0, len(rel))
 	for _, al := range rel {
 		out = append(out, al.Addr.String())
@@ -316,8 +311,4 @@ func (m *endpointManager) recheck(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.checkEndpoints(ctx, m.records.list())
-}
-
-func toOwner(o api.Owner) records.Owner {
-	return records.Owner{ContainerID: o.ContainerID, IfName: o.IfName, Namespace: o.Namespace, Pod: o.Pod, PodUID: o.PodUID, Network: o.Network}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // confirmSpy runs during the allocator's confirm: inside, before the

@@ -65,7 +65,7 @@ func TestGCKeepsReusedAddress(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, held, 1, "and the agent still knows it")
 			if tc.reserve {
-				_, err := ta.a.alloc.Confirm(ctx, toOwner(fresh))
+				_, err := ta.a.alloc.Confirm(ctx, fresh)
 				require.NoError(t, err, "the new owner's ADD completes")
 			}
 			// A third owner cannot get the address while the second has it.

@@ -31,7 +31,6 @@ type handlers struct {
 	endpoints interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
 		release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error)
-		delete(ctx context.Context, o api.Owner) error
 		list() []api.Endpoint
 	}
 	counters counterSource
@@ -110,7 +109,7 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 	if err := validOwner(req.Owner); err != nil {
 		return nodealloc.Request{}, err
 	}
-	out := nodealloc.Request{Owner: toOwner(req.Owner), Reserve: !req.Permanent}
+	out := nodealloc.Request{Owner: req.Owner, Reserve: !req.Permanent}
 	field, from := "podPool", "the pod's annotation kvipam.io/pool"
 	var bound string
 	if h.bindings != nil {
@@ -267,13 +266,6 @@ func (h *handlers) listEndpoints(_ context.Context, q listQuery) (api.EndpointLi
 	return api.EndpointList{Endpoints: eps}, nil
 }
 
-func (h *handlers) deleteEndpoint(ctx context.Context, o api.Owner) (map[string]string, error) {
-	if err := h.endpoints.delete(ctx, o); err != nil {
-		return nil, err
-	}
-	return map[string]string{"status": "deleted"}, nil
-}
-
 func (h *handlers) checkGC(req api.GCRequest) error {
 	if req.Pool != "" && !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == req.Pool }) {
 		return &FieldError{Field: "pool", Msg: fmt.Sprintf("pool %q is not served by node %s", req.Pool, h.node)}
@@ -292,7 +284,7 @@ func (h *handlers) gc(ctx context.Context, req api.GCRequest) (api.GCResponse, e
 
 func (h *handlers) allocations(_ context.Context, o api.Owner) (api.AllocationList, error) {
 	out := api.AllocationList{Allocations: []api.Allocation{}}
-	for _, al := range h.owners.Lookup(toOwner(o)) {
+	for _, al := range h.owners.Lookup(o) {
 		out.Allocations = append(out.Allocations, api.Allocation{
 			Pool: al.Pool, Address: netip.PrefixFrom(al.Addr, al.Addr.BitLen()), Block: al.Block, State: string(al.State),
 		})

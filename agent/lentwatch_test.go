@@ -10,7 +10,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
-	"github.com/kvipam/kvipam/internal/agenttest"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 

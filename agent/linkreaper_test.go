@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -135,7 +135,7 @@ func TestReleaseRefusesForeignInterface(t *testing.T) {
 	o := owner(1)
 	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o})
 	require.NoError(t, err)
-	held := len(ta.a.alloc.Lookup(toOwner(o)))
+	held := len(ta.a.alloc.Lookup(o))
 	require.NotZero(t, held)
 
 	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: o, HostIfName: "eth9"})
@@ -144,7 +144,7 @@ func TestReleaseRefusesForeignInterface(t *testing.T) {
 	require.Equal(t, "hostIfName", ae.Field)
 	_, err = h.LinkByName("eth9")
 	require.NoError(t, err, "a foreign interface was deleted")
-	require.Len(t, ta.a.alloc.Lookup(toOwner(o)), held, "an address was released although the request was refused")
+	require.Len(t, ta.a.alloc.Lookup(o), held, "an address was released although the request was refused")
 }
 
 // TestRetiredVethDeletedAtStart: a veth retired by a DEL whose agent died

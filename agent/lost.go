@@ -38,7 +38,7 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 	var keep []api.Endpoint
 	var lost []etcdstore.LostEndpoint
 	for _, ep := range eps {
-		held := m.alloc.Lookup(toOwner(ep.Owner))
+		held := m.alloc.Lookup(ep.Owner)
 		mine := map[netip.Addr]bool{}
 		for _, al := range held {
 			mine[al.Addr] = true

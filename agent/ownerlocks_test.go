@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // gatedDatapath holds Setup for one host interface until gate closes.
@@ -72,7 +72,7 @@ func TestOwnersRequestsOverlap(t *testing.T) {
 	close(g.gate)
 	require.NoError(t, <-created)
 	require.NoError(t, <-released)
-	require.Empty(t, ta.a.alloc.Lookup(toOwner(slow)), "the release ran before the create it waited for")
+	require.Empty(t, ta.a.alloc.Lookup(slow), "the release ran before the create it waited for")
 	eps, err := ta.c.Endpoints(ctx)
 	require.NoError(t, err)
 	require.Empty(t, eps)

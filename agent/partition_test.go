@@ -13,7 +13,7 @@ import (
 	"github.com/kvipam/kvipam/agent/delqueue"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/internal/cutproxy"
+	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )

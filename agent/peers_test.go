@@ -17,7 +17,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -31,7 +31,7 @@ func TestPeerRoutes(t *testing.T) {
 	pool := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.80.0.0/24")}}
 	start := func(node, netns, addr string) *testAgent {
 		cfg := testConfig(t, e)
-		cfg.Node, cfg.NetNS, cfg.NodeAddresses, cfg.PeerRoutes = node, netns, []string{addr}, true
+		cfg.Node, cfg.NetNS, cfg.NodeAddresses, cfg.Routing = node, netns, []string{addr}, RoutingHostGW
 		cfg.Pools = []allocator.Pool{pool}
 		return startAgent(t, cfg, Options{})
 	}
@@ -87,9 +87,9 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 	e := etcdtest.Start(t)
 	pool := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.80.0.0/24")}}
 	cfgA := testConfig(t, e)
-	cfgA.Node, cfgA.NetNS, cfgA.NodeAddresses, cfgA.PeerRoutes, cfgA.Pools = "node-a", nsA.Path(), []string{"10.254.0.1"}, true, []allocator.Pool{pool}
+	cfgA.Node, cfgA.NetNS, cfgA.NodeAddresses, cfgA.Routing, cfgA.Pools = "node-a", nsA.Path(), []string{"10.254.0.1"}, RoutingHostGW, []allocator.Pool{pool}
 	cfgB := testConfig(t, e)
-	cfgB.Node, cfgB.NetNS, cfgB.NodeAddresses, cfgB.PeerRoutes, cfgB.Pools = "node-b", nsB.Path(), []string{"10.254.0.2"}, true, []allocator.Pool{pool}
+	cfgB.Node, cfgB.NetNS, cfgB.NodeAddresses, cfgB.Routing, cfgB.Pools = "node-b", nsB.Path(), []string{"10.254.0.2"}, RoutingHostGW, []allocator.Pool{pool}
 	a := startAgent(t, cfgA, Options{})
 	b := startAgent(t, cfgB, Options{})
 	ctx := context.Background()

@@ -40,7 +40,7 @@ func (m *endpointManager) reassert(ctx context.Context, eps []api.Endpoint, repo
 		byOwner[ep.Owner.Key()] = ep
 		for _, ip := range ep.IPs {
 			if ip.IsValid() {
-				held = append(held, nodealloc.HeldAddr{Owner: toOwner(ep.Owner), Addr: ip.Unmap(), Identity: ep.StickyIdentity, WindowSeconds: ep.StickyWindowSeconds})
+				held = append(held, nodealloc.HeldAddr{Owner: ep.Owner, Addr: ip.Unmap(), Identity: ep.StickyIdentity, WindowSeconds: ep.StickyWindowSeconds})
 			}
 		}
 	}

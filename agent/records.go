@@ -14,7 +14,7 @@ import (
 	"sync"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/internal/atomicfile"
+	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
 )
 
 // endpointRecords keeps the node's endpoint records on local disk, one JSON

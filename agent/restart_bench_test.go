@@ -21,7 +21,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 

@@ -21,7 +21,7 @@ type routeProgrammer interface {
 
 // newRouteProgrammer is the programmer of a routing mode; nil for none.
 func newRouteProgrammer(cfg *Config, log hclog.Logger) routeProgrammer {
-	switch cfg.RoutingMode() {
+	switch cfg.Routing {
 	case RoutingHostGW:
 		return hostGW{log: log}
 	case RoutingVXLAN:

@@ -118,7 +118,6 @@ func (s *apiServer) routes() http.Handler {
 	mux.HandleFunc("POST "+api.PathRelease, route(s, needRestored, http.StatusOK, jsonBody[api.ReleaseRequest], checkRelease, h.release))
 	mux.HandleFunc("POST "+api.PathEndpoints, route(s, needReady, http.StatusCreated, jsonBody[api.EndpointRequest], checkEndpoint, h.createEndpoint))
 	mux.HandleFunc("GET "+api.PathEndpoints, route(s, needNothing, http.StatusOK, statsQuery, nil, h.listEndpoints))
-	mux.HandleFunc("DELETE "+api.PathEndpoints, route(s, needNothing, http.StatusOK, ownerQuery, nil, h.deleteEndpoint))
 	mux.HandleFunc("POST "+api.PathGC, route(s, needReady, http.StatusOK, jsonBody[api.GCRequest], h.checkGC, h.gc))
 	mux.HandleFunc("GET "+api.PathAllocations, route(s, needNothing, http.StatusOK, ownerQuery, nil, h.allocations))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

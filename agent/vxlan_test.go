@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -156,7 +156,7 @@ func TestVXLANRefusesLargeMTU(t *testing.T) {
 
 	cfg := testConfig(t, e)
 	cfg.NetNS, cfg.NodeAddresses = host.Path(), []string{"10.254.1.10"}
-	cfg.PeerRoutes, cfg.Routing, cfg.MTU = true, RoutingVXLAN, 1500
+	cfg.Routing, cfg.MTU = RoutingVXLAN, 1500
 	a, err := New(cfg, Options{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

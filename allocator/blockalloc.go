@@ -65,12 +65,6 @@ func (b *BlockAlloc) SetReserved(offs []int) {
 
 func (b *BlockAlloc) isReserved(off int) bool { return b.reserved != nil && b.reserved.IsSet(off) }
 
-// IsReserved reports whether a is in one of the pool's reserved ranges.
-func (b *BlockAlloc) IsReserved(a netip.Addr) bool {
-	off, ok := Offset(b.block, a)
-	return ok && b.isReserved(off)
-}
-
 func (b *BlockAlloc) setExcluded() {
 	for _, off := range b.excluded {
 		b.used.Set(off)
@@ -159,10 +153,6 @@ func (b *BlockAlloc) Used() int { return b.used.Used() - len(b.excluded) }
 // size minus the excluded addresses. It can be 0 for a host-sized block at
 // the edge of a CIDR.
 func (b *BlockAlloc) Capacity() int { return b.used.Size() - len(b.excluded) }
-
-// ReservedFree returns the number of reserved addresses not marked: kept
-// back from Next, though a static request may take one.
-func (b *BlockAlloc) ReservedFree() int { return b.resFree }
 
 // Reset frees every address again, as when the agent rebuilds the map from
 // etcd. Excluded addresses stay used, and the Next cursor is kept so the

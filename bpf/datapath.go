@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/hashicorp/go-hclog"
-	"github.com/kvipam/kvipam/internal/keylock"
+	"github.com/kvipam/kvipam/internal/foundation/keylock"
 	"golang.org/x/sys/unix"
 )
 

@@ -32,11 +32,17 @@ var _ Agent = (*client.Client)(nil)
 // bounds each call.
 func NewAgentClient(socket string, timeout time.Duration) Agent { return client.New(socket, timeout) }
 
-// allocate is ADD's first call to the agent, for both plugins: it waits
-// for a restarting agent (see retryUnreachable), which is safe because
+// allocate is ADD's first call to the agent, for both plugins: it asks
+// for o's addresses as c says (permanent at once for kvipam-ipam, where
+// no endpoint follows to confirm a reservation). It waits for a
+// restarting agent (see retryUnreachable), which is safe because
 // the agent gives a retried allocate of the same owner the same
 // addresses.
-func allocate(ctx context.Context, ag Agent, c *Config, req api.AllocateRequest) (*api.AllocateResponse, error) {
+func allocate(ctx context.Context, ag Agent, c *Config, o api.Owner, permanent bool) (*api.AllocateResponse, error) {
+	req := api.AllocateRequest{
+		Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim,
+		Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: permanent,
+	}
 	var alloc *api.AllocateResponse
 	err := retryUnreachable(ctx, ag, c, func() (err error) {
 		alloc, err = ag.Allocate(ctx, req)

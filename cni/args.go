@@ -65,7 +65,11 @@ func ParseArgs(s string) (Args, error) {
 }
 
 // owner is the attachment's identity at the agent, with the pod's names
-// when the runtime sent them.
-func owner(args *skel.CmdArgs, a Args, network string) api.Owner {
-	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}
+// when the runtime sent them in CNI_ARGS.
+func owner(args *skel.CmdArgs, network string) (api.Owner, error) {
+	a, err := ParseArgs(args.Args)
+	if err != nil {
+		return api.Owner{}, err
+	}
+	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}, nil
 }

@@ -29,20 +29,14 @@ func (p *IPAM) Funcs() skel.CNIFuncs { return funcsOf(p) }
 // ipam.addressPrefix is "host"; ipam.gatewayV4/gatewayV6 and ipam.routes
 // adapt the result to the main plugin's network (deploy/cni/README.md).
 func (p *IPAM) Add(args *skel.CmdArgs) error {
-	c, err := ParseIPAMConfig(args.StdinData)
+	v, o, err := p.beginAdd(ipamName, ParseIPAMConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
-	defer closeLog()
-	ka, err := ParseArgs(args.Args)
-	if err != nil {
-		return err
-	}
-	o := owner(args, ka, c.Name)
-	ag := p.agent(c)
+	defer v.done()
+	c, log, ag := v.c, v.log, v.ag
 	ctx := context.Background() // each call is bounded by the client's timeout
-	alloc, err := allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: true})
+	alloc, err := allocate(ctx, ag, c, o, true)
 	if err != nil {
 		return err
 	}
@@ -62,38 +56,33 @@ func (p *IPAM) Add(args *skel.CmdArgs) error {
 // Del releases the attachment's IPs, or queues the release when the agent
 // is down; it succeeds when there is nothing to release.
 func (p *IPAM) Del(args *skel.CmdArgs) error {
-	c, err := ParseIPAMDelConfig(args.StdinData)
+	v, err := p.begin(ipamName, ParseIPAMDelConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
-	defer closeLog()
-	if c.UnknownKey != nil {
-		log.Warn("configuration has a key kvipam does not know; ADD refuses it", "error", c.UnknownKey)
-	}
-	_, err = releaseOrQueue(p.agent(c), c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, "", log)
+	defer v.done()
+	_, err = releaseOrQueue(v.ag, v.c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, "", v.log)
 	return err
 }
 
 // Check verifies that the agent still holds every address of the
 // prevResult for this attachment (container ID and interface).
 func (p *IPAM) Check(args *skel.CmdArgs) error {
-	c, err := ParseIPAMConfig(args.StdinData)
+	v, err := p.begin(ipamName, ParseIPAMConfig, args)
 	if err != nil {
 		return err
 	}
-	if c.PrevResult == nil {
+	defer v.done()
+	if v.c.PrevResult == nil {
 		return invalidConf("CHECK needs the prevResult of the ADD")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
 	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
-	held, err := p.agent(c).Allocations(ctx, o)
+	held, err := v.ag.Allocations(v.ctx, o)
 	if err != nil {
 		return fmt.Errorf("check: agent allocations: %w", err)
 	}
 	var missing []string
-	for _, ipc := range c.PrevResult.IPs {
+	for _, ipc := range v.c.PrevResult.IPs {
 		a := prefixOf(&ipc.Address).Addr()
 		if !slices.ContainsFunc(held, func(h api.Allocation) bool { return h.Address.Addr() == a }) {
 			missing = append(missing, a.String())
@@ -107,30 +96,26 @@ func (p *IPAM) Check(args *skel.CmdArgs) error {
 
 // Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
 func (p *IPAM) Status(args *skel.CmdArgs) error {
-	c, err := ParseIPAMConfig(args.StdinData)
+	v, err := p.begin(ipamName, ParseIPAMConfig, args)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	return checkStatus(ctx, p.agent(c), c)
+	defer v.done()
+	return checkStatus(v.ctx, v.ag, v.c)
 }
 
 // GC releases this network's pool's allocations on the node whose
 // attachments are not in cni.dev/valid-attachments.
 func (p *IPAM) GC(args *skel.CmdArgs) error {
-	c, err := ParseIPAMConfig(args.StdinData)
+	v, err := p.begin(ipamName, ParseIPAMConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam-ipam", c, p.Stderr)
-	defer closeLog()
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	res, err := gcPool(ctx, p.agent(c), c)
+	defer v.done()
+	res, err := gcPool(v.ctx, v.ag, v.c)
 	if err != nil {
 		return err
 	}
-	log.Info("gc", "released", res.Released, "deferred", res.Deferred)
+	v.log.Info("gc", "released", res.Released, "deferred", res.Deferred)
 	return nil
 }

@@ -79,24 +79,18 @@ func (p *Plugin) Funcs() skel.CNIFuncs { return funcsOf(p) }
 // the result. Any failure removes the veth and, after the reservation,
 // releases the IPs.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
+	v, o, err := p.beginAdd(pluginName, ParseConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam", c, p.Stderr)
-	defer closeLog()
-	ka, err := ParseArgs(args.Args)
-	if err != nil {
-		return err
-	}
+	defer v.done()
+	c, log, ag := v.c, v.log, v.ag
 	if c.PrevResult != nil {
 		return invalidConf("kvipam creates the pod's interface, so it must be the first plugin of the chain; it was given a prevResult")
 	}
 	if err := checkNetns(args.Netns); err != nil {
 		return err
 	}
-	o := owner(args, ka, c.Name)
-	ag := p.agent(c)
 	start := time.Now()
 
 	ctx := context.Background() // each call is bounded by the client's timeout
@@ -108,7 +102,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	var alloc *api.AllocateResponse
 	go func() {
 		var err error
-		alloc, err = allocate(ctx, ag, c, api.AllocateRequest{Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Pool: c.Pool, Families: c.Families, IPs: c.IPs})
+		alloc, err = allocate(ctx, ag, c, o, false)
 		allocated <- err
 	}()
 	hostIf := HostVethName(o.ContainerID, o.IfName)
@@ -175,22 +169,18 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 // deletes the veth and queues the release. It needs no netns and
 // succeeds when there is nothing to delete.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := ParseDelConfig(args.StdinData)
+	v, err := p.begin(pluginName, ParseDelConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam", c, p.Stderr)
-	defer closeLog()
-	if c.UnknownKey != nil {
-		log.Warn("configuration has a key kvipam does not know; ADD refuses it", "error", c.UnknownKey)
-	}
+	defer v.done()
 	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
 	hostIf := HostVethName(o.ContainerID, o.IfName)
-	queued, err := releaseOrQueue(p.agent(c), c, o, hostIf, log)
+	queued, err := releaseOrQueue(v.ag, v.c, o, hostIf, v.log)
 	if err != nil {
 		return err
 	}
-	log.Info("deleted", "owner", o.Key(), "host_if", hostIf, "release_queued", queued)
+	v.log.Info("deleted", "owner", o.Key(), "host_if", hostIf, "release_queued", queued)
 	return nil
 }
 
@@ -205,37 +195,32 @@ func podMTU(choices ...int) int {
 
 // Status reports whether an ADD could succeed now (CNI 1.1 STATUS).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
+	v, err := p.begin(pluginName, ParseConfig, args)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	return checkStatus(ctx, p.agent(c), c)
+	defer v.done()
+	return checkStatus(v.ctx, v.ag, v.c)
 }
 
 // GC releases this network's pool's allocations on the node whose
 // attachments are not in cni.dev/valid-attachments, and removes the host
 // veths of the endpoints it released.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
+	v, err := p.begin(pluginName, ParseConfig, args)
 	if err != nil {
 		return err
 	}
-	log, closeLog := newLogger("kvipam", c, p.Stderr)
-	defer closeLog()
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
-	defer cancel()
-	ag := p.agent(c)
-	if c.ValidAttachments == nil {
-		log.Info("gc without a valid-attachments list: nothing to do")
+	defer v.done()
+	if v.c.ValidAttachments == nil {
+		v.log.Info("gc without a valid-attachments list: nothing to do")
 		return nil
 	}
-	eps, err := ag.Endpoints(ctx)
+	eps, err := v.ag.Endpoints(v.ctx)
 	if err != nil {
 		return fmt.Errorf("gc: list agent endpoints: %w", err)
 	}
-	res, err := gcPool(ctx, ag, c)
+	res, err := gcPool(v.ctx, v.ag, v.c)
 	if err != nil {
 		return err
 	}
@@ -248,6 +233,6 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 			errs = append(errs, fmt.Errorf("gc: %w", err))
 		}
 	}
-	log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
+	v.log.Info("gc", "released", res.Released, "deferred", res.Deferred, "errors", len(errs))
 	return errors.Join(errs...)
 }

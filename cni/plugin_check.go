@@ -21,22 +21,25 @@ import (
 // still this attachment's). Routes a later plugin added are not its
 // business.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := ParseConfig(args.StdinData)
+	v, err := p.begin(pluginName, ParseConfig, args)
 	if err != nil {
 		return err
 	}
-	if c.PrevResult == nil {
+	defer v.done()
+	if v.c.PrevResult == nil {
 		return invalidConf("CHECK needs the prevResult of the ADD")
 	}
-	spec, podMAC, routes, err := expected(c.PrevResult, args)
+	spec, podMAC, routes, err := expected(v.c.PrevResult, args)
 	if err != nil {
 		return err
 	}
 	local := CheckPod(spec, podMAC, routes)
 
-	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
+	// The agent's calls get the whole agent timeout after the local
+	// checks, however long those took.
+	ctx, cancel := context.WithTimeout(context.Background(), v.c.AgentTimeout)
 	defer cancel()
-	remote := checkEndpoint(ctx, p.agent(c), args, spec.Addrs)
+	remote := checkEndpoint(ctx, v.ag, args, spec.Addrs)
 	if local != nil {
 		return withCode(Code(local), errors.Join(local, remote))
 	}

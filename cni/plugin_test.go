@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/delqueue"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 type pluginEnv struct {

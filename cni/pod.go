@@ -46,25 +46,6 @@ type PodLinks struct {
 // namespace.
 var ErrNetnsMissing = errors.New("network namespace not found")
 
-// SetupPod creates the veth with its peer directly in the pod's netns,
-// configures both ends through netlink handles, and routes the pod's
-// addresses to the host veth: CreatePodVeth and then Configure, for a
-// caller that knows the addresses already. It runs in the host's network
-// namespace (that of the calling thread). On error it removes the veth,
-// so nothing is left behind; the caller still owns the allocation.
-func SetupPod(s PodSpec) (*PodLinks, error) {
-	v, err := CreatePodVeth(s)
-	if err != nil {
-		return nil, err
-	}
-	defer v.Close()
-	links, err := v.Configure(s)
-	if err != nil {
-		return nil, errors.Join(err, v.Remove())
-	}
-	return links, nil
-}
-
 // checkNetns says clearly when CNI_NETNS is not a network namespace.
 func checkNetns(path string) error {
 	if err := ns.IsNSorErr(path); err != nil {
@@ -145,7 +126,7 @@ func podGateways(s PodSpec) []netip.Addr {
 	return out
 }
 
-// podRoutes are the routes SetupPod puts in the pod, in the order it adds
+// podRoutes are the routes Configure puts in the pod, in the order it adds
 // them; they are also the result's routes.
 func podRoutes(s PodSpec) []*types.Route {
 	return gatewayRoutes(podGateways(s))

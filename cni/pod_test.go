@@ -20,6 +20,25 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 )
 
+// setupPod is ADD's two pod steps at once, for tests that know the
+// addresses already: it creates the veth with its peer directly in the
+// pod's netns (CreatePodVeth), configures both ends through netlink
+// handles and routes the pod's addresses to the host veth (Configure). It runs in the host's network
+// namespace (that of the calling thread). On error it removes the veth,
+// so nothing is left behind; the caller still owns the allocation.
+func setupPod(s PodSpec) (*PodLinks, error) {
+	v, err := CreatePodVeth(s)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	links, err := v.Configure(s)
+	if err != nil {
+		return nil, errors.Join(err, v.Remove())
+	}
+	return links, nil
+}
+
 func podSpec(pod ns.NetNS, addrs ...string) PodSpec {
 	s := PodSpec{
 		Netns: pod.Path(), IfName: "eth0", HostIfName: HostVethName("c1", "eth0"), MTU: 1400,
@@ -63,7 +82,7 @@ func TestSetupPodDualStack(t *testing.T) {
 	s := podSpec(pod, "10.1.0.5/32", "fd00::5/128")
 
 	var links *PodLinks
-	require.NoError(t, in(t, host, func() (err error) { links, err = SetupPod(s); return err }))
+	require.NoError(t, in(t, host, func() (err error) { links, err = setupPod(s); return err }))
 	require.Equal(t, s.HostIfName, links.HostIfName)
 	require.Equal(t, HostVethMAC, links.HostMAC)
 
@@ -129,7 +148,7 @@ func TestCheckPodFindsWhatIsMissing(t *testing.T) {
 	ph := handle(t, pod)
 	s := podSpec(pod, "10.1.0.6/32")
 	var links *PodLinks
-	require.NoError(t, in(t, host, func() (err error) { links, err = SetupPod(s); return err }))
+	require.NoError(t, in(t, host, func() (err error) { links, err = setupPod(s); return err }))
 
 	pl, err := ph.LinkByName("eth0")
 	require.NoError(t, err)
@@ -152,7 +171,7 @@ func TestDeleteHostVethRemovesThePodEndAndRoutes(t *testing.T) {
 	host, pod := newHostNS(t), newNS(t)
 	hh, ph := handle(t, host), handle(t, pod)
 	s := podSpec(pod, "10.1.0.7/32")
-	require.NoError(t, in(t, host, func() error { _, err := SetupPod(s); return err }))
+	require.NoError(t, in(t, host, func() error { _, err := setupPod(s); return err }))
 
 	removed, err := DeleteHostVethIn(t, host, s.HostIfName)
 	require.NoError(t, err)
@@ -200,7 +219,7 @@ func TestSetupPodFailures(t *testing.T) {
 			host, pod := newHostNS(t), newNS(t)
 			s := podSpec(pod, "10.1.0.8/32")
 			tt.prepare(t, host, pod, &s)
-			err := in(t, host, func() error { _, err := SetupPod(s); return err })
+			err := in(t, host, func() error { _, err := setupPod(s); return err })
 			require.ErrorContains(t, err, tt.wantErr)
 			if tt.wantCode != 0 {
 				require.Equal(t, tt.wantCode, Code(err))
@@ -218,7 +237,7 @@ func TestSetupPodReplacesALeftoverHostVeth(t *testing.T) {
 	la := netlink.NewLinkAttrs()
 	la.Name = s.HostIfName
 	require.NoError(t, hh.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "stale0"}))
-	require.NoError(t, in(t, host, func() error { _, err := SetupPod(s); return err }))
+	require.NoError(t, in(t, host, func() error { _, err := setupPod(s); return err }))
 	_, err := hh.LinkByName("stale0")
 	require.Error(t, err, "the leftover pair is gone")
 }
@@ -239,7 +258,7 @@ func TestSetupPodReplacesARetiredPair(t *testing.T) {
 				require.NoError(t, hh.LinkSetGroup(old, api.ReapLinkGroup))
 			}
 			s := podSpec(pod, "10.1.0.10/32")
-			err := in(t, host, func() error { _, err := SetupPod(s); return err })
+			err := in(t, host, func() error { _, err := setupPod(s); return err })
 			_, lerr := hh.LinkByName(old.Name)
 			if !retired {
 				require.ErrorContains(t, err, "already exists")
@@ -265,7 +284,7 @@ func TestSetupPodEnablesIPv6WhereTheRuntimeDisabledIt(t *testing.T) {
 		return nil
 	}))
 	s := podSpec(pod, "fd00::10/128")
-	require.NoError(t, in(t, host, func() error { _, err := SetupPod(s); return err }))
+	require.NoError(t, in(t, host, func() error { _, err := setupPod(s); return err }))
 	require.Equal(t, "0\n", readSysctl(t, pod, "ipv6/conf/eth0/disable_ipv6"))
 }
 
@@ -303,7 +322,7 @@ func requireTCP(t *testing.T, host, pod ns.NetNS, dst string) {
 	}()
 	require.NoError(t, in(t, pod, func() error {
 		// Now and then (about one run in ten here) the pod's first IPv6
-		// connect, right after SetupPod, fails with "network is
+		// connect, right after setupPod, fails with "network is
 		// unreachable" while its routes, address and gateway neighbour
 		// are all in place, and succeeds a moment later; the kernel's
 		// reason is not found yet (docs/cni.md). Retried for up to 2 s.

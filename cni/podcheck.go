@@ -13,10 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// CheckPod verifies that an attachment SetupPod made is still in place:
+// CheckPod verifies that an attachment ADD made is still in place:
 // both veth ends up (the pod end with podMAC when it is not empty), every
 // address of s on the pod end, every route in routes (those of the
-// result that SetupPod made) in the pod, and the host routes to the pod.
+// result that ADD made) in the pod, and the host routes to the pod.
 // It reports every problem it finds at once.
 func CheckPod(s PodSpec, podMAC string, routes []*types.Route) error {
 	podNS, err := openNetns(s.Netns)

@@ -74,7 +74,7 @@ func gateways(als []Allocated, conf4, conf6 netip.Addr) (gw4, gw6 netip.Addr) {
 }
 
 // podResult is the kvipam plugin's result: the host veth (interface 0),
-// the pod interface (1) holding every address, and the routes SetupPod
+// the pod interface (1) holding every address, and the routes Configure
 // made in the pod.
 func podResult(s PodSpec, l *PodLinks, dns types.DNS) *current.Result {
 	r := &current.Result{

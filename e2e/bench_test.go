@@ -18,8 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/internal/benchreport"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
 )
 
 // BenchmarkAddDel measures ADD and DEL latency through libcni, as a

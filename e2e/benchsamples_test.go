@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
 )
 
 // writeSamples writes a benchmark's raw samples (benchreport.Samples, the

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvipam/kvipam/internal/locktrace"
+	"github.com/kvipam/kvipam/internal/tools/locktrace"
 )
 
 // lockTraceEnv, set to 1, makes BenchmarkBurst100 trace the kernel's
-// mutex waits during each measured burst (internal/locktrace) and report,
+// mutex waits during each measured burst (internal/tools/locktrace) and report,
 // per configuration, the ADDs' mean wait for rtnl (<name>-rtnl-wait-ms),
 // how much of the burst rtnl had a queue (<name>-rtnl-queue-pct), and log
 // who waited where. Off by default: tracing with stacks slows the waits

@@ -18,7 +18,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/cutproxy"
+	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
 )
 
 // The fault kinds, each fired at least once (in this order) by a run.

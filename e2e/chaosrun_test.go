@@ -22,8 +22,8 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/chaos"
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/cutproxy"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // TestChaosRun runs the chaos workload: a 3-member etcd cluster and

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/kvipam/kvipam/internal/ociimage"
+	"github.com/kvipam/kvipam/internal/tools/ociimage"
 )
 
 // pauseRef is the sandbox image the CRI tests build and import: no

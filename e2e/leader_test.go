@@ -37,7 +37,7 @@ func TestClusterEtcdLeaderKilled(t *testing.T) {
 		// The call timeout matches the harness's election timeout (500 ms),
 		// as docs/operations.md advises for any cluster.
 		n.startAgent(agentOpts{pools: []string{"default=10.7.0.0/16"}, etcd: c,
-			extra: []string{"--peer-routes=false", "--etcd-call-timeout", "500ms"}})
+			extra: []string{"--routing", "none", "--etcd-call-timeout", "500ms"}})
 		nodes = append(nodes, n)
 	}
 	loads := make([]*ipamLoad, len(nodes))

@@ -23,7 +23,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // Addresses the host namespace of every node has, for pods to reach.

@@ -32,7 +32,7 @@ func TestRestoreFromOlderSnapshot(t *testing.T) {
 	a, b := newNode(t, "ra"), newNode(t, "rb")
 	for _, n := range []*node{a, b} {
 		n.startAgent(agentOpts{pools: []string{"default=10.9.0.0/24"}, blockV4: 29, etcd: c, gcInterval: time.Second,
-			extra: []string{"--peer-routes=false"}})
+			extra: []string{"--routing", "none"}})
 	}
 	la := a.kvipamList("kv", "1.0.0", "")
 	owners := map[netip.Addr]string{} // node a's endpoints: address -> container

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // TestClusterAgentRollingRestart restarts each node's agent in turn, as a

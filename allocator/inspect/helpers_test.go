@@ -13,7 +13,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/agenttest"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Lease is the node's liveness lease: claims are written on it so they

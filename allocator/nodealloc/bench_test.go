@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
-	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -28,7 +27,7 @@ var floorSeq atomic.Int64
 func floorTxn(b *testing.B, cli *clientv3.Client) time.Duration {
 	key := fmt.Sprintf("/floor/%d", floorSeq.Add(1))
 	start := time.Now()
-	if _, err := kvstore.CreateJSON(context.Background(), cli, key, map[string]string{"owner": "x"}); err != nil {
+	if _, err := etcdtest.CreateJSON(context.Background(), cli, key, map[string]string{"owner": "x"}); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(start)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Borrowing. A node whose blocks are full and that can claim no block

@@ -23,6 +23,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/e2e/cluster"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -257,7 +258,7 @@ func (f *fleet) audit(ctx context.Context, answers []answer) (dups, missing int)
 	if err != nil {
 		f.b.Fatalf("audit: %v", err)
 	}
-	stored, err := etcdstore.DecodeAllocations(f.pool, kvs)
+	stored, err := agenttest.DecodeAllocations(f.pool, kvs)
 	if err != nil {
 		f.b.Fatalf("audit: %v", err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -1174,7 +1175,7 @@ func addrsOf(als []records.Allocation) []netip.Addr {
 func (r *modelRun) readIPs() []records.Allocation {
 	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
 	require.NoError(r.t, err)
-	als, err := etcdstore.DecodeAllocations(r.pool.Name, resp.Kvs)
+	als, err := agenttest.DecodeAllocations(r.pool.Name, resp.Kvs)
 	require.NoError(r.t, err)
 	return als
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -88,7 +89,7 @@ func storeIPs(t testing.TB, cli *clientv3.Client, pool string) []records.Allocat
 	t.Helper()
 	resp, err := cli.Get(context.Background(), etcdstore.IPsPrefix(pool), clientv3.WithPrefix())
 	require.NoError(t, err)
-	out, err := etcdstore.DecodeAllocations(pool, resp.Kvs)
+	out, err := agenttest.DecodeAllocations(pool, resp.Kvs)
 	require.NoError(t, err)
 	return out
 }

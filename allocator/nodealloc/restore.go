@@ -9,7 +9,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Restore rebuilds the node's state from the store on lease: it re-claims

@@ -13,8 +13,8 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/benchreport"
-	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,7 +72,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	als, sessions := f.start(ctx, 0, nodes, ttl, func(st records.Store) records.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
 	clis := f.clis
 	base, baseEnds := stormTimes(nodes, func(i int) error {
-		_, err := kvstore.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
+		_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 		return err
 	})
 	got := make([]*answer, nodes)
@@ -210,7 +210,7 @@ func (f *fleet) rawCreate(ctx context.Context, i, n int, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	rec := records.Record{Owner: owner(n), Node: nodeName(i), State: records.StateAllocated, Since: time.Now().UTC()}
-	_, err := kvstore.CreateJSON(ctx, f.clis[i%len(f.clis)], key, rec)
+	_, err := etcdtest.CreateJSON(ctx, f.clis[i%len(f.clis)], key, rec)
 	return err
 }
 

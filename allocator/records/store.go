@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/internal/retry"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // State is where an allocation is in its life.
@@ -37,7 +37,10 @@ type Owner struct {
 	Network string `json:"network,omitempty"`
 }
 
-// Key is the identity of an attachment: container ID and interface name.
+// Key is the identity of an attachment: container ID and interface name,
+// "containerID/ifName". Names on disk are made from it (the agent's
+// endpoint records, the plugin's DEL queue entries; the host veth's name
+// is a hash of it), so its text must not change.
 func (o Owner) Key() string { return o.ContainerID + "/" + o.IfName }
 
 // Validate rejects an owner that cannot identify an attachment.

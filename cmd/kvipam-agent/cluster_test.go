@@ -16,7 +16,7 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // TestClusterPrefixRole runs the agent and kvipamctl as processes against a
@@ -52,7 +52,7 @@ func TestClusterPrefixRole(t *testing.T) {
 		args := []string{"--netns", host.Path(), "--node", node, "--state-dir", t.TempDir(), "--socket", socket,
 			"--etcd-endpoints", eps, "--etcd-cacert", transport.CAFile, "--etcd-dial-timeout", "3s",
 			"--pool", "default=10.93.0.0/24", "--block-size-v4", "28", "--datapath", "routes", "--metrics-addr", "",
-			"--mtu", "1500", "--peer-routes=false"}
+			"--mtu", "1500", "--routing", "none"}
 		if transport.CertFile != "" {
 			args = append(args, "--etcd-cert", transport.CertFile, "--etcd-key", transport.KeyFile)
 		}

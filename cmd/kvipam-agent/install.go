@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kvipam/kvipam/internal/atomicfile"
+	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
 )
 
 // install-cni puts the CNI plugins and the conflist where the container

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -90,7 +90,7 @@ func TestHealth(t *testing.T) {
 	cfg := agent.DefaultConfig()
 	cfg.Node, cfg.StateDir, cfg.Socket, cfg.Etcd = "node-h", t.TempDir(), filepath.Join(sockDir, "agent.sock"), e.Config()
 	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 28, CIDRs: mustPrefixes("10.92.0.0/24")}}
-	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.PeerRoutes = "", agent.DatapathRoutes, 1500, false
+	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.Routing = "", agent.DatapathRoutes, 1500, agent.RoutingNone
 	cfg.NetNS = nstest.NewNS(t).Path()
 	a, err := agent.New(cfg, agent.Options{})
 	require.NoError(t, err)

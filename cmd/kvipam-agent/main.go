@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent"
-	"github.com/kvipam/kvipam/internal/buildinfo"
+	"github.com/kvipam/kvipam/internal/foundation/buildinfo"
 )
 
 func main() {

@@ -19,7 +19,7 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/cluster"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -108,7 +108,7 @@ func TestSIGKILLRestartKeepsEverything(t *testing.T) {
 	args := []string{"--netns", host.Path(), "--node", "node-k", "--state-dir", state, "--socket", socket,
 		"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--pool", "default=10.91.0.0/24,fd00:91::/64",
 		"--block-size-v4", "28", "--datapath", "routes", "--metrics-addr", "", "--lease-ttl", "5s",
-		"--gc-interval", "2s", "--gc-grace", "1s", "--mtu", "1500", "--peer-routes=false"}
+		"--gc-interval", "2s", "--gc-grace", "1s", "--mtu", "1500", "--routing", "none"}
 	start := func() *exec.Cmd {
 		cmd := exec.Command(buildAgent(t), args...)
 		cmd.Stderr = &testLog{t: t}

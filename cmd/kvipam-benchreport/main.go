@@ -15,8 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvipam/kvipam/internal/benchreport"
-	"github.com/kvipam/kvipam/internal/benchreport/plots"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
+	"github.com/kvipam/kvipam/internal/tools/benchreport/plots"
 )
 
 func main() {

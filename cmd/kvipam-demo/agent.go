@@ -34,7 +34,7 @@ func runAgent(ctx context.Context, w io.Writer) error {
 	cfg.MetricsAddr = ""
 	cfg.Datapath = agent.DatapathRoutes
 	cfg.MTU = 1500
-	cfg.PeerRoutes = false // a demo changes nothing on this host
+	cfg.Routing = agent.RoutingNone // a demo changes nothing on this host
 	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 26, BlockSizeV6: 120,
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/64")}}}
 	a, err := agent.New(cfg, agent.Options{Version: "demo"})

@@ -10,13 +10,13 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/kvipam/kvipam/internal/ociimage"
+	"github.com/kvipam/kvipam/internal/tools/ociimage"
 )
 
 type options struct {
 	out, ref, conflist string
 	// ldflags are added to the binaries' -ldflags (the version and
-	// commit of internal/buildinfo).
+	// commit of internal/foundation/buildinfo).
 	ldflags string
 }
 

@@ -7,7 +7,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 
 	"github.com/kvipam/kvipam/cni"
-	"github.com/kvipam/kvipam/internal/buildinfo"
+	"github.com/kvipam/kvipam/internal/foundation/buildinfo"
 )
 
 func main() {

@@ -14,7 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
 // TestAgentCommands runs a real agent in this process (its pod interfaces
@@ -29,7 +29,7 @@ func TestAgentCommands(t *testing.T) {
 	cfg := agent.DefaultConfig()
 	cfg.Node, cfg.StateDir, cfg.Socket, cfg.NetNS = "ctl-node", t.TempDir(), filepath.Join(dir, "a.sock"), host.Path()
 	cfg.Etcd.Endpoints = h.e.Endpoints()
-	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.PeerRoutes = "", agent.DatapathRoutes, 1500, false
+	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.Routing = "", agent.DatapathRoutes, 1500, agent.RoutingNone
 	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.66.0.0/24")}}}
 	a, err := agent.New(cfg, agent.Options{})
 	require.NoError(t, err)

@@ -14,7 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
-	"github.com/kvipam/kvipam/internal/buildinfo"
+	"github.com/kvipam/kvipam/internal/foundation/buildinfo"
 	"github.com/kvipam/kvipam/kvstore"
 )
 

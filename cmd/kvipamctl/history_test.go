@@ -12,7 +12,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/agenttest"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 )
 
 // TestIPHistory hands one address to three pods in turn. kvipamctl ip

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/internal/agenttest"
+	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 )
 
 // tableRows reads a table's output into one map per row, keyed by the

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/internal/buildinfo"
+	"github.com/kvipam/kvipam/internal/foundation/buildinfo"
 )
 
 // versionInfo is what kvipamctl version prints.

@@ -18,7 +18,7 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
 )
 
 // The benchmarks the plots are drawn from.

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/internal/atomicfile"
+	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
 )
 
 func TestWriteReplacesWhole(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
-	"github.com/kvipam/kvipam/internal/locktrace"
-	"github.com/kvipam/kvipam/internal/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/nstest"
+	"github.com/kvipam/kvipam/internal/tools/locktrace"
 )
 
 // A trace as the kernel writes it: a spin turning into a sleep on rtnl

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/internal/benchreport"
+	"github.com/kvipam/kvipam/internal/tools/benchreport"
 )
 
 // TestPlotsFromSamples: the fixture's sample files (testdata/samples)

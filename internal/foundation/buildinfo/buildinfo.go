@@ -14,7 +14,7 @@ import (
 	"strings"
 )
 
-// Set by the Makefile: -X github.com/kvipam/kvipam/internal/buildinfo.version=...
+// Set by the Makefile: -X github.com/kvipam/kvipam/internal/foundation/buildinfo.version=...
 // and .commit=... Empty when built otherwise.
 var version, commit string
 
