@@ -82,18 +82,18 @@ func TestWatchHomes(t *testing.T) {
 		require.NoError(t, err)
 		return b, rev
 	}
-	a, _ := claim("p", "10.0.0.0/28", "node-a")
-	b6, _ := claim("q", "fd00::/120", "node-b")
+	a, arev := claim("p", "10.0.0.0/28", "node-a")
+	b6, brev := claim("q", "fd00::/120", "node-b")
 
 	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchHomes(ctx, homes{r}) })
-	require.ElementsMatch(t, resetHomes{{Pool: "p", Block: a, Node: "node-a"}, {Pool: "q", Block: b6, Node: "node-b"}}, r.next(t),
+	require.ElementsMatch(t, resetHomes{{Pool: "p", Block: a, Node: "node-a", Rev: arev}, {Pool: "q", Block: b6, Node: "node-b", Rev: brev}}, r.next(t),
 		"the first call lists the homes of every pool")
 
 	// A home that cannot be read is skipped, not delivered half decoded.
 	_, err = cli.Put(ctx, etcdstore.HomeKey("p", netip.MustParsePrefix("10.0.0.32/28")), "not json")
 	require.NoError(t, err)
 	c, crev := claim("p", "10.0.0.16/28", "node-c")
-	require.Equal(t, putHome{Pool: "p", Block: c, Node: "node-c"}, r.next(t))
+	require.Equal(t, putHome{Pool: "p", Block: c, Node: "node-c", Rev: crev}, r.next(t), "each home with the revision it was written at")
 
 	require.NoError(t, st.Unclaim(ctx, "p", c, crev))
 	require.Equal(t, deleteHome{Pool: "p", Block: c}, r.next(t))
