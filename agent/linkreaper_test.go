@@ -97,6 +97,9 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 			problems = append(problems, fmt.Sprintf("retired veth in group %#x, not the reap group", cur.Attrs().Group))
 		}
 		if dp != DatapathRoutes && !attached() {
+			if _, err := h.LinkByIndex(idx); err != nil {
+				return // the reaper deleted it meanwhile: the filter went with it
+			}
 			problems = append(problems, "the program left the veth before the veth was deleted")
 		}
 	}}
