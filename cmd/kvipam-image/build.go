@@ -20,9 +20,10 @@ type options struct {
 	ldflags string
 	// archs are the GOARCHes of the index's images.
 	archs []string
-	// manifestIn, when set, is rendered to manifestOut with every image
-	// of ref's repository replaced by ref.
-	manifestIn, manifestOut string
+	// manifests are rendered into manifestDir (same base names) with
+	// every image of ref's repository replaced by ref.
+	manifests   []string
+	manifestDir string
 }
 
 // binaries are the image's programs: go build targets, in /usr/local/bin.
@@ -92,8 +93,8 @@ func build(o options) (built, error) {
 	if b.digest, err = ociimage.WriteIndex(o.ref, specs, o.out); err != nil {
 		return built{}, err
 	}
-	if o.manifestIn != "" {
-		if err := renderManifest(o.manifestIn, o.manifestOut, o.ref); err != nil {
+	for _, m := range o.manifests {
+		if err := renderManifest(m, filepath.Join(o.manifestDir, filepath.Base(m)), o.ref); err != nil {
 			return built{}, err
 		}
 	}

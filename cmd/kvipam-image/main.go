@@ -27,12 +27,18 @@ func main() {
 	flag.StringVar(&archs, "arch", strings.Join(defaultArchs, ","), "the architectures (GOARCH) of the index's images, comma separated")
 	flag.StringVar(&o.conflist, "conflist", "deploy/cni/10-kvipam.conflist", "the conflist the image carries at /etc/kvipam/10-kvipam.conflist")
 	flag.StringVar(&o.ldflags, "ldflags", "", "extra -ldflags for the binaries (make image passes the version and commit, as make build does)")
-	flag.StringVar(&o.manifestIn, "manifest-in", "", "a Kubernetes manifest to render with its images of the --ref repository replaced by --ref")
-	flag.StringVar(&o.manifestOut, "manifest-out", "", "where to write the rendered --manifest-in")
+	var manifests string
+	flag.StringVar(&manifests, "manifests", "", "Kubernetes manifests, comma separated, to render into --manifest-dir with their images of the --ref repository replaced by --ref")
+	flag.StringVar(&o.manifestDir, "manifest-dir", "bin", "where --manifests are rendered (the same file names)")
 	flag.Parse()
 	if o.ref == "" {
 		fmt.Fprintln(os.Stderr, "kvipam-image: --ref is required (a tag naming the build, never one reused across builds)")
 		os.Exit(2)
+	}
+	for _, m := range strings.Split(manifests, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			o.manifests = append(o.manifests, m)
+		}
 	}
 	for _, a := range strings.Split(archs, ",") {
 		if a = strings.TrimSpace(a); a != "" {

@@ -13,9 +13,6 @@ import (
 // DaemonSet applied runs the image just built: its tag is the build's
 // version, and a new build is a new tag, which kubelet pulls.
 func renderManifest(in, out, ref string) error {
-	if out == "" {
-		return fmt.Errorf("--manifest-in %s needs --manifest-out", in)
-	}
 	repo, ok := repository(ref)
 	if !ok {
 		return fmt.Errorf("image reference %q has no tag or digest", ref)
