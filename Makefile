@@ -83,11 +83,15 @@ demo:
 	$(GO) run ./cmd/kvipam-demo
 
 # The container image as an OCI archive (no daemon, no registry, no shell
-# inside); the same commit gives the same digest. IMAGE is the reference it
-# records, which deploy/kubernetes names.
-IMAGE ?= ghcr.io/kvipam/kvipam:dev
+# inside): one index with linux/amd64 and linux/arm64 images, tagged with
+# the build's VERSION; the same commit gives the same digest. It also
+# renders deploy/kubernetes's manifests into $(BIN) naming that image.
+IMAGE_REPO ?= ghcr.io/kvipam/kvipam
+IMAGE ?= $(IMAGE_REPO):$(VERSION)
+IMAGE_ARCHS ?= amd64,arm64
+MANIFESTS := deploy/kubernetes/kvipam-agent.yaml,deploy/kubernetes/uninstall/kvipam-uninstall.yaml
 image:
-	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE) --ldflags '$(LDFLAGS)'
+	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE) --arch $(IMAGE_ARCHS) --ldflags '$(LDFLAGS)' --manifests $(MANIFESTS) --manifest-dir $(BIN)
 
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }

@@ -190,10 +190,10 @@ type Endpoint struct {
 	// StickyIdentity and StickyWindowSeconds are the sticky identity the
 	// endpoint's addresses follow, if any: kept on disk so that an agent
 	// restarted after etcd lost the records writes them back with it.
-	StickyIdentity      string `json:"stickyIdentity,omitempty"`
-	StickyWindowSeconds int64  `json:"stickyWindowSeconds,omitempty"`
-	Datapath      string       `json:"datapath"`
-	Created       time.Time    `json:"created"`
+	StickyIdentity      string    `json:"stickyIdentity,omitempty"`
+	StickyWindowSeconds int64     `json:"stickyWindowSeconds,omitempty"`
+	Datapath            string    `json:"datapath"`
+	Created             time.Time `json:"created"`
 	// Counters are the datapath's per-endpoint counters (bpf mode only),
 	// filled when the list is asked for with ?stats=1.
 	Counters *Counters `json:"counters,omitempty"`

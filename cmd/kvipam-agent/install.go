@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
@@ -19,6 +21,11 @@ import (
 // directory, synced, and renamed over the target, so a runtime never runs
 // a half-copied plugin or reads a half-written conflist. A target that is
 // already the same is left alone, so running it again changes nothing.
+//
+// Every plugin the conflist chains (each "type", and each "ipam" type) is
+// installed besides --plugins, and one missing from --from fails the
+// install: a node must never get a conflist naming a plugin it does not
+// have, on which every pod's ADD would fail.
 
 type installFlags struct {
 	from, binDir, confDir, conflist string
@@ -52,10 +59,22 @@ func runInstall(args []string, stdout, stderr io.Writer) int {
 }
 
 func install(f installFlags, out io.Writer) error {
-	for _, p := range strings.Split(f.plugins, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
+	plugins := splitList(f.plugins)
+	if f.conflist != "" {
+		chained, err := conflistPlugins(f.conflist)
+		if err != nil {
+			return err
 		}
+		for _, p := range chained {
+			if _, err := os.Stat(filepath.Join(f.from, p)); err != nil {
+				return fmt.Errorf("the conflist %s chains the plugin %q, which is not in %s: %w", f.conflist, p, f.from, err)
+			}
+			if !slices.Contains(plugins, p) {
+				plugins = append(plugins, p)
+			}
+		}
+	}
+	for _, p := range plugins {
 		if strings.ContainsRune(p, '/') {
 			return fmt.Errorf("plugin %q: a name, not a path", p)
 		}
@@ -69,6 +88,48 @@ func install(f installFlags, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// conflistPlugins are the plugin types the conflist at path runs: each
+// plugin's type and its IPAM plugin's, in order, once each.
+func conflistPlugins(path string) ([]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var list struct {
+		Plugins []struct {
+			Type string `json:"type"`
+			IPAM struct {
+				Type string `json:"type"`
+			} `json:"ipam"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
+		return nil, fmt.Errorf("conflist %s: %w", path, err)
+	}
+	var types []string
+	for i, p := range list.Plugins {
+		if p.Type == "" {
+			return nil, fmt.Errorf("conflist %s: plugin %d has no type", path, i)
+		}
+		for _, t := range []string{p.Type, p.IPAM.Type} {
+			if t != "" && !slices.Contains(types, t) {
+				types = append(types, t)
+			}
+		}
+	}
+	return types, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // installFile writes src's content to dir/name atomically, unless it is

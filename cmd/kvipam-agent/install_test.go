@@ -75,6 +75,67 @@ func TestInstallCNI(t *testing.T) {
 	require.Contains(t, errs.String(), "kvipam", "a missing plugin is named")
 }
 
+// TestInstallCNIChainedPlugins: install-cni installs every plugin the
+// conflist chains (its types and IPAM types) besides --plugins, and fails,
+// installing no conflist, when one is not in --from: a node must never get
+// a conflist naming a plugin it does not have.
+func TestInstallCNIChainedPlugins(t *testing.T) {
+	from, bin, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, p := range []string{"kvipam", "kvipam-ipam", "loopback", "portmap", "bandwidth"} {
+		require.NoError(t, os.WriteFile(filepath.Join(from, p), []byte("#!binary "+p), 0o755))
+	}
+	conflist := filepath.Join(t.TempDir(), "10-kvipam.conflist")
+	require.NoError(t, os.WriteFile(conflist, []byte(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[
+		{"type":"kvipam"},{"type":"portmap","capabilities":{"portMappings":true}},{"type":"bandwidth"}]}`), 0o600))
+	var out, errs bytes.Buffer
+	require.Equal(t, 0, runInstall([]string{"--from", from, "--bin-dir", bin, "--conf-dir", conf, "--conflist", conflist}, &out, &errs), errs.String())
+	for _, p := range []string{"kvipam", "kvipam-ipam", "loopback", "portmap", "bandwidth"} {
+		require.FileExists(t, filepath.Join(bin, p), "installed: %s", out.String())
+	}
+
+	bin2, conf2 := t.TempDir(), t.TempDir()
+	tuning := filepath.Join(t.TempDir(), "10-kvipam.conflist")
+	require.NoError(t, os.WriteFile(tuning, []byte(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[
+		{"type":"bridge","ipam":{"type":"kvipam-ipam"}},{"type":"tuning"}]}`), 0o600))
+	errs.Reset()
+	require.Equal(t, 1, runInstall([]string{"--from", from, "--bin-dir", bin2, "--conf-dir", conf2, "--conflist", tuning}, &bytes.Buffer{}, &errs))
+	require.Contains(t, errs.String(), `chains the plugin "bridge"`)
+	require.NoFileExists(t, filepath.Join(conf2, "10-kvipam.conflist"), "no conflist naming a missing plugin")
+}
+
+// TestUninstallCNI: uninstall-cni removes the conflist install-cni
+// installed and kvipam's own plugins, keeps the reference plugins another
+// network may share and any other conflist, and a second run changes
+// nothing.
+func TestUninstallCNI(t *testing.T) {
+	from, bin, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	for _, p := range []string{"kvipam", "kvipam-ipam", "loopback", "portmap"} {
+		require.NoError(t, os.WriteFile(filepath.Join(from, p), []byte("#!binary "+p), 0o755))
+	}
+	conflist := filepath.Join(t.TempDir(), "10-kvipam.conflist")
+	require.NoError(t, os.WriteFile(conflist, []byte(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[{"type":"kvipam"},{"type":"portmap"}]}`), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(conf, "20-other.conflist"), []byte(`{}`), 0o644))
+	var out, errs bytes.Buffer
+	require.Equal(t, 0, runInstall([]string{"--from", from, "--bin-dir", bin, "--conf-dir", conf, "--conflist", conflist}, &out, &errs), errs.String())
+	require.FileExists(t, filepath.Join(conf, "10-kvipam.conflist"))
+
+	args := []string{"--bin-dir", bin, "--conf-dir", conf}
+	out.Reset()
+	require.Equal(t, 0, runUninstall(args, &out, &errs), errs.String())
+	require.Equal(t, 3, strings.Count(out.String(), "removed"), out.String())
+	require.NoFileExists(t, filepath.Join(conf, "10-kvipam.conflist"))
+	require.NoFileExists(t, filepath.Join(bin, "kvipam"))
+	require.NoFileExists(t, filepath.Join(bin, "kvipam-ipam"))
+	require.FileExists(t, filepath.Join(bin, "loopback"), "the reference plugins stay")
+	require.FileExists(t, filepath.Join(bin, "portmap"))
+	require.FileExists(t, filepath.Join(conf, "20-other.conflist"), "another network's conflist stays")
+
+	out.Reset()
+	require.Equal(t, 0, runUninstall(args, &out, &errs), errs.String())
+	require.Equal(t, 3, strings.Count(out.String(), "absent"), "idempotent: %s", out.String())
+	require.Equal(t, 1, runUninstall([]string{"--conflist-name", "../x"}, &out, &errs), "a name, not a path")
+}
+
 // TestHealth: the probe subcommand exits 0 for a ready agent and 1, with
 // the reason, when nothing answers on the socket.
 func TestHealth(t *testing.T) {

@@ -26,6 +26,8 @@ func run(args []string, getenv func(string) string) int {
 		switch args[0] {
 		case "install-cni":
 			return runInstall(args[1:], os.Stdout, os.Stderr)
+		case "uninstall-cni":
+			return runUninstall(args[1:], os.Stdout, os.Stderr)
 		case "health":
 			return runHealth(args[1:], os.Stdout, os.Stderr)
 		}
@@ -36,7 +38,7 @@ func run(args []string, getenv func(string) string) int {
 		fmt.Println("kvipam-agent", buildinfo.Read())
 		return 0
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | health [--live]\n"+err.Error()[len(flag.ErrHelp.Error()):])
+		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | uninstall-cni [flags] | health [--live]\n"+err.Error()[len(flag.ErrHelp.Error()):])
 		return 0
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "kvipam-agent: configuration: %v\n", err)

@@ -1,8 +1,10 @@
 // Package ociimage writes a container image as an OCI image archive (an
 // OCI layout in a tar file) from files in memory, with go-containerregistry:
-// one layer on an empty base, no daemon, no registry. It is reproducible:
-// file times, owners and order are fixed, so the same files give the same
-// digest and the same archive bytes.
+// one layer on an empty base, no daemon, no registry; Write writes one
+// image, WriteIndex the images of several architectures under one OCI
+// image index (a runtime takes the one of its own platform). It is
+// reproducible: file times, owners and order are fixed, so the same files
+// give the same digest and the same archive bytes.
 package ociimage
 
 import (
@@ -22,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // File is one file of the image: a path without a leading slash.
@@ -37,8 +40,11 @@ type Spec struct {
 	Entrypoint []string
 	Env        []string
 	// Ref is the reference the archive records (containerd's import
-	// names the image after it).
+	// names the image after it). WriteIndex takes the index's.
 	Ref string
+	// Arch is the architecture (a GOARCH) of the image's binaries, which
+	// its configuration and its index entry record; empty is amd64.
+	Arch string
 }
 
 // epoch is every file's and the image's time.
@@ -46,62 +52,111 @@ var epoch = time.Unix(0, 0).UTC()
 
 // Write writes s as an OCI archive at out and returns the image digest.
 func Write(s Spec, out string) (v1.Hash, error) {
-	files, modes := map[string][]byte{}, map[string]int64{}
-	for _, f := range s.Files {
-		files[f.Path], modes[f.Path] = f.Data, f.Mode
-	}
-	layerTar, err := tarFiles(files, modes)
+	img, err := image(s)
 	if err != nil {
-		return v1.Hash{}, err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil })
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "ociimage"}})
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return v1.Hash{}, err
-	}
-	cfg = cfg.DeepCopy()
-	cfg.Architecture, cfg.OS = "amd64", "linux"
-	cfg.Created = v1.Time{Time: epoch}
-	cfg.Config.Entrypoint, cfg.Config.Env = s.Entrypoint, s.Env
-	if img, err = mutate.ConfigFile(img, cfg); err != nil {
-		return v1.Hash{}, err
-	}
-	if img, err = mutate.CreatedAt(img, v1.Time{Time: epoch}); err != nil {
 		return v1.Hash{}, err
 	}
 	digest, err := img.Digest()
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	tmp, err := os.MkdirTemp("", "ociimage-")
+	return digest, writeArchive(out, func(p layout.Path) error {
+		return p.AppendImage(img, layout.WithAnnotations(refAnnotations(s.Ref)))
+	})
+}
+
+// WriteIndex writes the images of specs, one per architecture, as one OCI
+// image index named ref in an OCI archive at out, and returns the index's
+// digest.
+func WriteIndex(ref string, specs []Spec, out string) (v1.Hash, error) {
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	seen := map[string]bool{}
+	for _, s := range specs {
+		arch := archOf(s)
+		if seen[arch] {
+			return v1.Hash{}, fmt.Errorf("two images for %s", arch)
+		}
+		seen[arch] = true
+		img, err := image(s)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("%s image: %w", arch, err)
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+	}
+	digest, err := idx.Digest()
 	if err != nil {
 		return v1.Hash{}, err
+	}
+	return digest, writeArchive(out, func(p layout.Path) error {
+		return p.AppendIndex(idx, layout.WithAnnotations(refAnnotations(ref)))
+	})
+}
+
+func archOf(s Spec) string {
+	if s.Arch == "" {
+		return "amd64"
+	}
+	return s.Arch
+}
+
+func refAnnotations(ref string) map[string]string {
+	return map[string]string{
+		"org.opencontainers.image.ref.name": ref,
+		"io.containerd.image.name":          ref,
+	}
+}
+
+// image is s as one layer on an empty base, at epoch.
+func image(s Spec) (v1.Image, error) {
+	files, modes := map[string][]byte{}, map[string]int64{}
+	for _, f := range s.Files {
+		files[f.Path], modes[f.Path] = f.Data, f.Mode
+	}
+	layerTar, err := tarFiles(files, modes)
+	if err != nil {
+		return nil, err
+	}
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil })
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.Append(empty.Image, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "ociimage"}})
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.Architecture, cfg.OS = archOf(s), "linux"
+	cfg.Created = v1.Time{Time: epoch}
+	cfg.Config.Entrypoint, cfg.Config.Env = s.Entrypoint, s.Env
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		return nil, err
+	}
+	return mutate.CreatedAt(img, v1.Time{Time: epoch})
+}
+
+// writeArchive writes an OCI layout that add fills to a temporary
+// directory and then as a tar at out.
+func writeArchive(out string, add func(layout.Path) error) error {
+	tmp, err := os.MkdirTemp("", "ociimage-")
+	if err != nil {
+		return err
 	}
 	defer os.RemoveAll(tmp)
 	p, err := layout.Write(tmp, empty.Index)
 	if err != nil {
-		return v1.Hash{}, err
+		return err
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"org.opencontainers.image.ref.name": s.Ref,
-		"io.containerd.image.name":          s.Ref,
-	})); err != nil {
-		return v1.Hash{}, fmt.Errorf("write layout: %w", err)
+	if err := add(p); err != nil {
+		return fmt.Errorf("write layout: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return v1.Hash{}, err
+		return err
 	}
-	if err := tarDir(tmp, out); err != nil {
-		return v1.Hash{}, err
-	}
-	return digest, nil
+	return tarDir(tmp, out)
 }
 
 // tarFiles is a tar of files (with their parent directories), in name
@@ -138,7 +193,12 @@ func tarFiles(files map[string][]byte, modes map[string]int64) ([]byte, error) {
 			return nil, err
 		}
 	}
-	return buf.Bytes(), tw.Close()
+	// Close writes the last file's padding and the end-of-archive blocks:
+	// the buffer is the archive only after it.
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // tarDir writes dir's tree to out as a tar, in name order, at epoch.
