@@ -16,12 +16,16 @@ import (
 // gone (a node cut off from etcd loses it too), which is why kvipamctl node
 // remove also wants the operator's statement.
 type NodeRecord struct {
-	Name      string    `json:"name"`
-	BootID    string    `json:"bootID,omitempty"`
-	Version   string    `json:"version,omitempty"`
-	Addresses []string  `json:"addresses,omitempty"`
-	StartedAt time.Time `json:"startedAt"`
-	Lease     int64     `json:"lease"`
+	Name      string   `json:"name"`
+	BootID    string   `json:"bootID,omitempty"`
+	Version   string   `json:"version,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+	// Labels are the node's labels (--node-labels), which pools' node
+	// selectors choose by: kvipamctl pool show lists the live nodes a
+	// pool serves from them.
+	Labels    map[string]string `json:"labels,omitempty"`
+	StartedAt time.Time         `json:"startedAt"`
+	Lease     int64             `json:"lease"`
 	// LostEndpoints are the endpoints this agent found, since it started,
 	// whose owner no longer held their addresses after a restore: the
 	// node's blocks were freed while it was away. kvipamctl check reports

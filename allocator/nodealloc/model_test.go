@@ -164,7 +164,7 @@ func TestModelNodeAllocator(t *testing.T) {
 					borrows.Add(1)
 				}
 			}
-		}}, Pools: []string{pool.Name}})
+		}}})
 		require.NoError(t, err)
 		n.alloc = al
 		n.recover(ctx)
