@@ -70,22 +70,30 @@ func (h *handlers) known(pool string) bool {
 }
 
 // poolForRequest is the pool of a request that names none: the
-// configured default, else the one pool that serves this node ("" when
-// none or several do).
+// configured default, else the one pool that serves this node, where a
+// pool whose node selector chose the node (its rack's, its zone's) comes
+// before a pool for every node; "" when that leaves none or several.
 func (h *handlers) poolForRequest() string {
 	if h.defaultPool != "" {
 		return h.defaultPool
 	}
-	served := ""
+	var chosen, all []string
 	for _, p := range h.pools.Pools() {
-		if h.pools.Serves(p.Name) {
-			if served != "" {
-				return ""
-			}
-			served = p.Name
+		if !h.pools.Serves(p.Name) {
+			continue
+		}
+		all = append(all, p.Name)
+		if p.NodeSelector != "" {
+			chosen = append(chosen, p.Name)
 		}
 	}
-	return served
+	switch {
+	case len(chosen) == 1:
+		return chosen[0]
+	case len(chosen) == 0 && len(all) == 1:
+		return all[0]
+	}
+	return ""
 }
 
 // poolBinder says which pool a namespace is bound to ("" for none).
@@ -192,7 +200,7 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 	}
 	switch p, ok := h.spec(out.Pool); {
 	case out.Pool == "" && h.pools.Restored():
-		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: no pool named, and node %s has no default pool: not exactly one pool serves it (set defaultPool, or name a pool)", pod, h.node)}
+		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: no pool named, and node %s has no default pool: it is served by no pool, or by several (none or several of them chosen by a node selector); set defaultPool, or name a pool", pod, h.node)}
 	case !h.known(out.Pool):
 		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s: etcd has no such pool (kvipamctl pool list)", pod, out.Pool, from, h.node)}
 	case ok && held == "" && !p.Selects(h.labels):

@@ -37,6 +37,8 @@ type nodeOpts struct {
 	wrap func(records.Store) records.Store
 	// cooldown is the reuse cooldown (Config.ReuseCooldown).
 	cooldown time.Duration
+	// labels are the node's labels (Config.Labels).
+	labels map[string]string
 }
 
 func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o nodeOpts) *testNode {
@@ -54,7 +56,7 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, ReuseCooldown: o.cooldown})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, ReuseCooldown: o.cooldown, Labels: o.labels})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	for _, p := range pools { // the node serves every pool in etcd
