@@ -21,7 +21,8 @@ import (
 // address out twice, once under each pool's keys.
 //
 // An existing pool keeps what operators set with kvipamctl: p's reserved
-// ranges are added to the stored ones, and its disabled flag stays.
+// ranges are added to the stored ones, its disabled flag stays, and so
+// does its node selector unless p gives one.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -127,6 +128,9 @@ func SamePoolSpec(a, b allocator.Pool) bool { return poolEqual(a, b) }
 // stored pool has that configuration does not manage.
 func mergeStored(stored, p allocator.Pool) allocator.Pool {
 	p.Disabled = stored.Disabled
+	if p.NodeSelector == "" {
+		p.NodeSelector = stored.NodeSelector
+	}
 	res := slices.Clone(stored.Reserved)
 	for _, r := range p.Reserved {
 		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
