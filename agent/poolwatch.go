@@ -23,6 +23,7 @@ type poolWatch struct {
 type poolUpdater interface {
 	UpdatePool(p allocator.Pool)
 	Pool(name string) (allocator.Pool, bool)
+	Pools() []allocator.Pool
 	GiveBackEmpty(ctx context.Context, pool string) int
 }
 
@@ -36,9 +37,18 @@ func (w poolWatch) run(ctx context.Context, src poolSource) {
 	_ = src.WatchPools(ctx, w)
 }
 
+// Reset applies every pool listed, and treats a pool the allocator knows
+// that the listing lacks as deleted while no one watched.
 func (w poolWatch) Reset(pools []allocator.Pool) {
+	listed := map[string]bool{}
 	for _, p := range pools {
+		listed[p.Name] = true
 		w.Put(p)
+	}
+	for _, p := range w.alloc.Pools() {
+		if !listed[p.Name] && !p.Disabled {
+			w.Delete(allocator.Pool{Name: p.Name})
+		}
 	}
 }
 

@@ -213,14 +213,6 @@ func (p Pool) validate() error {
 // wrapping ErrInvalidPool.
 func ValidatePoolName(name string) error { return validatePoolName(name) }
 
-// Selects reports whether the pool gives new blocks and addresses to a
-// node with labels. A selector that does not parse (Validate refuses it)
-// selects no node.
-func (p Pool) Selects(labels map[string]string) bool {
-	sel, err := ParseSelector(p.NodeSelector)
-	return err == nil && sel.Matches(labels)
-}
-
 func validatePoolName(name string) error {
 	switch {
 	case name == "":

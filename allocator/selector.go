@@ -119,6 +119,14 @@ func (s Selector) String() string {
 	return strings.Join(parts, ",")
 }
 
+// Selects reports whether the pool gives new blocks and addresses to a
+// node with labels. A selector that does not parse (Validate refuses it)
+// selects no node.
+func (p Pool) Selects(labels map[string]string) bool {
+	sel, err := ParseSelector(p.NodeSelector)
+	return err == nil && sel.Matches(labels)
+}
+
 // ParseLabels reads node labels as given to the agent's --node-labels:
 // comma-separated k=v pairs ("rack=r1,zone=a").
 func ParseLabels(s string) (map[string]string, error) {
