@@ -65,3 +65,25 @@ func TestSelectorStopsNewAddresses(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, owned(), "the emptied block goes back to the pool")
 }
+
+// TestRestoreListPoolsFails: a Restore whose listing of the pools fails
+// serves nothing and says why; the next Restore serves every pool,
+// including one created in between.
+func TestRestoreListPoolsFails(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, allocator.Pool{Name: "one", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.0.0/24")}})
+	var h *hookStore
+	n := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
+	h.Before("ListPools", failTimes(1, errInjected))
+	require.ErrorIs(t, n.alloc.Restore(ctx, n.sess), errInjected)
+	require.False(t, n.alloc.Restored())
+	_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.ErrorIs(t, err, records.ErrLeaseLost, "try again, not a refusal")
+	_, _, err = h.SeedPool(ctx, allocator.Pool{Name: "two", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.98.1.0/24")}})
+	require.NoError(t, err)
+	require.NoError(t, n.alloc.Restore(ctx, n.sess))
+	for _, p := range []string{"one", "two"} {
+		_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: p, Owner: owner(2)})
+		require.NoError(t, err, p)
+	}
+}
