@@ -159,17 +159,11 @@ func (a *Agent) start(ctx context.Context) error {
 		hist = -1 // the store's way to say: no history
 	}
 	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout})
-	var names []string
-	for _, p := range a.cfg.Pools {
-		if _, err := a.store.EnsurePool(ctx, p); err != nil {
-			return fmt.Errorf("ensure pool %s: %w", p.Name, err)
-		}
-		names = append(names, p.Name)
-	}
+	seedPools(ctx, a.store, a.cfg.Pools, a.log.Named("pools"))
 	bootID := readBootID()
 	var err error
 	a.alloc, err = nodealloc.New(nodealloc.Config{
-		Node: a.cfg.Node, BootID: bootID, Pools: names, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
+		Node: a.cfg.Node, BootID: bootID, Labels: a.cfg.NodeLabels, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
 		Store: instrumentedStore{Store: a.store, m: a.m},
 		Held: func() []netip.Addr {
 			if a.endpoints == nil {
@@ -203,7 +197,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS)}
+	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels}
 	a.lease = &leaseKeeper{
 		leases: nodeLeases{cli: a.cli, ttl: int64(a.cfg.LeaseTTL.Seconds()), recorder: a.recorder}, alloc: a.alloc, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
@@ -216,14 +210,14 @@ func (a *Agent) start(ctx context.Context) error {
 	// Confirms are sent as soon as the last batch is done, without a wait.
 	a.confirms = newGroupCommit(confirmBatches{a.alloc}, a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
-		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holders: poolHolders{pools: a.cfg.Pools, store: a.store},
+		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holders: poolHolders{pools: a.alloc, store: a.store},
 		lost: lostReports{recorder: a.recorder, gauge: a.m.lostEPs, lease: a.lease, log: a.log}, reaper: a.reaper,
 		freed: a.exhausted, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
 	a.m.reg.MustRegister(poolCollector{
 		usage:  a.alloc,
-		blocks: &blockCounts{pools: servedPools{names: a.cfg.poolNames(), alloc: a.alloc}, store: a.store, ttl: 15 * time.Second},
-		leaks:  leakCounter{alloc: a.alloc, endpoints: a.endpoints, pools: a.cfg.poolNames(), grace: a.cfg.GCGrace.Duration},
+		blocks: &blockCounts{pools: servedPools{alloc: a.alloc}, store: a.store, ttl: 15 * time.Second},
+		leaks:  leakCounter{alloc: a.alloc, endpoints: a.endpoints, grace: a.cfg.GCGrace.Duration},
 	})
 	// Back in touch with etcd, the endpoints catch up (endpointManager's
 	// leaseRenewed and etcdBack).
@@ -352,7 +346,7 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		return nil, nil, fmt.Errorf("restrict socket: %w", err)
 	}
 	h := &handlers{
-		node: a.cfg.Node, pools: a.cfg.Pools, defaultPool: a.cfg.PoolForRequest(), bindings: a.bindings, podMTU: a.podMTU,
+		node: a.cfg.Node, labels: a.cfg.NodeLabels, pools: a.alloc, defaultPool: a.cfg.PoolForRequest(), bindings: a.bindings, podMTU: a.podMTU,
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
 		alloc: queuedAllocations{a.batch}, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp,
 		garbage: a.gc, owners: a.alloc,

@@ -33,7 +33,9 @@ func TestPoolChoice(t *testing.T) {
 	cfg.Pools = []allocator.Pool{pool("default", "10.61.0.0/24"), pool("blue", "10.62.0.0/24"), pool("green", "10.63.0.0/24")}
 	ta := startAgent(t, cfg, Options{})
 	st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
-	_, err := st.EnsurePool(ctx, pool("purple", "10.64.0.0/24")) // in etcd, not served by this node
+	purple := pool("purple", "10.64.0.0/24")
+	purple.NodeSelector = "rack=r9" // in etcd, not for this node
+	_, err := st.EnsurePool(ctx, purple)
 	require.NoError(t, err)
 	require.ErrorIs(t, st.BindNamespace(ctx, "team", "nope"), records.ErrPoolNotFound, "no binding to a pool etcd does not have")
 	require.NoError(t, st.BindNamespace(ctx, "team", "green"))
@@ -67,7 +69,7 @@ func TestPoolChoice(t *testing.T) {
 	before := count()
 	for _, tc := range []struct{ ns, podPool, field, want string }{
 		{"other", "nope", "podPool", `pool "nope" (from the pod's annotation kvipam.io/pool)`},
-		{"odd", "", "owner.namespace", `pool "purple" (from namespace odd's binding`},
+		{"odd", "", "owner.namespace", `pool "purple" (from namespace odd's binding (kvipamctl pool bind-namespace)) is not served by node node-1: its node selector "rack=r9" does not choose the node's labels (none)`},
 	} {
 		_, err := alloc(tc.ns, tc.podPool, "")
 		ae := apiErr(t, err)

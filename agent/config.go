@@ -29,18 +29,27 @@ const (
 // file, KVIPAM_* environment variables and flags, and passes it down;
 // nothing reads globals.
 type Config struct {
-	Node           string           `json:"node"`
-	Etcd           kvstore.Config   `json:"etcd"`
-	StateDir       string           `json:"stateDir"`
-	Socket         string           `json:"socket"`
-	Pools          []allocator.Pool `json:"pools"`
-	DefaultPool    string           `json:"defaultPool"`
-	LeaseTTL       Duration         `json:"leaseTTL"`
-	ReservationTTL Duration         `json:"reservationTTL"`
-	MetricsAddr    string           `json:"metricsAddr"`
-	Datapath       string           `json:"datapath"`
-	MTU            int              `json:"mtu"`
-	GCGrace        Duration         `json:"gcGrace"`
+	Node     string         `json:"node"`
+	Etcd     kvstore.Config `json:"etcd"`
+	StateDir string         `json:"stateDir"`
+	Socket   string         `json:"socket"`
+	// Pools seed etcd: each is created there if etcd has no pool of its
+	// name, and otherwise changes nothing (invariant 8: pools live in
+	// etcd). The node serves every pool etcd holds whose node selector
+	// chooses NodeLabels; none need be given here.
+	Pools []allocator.Pool `json:"pools"`
+	// DefaultPool is the pool of a request that names none; empty: the
+	// first of Pools, else the one pool that serves this node.
+	DefaultPool string `json:"defaultPool"`
+	// NodeLabels are this node's labels (rack=r1, zone=a), which pools'
+	// node selectors choose by; they are written in the node record.
+	NodeLabels     map[string]string `json:"nodeLabels"`
+	LeaseTTL       Duration          `json:"leaseTTL"`
+	ReservationTTL Duration          `json:"reservationTTL"`
+	MetricsAddr    string            `json:"metricsAddr"`
+	Datapath       string            `json:"datapath"`
+	MTU            int               `json:"mtu"`
+	GCGrace        Duration          `json:"gcGrace"`
 	// ReuseCooldown keeps a released address from being handed out again
 	// for this long, unless nothing else in the node's blocks is free.
 	ReuseCooldown Duration `json:"reuseCooldown"`
@@ -158,9 +167,6 @@ func (c *Config) Validate() error {
 	if c.Socket == "" {
 		bad("socket: empty")
 	}
-	if len(c.Pools) == 0 {
-		bad("pool: at least one pool is needed (--pool NAME=CIDR[,CIDR...])")
-	}
 	names := map[string]bool{}
 	for _, p := range c.Pools {
 		if err := p.Validate(); err != nil {
@@ -171,8 +177,13 @@ func (c *Config) Validate() error {
 		}
 		names[p.Name] = true
 	}
-	if c.DefaultPool != "" && !names[c.DefaultPool] {
-		bad("default-pool: %q is not one of the pools", c.DefaultPool)
+	if c.DefaultPool != "" {
+		if err := allocator.ValidatePoolName(c.DefaultPool); err != nil {
+			bad("default-pool: %q: %w", c.DefaultPool, err)
+		}
+	}
+	if err := allocator.CheckLabels(c.NodeLabels); err != nil {
+		bad("node-labels: %w", err)
 	}
 	if c.LeaseTTL.Duration < 2*time.Second {
 		bad("lease-ttl: %s is below etcd's 2s minimum", c.LeaseTTL)
@@ -235,9 +246,9 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// defaultPool is the pool used when a request names none.
 // PoolForRequest is the pool used when a request names none: DefaultPool,
-// else the first pool.
+// else the first pool of the configuration; "" leaves the choice to what
+// etcd says (the one pool that serves the node).
 func (c *Config) PoolForRequest() string {
 	if c.DefaultPool != "" {
 		return c.DefaultPool
@@ -253,13 +264,4 @@ func (c *Config) delQueueDir() string {
 		return c.DelQueueDir
 	}
 	return filepath.Join(c.StateDir, "del-queue")
-}
-
-// poolNames are the names of the served pools, in config order.
-func (c *Config) poolNames() []string {
-	out := make([]string, len(c.Pools))
-	for i, p := range c.Pools {
-		out[i] = p.Name
-	}
-	return out
 }

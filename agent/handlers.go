@@ -19,7 +19,8 @@ import (
 // the HTTP around them.
 type handlers struct {
 	node        string
-	pools       []allocator.Pool
+	labels      map[string]string // the node's
+	pools       poolSet
 	defaultPool string
 	bindings    poolBinder
 	podMTU      int
@@ -37,6 +38,61 @@ type handlers struct {
 	garbage  gcCollector
 	owners   ownerLookup
 	reporter statusSource
+}
+
+// poolSet is the pools the node knows, as etcd has them (the allocator).
+type poolSet interface {
+	// Pools are every pool in etcd (and a deleted one until its addresses go).
+	Pools() []allocator.Pool
+	// Serves says whether the node takes new addresses in pool.
+	Serves(pool string) bool
+	// Restored says whether the pools are read: until then the
+	// allocator answers every request with try-again.
+	Restored() bool
+}
+
+// spec is the pool's spec as etcd has it, if etcd has the pool.
+func (h *handlers) spec(pool string) (allocator.Pool, bool) {
+	ps := h.pools.Pools()
+	i := slices.IndexFunc(ps, func(p allocator.Pool) bool { return p.Name == pool })
+	if i < 0 {
+		return allocator.Pool{}, false
+	}
+	return ps[i], true
+}
+
+// known reports whether pool is one of etcd's (or the pools are not read
+// yet, and the allocator will say try again).
+func (h *handlers) known(pool string) bool {
+	_, ok := h.spec(pool)
+	return ok || !h.pools.Restored()
+}
+
+// poolForRequest is the pool of a request that names none: the
+// configured default, else the one pool that serves this node, where a
+// pool whose node selector chose the node (its rack's, its zone's) comes
+// before a pool for every node; "" when that leaves none or several.
+func (h *handlers) poolForRequest() string {
+	if h.defaultPool != "" {
+		return h.defaultPool
+	}
+	var chosen, all []string
+	for _, p := range h.pools.Pools() {
+		if !h.pools.Serves(p.Name) {
+			continue
+		}
+		all = append(all, p.Name)
+		if p.NodeSelector != "" {
+			chosen = append(chosen, p.Name)
+		}
+	}
+	switch {
+	case len(chosen) == 1:
+		return chosen[0]
+	case len(chosen) == 0 && len(all) == 1:
+		return all[0]
+	}
+	return ""
 }
 
 // poolBinder says which pool a namespace is bound to ("" for none).
@@ -75,11 +131,13 @@ func (h *handlers) status(context.Context, struct{}) (api.Status, error) {
 
 func (h *handlers) config(context.Context, struct{}) (api.Config, error) {
 	var pools []string
-	for _, p := range h.pools {
-		pools = append(pools, p.Name)
+	for _, p := range h.pools.Pools() {
+		if h.pools.Serves(p.Name) {
+			pools = append(pools, p.Name)
+		}
 	}
 	return api.Config{
-		Node: h.node, MTU: h.podMTU, DefaultPool: h.defaultPool, Pools: pools,
+		Node: h.node, MTU: h.podMTU, DefaultPool: h.poolForRequest(), Pools: pools,
 		Datapath: h.datapath, GatewayV4: api.GatewayV4, GatewayV6: api.GatewayV6,
 		ReservationTTL: h.resTTL.String(),
 	}, nil
@@ -125,21 +183,32 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 		out.Pool = req.Pool
 		field, from = "pool", "the network configuration"
 	default:
-		out.Pool = h.defaultPool
+		out.Pool = h.poolForRequest()
 		field, from = "pool", "the agent's default pool"
 	}
-	if held := h.heldPool(out.Owner, out.Pool); held != "" {
+	held := h.heldPool(out.Owner, out.Pool)
+	if held != "" {
 		// A retried ADD: the choice may have changed since the first try
 		// (a namespace rebound, an annotation edited), but the attachment
 		// is the same, and it gets what landed, not a second address.
 		out.Pool = held
 	}
-	if !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == out.Pool }) {
-		pod := req.Owner.Key()
-		if req.Owner.Pod != "" {
-			pod = req.Owner.Namespace + "/" + req.Owner.Pod
+	pod := req.Owner.Key()
+	if req.Owner.Pod != "" {
+		pod = req.Owner.Namespace + "/" + req.Owner.Pod
+	}
+	switch p, ok := h.spec(out.Pool); {
+	case out.Pool == "" && h.pools.Restored():
+		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: no pool named, and node %s has no default pool: it is served by no pool, or by several (none or several of them chosen by a node selector); set defaultPool, or name a pool", pod, h.node)}
+	case !h.known(out.Pool):
+		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s: etcd has no such pool (kvipamctl pool list)", pod, out.Pool, from, h.node)}
+	case ok && held == "" && !p.Selects(h.labels):
+		labels := allocator.FormatLabels(h.labels)
+		if labels == "" {
+			labels = "none"
 		}
-		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s", pod, out.Pool, from, h.node)}
+		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s: its node selector %q does not choose the node's labels (%s); kvipamctl pool show %s lists the nodes it serves",
+			pod, out.Pool, from, h.node, p.NodeSelector, labels, out.Pool)}
 	}
 	for i, f := range req.Families {
 		fam, err := allocator.ParseFamily(f)
@@ -267,7 +336,7 @@ func (h *handlers) listEndpoints(_ context.Context, q listQuery) (api.EndpointLi
 }
 
 func (h *handlers) checkGC(req api.GCRequest) error {
-	if req.Pool != "" && !slices.ContainsFunc(h.pools, func(p allocator.Pool) bool { return p.Name == req.Pool }) {
+	if req.Pool != "" && !h.known(req.Pool) {
 		return &FieldError{Field: "pool", Msg: fmt.Sprintf("pool %q is not served by node %s", req.Pool, h.node)}
 	}
 	for i, at := range req.ValidAttachments {

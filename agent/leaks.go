@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -35,9 +36,11 @@ func leakCandidates(als []records.Allocation, endpointOwners map[string]bool, po
 // leakCounter counts the running agent's leak candidates
 // (leakCandidates) at scrape time.
 type leakCounter struct {
-	alloc     interface{ Allocations() []records.Allocation }
+	alloc interface {
+		Allocations() []records.Allocation
+		Pools() []allocator.Pool
+	}
 	endpoints interface{ list() []api.Endpoint }
-	pools     []string
 	grace     time.Duration
 }
 
@@ -46,5 +49,9 @@ func (c leakCounter) leaks() map[string]int {
 	for _, ep := range c.endpoints.list() {
 		owners[ep.Owner.Key()] = true
 	}
-	return leakCandidates(c.alloc.Allocations(), owners, c.pools, c.grace, time.Now())
+	var pools []string
+	for _, p := range c.alloc.Pools() {
+		pools = append(pools, p.Name)
+	}
+	return leakCandidates(c.alloc.Allocations(), owners, pools, c.grace, time.Now())
 }

@@ -20,6 +20,7 @@ type lentWatch struct {
 		NoteLent(pool string, addr netip.Addr, node string, rev int64, present bool)
 		ResetLent(lent map[string]map[netip.Addr]nodealloc.Loan) []string
 		Pool(name string) (allocator.Pool, bool)
+		Serves(pool string) bool
 		GiveBackEmpty(ctx context.Context, pool string) int
 	}
 	ctx context.Context // the watch's, for giving blocks back
@@ -66,10 +67,12 @@ func (w lentWatch) Delete(h etcdstore.BlockHome) {
 	}
 }
 
-// giveBack gives a disabled pool's empty blocks back; a pool in service
-// keeps them (and the watch does not wait for the allocator's lock).
+// giveBack gives the empty blocks of a pool the node does not serve (a
+// disabled one, one whose selector does not choose the node) back; a
+// pool in service keeps them (and the watch does not wait for the
+// allocator's lock).
 func (w lentWatch) giveBack(pool string) {
-	if p, ok := w.alloc.Pool(pool); ok && p.Disabled && w.ctx != nil {
+	if _, ok := w.alloc.Pool(pool); ok && !w.alloc.Serves(pool) && w.ctx != nil {
 		w.alloc.GiveBackEmpty(w.ctx, pool)
 	}
 }

@@ -103,7 +103,7 @@ func (m *endpointManager) lostEndpoint(ctx context.Context, ep api.Endpoint, gon
 
 // poolHolders finds who holds an address of the node's pools in etcd.
 type poolHolders struct {
-	pools []allocator.Pool
+	pools interface{ Pools() []allocator.Pool }
 	store interface {
 		Holder(ctx context.Context, p allocator.Pool, addr netip.Addr) (*records.Allocation, error)
 	}
@@ -111,7 +111,7 @@ type poolHolders struct {
 
 // holder finds the pool of addr and who holds it in etcd now.
 func (h poolHolders) holder(ctx context.Context, addr netip.Addr) (string, *records.Allocation, error) {
-	for _, p := range h.pools {
+	for _, p := range h.pools.Pools() {
 		if p.Contains(addr) {
 			al, err := h.store.Holder(ctx, p, addr)
 			return p.Name, al, err

@@ -22,6 +22,7 @@ type nodeRecorder struct {
 	bootID  string
 	version string
 	addrs   []string
+	labels  map[string]string
 
 	mu   sync.Mutex
 	lost []etcdstore.LostEndpoint
@@ -36,7 +37,7 @@ func (r *nodeRecorder) write(ctx context.Context, lease int64) error {
 	lost, was := slices.Clone(r.lost), r.unwritten
 	r.unwritten = false
 	r.mu.Unlock()
-	rec := etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs,
+	rec := etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs, Labels: r.labels,
 		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
 	err := r.store.PutNode(ctx, rec, lease)
 	if err != nil && was {

@@ -152,21 +152,10 @@ func (c *blockCounts) get() []poolBlocks {
 	return out
 }
 
-// servedPools are the specs of the pools this node serves, as the
+// servedPools are the specs of the pools this node knows, as the
 // allocator holds them (they follow etcd).
 type servedPools struct {
-	names []string
-	alloc interface {
-		Pool(name string) (allocator.Pool, bool)
-	}
+	alloc interface{ Pools() []allocator.Pool }
 }
 
-func (s servedPools) served() []allocator.Pool {
-	var out []allocator.Pool
-	for _, name := range s.names {
-		if p, ok := s.alloc.Pool(name); ok {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+func (s servedPools) served() []allocator.Pool { return s.alloc.Pools() }

@@ -9,9 +9,9 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
-// poolWatch hands every change of a pool spec in etcd (kvipamctl pool
-// reserve, disable, add-cidr...) to the allocator, so agents follow it
-// without a restart. A deleted pool is served as disabled: nothing new is
+// poolWatch hands every pool spec in etcd, new or changed (kvipamctl
+// pool create, reserve, disable, add-cidr, select...), to the allocator,
+// so agents follow etcd without a restart. A deleted pool is served as disabled: nothing new is
 // handed out, releases go on.
 type poolWatch struct {
 	alloc poolUpdater
@@ -23,6 +23,7 @@ type poolWatch struct {
 type poolUpdater interface {
 	UpdatePool(p allocator.Pool)
 	Pool(name string) (allocator.Pool, bool)
+	Pools() []allocator.Pool
 	GiveBackEmpty(ctx context.Context, pool string) int
 }
 
@@ -36,19 +37,30 @@ func (w poolWatch) run(ctx context.Context, src poolSource) {
 	_ = src.WatchPools(ctx, w)
 }
 
+// Reset applies every pool listed, and treats a pool the allocator knows
+// that the listing lacks as deleted while no one watched.
 func (w poolWatch) Reset(pools []allocator.Pool) {
+	listed := map[string]bool{}
 	for _, p := range pools {
+		listed[p.Name] = true
 		w.Put(p)
+	}
+	for _, p := range w.alloc.Pools() {
+		if !listed[p.Name] && !p.Disabled {
+			w.Delete(allocator.Pool{Name: p.Name})
+		}
 	}
 }
 
-// Put applies a pool's new spec; a disabled pool gets its empty
-// blocks back at once, so that it can be deleted when its pods are gone.
+// Put applies a pool's new spec (a pool created in etcd is served from
+// now on); a disabled pool, or one whose node selector no longer chooses
+// this node, gets its empty blocks back at once, so that it can be
+// deleted when its pods are gone and other nodes can claim them.
 func (w poolWatch) Put(p allocator.Pool) {
 	w.alloc.UpdatePool(p)
-	if p.Disabled && w.ctx != nil {
+	if w.ctx != nil {
 		if n := w.alloc.GiveBackEmpty(w.ctx, p.Name); n > 0 {
-			w.log.Info("pool disabled: gave its empty blocks back", "pool", p.Name, "blocks", n)
+			w.log.Info("pool disabled or not for this node: gave its empty blocks back", "pool", p.Name, "blocks", n, "node_selector", p.NodeSelector)
 		}
 	}
 }

@@ -209,7 +209,7 @@ func apiError(err error) *api.Error {
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeDisabled, Message: err.Error()}
 	case errors.Is(err, records.ErrBadRequest):
 		return badField("", err.Error())
-	case errors.Is(err, records.ErrPoolNotFound):
+	case errors.Is(err, records.ErrPoolNotFound), errors.Is(err, records.ErrNodeNotSelected):
 		return badField("pool", err.Error())
 	case errors.Is(err, records.ErrIPInUse), errors.Is(err, records.ErrNotOwned), errors.Is(err, records.ErrIdentityInUse):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeInUse, Message: err.Error()}

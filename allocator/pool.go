@@ -133,6 +133,10 @@ type Pool struct {
 	// Disabled stops the pool handing out new addresses; releases go on.
 	// It is how a pool is drained before it is deleted.
 	Disabled bool `json:"disabled,omitempty"`
+	// NodeSelector chooses the nodes that take new blocks and addresses
+	// from the pool by their labels (Selector: "rack=r1"); empty: every
+	// node. A node it no longer chooses keeps what it holds there.
+	NodeSelector string `json:"nodeSelector,omitempty"`
 	// Rev is the etcd revision the spec was read at (not stored): block
 	// claims are fenced by it, so no node claims a block under a spec an
 	// operator has since changed (a CIDR removed, the pool deleted).
@@ -170,6 +174,9 @@ func (p Pool) validate() error {
 	if err := validatePoolName(p.Name); err != nil {
 		return err
 	}
+	if _, err := ParseSelector(p.NodeSelector); err != nil {
+		return fmt.Errorf("%w: nodeSelector: %w", ErrInvalidPool, err)
+	}
 	if len(p.CIDRs) == 0 {
 		return fmt.Errorf("%w: no cidrs", ErrInvalidPool)
 	}
@@ -201,6 +208,10 @@ func (p Pool) validate() error {
 	}
 	return p.validateReserved()
 }
+
+// ValidatePoolName reports whether name can name a pool (a DNS label),
+// wrapping ErrInvalidPool.
+func ValidatePoolName(name string) error { return validatePoolName(name) }
 
 func validatePoolName(name string) error {
 	switch {

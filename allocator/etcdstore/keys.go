@@ -23,6 +23,14 @@ func PoolKey(pool string) string { return PoolsPrefix() + pool }
 // PoolsPrefix lists every pool.
 func PoolsPrefix() string { return Prefix + "pools/" }
 
+// DeletedPoolKey marks a pool an operator deleted (kvipamctl pool
+// delete); no lease. An agent's configuration does not seed a pool of
+// that name again (SeedPool); pool create removes the mark.
+func DeletedPoolKey(pool string) string { return DeletedPoolsPrefix() + pool }
+
+// DeletedPoolsPrefix lists every deleted pool's mark.
+func DeletedPoolsPrefix() string { return Prefix + "deleted-pools/" }
+
 // NodeKey is the node record, on the node's lease.
 func NodeKey(node string) string { return NodesPrefix() + node }
 

@@ -3,10 +3,13 @@ package etcdstore
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -16,12 +19,16 @@ import (
 // gone (a node cut off from etcd loses it too), which is why kvipamctl node
 // remove also wants the operator's statement.
 type NodeRecord struct {
-	Name      string    `json:"name"`
-	BootID    string    `json:"bootID,omitempty"`
-	Version   string    `json:"version,omitempty"`
-	Addresses []string  `json:"addresses,omitempty"`
-	StartedAt time.Time `json:"startedAt"`
-	Lease     int64     `json:"lease"`
+	Name      string   `json:"name"`
+	BootID    string   `json:"bootID,omitempty"`
+	Version   string   `json:"version,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+	// Labels are the node's labels (--node-labels), which pools' node
+	// selectors choose by: kvipamctl pool show lists the live nodes a
+	// pool serves from them.
+	Labels    map[string]string `json:"labels,omitempty"`
+	StartedAt time.Time         `json:"startedAt"`
+	Lease     int64             `json:"lease"`
 	// LostEndpoints are the endpoints this agent found, since it started,
 	// whose owner no longer held their addresses after a restore: the
 	// node's blocks were freed while it was away. kvipamctl check reports
@@ -89,4 +96,36 @@ func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
 		return fmt.Errorf("write node record %s: %w", r.Name, kvstore.Unavailable(err))
 	}
 	return nil
+}
+
+// ListNodes reads the live nodes' records (a node's record goes with its
+// lease), sorted by name.
+func (s *Store) ListNodes(ctx context.Context) ([]NodeRecord, error) {
+	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.kv, NodesPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list node records: %w", err)
+	}
+	out := make([]NodeRecord, len(vs))
+	for i, v := range vs {
+		out[i] = v.Value
+	}
+	slices.SortFunc(out, func(a, b NodeRecord) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// ServingNodes names the nodes of nodes that p gives new addresses to:
+// none if p is disabled, else those whose labels its node selector
+// chooses. Given the live nodes' records, it is who serves p now.
+func ServingNodes(p allocator.Pool, nodes []NodeRecord) []string {
+	out := []string{}
+	if p.Disabled {
+		return out
+	}
+	for _, n := range nodes {
+		if p.Selects(n.Labels) {
+			out = append(out, n.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

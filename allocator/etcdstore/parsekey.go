@@ -20,6 +20,8 @@ const (
 	KeyLent    KeyKind = "lent"    // LentKey
 	KeyIP      KeyKind = "ip"      // IPKey
 	KeyBinding KeyKind = "binding" // BindingKey
+	// KeyDeletedPool is DeletedPoolKey.
+	KeyDeletedPool KeyKind = "deleted-pool"
 )
 
 // Key is a record key read back into the names that built it. Which
@@ -37,8 +39,8 @@ type Key struct {
 }
 
 // ParseKey reads a record key: the inverse of the key builders, for the
-// record kinds a reader of the whole tree meets (pools, nodes, claims,
-// homes, lent addresses, allocations, bindings).
+// record kinds a reader of the whole tree meets (pools, deleted pools'
+// marks, nodes, claims, homes, lent addresses, allocations, bindings).
 //
 // It is lenient where the allocator is strict, for an operator's view of
 // what etcd holds: an allocation whose address is not in its key's block
@@ -58,6 +60,9 @@ func ParseKey(key string) (Key, error) {
 	}{
 		{PoolsPrefix(), func(rest string) (Key, error) { return parseName(KeyPool, rest, PoolsPrefix()+"<pool>") }},
 		{NodesPrefix(), func(rest string) (Key, error) { return parseName(KeyNode, rest, NodesPrefix()+"<node>") }},
+		{DeletedPoolsPrefix(), func(rest string) (Key, error) {
+			return parseName(KeyDeletedPool, rest, DeletedPoolsPrefix()+"<pool>")
+		}},
 		{AllClaimsPrefix(), func(rest string) (Key, error) { return parseBlockKey(KeyClaim, rest, AllClaimsPrefix()) }},
 		{AllHomesPrefix(), parseHome},
 		{AllIPsPrefix(), parseIP},

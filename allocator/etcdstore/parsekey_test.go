@@ -21,6 +21,7 @@ func TestParseKeyReadsWhatTheBuildersWrite(t *testing.T) {
 		want etcdstore.Key
 	}{
 		{etcdstore.PoolKey("p"), etcdstore.Key{Kind: etcdstore.KeyPool, Pool: "p"}},
+		{etcdstore.DeletedPoolKey("p"), etcdstore.Key{Kind: etcdstore.KeyDeletedPool, Pool: "p"}},
 		{etcdstore.NodeKey("n1"), etcdstore.Key{Kind: etcdstore.KeyNode, Node: "n1"}},
 		{etcdstore.ClaimKey("p", b), etcdstore.Key{Kind: etcdstore.KeyClaim, Pool: "p", Block: b}},
 		{etcdstore.HomeKey("p", v6), etcdstore.Key{Kind: etcdstore.KeyHome, Pool: "p", Block: v6}},

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -21,6 +22,12 @@ import (
 // key; agents follow the pool key with a watch, and block claims are
 // fenced by its revision, so no node claims a block under a spec that has
 // changed since it read it.
+
+// DeletedPool is the value of DeletedPoolKey: a pool an operator deleted.
+type DeletedPool struct {
+	Name      string    `json:"name"`
+	DeletedAt time.Time `json:"deletedAt"`
+}
 
 // ErrPoolInUse is returned when a cidr or a pool still holds allocations
 // or block claims; the error names them.
@@ -64,7 +71,8 @@ func (s *Store) UpdatePool(ctx context.Context, name string, change func(p *allo
 	return out, err
 }
 
-// putPool writes p if no pool changed after rev.
+// putPool writes p if no pool changed after rev, and drops the mark of
+// a deleted pool of p's name: an operator made it again.
 func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *allocator.Pool) error {
 	val, err := kvstore.EncodeJSON(p)
 	if err != nil {
@@ -72,7 +80,7 @@ func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *a
 	}
 	resp, err := s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
-		Then(clientv3.OpPut(PoolKey(p.Name), val)).
+		Then(clientv3.OpPut(PoolKey(p.Name), val), clientv3.OpDelete(DeletedPoolKey(p.Name))).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("write pool %s: %w", p.Name, kvstore.Unavailable(err))
@@ -115,13 +123,15 @@ func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) 
 		if err != nil {
 			return err
 		}
-		return s.commitIfQuiet(ctx, name, snap.Rev, clientv3.OpPut(PoolKey(name), val), &out, next)
+		return s.commitIfQuiet(ctx, name, snap.Rev, []clientv3.Op{clientv3.OpPut(PoolKey(name), val)}, &out, next)
 	})
 	return out, err
 }
 
 // DeletePool deletes a pool, refused while it has a claim, a home or an
-// allocation, or a namespace is bound to it.
+// allocation, or a namespace is bound to it. In the same transaction it
+// marks the pool deleted (DeletedPoolKey), so that no agent's
+// configuration seeds it again.
 func (s *Store) DeletePool(ctx context.Context, name string) error {
 	return retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
 		_, snap, err := s.poolAndSnapshot(ctx, name)
@@ -144,8 +154,12 @@ func (s *Store) DeletePool(ctx context.Context, name string) error {
 		if len(bound) > 0 {
 			return fmt.Errorf("delete pool %s: %w: namespaces %s are bound to it (kvipamctl pool unbind-namespace)", name, ErrPoolInUse, strings.Join(bound, ", "))
 		}
+		mark, err := kvstore.EncodeJSON(DeletedPool{Name: name, DeletedAt: time.Now().UTC()})
+		if err != nil {
+			return err
+		}
 		var none allocator.Pool
-		return s.commitIfQuiet(ctx, name, snap.Rev, clientv3.OpDelete(PoolKey(name)), &none, none)
+		return s.commitIfQuiet(ctx, name, snap.Rev, []clientv3.Op{clientv3.OpDelete(PoolKey(name)), clientv3.OpPut(DeletedPoolKey(name), mark)}, &none, none)
 	})
 }
 
@@ -165,15 +179,15 @@ func (s *Store) poolAndSnapshot(ctx context.Context, name string) (allocator.Poo
 	return v.Value, snap, err
 }
 
-// commitIfQuiet applies op if neither the pool nor anything under its
+// commitIfQuiet applies ops if neither the pool nor anything under its
 // claims, homes and allocations changed after rev.
-func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, op clientv3.Op, out *allocator.Pool, next allocator.Pool) error {
+func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, ops []clientv3.Op, out *allocator.Pool, next allocator.Pool) error {
 	quiet := func(prefix string) clientv3.Cmp {
 		return clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()
 	}
 	resp, err := s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(PoolKey(name)), "<", rev+1), quiet(ClaimsPrefix(name)), quiet(HomesPrefix(name)), quiet(IPsPrefix(name))).
-		Then(op).
+		Then(ops...).
 		Commit()
 	if err != nil {
 		return fmt.Errorf("write pool %s: %w", name, kvstore.Unavailable(err))

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -18,7 +21,8 @@ import (
 // address out twice, once under each pool's keys.
 //
 // An existing pool keeps what operators set with kvipamctl: p's reserved
-// ranges are added to the stored ones, and its disabled flag stays.
+// ranges are added to the stored ones, its disabled flag stays, and so
+// does its node selector unless p gives one.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -54,10 +58,79 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 	return out, err
 }
 
+// SeedPool creates p if etcd has no pool of its name (create-if-absent),
+// and otherwise writes nothing: a pool lives in etcd, and an agent's
+// configuration only seeds it. It returns the stored pool and whether
+// this call created it; the caller compares the two to warn of a
+// configuration that differs from etcd. A pool an operator deleted
+// (DeletedPoolKey) is not created again: that wraps ErrPoolDeleted.
+// Creation is refused if p overlaps another pool; it is written only if
+// no pool changed since the pools were read and the pool has not been
+// deleted meanwhile, so two seeds of overlapping pools cannot both land.
+func (s *Store) SeedPool(ctx context.Context, p allocator.Pool) (stored allocator.Pool, created bool, err error) {
+	if err := p.Validate(); err != nil {
+		return allocator.Pool{}, false, err
+	}
+	err = retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
+		if err != nil {
+			return err
+		}
+		var others []allocator.Pool
+		for _, v := range pools {
+			if v.Value.Name == p.Name {
+				stored, created = v.Value, false
+				stored.Rev = v.ModRevision
+				return nil
+			}
+			others = append(others, v.Value)
+		}
+		mark, err := kvstore.GetJSON[DeletedPool](ctx, s.kv, DeletedPoolKey(p.Name))
+		switch {
+		case err == nil:
+			return fmt.Errorf("seed pool %s: %w at %s (kvipamctl pool create makes it again)", p.Name, ErrPoolDeleted, mark.Value.DeletedAt.Format(time.RFC3339))
+		case !errors.Is(err, kvstore.ErrNotFound):
+			return err
+		}
+		if err := allocator.CheckDisjoint(p, others); err != nil {
+			return err
+		}
+		val, err := kvstore.EncodeJSON(p)
+		if err != nil {
+			return err
+		}
+		resp, err := s.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix(),
+				clientv3.Compare(clientv3.Version(DeletedPoolKey(p.Name)), "=", 0)).
+			Then(clientv3.OpPut(PoolKey(p.Name), val)).
+			Commit()
+		if err != nil {
+			return fmt.Errorf("seed pool %s: %w", p.Name, kvstore.Unavailable(err))
+		}
+		if !resp.Succeeded {
+			return fmt.Errorf("seed pool %s: pools changed: %w", p.Name, kvstore.ErrConflict)
+		}
+		stored, created = p, true
+		stored.Rev = resp.Header.Revision
+		return nil
+	})
+	return stored, created, err
+}
+
+// ErrPoolDeleted is returned by SeedPool for a pool an operator deleted.
+var ErrPoolDeleted = errors.New("pool deleted by an operator")
+
+// SamePoolSpec reports whether two specs of a pool say the same (the
+// revision aside).
+func SamePoolSpec(a, b allocator.Pool) bool { return poolEqual(a, b) }
+
 // mergeStored is p as a configuration asks for it, keeping what the
 // stored pool has that configuration does not manage.
 func mergeStored(stored, p allocator.Pool) allocator.Pool {
 	p.Disabled = stored.Disabled
+	if p.NodeSelector == "" {
+		p.NodeSelector = stored.NodeSelector
+	}
 	res := slices.Clone(stored.Reserved)
 	for _, r := range p.Reserved {
 		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
@@ -70,7 +143,7 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 
 func poolEqual(a, b allocator.Pool) bool {
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && a.NodeSelector == b.NodeSelector
 }
 
 // GetPool implements allocator.Store.

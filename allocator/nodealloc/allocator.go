@@ -2,12 +2,14 @@ package nodealloc
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
@@ -20,7 +22,8 @@ type Lease interface {
 }
 
 // Store is what the node allocator needs of the store: every role of
-// records.Store but writing pool specs.
+// records.Store but writing pool specs (the node serves the pools the
+// store holds; it never writes them).
 type Store interface {
 	records.PoolReader
 	records.Claims
@@ -34,9 +37,11 @@ type Config struct {
 	Node   string
 	BootID string
 	Store  Store
-	// Pools are the names of the pools this node allocates from; their
-	// specs are read from the Store at Restore.
-	Pools  []string
+	// Labels are the node's labels. A pool whose node selector does not
+	// choose them gives the node no new block or address (a node
+	// relabelled restarts its agent). The node serves every pool the Store holds: Restore
+	// reads them all, and UpdatePool follows them.
+	Labels map[string]string
 	Logger hclog.Logger
 	// ClaimRetry paces the claim loop. Each lost race teaches the node one
 	// more taken block, so the loop converges: by default it has no
@@ -85,6 +90,7 @@ type Allocator struct {
 	lease    Lease
 	restored bool
 	pools    map[string]*poolState
+	labels   map[string]string
 	// fenceRev is the revision of the node's borrow fence on the current
 	// lease; 0 until the first borrow (borrow.go).
 	fenceRev int64
@@ -102,8 +108,8 @@ func New(cfg Config) (*Allocator, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("%w: no store", records.ErrBadRequest)
 	}
-	if len(cfg.Pools) == 0 {
-		return nil, fmt.Errorf("%w: no pools for node %s", records.ErrBadRequest, cfg.Node)
+	if err := allocator.CheckLabels(cfg.Labels); err != nil {
+		return nil, fmt.Errorf("%w: node %s: %w", records.ErrBadRequest, cfg.Node, err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
@@ -115,7 +121,7 @@ func New(cfg Config) (*Allocator, error) {
 		cfg.Now = time.Now
 	}
 	log := cfg.Logger.Named("allocator")
-	return &Allocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}}, nil
+	return &Allocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}, labels: maps.Clone(cfg.Labels)}, nil
 }
 
 // Node is the node this allocator serves.
@@ -139,7 +145,26 @@ func (a *Allocator) ready() error {
 func (a *Allocator) poolState(name string) (*poolState, error) {
 	ps, ok := a.pools[name]
 	if !ok {
-		return nil, fmt.Errorf("pool %q is not served on node %s: %w", name, a.cfg.Node, records.ErrPoolNotFound)
+		return nil, fmt.Errorf("pool %q is not served on node %s: no such pool in etcd (kvipamctl pool list): %w", name, a.cfg.Node, records.ErrPoolNotFound)
 	}
 	return ps, nil
+}
+
+// selected reports whether ps's node selector chooses this node: only
+// then does the node take new blocks and addresses in it.
+func (a *Allocator) selected(ps *poolState) bool { return ps.pool.Selects(a.labels) }
+
+// draining reports whether the node gives every empty block of ps back:
+// the pool is disabled, or its selector no longer chooses the node.
+func (a *Allocator) draining(ps *poolState) bool { return ps.pool.Disabled || !a.selected(ps) }
+
+// notSelected is the error of a request for a pool that does not choose
+// this node, naming the pool, its selector and the node's labels.
+func (a *Allocator) notSelected(ps *poolState) error {
+	labels := allocator.FormatLabels(a.labels)
+	if labels == "" {
+		labels = "none"
+	}
+	return fmt.Errorf("%w: pool %s serves only nodes matching %q; node %s (labels %s) takes no new address there (kvipamctl pool show %s lists the nodes it serves)",
+		records.ErrNodeNotSelected, ps.pool.Name, ps.pool.NodeSelector, a.cfg.Node, labels, ps.pool.Name)
 }

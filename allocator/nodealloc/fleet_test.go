@@ -187,7 +187,7 @@ func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(recor
 	if wrap != nil {
 		st = wrap(st)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: nodeName(i), Store: st, Pools: []string{f.pool}})
+	al, err := nodealloc.New(nodealloc.Config{Node: nodeName(i), Store: st})
 	if err != nil {
 		return nil, sess, err
 	}

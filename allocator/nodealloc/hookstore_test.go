@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -259,4 +260,22 @@ func (h *hookStore) ListLent(ctx context.Context, pool string) (map[netip.Addr]s
 	}
 	out, err := h.Store.ListLent(ctx, pool)
 	return out, h.post(ctx, "ListLent", err)
+}
+
+// ListPools is what Restore reads first: the node serves every pool.
+func (h *hookStore) ListPools(ctx context.Context) ([]allocator.Pool, error) {
+	if err := h.pre(ctx, "ListPools"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.ListPools(ctx)
+	return out, h.post(ctx, "ListPools", err)
+}
+
+// SeedPool is the agent's create-if-absent of a configured pool.
+func (h *hookStore) SeedPool(ctx context.Context, p allocator.Pool) (allocator.Pool, bool, error) {
+	if err := h.pre(ctx, "SeedPool"); err != nil {
+		return allocator.Pool{}, false, err
+	}
+	out, created, err := h.Store.SeedPool(ctx, p)
+	return out, created, h.post(ctx, "SeedPool", err)
 }

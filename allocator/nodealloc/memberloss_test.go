@@ -46,7 +46,7 @@ func TestEtcdLeaderLoss(t *testing.T) {
 		sess, err := kvstore.NewSession(ctx, cli, 10)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("n%d", n), Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"ha"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("n%d", n), Store: etcdstore.New(cli, etcdstore.Options{})})
 		require.NoError(t, err)
 		require.NoError(t, al.Restore(ctx, sess))
 		wg.Add(1)

@@ -13,6 +13,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/stretchr/testify/require"
 )
 
 // The model test's operator commands and pool changes (model_test.go).
@@ -150,11 +151,20 @@ func (r *modelRun) opPool() {
 	var p allocator.Pool
 	var err error
 	what := ""
-	k := r.rng.IntN(3)
+	k := r.rng.IntN(4)
 	if r.spec.Disabled {
 		k = 0 // a drain lasts until the next pool change
 	}
 	switch {
+	case k == 3:
+		// A node selector that leaves one node out (the node keeps what
+		// it holds, takes nothing new), or every node again.
+		sel := ""
+		if r.spec.NodeSelector == "" {
+			sel = "node!=" + r.nodes[r.rng.IntN(len(r.nodes))].name
+		}
+		what = "select " + sel
+		p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error { p.NodeSelector = sel; return nil })
 	case k == 0:
 		what = "toggle disabled"
 		p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error { p.Disabled = !p.Disabled; return nil })
@@ -217,7 +227,32 @@ func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
 		r.fail("%s was handed %s, outside the pool's cidrs %v", mo.o.Key(), a, r.spec.CIDRs)
 	case r.spec.Disabled:
 		r.fail("%s was handed %s while the pool is disabled", mo.o.Key(), a)
+	case !r.spec.Selects(map[string]string{"node": r.nodes[mo.node].name}):
+		r.fail("%s was handed %s on %s, which the pool's selector %q leaves out", mo.o.Key(), a, r.nodes[mo.node].name, r.spec.NodeSelector)
 	case !static && slices.ContainsFunc(r.spec.Reserved, func(x allocator.Reservation) bool { return x.Range.Contains(a) }):
 		r.fail("%s was handed %s, which is reserved, without asking for it", mo.o.Key(), a)
+	}
+}
+
+// opSeed is an agent starting with a configured pool that differs from
+// etcd's (an operator changed it since): the seed, faulted like any write,
+// must never change the pool in etcd.
+func (r *modelRun) opSeed(n *mNode) {
+	seed := r.spec
+	seed.Reserved, seed.Disabled, seed.NodeSelector = nil, !r.spec.Disabled, "rack=nowhere"
+	r.op = "seed"
+	got, created, err := n.hook.SeedPool(r.ctx, seed)
+	r.logf("%s seed pool (differs from etcd's): created %v, %v", n.name, created, err)
+	r.tally("seed", err)
+	if created {
+		r.fail("seeding pool %s over etcd's spec created it again", r.pool.Name)
+	}
+	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
+	require.NoError(r.t, gerr)
+	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) {
+		r.fail("seeding pool %s changed etcd's spec: %+v, was %+v", r.pool.Name, cur, r.spec)
+	}
+	if err == nil && (got.Disabled != r.spec.Disabled || got.NodeSelector != r.spec.NodeSelector) {
+		r.fail("seeding pool %s answered %+v, not etcd's spec %+v", r.pool.Name, got, r.spec)
 	}
 }

@@ -43,7 +43,7 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "operator delete", "claim", "unclaim"}
+		"lapse-record", "operator delete", "claim", "unclaim", "seed"}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost"}
 )
 
@@ -302,7 +302,7 @@ func (r *modelRun) hookUp(n *mNode) {
 	var kind string // the kind of the write in flight (one goroutine)
 	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
 	for _, op := range []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent",
-		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed"} {
+		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool"} {
 		write := !slices.Contains([]string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent"}, op)
 		n.hook.Before(op, func(ctx context.Context) error {
 			if r.quiet {
@@ -364,6 +364,8 @@ func (r *modelRun) kindOf(op string, arg any) string {
 		return "keep"
 	case "RecordLapsed":
 		return "lapse-record"
+	case "SeedPool":
+		return "seed"
 	case "WriteIPs":
 		if r.op == "reassert" {
 			return "reassert"
@@ -479,7 +481,7 @@ func (r *modelRun) startAlloc(n *mNode) {
 		n.logs = &bytes.Buffer{}
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Output: n.logs, Level: hclog.Debug, DisableTime: true})
-	al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: n.hook, Pools: []string{r.pool.Name}, Logger: logger,
+	al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: n.hook, Logger: logger, Labels: map[string]string{"node": n.name},
 		Held: func() []netip.Addr { return r.heldOn(n.i) }})
 	require.NoError(r.t, err)
 	n.alloc = al
@@ -602,9 +604,13 @@ func (r *modelRun) randomStep() {
 		err := n.alloc.RecordLapses(r.ctx)
 		r.logf("%s RecordLapses: %v", n.name, err)
 		r.tally("record lapses", err)
-	case p < 95:
+	case p < 94:
 		if !skip("pool") {
 			r.opPool()
+		}
+	case p < 95:
+		if !skip("seed") {
+			r.opSeed(n)
 		}
 	case p < 97:
 		if !skip("operator") {

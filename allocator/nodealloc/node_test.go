@@ -40,6 +40,8 @@ type nodeOpts struct {
 	cooldown time.Duration
 	// held is what the node's endpoints use (Config.Held).
 	held func() []netip.Addr
+	// labels are the node's labels (Config.Labels).
+	labels map[string]string
 }
 
 func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o nodeOpts) *testNode {
@@ -57,9 +59,13 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, Pools: pools, ReuseCooldown: o.cooldown, Held: o.held})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, ReuseCooldown: o.cooldown, Held: o.held, Labels: o.labels})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
+	for _, p := range pools { // the node serves every pool in etcd
+		_, ok := al.Pool(p)
+		require.True(t, ok, "pool %s in etcd", p)
+	}
 	return &testNode{name: name, cli: cli, store: st, sess: sess, alloc: al}
 }
 

@@ -205,7 +205,7 @@ func TestRestoreRacesOldLeaseExpiry(t *testing.T) {
 		sess, err := kvstore.NewSession(ctx, n1.cli, 30)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: h, Pools: []string{"small"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: h})
 		require.NoError(t, err)
 		return al, sess, al.Restore(ctx, sess)
 	}
@@ -299,7 +299,7 @@ func TestDenseClaimsConverge(t *testing.T) {
 		sess, err := kvstore.NewSession(ctx, cli, 120)
 		require.NoError(t, err)
 		t.Cleanup(sess.Close)
-		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{CallTimeout: -1}), Pools: []string{"dense"}})
+		al, err := nodealloc.New(nodealloc.Config{Node: fmt.Sprintf("node-%04d", i), Store: etcdstore.New(cli, etcdstore.Options{CallTimeout: -1})})
 		require.NoError(t, err)
 		require.NoError(t, al.Restore(ctx, sess))
 		als[i] = al

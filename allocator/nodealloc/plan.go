@@ -74,6 +74,11 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 		if ps.pool.Disabled {
 			return nil, a.abandon(ctx, p, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", records.ErrPoolDisabled, ps.pool.Name, ps.pool.Name))
 		}
+		if !a.selected(ps) {
+			// Neither a claim nor a borrow: the pool's blocks are for the
+			// nodes its selector chooses.
+			return nil, a.abandon(ctx, p, a.notSelected(ps))
+		}
 		var addr netip.Addr
 		var block netip.Prefix
 		var lent *records.Allocation

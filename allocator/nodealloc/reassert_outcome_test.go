@@ -38,7 +38,7 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
 	held := []nodealloc.HeldAddr{{Owner: o, Addr: x.Addr}}
-	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h, Pools: []string{"one"},
+	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h,
 		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
 	require.NoError(t, err)
 	require.NoError(t, n.Restore(ctx, sess))

@@ -40,7 +40,7 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	sess, err := kvstore.NewSession(ctx, cli, 30)
 	require.NoError(t, err)
 	t.Cleanup(sess.Close)
-	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: st, Pools: []string{"small"}, Held: heldAddrs})
+	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: st, Held: heldAddrs})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	var got []records.Allocation

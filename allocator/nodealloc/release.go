@@ -161,10 +161,11 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 // maybeUnclaim gives an empty block back to the pool when the node has
 // another of the same family, so a node that shrinks does not hoard
 // blocks, yet always keeps one block per family ready for the next pod;
-// a disabled pool (being drained) gets every empty block back.
+// a disabled pool (being drained), or one whose selector no longer
+// chooses the node, gets every empty block back.
 func (a *Allocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
 	ob := ps.own[b]
-	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(allocator.FamilyOf(b.Addr()))) < 2 && !ps.pool.Disabled) || a.ready() != nil {
+	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(allocator.FamilyOf(b.Addr()))) < 2 && !a.draining(ps)) || a.ready() != nil {
 		return
 	}
 	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {

@@ -12,7 +12,9 @@ import (
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
-// Restore rebuilds the node's state from the store on lease: it re-claims
+// Restore rebuilds the node's state from the store on lease, for every
+// pool the store holds (whatever the pools' selectors: the node may hold
+// addresses in a pool that no longer chooses it): it re-claims
 // every block whose home is this node (orphaned blocks, and claims left on
 // an earlier lease of this node), and reads their allocations, one range
 // read per block. No allocation is changed. Call it at start and after
@@ -30,25 +32,32 @@ func (a *Allocator) Restore(ctx context.Context, lease Lease) error {
 	a.restored = false
 	a.lease = lease
 	a.fenceRev = 0
+	specs, err := a.cfg.Store.ListPools(ctx)
+	if err != nil {
+		return fmt.Errorf("restore: list pools: %w", err)
+	}
 	pools := map[string]*poolState{}
-	for _, name := range a.cfg.Pools {
-		p, err := a.cfg.Store.GetPool(ctx, name)
-		if err != nil {
-			return fmt.Errorf("restore pool %s: %w", name, err)
-		}
+	for _, p := range specs {
 		ps := newPoolState(p)
 		// A re-claim that loses a race (the old lease expired between the
 		// listing and the compare) is retried on a fresh listing.
 		if err := retry.Do(ctx, a.cfg.RestoreRetry, func(ctx context.Context) error { return a.restorePool(ctx, ps) }); err != nil {
-			return fmt.Errorf("restore pool %s: %w", name, err)
+			return fmt.Errorf("restore pool %s: %w", p.Name, err)
 		}
 		if err := a.restoreBorrowed(ctx, ps); err != nil {
-			return fmt.Errorf("restore pool %s: borrowed addresses: %w", name, err)
+			return fmt.Errorf("restore pool %s: borrowed addresses: %w", p.Name, err)
 		}
-		pools[name] = ps
+		pools[p.Name] = ps
 	}
 	a.pools = pools
 	a.restored = true
+	// A pool that is disabled, or whose selector no longer chooses this
+	// node (relabelled while it was away), gets its empty blocks back.
+	for _, ps := range pools {
+		if a.draining(ps) {
+			a.giveBackEmpty(ctx, ps)
+		}
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package nodealloc
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -65,11 +66,8 @@ func (a *Allocator) Usage() []Usage {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []Usage
-	for _, name := range a.cfg.Pools {
+	for _, name := range slices.Sorted(maps.Keys(a.pools)) {
 		ps := a.pools[name]
-		if ps == nil {
-			continue
-		}
 		for _, f := range ps.pool.Families() {
 			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f), Size: ps.pool.Size(f), ReservedRanges: ps.pool.ReservedCount(f),
 				Disabled: ps.pool.Disabled, Cooling: ps.coolingIn(f)}
@@ -114,34 +112,77 @@ func (a *Allocator) Usage() []Usage {
 	return out
 }
 
-// UpdatePool takes a changed spec of a served pool (the agent follows the
-// pools in etcd): reservations, the disabled flag and new cidrs apply at
-// once. A spec older than the one held is ignored.
+// UpdatePool takes a new or changed pool spec (the agent follows the
+// pools in etcd): a pool created since Restore is served from then on;
+// reservations, the disabled flag, the node selector and new cidrs apply
+// at once. A spec older than the one held is ignored.
 func (a *Allocator) UpdatePool(p allocator.Pool) {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[p.Name]
-	if ps == nil || (p.Rev != 0 && p.Rev < ps.pool.Rev) {
+	if ps == nil {
+		// New in etcd: the node holds nothing in it, since a pool is
+		// deleted only once nothing is left in it.
+		a.pools[p.Name] = newPoolState(p)
+		a.log.Info("serving a new pool", "pool", p.Name, "rev", p.Rev, "cidrs", len(p.CIDRs), "node_selector", p.NodeSelector, "selected", p.Selects(a.labels))
+		return
+	}
+	if p.Rev != 0 && p.Rev < ps.pool.Rev {
 		return
 	}
 	ps.setPool(p)
-	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs))
+	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs),
+		"node_selector", p.NodeSelector, "selected", p.Selects(a.labels))
 }
 
-// GiveBackEmpty gives every empty block of a disabled pool back to the
-// pool, so that the pool can be deleted once its pods are gone. It
-// reports how many it gave back.
+// Pools returns the specs of every pool the allocator knows (all of
+// etcd's, and a deleted one served as disabled), sorted by name.
+func (a *Allocator) Pools() []allocator.Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]allocator.Pool, 0, len(a.pools))
+	for _, name := range slices.Sorted(maps.Keys(a.pools)) {
+		out = append(out, a.pools[name].pool)
+	}
+	return out
+}
+
+// Restored reports whether Restore has read the pools on the current
+// lease; until then every request is answered with ErrLeaseLost.
+func (a *Allocator) Restored() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.restored
+}
+
+// Serves reports whether the node takes new addresses in pool: it knows
+// the pool, which is enabled and whose selector chooses the node.
+func (a *Allocator) Serves(pool string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ps := a.pools[pool]
+	return ps != nil && !a.draining(ps)
+}
+
+// GiveBackEmpty gives every empty block of a disabled pool, or of a pool
+// whose selector no longer chooses the node, back to the pool, so that
+// the pool can be deleted once its pods are gone, and other nodes can
+// claim them. It reports how many it gave back.
 func (a *Allocator) GiveBackEmpty(ctx context.Context, pool string) int {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[pool]
-	if ps == nil || !ps.pool.Disabled {
+	if ps == nil || !a.draining(ps) {
 		return 0
 	}
+	return a.giveBackEmpty(ctx, ps)
+}
+
+func (a *Allocator) giveBackEmpty(ctx context.Context, ps *poolState) int {
 	n := len(ps.own)
 	for _, f := range []allocator.Family{allocator.IPv4, allocator.IPv6} {
 		for _, b := range ps.sortedOwn(f) {

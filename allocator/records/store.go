@@ -169,9 +169,11 @@ type Store interface {
 	Bindings
 }
 
-// PoolReader reads a pool's spec.
+// PoolReader reads pool specs.
 type PoolReader interface {
 	GetPool(ctx context.Context, name string) (allocator.Pool, error)
+	// ListPools reads every pool's spec: a node serves what etcd holds.
+	ListPools(ctx context.Context) ([]allocator.Pool, error)
 }
 
 // Pools reads and writes pool specs.
@@ -180,7 +182,10 @@ type Pools interface {
 	// EnsurePool creates the pool or checks that the stored spec may be
 	// replaced by p (CheckPoolUpdate) and stores it. It returns the stored pool.
 	EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error)
-	ListPools(ctx context.Context) ([]allocator.Pool, error)
+	// SeedPool creates p only if the store has no pool of its name
+	// (create-if-absent) and returns the stored pool, and whether this
+	// call created it. It never changes a stored pool.
+	SeedPool(ctx context.Context, p allocator.Pool) (stored allocator.Pool, created bool, err error)
 }
 
 // Claims are the blocks' claims and homes.
@@ -289,6 +294,9 @@ var (
 	ErrLeaseLost       = errors.New("allocator: node lease lost, try again")
 	ErrReservationGone = errors.New("allocator: reservation expired")
 	ErrPoolDisabled    = errors.New("allocator: pool disabled")
+	// ErrNodeNotSelected marks a request for a pool whose node selector
+	// does not choose this node: it takes no new block or address there.
+	ErrNodeNotSelected = errors.New("allocator: pool does not serve this node")
 	// ErrUnavailable marks a request that could not be served because the
 	// store did not answer, including a write whose outcome could not be
 	// read back yet: try again.

@@ -42,10 +42,12 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.DurationVar(&c.Etcd.CallTimeout, "etcd-call-timeout", kvstore.DefaultCallTimeout, "abandon one etcd request not answered in this time and retry it (a leader lost, a member gone); the outcome of an abandoned write is read back")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "node-local state: endpoint records, embedded etcd data")
 	fs.StringVar(&c.Socket, "socket", c.Socket, "unix socket of the API")
-	fs.Var(&pools, "pool", "pool NAME=CIDR[,CIDR...] to ensure exists (repeatable)")
+	fs.Var(&pools, "pool", "pool NAME=CIDR[,CIDR...] to create in etcd if etcd has no pool of that name (repeatable); etcd's spec always wins")
 	fs.IntVar(&block4, "block-size-v4", 26, "IPv4 block prefix length for --pool")
 	fs.IntVar(&block6, "block-size-v6", 120, "IPv6 block prefix length for --pool")
-	fs.StringVar(&c.DefaultPool, "default-pool", c.DefaultPool, "pool for requests that name none (default: the first)")
+	fs.StringVar(&c.DefaultPool, "default-pool", c.DefaultPool, "pool for requests that name none (default: the first --pool, else the one pool that serves this node)")
+	var nodeLabels string
+	fs.StringVar(&nodeLabels, "node-labels", "", "this node's labels, k=v comma-separated (rack=r1,zone=a), which pools' node selectors choose by")
 	fs.DurationVar(&c.LeaseTTL.Duration, "lease-ttl", c.LeaseTTL.Duration, "node lease TTL")
 	fs.DurationVar(&c.ReservationTTL.Duration, "reservation-ttl", c.ReservationTTL.Duration, "how long a reservation waits for its endpoint")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "Prometheus listen address; empty disables")
@@ -121,6 +123,13 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	}
 	if nodeAddrs != "" {
 		c.NodeAddresses = strings.Split(nodeAddrs, ",")
+	}
+	if nodeLabels != "" {
+		l, err := allocator.ParseLabels(nodeLabels)
+		if err != nil {
+			return c, fmt.Errorf("node-labels: %w", err)
+		}
+		c.NodeLabels = l
 	}
 	for _, p := range pools {
 		p.BlockSizeV4, p.BlockSizeV6 = 0, 0

@@ -84,3 +84,23 @@ func TestShippedConfigLoads(t *testing.T) {
 	require.Equal(t, "default", c.Pools[0].Name)
 	require.Len(t, c.Etcd.Endpoints, 3)
 }
+
+// Node labels come from --node-labels, KVIPAM_NODE_LABELS or nodeLabels
+// in the file; no pool is needed.
+func TestNodeLabels(t *testing.T) {
+	c, err := loadConfig([]string{"--node", "n1", "--node-labels", "rack=r1, zone=a"}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"rack": "r1", "zone": "a"}, c.NodeLabels)
+	require.Empty(t, c.Pools)
+	c, err = loadConfig([]string{"--node", "n1"}, env(map[string]string{"KVIPAM_NODE_LABELS": "gpu="}))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"gpu": ""}, c.NodeLabels)
+	file := filepath.Join(t.TempDir(), "agent.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("node: n1\nnodeLabels: {rack: r2}\npools:\n- {name: r2, cidrs: [10.9.0.0/24], blockSizeV4: 28, nodeSelector: rack=r2}\n"), 0o600))
+	c, err = loadConfig([]string{"--config", file}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{"rack": "r2"}, c.NodeLabels)
+	require.Equal(t, "rack=r2", c.Pools[0].NodeSelector)
+	_, err = loadConfig([]string{"--node", "n1", "--node-labels", "rack=r 1"}, env(nil))
+	require.ErrorContains(t, err, "node-labels")
+}

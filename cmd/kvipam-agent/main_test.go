@@ -29,12 +29,12 @@ func TestBadConfigurationExits(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no pool", []string{"--node", "n"}, "at least one pool"},
+		{"bad node label", []string{"--node-labels", "rack"}, "node-labels"},
 		{"bad cidr", []string{"--pool", "p=10.0.0.1/33"}, "invalid value"},
 		{"bad datapath", []string{"--pool", "p=10.0.0.0/16", "--datapath", "magic"}, `datapath: "magic"`},
 		{"tiny lease", []string{"--pool", "p=10.0.0.0/16", "--lease-ttl", "1s"}, "lease-ttl"},
 		{"block larger than cidr", []string{"--pool", "p=10.0.0.0/28", "--block-size-v4", "26"}, "larger than cidr"},
-		{"unknown default pool", []string{"--pool", "p=10.0.0.0/16", "--default-pool", "q"}, "default-pool"},
+		{"bad default pool", []string{"--pool", "p=10.0.0.0/16", "--default-pool", "Q!"}, "default-pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, code := runAgent(t, tc.args, nil)

@@ -56,7 +56,7 @@ func startNode(ctx context.Context, e *kvstore.Embedded, name string) (*node, er
 	if err != nil {
 		return nil, err
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: etcdstore.New(cli, etcdstore.Options{}), Pools: []string{"default"}})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: etcdstore.New(cli, etcdstore.Options{})})
 	if err != nil {
 		return nil, err
 	}

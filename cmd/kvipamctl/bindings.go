@@ -26,6 +26,15 @@ func (a *app) bindingCmds() []*cobra.Command {
 					return err
 				}
 				fmt.Fprintf(a.stdout, "namespace %s: pool %s\n", args[0], args[1])
+				p, err := s.GetPool(cmd.Context(), args[1])
+				if err != nil {
+					return err
+				}
+				serving, err := servingNodes(cmd.Context(), s, p)
+				if err != nil {
+					return err
+				}
+				a.warnUnserved(p, serving, "pods of namespace "+args[0])
 				return nil
 			})
 		},

@@ -7,11 +7,13 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
 )
@@ -27,13 +29,19 @@ func (a *app) poolCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "pool", Short: "Create, change, drain, delete, list and show pools"}
 	var cidrs []string
 	var v4, v6 int
+	var selector string
 	create := &cobra.Command{
-		Use:   "create NAME --cidr CIDR [--cidr CIDR]...",
+		Use:   "create NAME --cidr CIDR [--cidr CIDR]... [--node-selector SELECTOR]",
 		Short: "Create a pool, or add CIDRs to an existing one",
 		Long: `Create a pool. Running it again with the same spec is a no-op; with more
 CIDRs it adds them. Block sizes and existing CIDRs cannot change, since
-claims and allocation keys name blocks of the first size.`,
-		Example: "  kvipamctl pool create default --cidr 10.42.0.0/16 --cidr fd00:42::/64",
+claims and allocation keys name blocks of the first size.
+
+--node-selector chooses the nodes that take blocks from the pool by their
+labels (an agent's --node-labels), as Kubernetes equality selectors are
+written: "rack=r1", "zone=a,gpu", "rack!=r3", "!spot". Without it the
+pool serves every node; pool select changes it later.`,
+		Example: "  kvipamctl pool create default --cidr 10.42.0.0/16 --cidr fd00:42::/64\n  kvipamctl pool create rack-r1 --cidr 10.50.0.0/20 --node-selector rack=r1",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			bs4, bs6 := -1, -1
@@ -43,9 +51,10 @@ claims and allocation keys name blocks of the first size.`,
 			if cmd.Flags().Changed("block-size-v6") {
 				bs6 = v6
 			}
-			return a.poolCreate(cmd.Context(), a.stdout, args[0], cidrs, bs4, bs6)
+			return a.poolCreate(cmd.Context(), a.stdout, allocator.Pool{Name: args[0], NodeSelector: selector}, cidrs, bs4, bs6)
 		},
 	}
+	create.Flags().StringVar(&selector, "node-selector", "", "labels of the nodes the pool serves (rack=r1,zone=a); default every node")
 	create.Flags().StringArrayVar(&cidrs, "cidr", nil, "a CIDR of the pool, IPv4 or IPv6; repeat for more")
 	create.Flags().IntVar(&v4, "block-size-v4", defaultBlockV4, "prefix length of IPv4 blocks")
 	create.Flags().IntVar(&v6, "block-size-v6", defaultBlockV6, "prefix length of IPv6 blocks")
@@ -69,10 +78,11 @@ claims and allocation keys name blocks of the first size.`,
 	return cmd
 }
 
-// poolCreate stores a pool. A block size of -1 means "not given": the
-// default for a family with CIDRs, else none.
-func (a *app) poolCreate(ctx context.Context, w io.Writer, name string, cidrs []string, bs4, bs6 int) error {
-	p := allocator.Pool{Name: name}
+// poolCreate stores pool p (its name and selector) with cidrs. A block
+// size of -1 means "not given": the default for a family with CIDRs,
+// else none.
+func (a *app) poolCreate(ctx context.Context, w io.Writer, p allocator.Pool, cidrs []string, bs4, bs6 int) error {
+	name := p.Name
 	for _, c := range cidrs {
 		pfx, err := netip.ParsePrefix(strings.TrimSpace(c))
 		if err != nil {
@@ -83,13 +93,52 @@ func (a *app) poolCreate(ctx context.Context, w io.Writer, name string, cidrs []
 	p.BlockSizeV4 = blockSize(p, allocator.IPv4, bs4, defaultBlockV4)
 	p.BlockSizeV6 = blockSize(p, allocator.IPv6, bs6, defaultBlockV6)
 	var got allocator.Pool
-	if err := a.withStore(ctx, func(s operatorStore) (err error) { got, err = s.EnsurePool(ctx, p); return err }); err != nil {
+	var serving []string
+	err := a.withStore(ctx, func(s operatorStore) (err error) {
+		if got, err = s.EnsurePool(ctx, p); err != nil {
+			return err
+		}
+		serving, err = servingNodes(ctx, s, got)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("create pool %s: %w", name, err)
 	}
+	a.warnUnserved(got, serving, "")
 	return a.render(w, got, func(tw io.Writer) {
-		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6")
-		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6))
+		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6", "NODE-SELECTOR")
+		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6), selectorCell(got.NodeSelector))
 	})
+}
+
+// servingNodes names the live nodes that take new addresses in p now.
+func servingNodes(ctx context.Context, s nodeLister, p allocator.Pool) ([]string, error) {
+	nodes, err := s.ListNodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return etcdstore.ServingNodes(p, nodes), nil
+}
+
+// warnUnserved warns on stderr when no live node serves p: a pod that
+// asks for it fails until one does. what says who asks ("" for none).
+func (a *app) warnUnserved(p allocator.Pool, serving []string, what string) {
+	if len(serving) > 0 || p.Disabled {
+		return
+	}
+	if what != "" {
+		what = "; " + what + " fail until one does"
+	}
+	fmt.Fprintf(a.stderr, "kvipamctl: warning: no live node serves pool %s (node selector %s)%s; kvipamctl pool show %s lists the nodes it serves\n",
+		p.Name, selectorCell(p.NodeSelector), what, p.Name)
+}
+
+// selectorCell is a node selector as pool show prints it.
+func selectorCell(sel string) string {
+	if sel == "" {
+		return "(every node)"
+	}
+	return strconv.Quote(sel)
 }
 
 func blockSize(p allocator.Pool, f allocator.Family, given, def int) int {
@@ -136,9 +185,12 @@ func (a *app) poolList(ctx context.Context, w io.Writer) error {
 
 // poolDetail is pool show's JSON.
 type poolDetail struct {
-	Pool     allocator.Pool      `json:"pool"`
-	Revision int64               `json:"revision"`
-	Usage    []inspect.PoolUsage `json:"usage"`
+	Pool     allocator.Pool `json:"pool"`
+	Revision int64          `json:"revision"`
+	// Nodes are the live nodes the pool serves now: those whose labels
+	// its node selector chooses (none while it is disabled).
+	Nodes []string            `json:"nodes"`
+	Usage []inspect.PoolUsage `json:"usage"`
 	// Exhausted says, per family with no free address, what an ADD is
 	// told: why, and whether it is temporary.
 	Exhausted map[string]string `json:"exhausted,omitempty"`
@@ -155,7 +207,11 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	if !ok {
 		return fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 	}
-	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name)}
+	var live []etcdstore.NodeRecord
+	for _, n := range s.Nodes {
+		live = append(live, n.NodeRecord)
+	}
+	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name), Nodes: etcdstore.ServingNodes(p.Pool, live)}
 	for _, b := range s.Bindings {
 		if b.Pool == name {
 			d.Sticky = append(d.Sticky, b)
@@ -189,6 +245,12 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			state += ": hands out no new addresses"
 		}
 		row(tw, "State:", state)
+		row(tw, "Node selector:", selectorCell(p.NodeSelector))
+		nodes := strings.Join(d.Nodes, ", ")
+		if nodes == "" {
+			nodes = "none: a pod that asks for this pool fails"
+		}
+		row(tw, "Serving nodes:", nodes)
 		for _, r := range p.Reserved {
 			row(tw, "Reserved:", r.Range.String(), r.Reason)
 		}

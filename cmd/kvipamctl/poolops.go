@@ -125,6 +125,26 @@ is how a pool is drained before remove-cidr or delete.`,
 			})
 		},
 	}
+	sel := &cobra.Command{
+		Use:   "select POOL SELECTOR",
+		Short: "Choose the nodes a pool serves by their labels (\"\" for every node)",
+		Long: `Set the pool's node selector: the nodes whose labels (an agent's
+--node-labels) it chooses take new blocks and addresses from the pool;
+the others take nothing new from it, keep every address their pods hold,
+and give their blocks back as they empty. A selector is written as
+Kubernetes equality selectors are: comma-separated key=value, key!=value,
+key (the label exists) and !key (it does not). An empty selector serves
+every node. Agents follow the change without a restart.`,
+		Example: "  kvipamctl pool select rack-r1 rack=r1\n  kvipamctl pool select gpu 'gpu,zone!=c'\n  kvipamctl pool select default ''",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := allocator.ParseSelector(args[1])
+			if err != nil {
+				return err
+			}
+			return a.selectNodes(cmd.Context(), args[0], s)
+		},
+	}
 	del := &cobra.Command{
 		Use:   "delete POOL",
 		Short: "Delete a pool; refused while anything in it is allocated, claimed or bound",
@@ -139,7 +159,25 @@ is how a pool is drained before remove-cidr or delete.`,
 			})
 		},
 	}
-	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, del}
+	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, del}
+}
+
+// selectNodes sets the pool's node selector and says which live nodes
+// serve it now.
+func (a *app) selectNodes(ctx context.Context, name string, sel allocator.Selector) error {
+	return a.withStore(ctx, func(s operatorStore) error {
+		p, err := s.UpdatePool(ctx, name, func(p *allocator.Pool) error { p.NodeSelector = sel.String(); return nil })
+		if err != nil {
+			return err
+		}
+		serving, err := servingNodes(ctx, s, p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "pool %s: node selector %s (revision %d); serving nodes now: %s\n", p.Name, selectorCell(p.NodeSelector), p.Rev, strings.Join(serving, ", "))
+		a.warnUnserved(p, serving, "")
+		return nil
+	})
 }
 
 // changePool applies change to a pool in etcd and says what it did.

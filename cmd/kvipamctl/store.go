@@ -22,6 +22,13 @@ type poolWriter interface {
 	DeletePool(ctx context.Context, name string) error
 }
 
+// nodeLister reads the live nodes' records (pool show and select, pool
+// bind-namespace: which nodes serve a pool now).
+type nodeLister interface {
+	ListNodes(ctx context.Context) ([]etcdstore.NodeRecord, error)
+	GetPool(ctx context.Context, name string) (allocator.Pool, error)
+}
+
 // exhaustionReader reads what pool show needs to say why a family has no
 // address left.
 type exhaustionReader interface {
@@ -55,6 +62,7 @@ type historyReader interface {
 // which passes on only the interface its helpers take.
 type operatorStore interface {
 	poolWriter
+	nodeLister
 	exhaustionReader
 	namespaceBinder
 	stickyStore

@@ -32,8 +32,11 @@ type Agent struct {
 
 // Options tune Start.
 type Options struct {
-	// Pools the agent allocates from; they must exist. Required.
+	// Pools the agent is to find in etcd at start (it serves every pool
+	// etcd holds): a check of the test's set-up.
 	Pools []string
+	// Labels are the node's labels, which pools' node selectors choose by.
+	Labels map[string]string
 	// LeaseTTL of the node lease in seconds. Default 30.
 	LeaseTTL int64
 	// ReservationTTL for reservations. Default: the store's.
@@ -56,16 +59,21 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
 	tb.Cleanup(sess.Close)
-	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID()}
+	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels}
 	if err := st.PutNode(ctx, rec, sess.ID()); err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: st, Pools: o.Pools})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: st, Labels: o.Labels})
 	if err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
 	if err := al.Restore(ctx, sess); err != nil {
 		tb.Fatalf("agent %s: restore: %v", name, err)
+	}
+	for _, p := range o.Pools {
+		if _, ok := al.Pool(p); !ok {
+			tb.Fatalf("agent %s: pool %s is not in etcd", name, p)
+		}
 	}
 	return &Agent{Name: name, Client: cli, Store: st, Session: sess, Alloc: al}
 }
