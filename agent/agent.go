@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore"
@@ -60,7 +61,8 @@ type Agent struct {
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
-	peers     *peerRouter // nil with routing none
+	peers     *peerRouter  // nil with routing none
+	speaker   *bgp.Speaker // routing bgp only
 	bindings  *nsBindings
 	podMTU    int
 
@@ -116,6 +118,9 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
+	}
+	if a.speaker != nil {
+		tasks = append(tasks, newBGPAnnouncer(a.cfg.Node, a.recorder.addrs, a.store, a.speaker, a.log.Named("bgp")).run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)
@@ -217,6 +222,11 @@ func (a *Agent) start(ctx context.Context) error {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
 	a.recorder = &nodeRecorder{put: a.store.PutNode, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS)}
+	if a.cfg.RoutingMode() == RoutingBGP {
+		if err := a.startBGP(ctx, bootID); err != nil {
+			return err
+		}
+	}
 	a.lease = &leaseKeeper{
 		grant: a.grant, restore: func(ctx context.Context, s *kvstore.Session) error { return a.alloc.Restore(ctx, s) }, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
@@ -259,6 +269,26 @@ func (a *Agent) start(ctx context.Context) error {
 		a.restoreErr = err
 		a.mu.Unlock()
 	}
+	return nil
+}
+
+// startBGP starts the BGP speaker of routing bgp; it peers once the
+// announcer has the node's homes (bgproutes.go).
+func (a *Agent) startBGP(ctx context.Context, bootID string) error {
+	var rid netip.Addr
+	for _, s := range a.recorder.addrs {
+		if ad, err := netip.ParseAddr(s); err == nil && ad.Is4() {
+			rid = ad
+			break
+		}
+	}
+	sp, err := bgp.Start(ctx, a.cfg.BGP, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
+		Logger: a.log.Named("bgp")})
+	if err != nil {
+		return err
+	}
+	a.speaker = sp
+	a.m.reg.MustRegister(sp.Collector())
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -82,6 +83,9 @@ type Config struct {
 	Routing string `json:"routing"`
 	// VXLAN tunes the overlay of routing vxlan.
 	VXLAN VXLANConfig `json:"vxlan"`
+	// BGP is the speaker of routing bgp: the node's AS, the routers it
+	// peers with, what it adds to its announcements (docs/routing.md).
+	BGP bgp.Config `json:"bgp"`
 	// PeerRoutes false is the former spelling of routing none.
 	PeerRoutes bool `json:"peerRoutes"`
 }
@@ -91,6 +95,9 @@ const (
 	RoutingHostGW = "host-gw"
 	RoutingVXLAN  = "vxlan"
 	RoutingNone   = "none"
+	// RoutingBGP announces the node's blocks and borrowed addresses to
+	// the routers configured in BGP; the network routes pod traffic.
+	RoutingBGP = "bgp"
 )
 
 // VXLANConfig is the overlay's device: every node must use the same.
@@ -202,8 +209,15 @@ func (c *Config) Validate() error {
 	}
 	switch c.Routing {
 	case RoutingHostGW, RoutingVXLAN, RoutingNone:
+		if len(c.BGP.Peers) > 0 || c.BGP.ASN != 0 {
+			bad("bgp: configured, but routing is %q: set routing bgp, or remove the bgp section", c.Routing)
+		}
+	case RoutingBGP:
+		if err := c.BGP.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	default:
-		bad("routing: %q is not host-gw, vxlan or none", c.Routing)
+		bad("routing: %q is not host-gw, vxlan, bgp or none", c.Routing)
 	}
 	if c.VXLAN.VNI < 1 || c.VXLAN.VNI > 1<<24-1 {
 		bad("vxlan-vni: %d out of range 1-16777215", c.VXLAN.VNI)

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"context"
+
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/bgp"
 )
 
 // status is the answer to GET /v1/status: readiness and why not, etcd,
@@ -32,5 +35,16 @@ func (a *Agent) status() api.Status {
 		ps.Exhausted = ps.ExhaustedReason != ""
 		st.Pools = append(st.Pools, ps)
 	}
+	if a.speaker != nil {
+		st.BGP = bgpStatus(a.speaker.Status(context.Background()))
+	}
 	return st
+}
+
+func bgpStatus(s bgp.Status) *api.BGPStatus {
+	out := &api.BGPStatus{ASN: s.ASN, Announced: s.Announced, Error: s.Error}
+	for _, p := range s.Peers {
+		out.Peers = append(out.Peers, api.BGPPeerStatus{Address: p.Address, ASN: p.ASN, State: p.State, Advertised: p.Advertised, Received: p.Received, Uptime: p.Uptime})
+	}
+	return out
 }
