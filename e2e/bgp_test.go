@@ -110,6 +110,7 @@ func TestBGPGracefulRestart(t *testing.T) {
 		return p1.answeredSince(time.Time{}) > 10 && p2.answeredSince(time.Time{}) > 10
 	})
 	synced := strings.Count(readLog(t, b.n), "bgp announcements in sync")
+	before := f.frr.neighbor(b.v4)
 	from := time.Now()
 	b.n.restartAgent()
 	waitFor(t, 30*time.Second, "the restarted agent to announce again", func() bool {
@@ -129,7 +130,9 @@ func TestBGPGracefulRestart(t *testing.T) {
 		return true
 	})
 	back := time.Now()
-	t.Logf("agent restarted; FRR established again with fresh routes %s after the restart began", back.Sub(from).Round(time.Millisecond))
+	after := f.frr.neighbor(b.v4)
+	t.Logf("agent restarted; FRR established again with fresh routes %s after the restart began (session dropped: %q)", back.Sub(from).Round(time.Millisecond), after.ResetDueTo)
+	require.Greater(t, after.Dropped, before.Dropped, "the session did drop with the agent's process")
 	since := time.Now()
 	waitFor(t, 10*time.Second, "pings after the restart", func() bool {
 		return p1.answeredSince(since) > 20 && p2.answeredSince(since) > 20
@@ -213,7 +216,7 @@ func TestBGPWithdraw(t *testing.T) {
 		return !ok
 	})
 	gone := time.Since(died)
-	t.Logf("node b3 died: FRR withdrew its prefixes %s later (hold time %s, keepalive %s)", gone.Round(time.Millisecond), hold, keepalive)
+	t.Logf("node b3 died: FRR withdrew its prefixes %s later (hold time %s, keepalive %s); FRR: %q", gone.Round(time.Millisecond), hold, keepalive, f.frr.neighbor(b.v4).ResetDueTo)
 	require.GreaterOrEqual(t, gone, hold-keepalive, "not before the hold time (less the keepalive interval since the last keepalive)")
 	require.Empty(t, f.frr.nextHops("ipv6"), "both families withdrawn")
 }

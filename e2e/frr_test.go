@@ -149,20 +149,28 @@ func (f *frr) nextHops(family string) map[netip.Prefix]netip.Addr {
 	return out
 }
 
-// established reports whether FRR's session with peer is established.
-func (f *frr) established(peer netip.Addr) bool {
+// frrNeighbor is FRR's view of one session.
+type frrNeighbor struct {
+	State       string `json:"bgpState"`
+	Dropped     int    `json:"connectionsDropped"`
+	ResetDueTo  string `json:"lastResetDueTo"`
+	Established int    `json:"connectionsEstablished"`
+}
+
+func (f *frr) neighbor(peer netip.Addr) frrNeighbor {
 	out, err := f.vtysh("show bgp neighbors " + peer.String() + " json")
 	if err != nil {
-		return false
+		return frrNeighbor{}
 	}
-	var m map[string]struct {
-		State string `json:"bgpState"`
-	}
+	var m map[string]frrNeighbor
 	if json.Unmarshal(out, &m) != nil {
-		return false
+		return frrNeighbor{}
 	}
-	return m[peer.String()].State == "Established"
+	return m[peer.String()]
 }
+
+// established reports whether FRR's session with peer is established.
+func (f *frr) established(peer netip.Addr) bool { return f.neighbor(peer).State == "Established" }
 
 // bgpNode is a node of the BGP fabric: its agent, CNI list, node
 // addresses and pods.
