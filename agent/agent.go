@@ -209,9 +209,9 @@ func (a *Agent) start(ctx context.Context) error {
 		// Pod packets are encapsulated: the overlay carries the underlay's
 		// MTU less the overhead, and a larger pod MTU would send packets
 		// it cannot carry.
-		limit := detectMTU(0, a.cfg.NetNS) - vxlanOverhead
+		limit := detectMTU(0, a.cfg.NetNS) - overlayOverhead(&a.cfg)
 		if a.cfg.MTU > limit {
-			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, vxlanOverhead)
+			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, overlayOverhead(&a.cfg))
 		}
 		a.podMTU = cmp.Or(a.cfg.MTU, limit)
 	default:

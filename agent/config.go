@@ -104,6 +104,9 @@ const (
 type VXLANConfig struct {
 	VNI  int `json:"vni"`
 	Port int `json:"port"`
+	// Underlay is the family of the tunnel endpoints: ipv4 (default) or
+	// ipv6. Either carries IPv4 and IPv6 pods.
+	Underlay string `json:"underlay"`
 }
 
 // RoutingMode is Routing, with peerRoutes false meaning none.
@@ -153,7 +156,7 @@ func DefaultConfig() Config {
 		BPFAttach:      BPFAttachAuto,
 		PeerRoutes:     true,
 		Routing:        RoutingHostGW,
-		VXLAN:          VXLANConfig{VNI: 1, Port: 4789},
+		VXLAN:          VXLANConfig{VNI: 1, Port: 4789, Underlay: UnderlayIPv4},
 		// A week: kvipamctl ip history answers for it, and etcd holds about
 		// 0.5 KB per release for that long (docs/operations.md).
 		HistoryRetention: Duration{7 * 24 * time.Hour},
@@ -221,6 +224,11 @@ func (c *Config) Validate() error {
 	}
 	if c.VXLAN.VNI < 1 || c.VXLAN.VNI > 1<<24-1 {
 		bad("vxlan-vni: %d out of range 1-16777215", c.VXLAN.VNI)
+	}
+	switch c.VXLAN.Underlay {
+	case UnderlayIPv4, UnderlayIPv6:
+	default:
+		bad("vxlan-underlay: %q is not ipv4 or ipv6", c.VXLAN.Underlay)
 	}
 	if c.VXLAN.Port < 1 || c.VXLAN.Port > 65535 {
 		bad("vxlan-port: %d out of range 1-65535", c.VXLAN.Port)

@@ -36,9 +36,12 @@ func TestVXLANOverlay(t *testing.T) {
 	bB, bC := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("10.9.2.0/26")
 	vB, vC := netip.MustParseAddr("10.254.2.20"), netip.MustParseAddr("10.254.3.30")
 	lent := netip.MustParsePrefix("10.9.1.7/32") // borrowed by c from b's block
+	b6 := netip.MustParsePrefix("fd00:9::/120")
+	v6B := netip.MustParseAddr("fd00::2")
+	addrsB := []netip.Addr{vB, v6B}
 	want := func() map[netip.Prefix]peerHop {
-		return map[netip.Prefix]peerHop{bB: {"b", vB}, bC: {"c", vC}, lent: {"c", vC},
-			netip.MustParsePrefix("fd00:9::/120"): {"b", netip.MustParseAddr("fd00::2")}} // IPv6: not routed
+		return map[netip.Prefix]peerHop{bB: {"b", vB, addrsB}, bC: {"c", vC, []netip.Addr{vC}}, lent: {"c", vC, []netip.Addr{vC}},
+			b6: {"b", v6B, addrsB}} // IPv6 over the IPv4 underlay: via b's link-local address
 	}
 	require.NoError(t, v.program(h, want()))
 
@@ -52,9 +55,13 @@ func TestVXLANOverlay(t *testing.T) {
 	require.False(t, vx.Learning)
 	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
-	require.Len(t, routes, 3)
+	require.Len(t, routes, 4)
 	for _, r := range routes {
 		require.Equal(t, l.Attrs().Index, r.LinkIndex)
+		if r.Dst.String() == b6.String() {
+			require.Equal(t, vtepLinkLocal("b").String(), r.Gw.String(), "an IPv6 block goes via its node's link-local address")
+			continue
+		}
 		require.NotZero(t, r.Flags&int(netlink.FLAG_ONLINK))
 		if r.Dst.String() == lent.String() {
 			require.Equal(t, vC.String(), r.Gw.String(), "a borrowed address goes to its holder, beside its block's route to the lender")
@@ -62,6 +69,7 @@ func TestVXLANOverlay(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+	require.Equal(t, map[string]string{vtepLinkLocal("b").String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V6))
 
 	// Again, as a restarted agent does: no netlink change at all.
 	changes := watchChanges(t, n)
@@ -78,8 +86,7 @@ func TestVXLANOverlay(t *testing.T) {
 	require.NoError(t, v.program(h, w))
 	routes, err = ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
-	require.Len(t, routes, 1)
-	require.Equal(t, bB.String(), routes[0].Dst.String())
+	require.Len(t, routes, 2)
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
 

@@ -214,18 +214,38 @@ func rackPrefix6(s string) string {
 	return "fd00:254:2::"
 }
 
+// enable6 gives the router fd00:254:1::1/64 on A and fd00:254:2::1/64
+// on B, and IPv6 forwarding.
+func (r *router) enable6(t *testing.T) {
+	t.Helper()
+	for _, s := range []string{"A", "B"} {
+		br, err := r.h.LinkByName("br" + s)
+		require.NoError(t, err)
+		a := netip.MustParseAddr(rackPrefix6(s) + "1")
+		require.NoError(t, r.h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a, 64)), Flags: unix.IFA_F_NODAD}))
+	}
+	require.NoError(t, r.ns.Do(func(ns.NetNS) error {
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
+	}))
+}
+
+// attach6 gives node n (attached to subnet s) its IPv6 address on it and
+// an IPv6 default route via the router; it returns the address.
+func (r *router) attach6(t *testing.T, n *node, s string, host int) netip.Addr {
+	t.Helper()
+	a := netip.MustParseAddr(fmt.Sprintf("%s%d", rackPrefix6(s), host))
+	h := nlHandle(t, n.host)
+	ul, err := h.LinkByName("ul0")
+	require.NoError(t, err)
+	require.NoError(t, h.AddrAdd(ul, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a, 64)), Flags: unix.IFA_F_NODAD}))
+	require.NoError(t, h.RouteAdd(&netlink.Route{Gw: netip.MustParseAddr(rackPrefix6(s) + "1").AsSlice(), LinkIndex: ul.Attrs().Index}))
+	return a
+}
+
 func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 	t.Helper()
 	f := &bgpFabric{r: newRouter(t)}
-	for _, s := range []string{"A", "B"} {
-		br, err := f.r.h.LinkByName("br" + s)
-		require.NoError(t, err)
-		a := netip.MustParseAddr(rackPrefix6(s) + "1")
-		require.NoError(t, f.r.h.AddrAdd(br, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(a, 64)), Flags: unix.IFA_F_NODAD}))
-	}
-	require.NoError(t, f.r.ns.Do(func(ns.NetNS) error {
-		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
-	}))
+	f.r.enable6(t)
 	var conf strings.Builder
 	conf.WriteString("frr defaults datacenter\nhostname tor\n!\nrouter bgp 65000\n bgp router-id 10.254.1.1\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n")
 	for _, s := range specs {
@@ -250,12 +270,7 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 		n := newNode(t, s.name)
 		b := &bgpNode{n: n, gw4: netip.MustParseAddr(subnetPrefix(s.rack) + ".1")}
 		b.v4 = f.r.attach(t, n, s.rack, s.host)
-		b.v6 = netip.MustParseAddr(fmt.Sprintf("%s%d", rackPrefix6(s.rack), s.host))
-		h := nlHandle(t, n.host)
-		ul, err := h.LinkByName("ul0")
-		require.NoError(t, err)
-		require.NoError(t, h.AddrAdd(ul, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(b.v6, 64)), Flags: unix.IFA_F_NODAD}))
-		require.NoError(t, h.RouteAdd(&netlink.Route{Gw: netip.MustParseAddr(rackPrefix6(s.rack) + "1").AsSlice(), LinkIndex: ul.Attrs().Index}))
+		b.v6 = f.r.attach6(t, n, s.rack, s.host)
 
 		hold := s.hold
 		if hold == 0 {

@@ -69,6 +69,7 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.StringVar(&c.Routing, "routing", c.Routing, "how pods reach other nodes' pods: host-gw (nodes on one L2 segment), vxlan (an overlay), bgp (blocks announced to the routers of the config file's bgp section) or none (the network routes pod blocks)")
 	fs.IntVar(&c.VXLAN.VNI, "vxlan-vni", c.VXLAN.VNI, "VXLAN network identifier of routing vxlan (the same on every node)")
 	fs.IntVar(&c.VXLAN.Port, "vxlan-port", c.VXLAN.Port, "UDP port of routing vxlan (the same on every node)")
+	fs.StringVar(&c.VXLAN.Underlay, "vxlan-underlay", c.VXLAN.Underlay, "family of routing vxlan's tunnel endpoints, ipv4 or ipv6 (the same on every node); either carries IPv4 and IPv6 pods")
 	fs.BoolVar(&c.PeerRoutes, "peer-routes", c.PeerRoutes, "deprecated: --peer-routes=false is --routing none")
 
 	// The config file comes first, so find it before parsing for real.
