@@ -178,7 +178,7 @@ func (v *vxlanOverlay) program(h *netlink.Handle, want map[netip.Prefix]peerHop)
 		return err
 	}
 	idx := l.Attrs().Index
-	fdb := map[netip.Addr]net.HardwareAddr{}   // VTEP -> MAC of the nodes with blocks
+	fdb := map[netip.Addr]net.HardwareAddr{}    // VTEP -> MAC of the nodes with blocks
 	neigh4 := map[netip.Addr]net.HardwareAddr{} // IPv4 gateways (VTEPs of an IPv4 underlay)
 	neigh6 := map[netip.Addr]net.HardwareAddr{} // link-local gateways
 	routes := map[netip.Prefix]overlayHop{}
