@@ -21,7 +21,7 @@ import (
 // from BGP, and every dual-stack pod pings every other. One session uses
 // a TCP MD5 password.
 func TestBGPTwoRacksWithFRR(t *testing.T) {
-	f := newBGPFabric(t, []bgpNodeSpec{{name: "a1", rack: "A", host: 11}, {name: "b3", rack: "B", host: 13, password: "s3cret"}, {name: "a2", rack: "A", host: 12}})
+	f := newBGPFabric(t, []bgpNodeSpec{{name: "a1", rack: "A", host: 11, metrics: "127.0.0.1:9464"}, {name: "b3", rack: "B", host: 13, password: "s3cret"}, {name: "a2", rack: "A", host: 12}})
 	a1, b3, a2 := f.nodes[0], f.nodes[1], f.nodes[2]
 	a1.addPod(t, "a1-p0")
 	b3.addPod(t, "b3-p0")
@@ -71,6 +71,9 @@ func TestBGPTwoRacksWithFRR(t *testing.T) {
 	require.NoError(t, err, "%s", ctl)
 	t.Logf("kvipamctl agent status on a1:\n%s", ctl)
 	require.Contains(t, string(ctl), "established")
+	metrics := scrape(t, a1.n, "127.0.0.1:9464")
+	require.Contains(t, metrics, `kvipam_bgp_peer_up{peer="10.254.1.1",peer_asn="65000"} 1`)
+	require.Contains(t, metrics, `kvipam_bgp_announced_prefixes{family="ipv4"} 1`)
 
 	for _, b := range f.nodes {
 		for _, p := range b.pods {

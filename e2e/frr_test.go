@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"fmt"
 	"net/netip"
 	"os"
@@ -190,6 +194,7 @@ type bgpNodeSpec struct {
 	host     int
 	hold     time.Duration // the agent's proposed hold time (keepalive a third)
 	password string        // TCP MD5, on both sides
+	metrics  string        // the agent's --metrics-addr (in the node's namespace)
 }
 
 // bgpFabric is two racks (subnets A: 10.254.1.0/24, fd00:254:1::/64 and
@@ -285,6 +290,9 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 		cfgFile := filepath.Join(n.dir, "agent.yaml")
 		require.NoError(t, os.WriteFile(cfgFile, cfg, 0o600))
 		extra := []string{"--config", cfgFile, "--routing", "bgp", "--node-address", b.v4.String() + "," + b.v6.String()}
+		if s.metrics != "" {
+			extra = append(extra, "--metrics-addr", s.metrics)
+		}
 		if i == 0 {
 			etcd = "http://" + b.v4.String() + ":2379"
 			extra = append(extra, "--embedded-etcd-listen", etcd)
@@ -417,4 +425,29 @@ func (w *nlWatch) first(from time.Time, what string) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// scrape reads the agent's /metrics at addr in n's namespace.
+func scrape(t *testing.T, n *node, addr string) string {
+	t.Helper()
+	var body []byte
+	require.NoError(t, n.do(func() error {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintf(c, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", addr); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err
+	}))
+	return string(body)
 }
