@@ -67,6 +67,7 @@ func TestBGPTwoRacksWithFRR(t *testing.T) {
 	require.Len(t, st.BGP.Peers, 1)
 	require.Equal(t, "established", st.BGP.Peers[0].State)
 	require.Equal(t, map[string]int{"ipv4": 1, "ipv6": 1}, st.BGP.Announced)
+	require.Equal(t, map[string]uint64{"ipv4": 1, "ipv6": 1}, st.BGP.Peers[0].Advertised, "its block of each family, sent to the router")
 	ctl, err := exec.Command(a1.n.bin+"/kvipamctl", "agent", "status", "--socket", a1.n.socket).CombinedOutput()
 	require.NoError(t, err, "%s", ctl)
 	t.Logf("kvipamctl agent status on a1:\n%s", ctl)

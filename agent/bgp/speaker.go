@@ -264,7 +264,11 @@ func (s *Speaker) Status(ctx context.Context) Status {
 				continue
 			}
 			f := familyName(a.State.Family.Afi == api.Family_AFI_IP)
-			ps.Advertised[f], ps.Received[f] = a.State.Advertised, a.State.Received
+			adv := a.State.Advertised
+			if adv > 0 {
+				adv-- // GoBGP counts the End-of-RIB marker of a graceful-restart peer as a path
+			}
+			ps.Advertised[f], ps.Received[f] = adv, a.State.Received
 		}
 		st.Peers = append(st.Peers, ps)
 	})
