@@ -19,9 +19,10 @@ import (
 // and one /32 per borrowed address, each with its node as next hop (IPv6
 // alike, over the same sessions: MP-BGP), the router's kernel routes them
 // from BGP, and every dual-stack pod pings every other. One session uses
-// a TCP MD5 password.
+// a TCP MD5 password and a community of its own; every announcement
+// carries the nodes' common community.
 func TestBGPTwoRacksWithFRR(t *testing.T) {
-	f := newBGPFabric(t, []bgpNodeSpec{{name: "a1", rack: "A", host: 11, metrics: "127.0.0.1:9464"}, {name: "b3", rack: "B", host: 13, password: "s3cret"}, {name: "a2", rack: "A", host: 12}})
+	f := newBGPFabric(t, []bgpNodeSpec{{name: "a1", rack: "A", host: 11, metrics: "127.0.0.1:9464"}, {name: "b3", rack: "B", host: 13, password: "s3cret", community: "65001:300"}, {name: "a2", rack: "A", host: 12}})
 	a1, b3, a2 := f.nodes[0], f.nodes[1], f.nodes[2]
 	a1.addPod(t, "a1-p0")
 	b3.addPod(t, "b3-p0")
@@ -61,6 +62,18 @@ func TestBGPTwoRacksWithFRR(t *testing.T) {
 		}
 	}
 	f.pingAll(t)
+
+	// Every announcement carries the global community, b3's also its
+	// session's own.
+	require.Len(t, f.frr.withCommunity("ipv4", "65001:100"), 3)
+	require.Len(t, f.frr.withCommunity("ipv6", "65001:100"), 3)
+	var b3v4 []netip.Prefix
+	for p, nh := range f.expected(t, "ipv4") {
+		if nh == b3.v4 {
+			b3v4 = append(b3v4, p)
+		}
+	}
+	require.ElementsMatch(t, b3v4, f.frr.withCommunity("ipv4", "65001:300"), "b3's session's own community")
 
 	st := a1.n.status()
 	require.NotNil(t, st.BGP)

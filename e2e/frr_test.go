@@ -3,10 +3,10 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -195,6 +195,9 @@ type bgpNodeSpec struct {
 	hold     time.Duration // the agent's proposed hold time (keepalive a third)
 	password string        // TCP MD5, on both sides
 	metrics  string        // the agent's --metrics-addr (in the node's namespace)
+	// community is added to what the node sends this router (beside
+	// every node's 65001:100).
+	community string
 }
 
 // bgpFabric is two racks (subnets A: 10.254.1.0/24, fd00:254:1::/64 and
@@ -284,6 +287,9 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 		peer := map[string]any{"address": b.gw4.String(), "asn": 65000, "holdTime": hold.String(), "keepaliveTime": (hold / 3).String()}
 		if s.password != "" {
 			peer["password"] = s.password
+		}
+		if s.community != "" {
+			peer["communities"] = []string{s.community}
 		}
 		cfg, err := json.Marshal(map[string]any{"bgp": map[string]any{"asn": 65001, "peers": []any{peer}, "communities": []string{"65001:100"}}})
 		require.NoError(t, err)
@@ -450,4 +456,21 @@ func scrape(t *testing.T, n *node, addr string) string {
 		return err
 	}))
 	return string(body)
+}
+
+// withCommunity are the prefixes of family whose best path carries
+// community c.
+func (f *frr) withCommunity(family, c string) []netip.Prefix {
+	f.t.Helper()
+	out, err := f.vtysh("show bgp " + family + " unicast community " + c + " json")
+	require.NoError(f.t, err, "%s", out)
+	var tbl struct {
+		Routes map[string]json.RawMessage `json:"routes"`
+	}
+	require.NoError(f.t, json.Unmarshal(out, &tbl), "%s", out)
+	var res []netip.Prefix
+	for p := range tbl.Routes {
+		res = append(res, netip.MustParsePrefix(p))
+	}
+	return res
 }

@@ -56,6 +56,10 @@ type Peer struct {
 	// KeepaliveTime defaults to a third of it.
 	HoldTime      Duration `json:"holdTime"`
 	KeepaliveTime Duration `json:"keepaliveTime"`
+	// Communities are added to the announcements to this router, beside
+	// the global ones; LocalPref, if set, replaces the global one for it.
+	Communities []string `json:"communities"`
+	LocalPref   uint32   `json:"localPref"`
 	// Nodes, if set, are the node names (shell patterns: "rack1-*") that
 	// peer with this router; empty is every node. One file then serves a
 	// whole cluster (a DaemonSet's ConfigMap) with a router per rack.
@@ -158,6 +162,11 @@ func (c *Config) Validate() error {
 		}
 		if k < 0 || k%time.Second != 0 || (k != 0 && h != 0 && k >= h) {
 			bad("peers[%d].keepaliveTime: %s must be whole seconds, below holdTime", i, k)
+		}
+		for _, c := range p.Communities {
+			if _, err := ParseCommunity(c); err != nil {
+				bad("peers[%d].communities: %w", i, err)
+			}
 		}
 		for _, pat := range p.Nodes {
 			if _, err := path.Match(pat, ""); err != nil {

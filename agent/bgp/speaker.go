@@ -107,6 +107,10 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		s.srv.Stop()
 		return nil, fmt.Errorf("bgp: start: %w", err)
 	}
+	if err := s.exportPolicy(ctx); err != nil {
+		s.srv.Stop()
+		return nil, err
+	}
 	s.log.Info("bgp speaker started", "asn", cfg.ASN, "router_id", rid, "peers", len(s.peers), "restarting", o.Restarting)
 	return s, nil
 }
@@ -161,11 +165,59 @@ func (s *Speaker) Sync(ctx context.Context, want []Route) error {
 				errs = append(errs, fmt.Errorf("bgp: add peer %s: %w", p.Address, err))
 				continue
 			}
+
 			s.log.Info("bgp peer added", "peer", p.Address, "asn", p.ASN)
 		}
 		s.peered = true
 	}
 	return errors.Join(errs...)
+}
+
+// exportPolicy adds each peer's own communities and local-pref to what
+// is sent to it: one global export policy with a statement per such peer,
+// matched by a neighbour set (GoBGP has per-peer policies for
+// route-server clients only). It is in place before any peer is added.
+func (s *Speaker) exportPolicy(ctx context.Context) error {
+	var stmts []*api.Statement
+	for i, p := range s.peers {
+		if len(p.Communities) == 0 && p.LocalPref == 0 {
+			continue
+		}
+		a := netip.MustParseAddr(p.Address)
+		set := fmt.Sprintf("kvipam-peer-%d", i)
+		err := s.srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
+			DefinedType: api.DefinedType_NEIGHBOR, Name: set, List: []string{netip.PrefixFrom(a, a.BitLen()).String()}}})
+		if err != nil {
+			return fmt.Errorf("bgp: peer %s: neighbour set: %w", p.Address, err)
+		}
+		act := &api.Actions{RouteAction: api.RouteAction_ACCEPT}
+		if len(p.Communities) > 0 {
+			var cs []string
+			for _, c := range p.Communities {
+				v, _ := ParseCommunity(c)
+				cs = append(cs, fmt.Sprintf("%d:%d", v>>16, v&0xffff))
+			}
+			act.Community = &api.CommunityAction{Type: api.CommunityAction_ADD, Communities: cs}
+		}
+		if p.LocalPref != 0 {
+			act.LocalPref = &api.LocalPrefAction{Value: p.LocalPref}
+		}
+		stmts = append(stmts, &api.Statement{Name: set, Actions: act,
+			Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Name: set, Type: api.MatchSet_ANY}}})
+	}
+	if len(stmts) == 0 {
+		return nil
+	}
+	const name = "kvipam-peers"
+	if err := s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: name, Statements: stmts}}); err != nil {
+		return fmt.Errorf("bgp: export policy: %w", err)
+	}
+	err := s.srv.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+		Name: "global", Direction: api.PolicyDirection_EXPORT, Policies: []*api.Policy{{Name: name}}, DefaultAction: api.RouteAction_ACCEPT}})
+	if err != nil {
+		return fmt.Errorf("bgp: assign export policy: %w", err)
+	}
+	return nil
 }
 
 func family(p netip.Prefix) *api.Family {

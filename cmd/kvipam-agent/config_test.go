@@ -106,7 +106,7 @@ bgp:
   localPref: 200
   restartTime: 60s
   peers:
-  - {address: 10.0.0.1, asn: 65000, password: s3cret, holdTime: 9s, keepaliveTime: 3s, nodes: ["rack1-*"]}
+  - {address: 10.0.0.1, asn: 65000, password: s3cret, holdTime: 9s, keepaliveTime: 3s, nodes: ["rack1-*"], communities: ["65001:300"], localPref: 300}
   - {address: "fd00::1", asn: 65000}
 `)
 	c, err := loadConfig([]string{"--config", good}, env(nil))
