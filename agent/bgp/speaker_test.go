@@ -29,7 +29,9 @@ func router(t *testing.T) (*server.BgpServer, uint32) {
 	ctx := context.Background()
 	require.NoError(t, r.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: 65000, RouterId: "127.0.0.2",
 		ListenPort: int32(port), ListenAddresses: []string{"127.0.0.1"}}}))
-	afi := func(f *api.Family) *api.AfiSafi { return &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}} }
+	afi := func(f *api.Family) *api.AfiSafi {
+		return &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}
+	}
 	require.NoError(t, r.AddPeer(ctx, &api.AddPeerRequest{Peer: &api.Peer{
 		Conf:      &api.PeerConf{NeighborAddress: "127.0.0.1", PeerAsn: 65001},
 		Transport: &api.Transport{PassiveMode: true},
