@@ -272,26 +272,6 @@ func (a *Agent) start(ctx context.Context) error {
 	return nil
 }
 
-// startBGP starts the BGP speaker of routing bgp; it peers once the
-// announcer has the node's homes (bgproutes.go).
-func (a *Agent) startBGP(ctx context.Context, bootID string) error {
-	var rid netip.Addr
-	for _, s := range a.recorder.addrs {
-		if ad, err := netip.ParseAddr(s); err == nil && ad.Is4() {
-			rid = ad
-			break
-		}
-	}
-	sp, err := bgp.Start(ctx, a.cfg.BGP, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
-		Logger: a.log.Named("bgp")})
-	if err != nil {
-		return err
-	}
-	a.speaker = sp
-	a.m.reg.MustRegister(sp.Collector())
-	return nil
-}
-
 // grant takes a new node lease and writes the node record on it.
 func (a *Agent) grant(ctx context.Context) (*kvstore.Session, error) {
 	sess, err := kvstore.NewSession(ctx, a.cli, int64(a.cfg.LeaseTTL.Seconds()))
@@ -426,6 +406,10 @@ func (a *Agent) shutdown() {
 	if a.lease != nil {
 		a.lease.close() // no revoke: claims live out their TTL for a quick restart
 	}
+	// The BGP speaker is left running: its sessions end with the process,
+	// a TCP close that the routers, graceful-restart helpers, answer by
+	// keeping the node's routes. Stopping it would send a Cease, and the
+	// routers would withdraw them (docs/routing.md).
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
 	}

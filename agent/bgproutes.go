@@ -162,3 +162,23 @@ func bgpRestarting(stateDir, bootID string) bool {
 	_ = os.WriteFile(f, []byte(bootID+"\n"), 0o644)
 	return restarting
 }
+
+// startBGP starts the BGP speaker of routing bgp; it peers once the
+// announcer has the node's homes (bgproutes.go).
+func (a *Agent) startBGP(ctx context.Context, bootID string) error {
+	var rid netip.Addr
+	for _, s := range a.recorder.addrs {
+		if ad, err := netip.ParseAddr(s); err == nil && ad.Is4() {
+			rid = ad
+			break
+		}
+	}
+	sp, err := bgp.Start(ctx, a.cfg.BGP, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
+		Logger: a.log.Named("bgp")})
+	if err != nil {
+		return err
+	}
+	a.speaker = sp
+	a.m.reg.MustRegister(sp.Collector())
+	return nil
+}
