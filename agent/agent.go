@@ -406,10 +406,8 @@ func (a *Agent) shutdown() {
 	if a.lease != nil {
 		a.lease.close() // no revoke: claims live out their TTL for a quick restart
 	}
-	// The BGP speaker is left running: its sessions end with the process,
-	// a TCP close that the routers, graceful-restart helpers, answer by
-	// keeping the node's routes. Stopping it would send a Cease, and the
-	// routers would withdraw them (docs/routing.md).
+	// The BGP speaker is not stopped (a Cease would withdraw the routes):
+	// its sessions end with the process; routers keep them (bgproutes.go).
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
 	}

@@ -164,7 +164,10 @@ func bgpRestarting(stateDir, bootID string) bool {
 }
 
 // startBGP starts the BGP speaker of routing bgp; it peers once the
-// announcer has the node's homes (bgproutes.go).
+// announcer has the node's homes. The agent never stops it: stopping
+// would send each router a Cease, and routers withdraw a node's routes on
+// a Cease; the sessions end with the process instead, a TCP close that a
+// graceful-restart helper answers by keeping them (docs/routing.md).
 func (a *Agent) startBGP(ctx context.Context, bootID string) error {
 	var rid netip.Addr
 	for _, s := range a.recorder.addrs {
