@@ -178,3 +178,52 @@ func TestVXLANRefusesLargeMTU(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1450, got.MTU, "pods get the overlay's MTU")
 }
+
+// TestVXLANOverlayIPv6Underlay: over an IPv6 underlay the device's VTEP is
+// the node's IPv6 address and its MTU 70 below the link's; every block,
+// IPv4 included (an IPv4 route with an IPv6 next hop), goes via the
+// peer's link-local address, which a permanent IPv6 neighbour entry
+// resolves to its MAC, and the FDB sends that MAC to the peer's IPv6
+// VTEP. Programming the same state again changes nothing.
+func TestVXLANOverlayIPv6Underlay(t *testing.T) {
+	n := nstest.NewNS(t)
+	h := nstest.Handle(t, n)
+	ul := nstest.AddLink(t, h, "ul0")
+	local := netip.MustParseAddr("fd00:254:1::10")
+	require.NoError(t, h.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(local, 64)), Flags: unix.IFA_F_NODAD}))
+
+	v := &vxlanOverlay{node: "a", local: local, six: true, vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	vB := netip.MustParseAddr("fd00:254:2::20")
+	addrsB := []netip.Addr{netip.MustParseAddr("10.254.2.20"), vB}
+	b4, b6 := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("fd00:9::/120")
+	want := func() map[netip.Prefix]peerHop {
+		return map[netip.Prefix]peerHop{b4: {"b", addrsB[0], addrsB}, b6: {"b", vB, addrsB}}
+	}
+	require.NoError(t, v.program(h, want()))
+	l, err := h.LinkByName(vxlanDevice)
+	require.NoError(t, err)
+	vx := l.(*netlink.Vxlan)
+	require.Equal(t, local.String(), vx.SrcAddr.String())
+	require.Equal(t, ul.Attrs().MTU-70, vx.MTU)
+	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
+	require.NoError(t, err)
+	require.Len(t, routes, 2)
+	ll := vtepLinkLocal("b")
+	for _, r := range routes {
+		require.Equal(t, l.Attrs().Index, r.LinkIndex)
+		if r.Dst.String() == b4.String() {
+			via, ok := r.Via.(*netlink.Via)
+			require.True(t, ok, "an IPv4 route with an IPv6 next hop: %+v", r)
+			require.Equal(t, ll.String(), via.Addr.String())
+		} else {
+			require.Equal(t, ll.String(), r.Gw.String())
+		}
+	}
+	require.Equal(t, map[string]string{ll.String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V6))
+	require.Empty(t, neighbours(t, h, l, netlink.FAMILY_V4))
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+
+	changes := watchChanges(t, n)
+	require.NoError(t, v.program(h, want()))
+	require.Empty(t, changes(h), "programming the same state again changes nothing")
+}
