@@ -66,12 +66,12 @@ func received(t *testing.T, r *server.BgpServer) map[netip.Prefix]string {
 	return out
 }
 
-// TestSpeakerAnnouncesAndWithdraws: a speaker peers with a GoBGP router
+// TestBGPSpeakerAnnouncesAndWithdraws: a speaker peers with a GoBGP router
 // on loopback only after its first Sync, announces that set (IPv4 with a
 // NEXT_HOP, IPv6 in MP_REACH_NLRI, each with the node's address of the
 // family), withdraws what a later Sync leaves out and announces what it
 // adds; Status and the metrics show the established peer and the counts.
-func TestSpeakerAnnouncesAndWithdraws(t *testing.T) {
+func TestBGPSpeakerAnnouncesAndWithdraws(t *testing.T) {
 	r, port := router(t)
 	cfg := Config{ASN: 65001, Peers: []Peer{{Address: "127.0.0.1", ASN: 65000, Port: port, HoldTime: Duration{9 * time.Second}}}}
 	ctx := context.Background()
