@@ -111,6 +111,10 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		s.srv.Stop()
 		return nil, err
 	}
+	if err := s.rejectLearned(ctx); err != nil {
+		s.srv.Stop()
+		return nil, err
+	}
 	s.log.Info("bgp speaker started", "asn", cfg.ASN, "router_id", rid, "peers", len(s.peers), "restarting", o.Restarting)
 	return s, nil
 }
@@ -216,6 +220,33 @@ func (s *Speaker) exportPolicy(ctx context.Context) error {
 		Name: "global", Direction: api.PolicyDirection_EXPORT, Policies: []*api.Policy{{Name: name}}, DefaultAction: api.RouteAction_ACCEPT}})
 	if err != nil {
 		return fmt.Errorf("bgp: assign export policy: %w", err)
+	}
+	return nil
+}
+
+// rejectLearned keeps the routes a router sends out of the speaker's
+// table: the node installs none (the fabric routes pod traffic), so
+// there is no best path to compute for them. GoBGP still holds what it
+// received (its Adj-RIB-In), so routers should send the nodes nothing
+// (docs/routing.md). It is a global import policy that rejects every
+// path from a neighbour; the node's own paths have none.
+func (s *Speaker) rejectLearned(ctx context.Context) error {
+	const set, name = "kvipam-any-neighbour", "kvipam-reject-learned"
+	err := s.srv.AddDefinedSet(ctx, &api.AddDefinedSetRequest{DefinedSet: &api.DefinedSet{
+		DefinedType: api.DefinedType_NEIGHBOR, Name: set, List: []string{"0.0.0.0/0", "::/0"}}})
+	if err != nil {
+		return fmt.Errorf("bgp: neighbour set: %w", err)
+	}
+	err = s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: name, Statements: []*api.Statement{{Name: name,
+		Conditions: &api.Conditions{NeighborSet: &api.MatchSet{Name: set, Type: api.MatchSet_ANY}},
+		Actions:    &api.Actions{RouteAction: api.RouteAction_REJECT}}}}})
+	if err != nil {
+		return fmt.Errorf("bgp: import policy: %w", err)
+	}
+	err = s.srv.AddPolicyAssignment(ctx, &api.AddPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
+		Name: "global", Direction: api.PolicyDirection_IMPORT, Policies: []*api.Policy{{Name: name}}, DefaultAction: api.RouteAction_ACCEPT}})
+	if err != nil {
+		return fmt.Errorf("bgp: assign import policy: %w", err)
 	}
 	return nil
 }

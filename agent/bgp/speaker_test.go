@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // router is a plain GoBGP server on loopback (AS 65000) that the speaker
@@ -113,6 +114,19 @@ kvipam_bgp_announced_prefixes{family="ipv6"} 1
 		_, still := got[borrowed]
 		return !still && got[block4b] == nh4.String() && len(got) == 3
 	}, 30*time.Second, 50*time.Millisecond, "withdrawn and announced")
+
+	// A route the router sends is received but not kept: the node
+	// installs none.
+	learned := netip.MustParsePrefix("192.0.2.0/24")
+	nlri, _ := anypb.New(&api.IPAddressPrefix{Prefix: "192.0.2.0", PrefixLen: 24})
+	origin, _ := anypb.New(&api.OriginAttribute{Origin: 0})
+	nhAttr, _ := anypb.New(&api.NextHopAttribute{NextHop: "127.0.0.2"})
+	_, err = r.AddPath(ctx, &api.AddPathRequest{TableType: api.TableType_GLOBAL, Path: &api.Path{Family: familyV4, Nlri: nlri, Pattrs: []*anypb.Any{origin, nhAttr}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return s.Status(ctx).Peers[0].Received["ipv4"] == 1 }, 30*time.Second, 50*time.Millisecond, "the speaker received the router's route")
+	_, kept := received(t, s.srv)[learned]
+	require.False(t, kept, "and kept none")
+	require.Len(t, received(t, s.srv), 3, "only its own")
 
 	// A next hop of the wrong family is refused, not announced.
 	require.ErrorContains(t, s.Sync(ctx, []Route{{block4, nh4}, {block6, nh4}}), "no address of its family")
