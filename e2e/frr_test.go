@@ -266,11 +266,11 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 	for _, fam := range []string{"ipv4", "ipv6"} {
 		fmt.Fprintf(&conf, " address-family %s unicast\n", fam)
 		for _, s := range specs {
-			fmt.Fprintf(&conf, "  neighbor %s.%d activate\n", subnetPrefix(s.rack), s.host)
+			fmt.Fprintf(&conf, "  neighbor %s.%d activate\n  neighbor %s.%d route-map NODES-OUT out\n", subnetPrefix(s.rack), s.host, subnetPrefix(s.rack), s.host)
 		}
 		conf.WriteString(" exit-address-family\n")
 	}
-	conf.WriteString("!\n")
+	conf.WriteString("!\nroute-map NODES-OUT deny 10\n!\n") // the nodes need no routes: send them none
 	f.frr = startFRR(t, f.r.ns, conf.String())
 
 	var etcd string
