@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -60,7 +61,8 @@ type Agent struct {
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
-	peers     *peerRouter // nil with routing none
+	peers     *peerRouter  // nil with routing none
+	speaker   *bgp.Speaker // routing bgp only
 	bindings  *nsBindings
 	podMTU    int
 
@@ -104,6 +106,9 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
+	}
+	if a.speaker != nil {
+		tasks = append(tasks, newBGPAnnouncer(a.cfg.Node, a.recorder.addrs, a.store, a.speaker, a.log.Named("bgp")).run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)
@@ -185,9 +190,9 @@ func (a *Agent) start(ctx context.Context) error {
 		// Pod packets are encapsulated: the overlay carries the underlay's
 		// MTU less the overhead, and a larger pod MTU would send packets
 		// it cannot carry.
-		limit := detectMTU(0, a.cfg.NetNS) - vxlanOverhead
+		limit := detectMTU(0, a.cfg.NetNS) - overlayOverhead(&a.cfg)
 		if a.cfg.MTU > limit {
-			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, vxlanOverhead)
+			return fmt.Errorf("%w: mtu %d is more than the vxlan overlay carries (%d: the underlay's less %d)", ErrBadConfig, a.cfg.MTU, limit, overlayOverhead(&a.cfg))
 		}
 		a.podMTU = cmp.Or(a.cfg.MTU, limit)
 	default:
@@ -198,6 +203,11 @@ func (a *Agent) start(ctx context.Context) error {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
 	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels}
+	if a.cfg.Routing == RoutingBGP {
+		if err := a.startBGP(ctx, bootID); err != nil {
+			return err
+		}
+	}
 	a.lease = &leaseKeeper{
 		leases: nodeLeases{cli: a.cli, ttl: int64(a.cfg.LeaseTTL.Seconds()), recorder: a.recorder}, alloc: a.alloc, timeout: a.cfg.RequestTimeout.Duration,
 		held: a.m.leaseHeld, log: a.log,
@@ -350,9 +360,13 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
 		alloc: queuedAllocations{a.batch}, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp,
 		garbage: a.gc, owners: a.alloc,
-		reporter: statusReporter{node: a.cfg.Node, version: a.opts.Version, datapath: a.dp.Name(), embedded: a.embedded != nil, etcd: a.cli,
-			ready: a.ready, probe: a.probe, lease: a.lease, usage: a.alloc, exhausted: a.exhausted},
 	}
+	st := statusReporter{node: a.cfg.Node, version: a.opts.Version, datapath: a.dp.Name(), embedded: a.embedded != nil, etcd: a.cli,
+		ready: a.ready, probe: a.probe, lease: a.lease, usage: a.alloc, exhausted: a.exhausted}
+	if a.speaker != nil {
+		st.bgp = a.speaker
+	}
+	h.reporter = st
 	as := &apiServer{state: a.ready, timeout: a.cfg.RequestTimeout.Duration, requests: a.m.requests, log: a.log, h: h}
 	srv := &http.Server{Handler: as.routes(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: a.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})}
 	return srv, ln, nil
@@ -374,6 +388,8 @@ func (a *Agent) shutdown() {
 	if a.lease != nil {
 		a.lease.close() // no revoke: claims live out their TTL for a quick restart
 	}
+	// The BGP speaker is not stopped (a Cease would withdraw the routes):
+	// its sessions end with the process; routers keep them (bgproutes.go).
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
 	}

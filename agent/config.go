@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
@@ -92,6 +93,9 @@ type Config struct {
 	Routing string `json:"routing"`
 	// VXLAN tunes the overlay of routing vxlan.
 	VXLAN VXLANConfig `json:"vxlan"`
+	// BGP is the speaker of routing bgp: the node's AS, the routers it
+	// peers with, what it adds to its announcements (docs/routing.md).
+	BGP bgp.Config `json:"bgp"`
 }
 
 // Routing modes.
@@ -99,12 +103,18 @@ const (
 	RoutingHostGW = "host-gw"
 	RoutingVXLAN  = "vxlan"
 	RoutingNone   = "none"
+	// RoutingBGP announces the node's blocks and borrowed addresses to
+	// the routers configured in BGP; the network routes pod traffic.
+	RoutingBGP = "bgp"
 )
 
 // VXLANConfig is the overlay's device: every node must use the same.
 type VXLANConfig struct {
 	VNI  int `json:"vni"`
 	Port int `json:"port"`
+	// Underlay is the family of the tunnel endpoints: ipv4 (default) or
+	// ipv6. Either carries IPv4 and IPv6 pods.
+	Underlay string `json:"underlay"`
 }
 
 // Duration is a time.Duration that reads "15s" from YAML and JSON.
@@ -145,7 +155,7 @@ func DefaultConfig() Config {
 		BPFPinDir:      "/sys/fs/bpf/kvipam",
 		BPFAttach:      BPFAttachAuto,
 		Routing:        RoutingHostGW,
-		VXLAN:          VXLANConfig{VNI: 1, Port: 4789},
+		VXLAN:          VXLANConfig{VNI: 1, Port: 4789, Underlay: UnderlayIPv4},
 		// A week: kvipamctl ip history answers for it, and etcd holds about
 		// 0.5 KB per release for that long (docs/operations.md).
 		HistoryRetention: Duration{7 * 24 * time.Hour},
@@ -203,11 +213,23 @@ func (c *Config) Validate() error {
 	}
 	switch c.Routing {
 	case RoutingHostGW, RoutingVXLAN, RoutingNone:
+		if len(c.BGP.Peers) > 0 || c.BGP.ASN != 0 {
+			bad("bgp: configured, but routing is %q: set routing bgp, or remove the bgp section", c.Routing)
+		}
+	case RoutingBGP:
+		if err := c.BGP.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	default:
-		bad("routing: %q is not host-gw, vxlan or none", c.Routing)
+		bad("routing: %q is not host-gw, vxlan, bgp or none", c.Routing)
 	}
 	if c.VXLAN.VNI < 1 || c.VXLAN.VNI > 1<<24-1 {
 		bad("vxlan-vni: %d out of range 1-16777215", c.VXLAN.VNI)
+	}
+	switch c.VXLAN.Underlay {
+	case UnderlayIPv4, UnderlayIPv6:
+	default:
+		bad("vxlan-underlay: %q is not ipv4 or ipv6", c.VXLAN.Underlay)
 	}
 	if c.VXLAN.Port < 1 || c.VXLAN.Port > 65535 {
 		bad("vxlan-port: %d out of range 1-65535", c.VXLAN.Port)

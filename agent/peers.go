@@ -100,29 +100,32 @@ func (p *peerRouter) changed() {
 	}
 }
 
-// peerHop is where one other node's block is sent: the node, and its
-// address of the block's family.
+// peerHop is where one other node's block is sent: the node, its
+// address of the block's family (invalid if it has none), and all its
+// addresses (an overlay picks its tunnel endpoint among them).
 type peerHop struct {
-	node string
-	addr netip.Addr
+	node  string
+	addr  netip.Addr
+	addrs []netip.Addr
 }
 
-// desired is every other node's block with the node's address of the
-// block's family.
+// desired is every other node's block with the node's addresses.
 func (p *peerRouter) desired() map[netip.Prefix]peerHop {
 	owner, _ := p.owner.snapshot()
 	addrs, _ := p.addrs.snapshot()
 	out := map[netip.Prefix]peerHop{}
 	for b, node := range owner {
-		if node == p.node {
+		if node == p.node || len(addrs[node]) == 0 {
 			continue
 		}
+		hop := peerHop{node: node, addrs: addrs[node]}
 		for _, a := range addrs[node] {
 			if a.Is4() == b.Addr().Is4() {
-				out[b] = peerHop{node: node, addr: a}
+				hop.addr = a
 				break
 			}
 		}
+		out[b] = hop
 	}
 	return out
 }

@@ -48,7 +48,7 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 	for _, r := range have {
 		dst, _ := netip.ParsePrefix(r.Dst.String())
 		gw, _ := netip.AddrFromSlice(r.Gw)
-		if hop, ok := todo[dst]; ok && hop.addr == gw.Unmap() && r.Flags&int(netlink.FLAG_ONLINK) == 0 {
+		if hop, ok := todo[dst]; ok && hop.addr.IsValid() && hop.addr == gw.Unmap() && r.Flags&int(netlink.FLAG_ONLINK) == 0 {
 			delete(todo, dst)
 			continue
 		}
@@ -57,6 +57,9 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 		}
 	}
 	for b, hop := range todo {
+		if !hop.addr.IsValid() {
+			continue // the node has no address of the block's family
+		}
 		r := &netlink.Route{Dst: prefixNet(b), Gw: net.IP(hop.addr.AsSlice()), Protocol: routeProtocol}
 		if err := h.RouteReplace(r); err != nil {
 			errs = append(errs, err) // a peer not on our segment: no host-gw route to it

@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"context"
+
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -17,6 +20,10 @@ type statusReporter struct {
 	lease                   interface{ session() *kvstore.Session }
 	usage                   interface{ Usage() []nodealloc.Usage }
 	exhausted               *exhaustion
+	// bgp, with routing bgp only, is the speaker's state.
+	bgp interface {
+		Status(ctx context.Context) bgp.Status
+	}
 }
 
 func (r statusReporter) status() api.Status {
@@ -45,5 +52,16 @@ func (r statusReporter) status() api.Status {
 		ps.Exhausted = ps.ExhaustedReason != ""
 		st.Pools = append(st.Pools, ps)
 	}
+	if r.bgp != nil {
+		st.BGP = bgpStatus(r.bgp.Status(context.Background()))
+	}
 	return st
+}
+
+func bgpStatus(s bgp.Status) *api.BGPStatus {
+	out := &api.BGPStatus{ASN: s.ASN, Announced: s.Announced, Error: s.Error}
+	for _, p := range s.Peers {
+		out.Peers = append(out.Peers, api.BGPPeerStatus{Address: p.Address, ASN: p.ASN, State: p.State, Advertised: p.Advertised, Received: p.Received, Uptime: p.Uptime})
+	}
+	return out
 }

@@ -23,14 +23,50 @@ import (
 // from the block homes and node records in etcd; nothing is learned from
 // traffic. A device's MAC is derived from its node's name, so every node
 // knows every other node's MAC without storing it, and a restarted agent
-// finds its device unchanged. IPv4 only: an IPv6 block is not routed.
+// finds its device unchanged.
+//
+// The overlay carries IPv4 and IPv6 pods over an IPv4 or an IPv6
+// underlay (vxlan.underlay): the VTEPs are the nodes' addresses of the
+// underlay's family. An IPv4 block over an IPv4 underlay is routed via
+// the peer's VTEP address, as before; every other route (IPv6 blocks, and
+// IPv4 blocks over an IPv6 underlay, as IPv4 routes with an IPv6 next hop,
+// RFC 5549 style) goes via the peer's link-local address on the overlay,
+// fe80:: and the EUI-64 of its device's MAC, whose permanent neighbour
+// entry is that MAC. So no node needs an address of a family it does not
+// carry, and nothing is learned from traffic.
 
 const (
 	vxlanDevice = "kvipam.vxlan"
 	// vxlanOverhead is what encapsulation adds to a packet over an IPv4
 	// underlay: outer IPv4 (20), UDP (8), VXLAN (8) and inner Ethernet (14).
 	vxlanOverhead = 50
+	// vxlanOverhead6 is the same over an IPv6 underlay (outer IPv6: 40).
+	vxlanOverhead6 = 70
 )
+
+// Underlay families of the overlay.
+const (
+	UnderlayIPv4 = "ipv4"
+	UnderlayIPv6 = "ipv6"
+)
+
+// overlayOverhead is what the overlay of cfg adds to a packet.
+func overlayOverhead(cfg *Config) int {
+	if cfg.VXLAN.Underlay == UnderlayIPv6 {
+		return vxlanOverhead6
+	}
+	return vxlanOverhead
+}
+
+// vtepLinkLocal is the link-local address of node's overlay device, the
+// gateway of the routes to its blocks that do not go via its VTEP.
+func vtepLinkLocal(node string) netip.Addr {
+	mac := vtepMAC(node)
+	var b [16]byte
+	b[0], b[1] = 0xfe, 0x80
+	b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15] = mac[0]^0x02, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]
+	return netip.AddrFrom16(b)
+}
 
 // vtepMAC is node's VXLAN device MAC: locally administered, unicast.
 func vtepMAC(node string) net.HardwareAddr {
@@ -42,16 +78,17 @@ func vtepMAC(node string) net.HardwareAddr {
 
 type vxlanOverlay struct {
 	node  string
-	local netip.Addr // this node's VTEP, its IPv4 node address
+	local netip.Addr // this node's VTEP, its node address of the underlay's family
+	six   bool       // an IPv6 underlay
 	vni   int
 	port  int
 	log   hclog.Logger
 }
 
 func newVXLAN(cfg *Config, log hclog.Logger) *vxlanOverlay {
-	v := &vxlanOverlay{node: cfg.Node, vni: cfg.VXLAN.VNI, port: cfg.VXLAN.Port, log: log}
+	v := &vxlanOverlay{node: cfg.Node, vni: cfg.VXLAN.VNI, port: cfg.VXLAN.Port, six: cfg.VXLAN.Underlay == UnderlayIPv6, log: log}
 	for _, s := range nodeAddresses(cfg.NodeAddresses, cfg.NetNS) {
-		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is6() == v.six {
 			v.local = a
 			break
 		}
@@ -59,12 +96,20 @@ func newVXLAN(cfg *Config, log hclog.Logger) *vxlanOverlay {
 	return v
 }
 
+func (v *vxlanOverlay) family() (int, string) {
+	if v.six {
+		return netlink.FAMILY_V6, "IPv6"
+	}
+	return netlink.FAMILY_V4, "IPv4"
+}
+
 // underlay is the link that holds the local VTEP address.
 func (v *vxlanOverlay) underlay(h *netlink.Handle) (netlink.Link, error) {
+	fam, name := v.family()
 	if !v.local.IsValid() {
-		return nil, errors.New("vxlan: this node has no IPv4 node address to be its VTEP (--node-address)")
+		return nil, fmt.Errorf("vxlan: this node has no %s node address to be its VTEP (--node-address; vxlan-underlay)", name)
 	}
-	addrs, err := h.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := h.AddrList(nil, fam)
 	if err != nil {
 		return nil, fmt.Errorf("vxlan: list addresses: %w", err)
 	}
@@ -83,7 +128,11 @@ func (v *vxlanOverlay) device(h *netlink.Handle) (netlink.Link, error) {
 	if err != nil {
 		return nil, err
 	}
-	mac, mtu := vtepMAC(v.node), under.Attrs().MTU-vxlanOverhead
+	overhead := vxlanOverhead
+	if v.six {
+		overhead = vxlanOverhead6
+	}
+	mac, mtu := vtepMAC(v.node), under.Attrs().MTU-overhead
 	if l, err := h.LinkByName(vxlanDevice); err == nil {
 		vx, ok := l.(*netlink.Vxlan)
 		if ok && vx.VxlanId == v.vni && vx.Port == v.port && vx.SrcAddr.Equal(v.local.AsSlice()) &&
@@ -129,28 +178,90 @@ func (v *vxlanOverlay) program(h *netlink.Handle, want map[netip.Prefix]peerHop)
 		return err
 	}
 	idx := l.Attrs().Index
-	peers := map[netip.Addr]net.HardwareAddr{} // VTEP -> MAC of the nodes with blocks
-	routes := map[netip.Prefix]peerHop{}
+	fdb := map[netip.Addr]net.HardwareAddr{}    // VTEP -> MAC of the nodes with blocks
+	neigh4 := map[netip.Addr]net.HardwareAddr{} // IPv4 gateways (VTEPs of an IPv4 underlay)
+	neigh6 := map[netip.Addr]net.HardwareAddr{} // link-local gateways
+	routes := map[netip.Prefix]overlayHop{}
 	for b, hop := range want {
-		if b.Addr().Is4() && hop.addr.Is4() {
-			routes[b] = hop
-			peers[hop.addr] = vtepMAC(hop.node)
+		vtep := v.vtepOf(hop)
+		if !vtep.IsValid() {
+			continue // the node has no address of the underlay's family
 		}
+		mac := vtepMAC(hop.node)
+		fdb[vtep] = mac
+		gw := vtepLinkLocal(hop.node)
+		if b.Addr().Is4() && vtep.Is4() {
+			gw = vtep
+			neigh4[gw] = mac
+		} else {
+			neigh6[gw] = mac
+		}
+		routes[b] = overlayHop{node: hop.node, gw: gw}
 	}
-	errs := []error{v.syncRoutes(h, idx, routes), v.syncEntries(h, idx, netlink.FAMILY_V4, peers), v.syncEntries(h, idx, unix.AF_BRIDGE, peers)}
+	errs := []error{v.syncRoutes(h, idx, routes), v.syncEntries(h, idx, netlink.FAMILY_V4, neigh4),
+		v.syncEntries(h, idx, netlink.FAMILY_V6, neigh6), v.syncEntries(h, idx, unix.AF_BRIDGE, fdb)}
 	return errors.Join(errs...)
 }
 
-func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Prefix]peerHop) error {
-	have, err := ownRoutes(h, netlink.FAMILY_V4)
+// vtepOf is the peer's address of the underlay's family.
+func (v *vxlanOverlay) vtepOf(hop peerHop) netip.Addr {
+	if hop.addr.IsValid() && hop.addr.Is6() == v.six {
+		return hop.addr
+	}
+	for _, a := range hop.addrs {
+		if a.Is6() == v.six {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+// overlayHop is a route's gateway on the overlay device: the peer's IPv4
+// VTEP (on-link) or its link-local address.
+type overlayHop struct {
+	node string
+	gw   netip.Addr
+}
+
+// overlayRoute is the kernel route of block via hop on the device.
+func overlayRoute(b netip.Prefix, hop overlayHop, idx int) *netlink.Route {
+	r := &netlink.Route{Dst: prefixNet(b), LinkIndex: idx, Protocol: routeProtocol}
+	switch {
+	case b.Addr().Is4() && hop.gw.Is6():
+		r.Via = &netlink.Via{AddrFamily: netlink.FAMILY_V6, Addr: net.IP(hop.gw.AsSlice())}
+	case hop.gw.Is4():
+		r.Gw, r.Flags = net.IP(hop.gw.AsSlice()), int(netlink.FLAG_ONLINK)
+	default:
+		r.Gw = net.IP(hop.gw.AsSlice())
+	}
+	return r
+}
+
+// sameOverlayRoute reports whether the kernel's route r is block's route via hop.
+func sameOverlayRoute(r netlink.Route, hop overlayHop, idx int) bool {
+	if r.LinkIndex != idx {
+		return false
+	}
+	if via, ok := r.Via.(*netlink.Via); ok && via != nil {
+		a, _ := netip.AddrFromSlice(via.Addr)
+		return a == hop.gw
+	}
+	gw, _ := netip.AddrFromSlice(r.Gw)
+	if gw.Unmap() != hop.gw {
+		return false
+	}
+	return !hop.gw.Is4() || r.Flags&int(netlink.FLAG_ONLINK) != 0
+}
+
+func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Prefix]overlayHop) error {
+	have, err := ownRoutes(h, netlink.FAMILY_ALL)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, r := range have {
 		dst, _ := netip.ParsePrefix(r.Dst.String())
-		gw, _ := netip.AddrFromSlice(r.Gw)
-		if hop, ok := want[dst]; ok && hop.addr == gw.Unmap() && r.LinkIndex == idx && r.Flags&int(netlink.FLAG_ONLINK) != 0 {
+		if hop, ok := want[dst]; ok && sameOverlayRoute(r, hop, idx) {
 			delete(want, dst)
 			continue
 		}
@@ -159,13 +270,11 @@ func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Pre
 		}
 	}
 	for b, hop := range want {
-		r := &netlink.Route{Dst: prefixNet(b), Gw: net.IP(hop.addr.AsSlice()), LinkIndex: idx,
-			Flags: int(netlink.FLAG_ONLINK), Protocol: routeProtocol}
-		if err := h.RouteReplace(r); err != nil {
-			errs = append(errs, fmt.Errorf("vxlan route %s via %s: %w", b, hop.addr, err))
+		if err := h.RouteReplace(overlayRoute(b, hop, idx)); err != nil {
+			errs = append(errs, fmt.Errorf("vxlan route %s via %s: %w", b, hop.gw, err))
 			continue
 		}
-		v.log.Debug("route to peer block over vxlan", "block", b, "via", hop.addr, "node", hop.node)
+		v.log.Debug("route to peer block over vxlan", "block", b, "via", hop.gw, "node", hop.node)
 	}
 	return errors.Join(errs...)
 }
@@ -176,7 +285,7 @@ func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Pre
 // (AF_BRIDGE: frames for that MAC go to that address). Entries that
 // match are kept, other permanent ones removed, missing ones added.
 func (v *vxlanOverlay) syncEntries(h *netlink.Handle, idx, family int, want map[netip.Addr]net.HardwareAddr) error {
-	what := map[int]string{netlink.FAMILY_V4: "neighbour", unix.AF_BRIDGE: "fdb"}[family]
+	what := map[int]string{netlink.FAMILY_V4: "neighbour", netlink.FAMILY_V6: "IPv6 neighbour", unix.AF_BRIDGE: "fdb"}[family]
 	have, err := h.NeighList(idx, family)
 	if err != nil {
 		return fmt.Errorf("vxlan %s entries: %w", what, err)

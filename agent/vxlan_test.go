@@ -36,9 +36,12 @@ func TestVXLANOverlay(t *testing.T) {
 	bB, bC := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("10.9.2.0/26")
 	vB, vC := netip.MustParseAddr("10.254.2.20"), netip.MustParseAddr("10.254.3.30")
 	lent := netip.MustParsePrefix("10.9.1.7/32") // borrowed by c from b's block
+	b6 := netip.MustParsePrefix("fd00:9::/120")
+	v6B := netip.MustParseAddr("fd00::2")
+	addrsB := []netip.Addr{vB, v6B}
 	want := func() map[netip.Prefix]peerHop {
-		return map[netip.Prefix]peerHop{bB: {"b", vB}, bC: {"c", vC}, lent: {"c", vC},
-			netip.MustParsePrefix("fd00:9::/120"): {"b", netip.MustParseAddr("fd00::2")}} // IPv6: not routed
+		return map[netip.Prefix]peerHop{bB: {"b", vB, addrsB}, bC: {"c", vC, []netip.Addr{vC}}, lent: {"c", vC, []netip.Addr{vC}},
+			b6: {"b", v6B, addrsB}} // IPv6 over the IPv4 underlay: via b's link-local address
 	}
 	require.NoError(t, v.program(h, want()))
 
@@ -52,9 +55,13 @@ func TestVXLANOverlay(t *testing.T) {
 	require.False(t, vx.Learning)
 	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
-	require.Len(t, routes, 3)
+	require.Len(t, routes, 4)
 	for _, r := range routes {
 		require.Equal(t, l.Attrs().Index, r.LinkIndex)
+		if r.Dst.String() == b6.String() {
+			require.Equal(t, vtepLinkLocal("b").String(), r.Gw.String(), "an IPv6 block goes via its node's link-local address")
+			continue
+		}
 		require.NotZero(t, r.Flags&int(netlink.FLAG_ONLINK))
 		if r.Dst.String() == lent.String() {
 			require.Equal(t, vC.String(), r.Gw.String(), "a borrowed address goes to its holder, beside its block's route to the lender")
@@ -62,6 +69,7 @@ func TestVXLANOverlay(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String(), vC.String(): vtepMAC("c").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+	require.Equal(t, map[string]string{vtepLinkLocal("b").String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V6))
 
 	// Again, as a restarted agent does: no netlink change at all.
 	changes := watchChanges(t, n)
@@ -78,8 +86,7 @@ func TestVXLANOverlay(t *testing.T) {
 	require.NoError(t, v.program(h, w))
 	routes, err = ownRoutes(h, netlink.FAMILY_ALL)
 	require.NoError(t, err)
-	require.Len(t, routes, 1)
-	require.Equal(t, bB.String(), routes[0].Dst.String())
+	require.Len(t, routes, 2)
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
 
@@ -170,4 +177,53 @@ func TestVXLANRefusesLargeMTU(t *testing.T) {
 	got, err := ta.c.Config(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1450, got.MTU, "pods get the overlay's MTU")
+}
+
+// TestVXLANOverlayIPv6Underlay: over an IPv6 underlay the device's VTEP is
+// the node's IPv6 address and its MTU 70 below the link's; every block,
+// IPv4 included (an IPv4 route with an IPv6 next hop), goes via the
+// peer's link-local address, which a permanent IPv6 neighbour entry
+// resolves to its MAC, and the FDB sends that MAC to the peer's IPv6
+// VTEP. Programming the same state again changes nothing.
+func TestVXLANOverlayIPv6Underlay(t *testing.T) {
+	n := nstest.NewNS(t)
+	h := nstest.Handle(t, n)
+	ul := nstest.AddLink(t, h, "ul0")
+	local := netip.MustParseAddr("fd00:254:1::10")
+	require.NoError(t, h.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(local, 64)), Flags: unix.IFA_F_NODAD}))
+
+	v := &vxlanOverlay{node: "a", local: local, six: true, vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	vB := netip.MustParseAddr("fd00:254:2::20")
+	addrsB := []netip.Addr{netip.MustParseAddr("10.254.2.20"), vB}
+	b4, b6 := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("fd00:9::/120")
+	want := func() map[netip.Prefix]peerHop {
+		return map[netip.Prefix]peerHop{b4: {"b", addrsB[0], addrsB}, b6: {"b", vB, addrsB}}
+	}
+	require.NoError(t, v.program(h, want()))
+	l, err := h.LinkByName(vxlanDevice)
+	require.NoError(t, err)
+	vx := l.(*netlink.Vxlan)
+	require.Equal(t, local.String(), vx.SrcAddr.String())
+	require.Equal(t, ul.Attrs().MTU-70, vx.MTU)
+	routes, err := ownRoutes(h, netlink.FAMILY_ALL)
+	require.NoError(t, err)
+	require.Len(t, routes, 2)
+	ll := vtepLinkLocal("b")
+	for _, r := range routes {
+		require.Equal(t, l.Attrs().Index, r.LinkIndex)
+		if r.Dst.String() == b4.String() {
+			via, ok := r.Via.(*netlink.Via)
+			require.True(t, ok, "an IPv4 route with an IPv6 next hop: %+v", r)
+			require.Equal(t, ll.String(), via.Addr.String())
+		} else {
+			require.Equal(t, ll.String(), r.Gw.String())
+		}
+	}
+	require.Equal(t, map[string]string{ll.String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V6))
+	require.Empty(t, neighbours(t, h, l, netlink.FAMILY_V4))
+	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
+
+	changes := watchChanges(t, n)
+	require.NoError(t, v.program(h, want()))
+	require.Empty(t, changes(h), "programming the same state again changes nothing")
 }

@@ -13,6 +13,11 @@
 // host's get only empty mount-point directories if they had none), with a
 // sandbox image built by the test. .ci/run installs containerd and runc.
 //
+// The BGP tests (bgp_test.go, frr_test.go) run Debian's FRR (zebra and
+// bgpd) as the top-of-rack router in a router namespace the test makes,
+// from a scratch directory, stopped by their pid files; they skip when
+// FRR is not installed (.ci/run installs it, starting no service).
+//
 // The tests need root and skip without it. They build every binary once
 // per run (go build from this module, so the versions are go.mod's).
 // The agents run the routes datapath; KVIPAM_E2E_DATAPATH=bpf runs the

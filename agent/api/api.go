@@ -263,6 +263,29 @@ type Status struct {
 	Datapath string       `json:"datapath"`
 	Pools    []PoolStatus `json:"pools"`
 	Message  string       `json:"message,omitempty"`
+	// BGP is the speaker's state with routing bgp.
+	BGP *BGPStatus `json:"bgp,omitempty"`
+}
+
+// BGPStatus is the node's BGP speaker: its AS, the prefixes it announces
+// per family (ipv4, ipv6), and each peer's session.
+type BGPStatus struct {
+	ASN       uint32          `json:"asn"`
+	Announced map[string]int  `json:"announced"`
+	Peers     []BGPPeerStatus `json:"peers"`
+	Error     string          `json:"error,omitempty"`
+}
+
+// BGPPeerStatus is one router's session: its state (idle, connect,
+// active, opensent, openconfirm, established) and the prefixes sent to
+// and received from it per family.
+type BGPPeerStatus struct {
+	Address    string            `json:"address"`
+	ASN        uint32            `json:"asn"`
+	State      string            `json:"state"`
+	Advertised map[string]uint64 `json:"advertised"`
+	Received   map[string]uint64 `json:"received"`
+	Uptime     time.Duration     `json:"uptime"`
 }
 
 // EtcdStatus says whether etcd answered the agent's last probe.

@@ -68,9 +68,10 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
 	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd, e.g. http://10.0.0.1:2379 (default: a loopback port)")
 	fs.DurationVar(&c.HistoryRetention.Duration, "history-retention", c.HistoryRetention.Duration, "how long etcd keeps a record of each ended address ownership (kvipamctl ip history); 0 turns it off")
-	fs.StringVar(&c.Routing, "routing", c.Routing, "how pods reach other nodes' pods: host-gw (nodes on one L2 segment), vxlan (an overlay) or none (the network routes pod blocks)")
+	fs.StringVar(&c.Routing, "routing", c.Routing, "how pods reach other nodes' pods: host-gw (nodes on one L2 segment), vxlan (an overlay), bgp (blocks announced to the routers of the config file's bgp section) or none (the network routes pod blocks)")
 	fs.IntVar(&c.VXLAN.VNI, "vxlan-vni", c.VXLAN.VNI, "VXLAN network identifier of routing vxlan (the same on every node)")
 	fs.IntVar(&c.VXLAN.Port, "vxlan-port", c.VXLAN.Port, "UDP port of routing vxlan (the same on every node)")
+	fs.StringVar(&c.VXLAN.Underlay, "vxlan-underlay", c.VXLAN.Underlay, "family of routing vxlan's tunnel endpoints, ipv4 or ipv6 (the same on every node); either carries IPv4 and IPv6 pods")
 
 	// The config file comes first, so find it before parsing for real.
 	pre := flag.NewFlagSet("", flag.ContinueOnError)

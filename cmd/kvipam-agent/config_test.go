@@ -104,3 +104,65 @@ func TestNodeLabels(t *testing.T) {
 	_, err = loadConfig([]string{"--node", "n1", "--node-labels", "rack=r 1"}, env(nil))
 	require.ErrorContains(t, err, "node-labels")
 }
+
+// TestBGPConfig: routing bgp reads its speaker from the file's bgp
+// section; an unknown key in it (a typo, or a setting kvipam does not
+// have) is an error naming the key, and so is a bgp section without
+// routing bgp, or a peer missing what it needs.
+func TestBGPConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		f := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(f, []byte(body), 0o600))
+		return f
+	}
+	good := write("good.yaml", `
+node: n1
+routing: bgp
+pools: [{name: default, cidrs: ["10.244.0.0/16"], blockSizeV4: 26}]
+bgp:
+  asn: 65001
+  communities: ["65001:100", no-export]
+  localPref: 200
+  restartTime: 60s
+  peers:
+  - {address: 10.0.0.1, asn: 65000, password: s3cret, holdTime: 9s, keepaliveTime: 3s, nodes: ["rack1-*"], communities: ["65001:300"], localPref: 300}
+  - {address: "fd00::1", asn: 65000}
+`)
+	c, err := loadConfig([]string{"--config", good}, env(nil))
+	require.NoError(t, err)
+	require.NoError(t, c.Validate())
+	require.Equal(t, uint32(65001), c.BGP.ASN)
+	require.Len(t, c.BGP.Peers, 2)
+	require.Equal(t, "s3cret", c.BGP.Peers[0].Password)
+	require.Equal(t, 9*time.Second, c.BGP.Peers[0].HoldTime.Duration)
+	require.Len(t, c.BGP.PeersFor("rack1-n3"), 2)
+	require.Len(t, c.BGP.PeersFor("rack2-n1"), 1, "the first router is rack 1's only")
+
+	unknown := write("unknown.yaml", `
+node: n1
+routing: bgp
+pools: [{name: default, cidrs: ["10.244.0.0/16"], blockSizeV4: 26}]
+bgp:
+  asn: 65001
+  peers:
+  - {address: 10.0.0.1, asn: 65000, multihop: 2}
+`)
+	_, err = loadConfig([]string{"--config", unknown}, env(nil))
+	require.ErrorContains(t, err, `unknown field "multihop"`)
+
+	for _, tc := range []struct{ name, body, want string }{
+		{"no-routing", "bgp: {asn: 65001, peers: [{address: 10.0.0.1, asn: 65000}]}\n", `routing is "host-gw"`},
+		{"no-asn", "routing: bgp\nbgp: {peers: [{address: 10.0.0.1, asn: 65000}]}\n", "bgp: asn: required"},
+		{"no-peers", "routing: bgp\nbgp: {asn: 65001}\n", "bgp: peers: at least one"},
+		{"bad-peer", "routing: bgp\nbgp: {asn: 65001, peers: [{address: router1, asn: 0, holdTime: 1s}]}\n", "peers[0].address"},
+		{"bad-community", "routing: bgp\nbgp: {asn: 65001, communities: [\"70000:1\"], peers: [{address: 10.0.0.1, asn: 65000}]}\n", "community"},
+	} {
+		f := write(tc.name+".yaml", "node: n1\npools: [{name: default, cidrs: [\"10.244.0.0/16\"], blockSizeV4: 26}]\n"+tc.body)
+		c, err := loadConfig([]string{"--config", f}, env(nil))
+		if err == nil {
+			err = c.Validate()
+		}
+		require.ErrorContains(t, err, tc.want, tc.name)
+	}
+}

@@ -29,6 +29,7 @@ var wantAlerts = map[string]string{
 	"KvipamOrphanedBlocks": "warning",
 	"KvipamNodeLeaseLost":  "critical",
 	"KvipamLeakCandidates": "warning",
+	"KvipamBGPPeerDown":    "critical",
 }
 
 const fullnessRecord = "kvipam:pool_fullness:ratio"
@@ -145,7 +146,7 @@ func TestAlertRules(t *testing.T) {
 			t.Fatal(err)
 		}
 		var src strings.Builder
-		for _, f := range []string{"../../agent/metrics.go", "../../agent/poolmetrics.go"} {
+		for _, f := range []string{"../../agent/metrics.go", "../../agent/poolmetrics.go", "../../agent/bgp/metrics.go"} {
 			b, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)
