@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/bgp"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
 // announcer is what routing bgp needs of a BGP speaker (bgp.Speaker):
@@ -39,13 +38,14 @@ type bgpAnnouncer struct {
 	nextHop6 netip.Addr
 	log      hclog.Logger
 
-	homes  mirror[netip.Prefix, string] // block or lent address -> home node
+	homes  homesMirror // block or lent address -> home node
 	kick   chan struct{}
 	passes atomic.Int64
 }
 
 func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker announcer, log hclog.Logger) *bgpAnnouncer {
 	a := &bgpAnnouncer{node: node, source: source, speaker: speaker, log: log, kick: make(chan struct{}, 1)}
+	a.homes.kick = a.kick
 	for _, s := range addrs {
 		ad, err := netip.ParseAddr(s)
 		if err != nil {
@@ -63,7 +63,7 @@ func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker ann
 
 func (a *bgpAnnouncer) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.source.WatchHomes(ctx, bgpHomes{a}) })
+	wg.Go(func() { _ = a.source.WatchHomes(ctx, &a.homes) })
 	t := time.NewTicker(30 * time.Second) // retry what failed
 	defer t.Stop()
 	synced := false
@@ -92,7 +92,7 @@ func (a *bgpAnnouncer) run(ctx context.Context) {
 // desired is this node's homes with their next hops; false until the
 // first list is in.
 func (a *bgpAnnouncer) desired() ([]bgp.Route, bool) {
-	homes, listed := a.homes.snapshot()
+	homes, listed := a.homes.homes.snapshot()
 	if !listed {
 		return nil, false
 	}
@@ -110,29 +110,7 @@ func (a *bgpAnnouncer) desired() ([]bgp.Route, bool) {
 	return out, true
 }
 
-func (a *bgpAnnouncer) changed() {
-	select {
-	case a.kick <- struct{}{}:
-	default:
-	}
-}
-
-type bgpHomes struct{ a *bgpAnnouncer }
-
-func (w bgpHomes) Reset(homes []etcdstore.BlockHome) {
-	w.a.homes.reset(byKey(homes, func(h etcdstore.BlockHome) (netip.Prefix, string) { return h.Block, h.Node }))
-	w.a.changed()
-}
-
-func (w bgpHomes) Put(h etcdstore.BlockHome) {
-	w.a.homes.put(h.Block, h.Node)
-	w.a.changed()
-}
-
-func (w bgpHomes) Delete(h etcdstore.BlockHome) {
-	w.a.homes.del(h.Block)
-	w.a.changed()
-}
+func (a *bgpAnnouncer) changed() { kick(a.kick) }
 
 // bgpRestarting reports whether this boot's agent ran the speaker before
 // (its boot ID is in stateDir): the node's forwarding state then survived,

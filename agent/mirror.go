@@ -2,7 +2,10 @@ package agent
 
 import (
 	"maps"
+	"net/netip"
 	"sync"
+
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
 // mirror is a map the agent keeps from a watch of etcd records (namespace
@@ -72,4 +75,36 @@ func (m *mirror[K, V]) snapshot() (map[K]V, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return maps.Clone(m.m), m.listed
+}
+
+// homesMirror mirrors the block homes of every pool (a block, or a lent
+// address as a host prefix, to its home node) from a watch of homes, and
+// kicks its owner's loop on every change: the peer router and the BGP
+// announcer follow homes through one.
+type homesMirror struct {
+	homes mirror[netip.Prefix, string]
+	kick  chan<- struct{}
+}
+
+func (w *homesMirror) Reset(homes []etcdstore.BlockHome) {
+	w.homes.reset(byKey(homes, func(h etcdstore.BlockHome) (netip.Prefix, string) { return h.Block, h.Node }))
+	kick(w.kick)
+}
+
+func (w *homesMirror) Put(h etcdstore.BlockHome) {
+	w.homes.put(h.Block, h.Node)
+	kick(w.kick)
+}
+
+func (w *homesMirror) Delete(h etcdstore.BlockHome) {
+	w.homes.del(h.Block)
+	kick(w.kick)
+}
+
+// kick wakes a loop that waits on ch, unless it is already woken.
+func kick(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
 }

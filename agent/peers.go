@@ -31,7 +31,7 @@ type peerRouter struct {
 	prog   routeProgrammer // host-gw or vxlan
 	log    hclog.Logger
 
-	owner mirror[netip.Prefix, string] // block -> home node
+	owner homesMirror                  // block -> home node
 	addrs mirror[string, []netip.Addr] // node -> addresses
 	// Until the first full list of both is in, the desired routes are
 	// not known, and a sync would delete routes (to every peer whose
@@ -51,7 +51,9 @@ type peerSource interface {
 }
 
 func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
-	return &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, kick: make(chan struct{}, 1)}
+	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, kick: make(chan struct{}, 1)}
+	p.owner.kick = p.kick
+	return p
 }
 
 // run watches homes and node records and keeps the routes in step until
@@ -59,7 +61,7 @@ func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, 
 func (p *peerRouter) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); _ = p.source.WatchHomes(ctx, homeWatch{p}) }()
+	go func() { defer wg.Done(); _ = p.source.WatchHomes(ctx, &p.owner) }()
 	go func() { defer wg.Done(); _ = p.source.WatchNodes(ctx, nodeWatch{p}) }()
 	t := time.NewTicker(30 * time.Second) // repair routes someone else removed
 	defer t.Stop()
@@ -88,17 +90,12 @@ func (p *peerRouter) run(ctx context.Context) {
 
 // listed reports whether both first lists are in.
 func (p *peerRouter) listed() bool {
-	_, homes := p.owner.snapshot()
+	_, homes := p.owner.homes.snapshot()
 	_, nodes := p.addrs.snapshot()
 	return homes && nodes
 }
 
-func (p *peerRouter) changed() {
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
-}
+func (p *peerRouter) changed() { kick(p.kick) }
 
 // peerHop is where one other node's block is sent: the node, its
 // address of the block's family (invalid if it has none), and all its
@@ -111,7 +108,7 @@ type peerHop struct {
 
 // desired is every other node's block with the node's addresses.
 func (p *peerRouter) desired() map[netip.Prefix]peerHop {
-	owner, _ := p.owner.snapshot()
+	owner, _ := p.owner.homes.snapshot()
 	addrs, _ := p.addrs.snapshot()
 	out := map[netip.Prefix]peerHop{}
 	for b, node := range owner {
@@ -143,24 +140,6 @@ func (p *peerRouter) sync() error {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
-// homeWatch mirrors the block homes of every pool.
-type homeWatch struct{ p *peerRouter }
-
-func (w homeWatch) Reset(homes []etcdstore.BlockHome) {
-	w.p.owner.reset(byKey(homes, func(h etcdstore.BlockHome) (netip.Prefix, string) { return h.Block, h.Node }))
-	w.p.changed()
-}
-
-func (w homeWatch) Put(h etcdstore.BlockHome) {
-	w.p.owner.put(h.Block, h.Node)
-	w.p.changed()
-}
-
-func (w homeWatch) Delete(h etcdstore.BlockHome) {
-	w.p.owner.del(h.Block)
-	w.p.changed()
 }
 
 // nodeWatch learns node addresses from node records; a deleted record

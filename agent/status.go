@@ -53,15 +53,8 @@ func (r statusReporter) status() api.Status {
 		st.Pools = append(st.Pools, ps)
 	}
 	if r.bgp != nil {
-		st.BGP = bgpStatus(r.bgp.Status(context.Background()))
+		bs := r.bgp.Status(context.Background())
+		st.BGP = &bs
 	}
 	return st
-}
-
-func bgpStatus(s bgp.Status) *api.BGPStatus {
-	out := &api.BGPStatus{ASN: s.ASN, Announced: s.Announced, Error: s.Error}
-	for _, p := range s.Peers {
-		out.Peers = append(out.Peers, api.BGPPeerStatus{Address: p.Address, ASN: p.ASN, State: p.State, Advertised: p.Advertised, Received: p.Received, Uptime: p.Uptime})
-	}
-	return out
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	agentapi "github.com/kvipam/kvipam/agent/api"
+
 	"github.com/hashicorp/go-hclog"
 	api "github.com/osrg/gobgp/v3/api"
 	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
@@ -300,28 +302,12 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 	}
 }
 
-// PeerStatus is one peer's session as the agent reports it.
-type PeerStatus struct {
-	Address string `json:"address"`
-	ASN     uint32 `json:"asn"`
-	// State is the session state: idle, connect, active, opensent,
-	// openconfirm or established.
-	State string `json:"state"`
-	// Advertised are the prefixes sent to the peer, per family (ipv4, ipv6).
-	Advertised map[string]uint64 `json:"advertised"`
-	Received   map[string]uint64 `json:"received"`
-	// Uptime is how long the session has been established.
-	Uptime time.Duration `json:"uptime"`
-}
-
-// Status is the speaker's state: its peers, and how many prefixes it
-// announces per family.
-type Status struct {
-	ASN       uint32         `json:"asn"`
-	Announced map[string]int `json:"announced"`
-	Peers     []PeerStatus   `json:"peers"`
-	Error     string         `json:"error,omitempty"`
-}
+// Status and PeerStatus are the agent API's (GET /v1/status): one
+// definition of the wire contract, which kvipamctl reads.
+type (
+	Status     = agentapi.BGPStatus
+	PeerStatus = agentapi.BGPPeerStatus
+)
 
 // Status reads the peers' states from the speaker.
 func (s *Speaker) Status(ctx context.Context) Status {
