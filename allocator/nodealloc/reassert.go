@@ -106,6 +106,13 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 		switch {
 		case conflict != nil:
 			conflicts = append(conflicts, *conflict)
+			// etcd holds nothing there and nothing may be written back:
+			// the cache must not answer for it either (a retried ADD
+			// would be told an address no record in etcd guards).
+			if old := ps.byAddr[addr]; old != nil && old.Owner.Key() == it.h.Owner.Key() {
+				ps.forget(old)
+				a.logEnded(old, "lost: etcd no longer has it and it cannot be written back ("+conflict.Reason+")")
+			}
 		case err != nil:
 			errs = append(errs, fmt.Errorf("reassert %s: %w", addr, err))
 		default:

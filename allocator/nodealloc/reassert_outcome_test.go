@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
@@ -118,4 +119,37 @@ func TestReassertKeepsStickyIdentityAfterRestart(t *testing.T) {
 	res, err = a2.alloc.Allocate(ctx, stickyReq(second, time.Minute))
 	require.NoError(t, err, "the identity's next container takes it over")
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}
+
+// TestReassertConflictForgetsCached: node b borrowed x in node a's block;
+// a's lease ends (its block is orphaned: no claim, allocations held), and
+// etcd loses b's record of x. Reassert cannot write x back (a conflict:
+// the pod should be deleted), and the cache must then stop answering for
+// x: the owner's retried ADD is not told x, which no record guards.
+func TestReassertConflictForgetsCached(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	_, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.NoError(t, err)
+	res, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2)})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	require.True(t, x.Borrowed)
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(a.sess.ID())) // a is gone: its block is orphaned
+	require.NoError(t, err)
+	_, err = b.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
+	require.NoError(t, err)
+	_, err = b.cli.Delete(ctx, etcdstore.LentKey("one", x.Addr))
+	require.NoError(t, err)
+
+	_, conflicts, err := b.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: owner(2), Addr: x.Addr}})
+	require.NoError(t, err)
+	require.Len(t, conflicts, 1, "x cannot be written back into an orphaned block")
+	require.Empty(t, b.alloc.Lookup(owner(2)), "the cache no longer answers for x")
+	res, err = b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2)})
+	if err == nil {
+		require.NotEqual(t, x.Addr, res.Allocations[0].Addr, "a retried ADD is not told x")
+	}
 }
