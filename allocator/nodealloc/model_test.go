@@ -78,6 +78,10 @@ type mOwner struct {
 	unsure   bool
 	delFail  bool // its DEL failed: the runtime retries it
 	operator bool // an operator released what it held (its node was removed)
+	// lost: etcd lost its records and they could not be written back (a
+	// reassert conflict: the pod should be deleted). Its binding may name
+	// it until the identity's next pod replaces it.
+	lost bool
 }
 
 // keptFor is an address kept for a sticky identity after its pod's DEL,
@@ -985,6 +989,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 			// Reported, as the agent does (the pod should be deleted):
 			// an unsure owner's address may be another's by now.
 			r.owners[c.Owner.Key()].unsure = true
+			r.owners[c.Owner.Key()].lost = true
 		}
 		if err == nil {
 			break
@@ -1282,7 +1287,7 @@ func (r *modelRun) verify() {
 			r.fail("binding of %s names %s, which the model never saw", b.Identity, b.Owner.Key())
 			return
 		}
-		if !mo.unsure && len(mo.told) == 0 {
+		if !mo.unsure && !mo.lost && len(mo.told) == 0 {
 			how := "its release succeeded"
 			if mo.operator {
 				how = "an operator released it with its node"
