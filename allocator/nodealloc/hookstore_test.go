@@ -273,6 +273,7 @@ func (h *hookStore) ListPools(ctx context.Context) ([]allocator.Pool, error) {
 
 // SeedPool is the agent's create-if-absent of a configured pool.
 func (h *hookStore) SeedPool(ctx context.Context, p allocator.Pool) (allocator.Pool, bool, error) {
+	h.see("SeedPool", p)
 	if err := h.pre(ctx, "SeedPool"); err != nil {
 		return allocator.Pool{}, false, err
 	}
