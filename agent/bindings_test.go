@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,13 @@ func TestPoolChoice(t *testing.T) {
 		require.NoError(t, err)
 		return resp.Count
 	}
+	// The pool and binding watches are apart: the binding may be seen
+	// before the pool it names, and until the pool is seen the agent says
+	// etcd has no such pool. Await the pool.
+	require.Eventually(t, func() bool {
+		_, err := alloc("odd", "", "")
+		return err != nil && strings.Contains(err.Error(), `node selector "rack=r9"`)
+	}, 10*time.Second, 20*time.Millisecond, "the agent sees pool purple and its selector")
 	before := count()
 	for _, tc := range []struct{ ns, podPool, field, want string }{
 		{"other", "nope", "podPool", `pool "nope" (from the pod's annotation kvipam.io/pool)`},

@@ -28,6 +28,13 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; [ -f "$WORK/agent.log" ] && tail -20 "$WORK/agent.log" >&2; exit 1; }
 step() { echo "--- $*"; }
+# gone CMD...: awaits CMD failing (the thing it looks for gone). The agent
+# answers DEL once the veth is retired (routes gone) and deletes the veth
+# in the background, so its removal is an event to wait for; the bound
+# only stops a script whose veth never goes.
+gone() { for _ in $(seq 1 1200); do "$@" || return 0; sleep 0.1; done; return 1; }
+has_eth0() { ip -n "$1" link show eth0 >/dev/null 2>&1; }
+host_veths() { ip -n "$node" -o link show | grep -q ': kv'; }
 
 for n in "$node" "$pod_a" "$pod_b"; do
 	ip netns add "$n"
@@ -76,10 +83,10 @@ cnitool check kvipam "/run/netns/$pod_b" || fail "check b"
 step "DEL, then DEL again"
 cnitool del kvipam "/run/netns/$pod_a" || fail "del a"
 cnitool del kvipam "/run/netns/$pod_a" || fail "second del a"
-ip -n "$pod_a" link show eth0 >/dev/null 2>&1 && fail "pod a still has eth0"
+gone has_eth0 "$pod_a" || fail "pod a still has eth0"
 ip -n "$node" route show "$ip_a/32" | grep -q . && fail "node still routes $ip_a"
 cnitool del kvipam "/run/netns/$pod_b" || fail "del b"
-ip -n "$node" -o link show | grep -q ': kv' && fail "host veths left: $(ip -n "$node" -o link show | grep ': kv')"
+gone host_veths || fail "host veths left: $(ip -n "$node" -o link show | grep ': kv')"
 
 step "STATUS"
 cnitool status kvipam "/run/netns/$pod_b" || fail "status"
