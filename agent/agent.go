@@ -180,7 +180,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.batch = newGroupCommit(allocationBatches{a.alloc}, a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
+	a.batch = newGroupCommit(batchFunc[nodealloc.Request, nodealloc.Outcome](a.alloc.AllocateBatch), a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
 	a.batch.sizes = a.m.batch
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
 		return err
@@ -198,7 +198,7 @@ func (a *Agent) start(ctx context.Context) error {
 	default:
 		a.podMTU = detectMTU(a.cfg.MTU, a.cfg.NetNS)
 	}
-	records, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
+	epRecords, err := openEndpointRecords(filepath.Join(a.cfg.StateDir, "endpoints"))
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
@@ -218,9 +218,9 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.reaper = newLinkReaper(nl, a.cfg.NetNS, a.dp, a.log.Named("reaper"))
 	// Confirms are sent as soon as the last batch is done, without a wait.
-	a.confirms = newGroupCommit(confirmBatches{a.alloc}, a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
+	a.confirms = newGroupCommit(batchFunc[records.Owner, nodealloc.ConfirmOutcome](a.alloc.ConfirmBatch), a.cfg.MaxBatch, 0, a.cfg.RequestTimeout.Duration)
 	a.endpoints = &endpointManager{
-		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: records, holders: poolHolders{pools: a.alloc, store: a.store},
+		alloc: batchedConfirms{a.alloc, a.confirms}, dp: a.dp, records: epRecords, holders: poolHolders{pools: a.alloc, store: a.store},
 		lost: lostReports{recorder: a.recorder, gauge: a.m.lostEPs, lease: a.lease, log: a.log}, reaper: a.reaper,
 		freed: a.exhausted, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}

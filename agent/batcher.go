@@ -32,12 +32,16 @@ type groupCommit[R, O any] struct {
 }
 
 // batchCommitter commits one batch of a group commit: one outcome per
-// request, in order; failedOutcome is the outcome of a caller that gave up
-// before its batch was sent.
+// request, in order.
 type batchCommitter[R, O any] interface {
 	commitBatch(ctx context.Context, reqs []R) []O
-	failedOutcome(err error) O
 }
+
+// batchFunc is a batch method as a batchCommitter: the node allocator's
+// AllocateBatch and ConfirmBatch.
+type batchFunc[R, O any] func(ctx context.Context, reqs []R) []O
+
+func (f batchFunc[R, O]) commitBatch(ctx context.Context, reqs []R) []O { return f(ctx, reqs) }
 
 type groupItem[R, O any] struct {
 	ctx  context.Context
@@ -98,14 +102,13 @@ func (b *groupCommit[R, O]) fill(ctx context.Context, first *groupItem[R, O]) []
 }
 
 func (b *groupCommit[R, O]) serve(items []*groupItem[R, O]) {
-	// Callers that gave up are dropped before the transaction.
+	// Callers that gave up (do has returned their context's error) are
+	// dropped before the transaction.
 	live := items[:0]
 	for _, it := range items {
-		if it.ctx.Err() != nil {
-			it.done <- b.batches.failedOutcome(it.ctx.Err())
-			continue
+		if it.ctx.Err() == nil {
+			live = append(live, it)
 		}
-		live = append(live, it)
 	}
 	if len(live) == 0 {
 		return

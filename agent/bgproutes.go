@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -38,14 +36,13 @@ type bgpAnnouncer struct {
 	nextHop6 netip.Addr
 	log      hclog.Logger
 
-	homes  homesMirror // block or lent address -> home node
-	kick   chan struct{}
-	passes atomic.Int64
+	homes homesMirror // block or lent address -> home node
+	loop  syncLoop
 }
 
 func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker announcer, log hclog.Logger) *bgpAnnouncer {
-	a := &bgpAnnouncer{node: node, source: source, speaker: speaker, log: log, kick: make(chan struct{}, 1)}
-	a.homes.kick = a.kick
+	a := &bgpAnnouncer{node: node, source: source, speaker: speaker, log: log, loop: newSyncLoop("bgp announcements", log)}
+	a.homes.kick = a.loop.kick
 	for _, s := range addrs {
 		ad, err := netip.ParseAddr(s)
 		if err != nil {
@@ -64,29 +61,14 @@ func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker ann
 func (a *bgpAnnouncer) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = a.source.WatchHomes(ctx, &a.homes) })
-	t := time.NewTicker(30 * time.Second) // retry what failed
-	defer t.Stop()
-	synced := false
-	for {
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		case <-a.kick:
-		case <-t.C:
+	defer wg.Wait()
+	a.loop.run(ctx, func() (bool, error) {
+		want, ok := a.desired()
+		if !ok {
+			return false, nil
 		}
-		if want, ok := a.desired(); ok {
-			err := a.speaker.Sync(ctx, want)
-			switch {
-			case err != nil:
-				a.log.Warn("bgp announcements", "error", err)
-			case !synced:
-				synced = true
-				a.log.Info("bgp announcements in sync", "prefixes", len(want))
-			}
-		}
-		a.passes.Add(1)
-	}
+		return true, a.speaker.Sync(ctx, want)
+	})
 }
 
 // desired is this node's homes with their next hops; false until the
@@ -110,7 +92,7 @@ func (a *bgpAnnouncer) desired() ([]bgp.Route, bool) {
 	return out, true
 }
 
-func (a *bgpAnnouncer) changed() { kick(a.kick) }
+func (a *bgpAnnouncer) changed() { a.loop.changed() }
 
 // bgpRestarting reports whether this boot's agent ran the speaker before
 // (its boot ID is in stateDir): the node's forwarding state then survived,

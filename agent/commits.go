@@ -7,39 +7,6 @@ import (
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
-// allocate serves one allocation request through the group commit.
-// allocationBatches commits a group commit's allocate requests through
-// the node allocator, one transaction per batch.
-type allocationBatches struct {
-	alloc interface {
-		AllocateBatch(ctx context.Context, reqs []nodealloc.Request) []nodealloc.Outcome
-	}
-}
-
-func (b allocationBatches) commitBatch(ctx context.Context, reqs []nodealloc.Request) []nodealloc.Outcome {
-	return b.alloc.AllocateBatch(ctx, reqs)
-}
-
-func (allocationBatches) failedOutcome(err error) nodealloc.Outcome {
-	return nodealloc.Outcome{Err: err}
-}
-
-// confirmBatches commits a group commit's confirms, one transaction per
-// batch.
-type confirmBatches struct {
-	alloc interface {
-		ConfirmBatch(ctx context.Context, owners []records.Owner) []nodealloc.ConfirmOutcome
-	}
-}
-
-func (b confirmBatches) commitBatch(ctx context.Context, owners []records.Owner) []nodealloc.ConfirmOutcome {
-	return b.alloc.ConfirmBatch(ctx, owners)
-}
-
-func (confirmBatches) failedOutcome(err error) nodealloc.ConfirmOutcome {
-	return nodealloc.ConfirmOutcome{Err: err}
-}
-
 // queuedAllocations serves one allocate request through the group commit.
 type queuedAllocations struct {
 	batch *groupCommit[nodealloc.Request, nodealloc.Outcome]

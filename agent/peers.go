@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
@@ -37,10 +35,7 @@ type peerRouter struct {
 	// not known, and a sync would delete routes (to every peer whose
 	// address is not loaded yet) that the next sync adds back, cutting
 	// pod traffic in between.
-	kick chan struct{}
-	// passes counts the loop's passes (a sync, or a wait for the first
-	// lists); tests wait on it.
-	passes atomic.Int64
+	loop syncLoop
 }
 
 // peerSource is where the peer router learns block homes and node
@@ -51,8 +46,8 @@ type peerSource interface {
 }
 
 func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
-	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, kick: make(chan struct{}, 1)}
-	p.owner.kick = p.kick
+	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, loop: newSyncLoop("peer routes", log)}
+	p.owner.kick = p.loop.kick
 	return p
 }
 
@@ -60,32 +55,15 @@ func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, 
 // ctx ends. Its owner (the agent) waits for it.
 func (p *peerRouter) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = p.source.WatchHomes(ctx, &p.owner) }()
-	go func() { defer wg.Done(); _ = p.source.WatchNodes(ctx, nodeWatch{p}) }()
-	t := time.NewTicker(30 * time.Second) // repair routes someone else removed
-	defer t.Stop()
-	synced := false
-	for {
-		select {
-		case <-ctx.Done():
-			wg.Wait()
-			return
-		case <-p.kick:
-		case <-t.C:
+	wg.Go(func() { _ = p.source.WatchHomes(ctx, &p.owner) })
+	wg.Go(func() { _ = p.source.WatchNodes(ctx, nodeWatch{p}) })
+	defer wg.Wait()
+	p.loop.run(ctx, func() (bool, error) {
+		if !p.listed() {
+			return false, nil
 		}
-		if p.listed() {
-			err := p.sync()
-			switch {
-			case err != nil:
-				p.log.Warn("peer routes", "error", err)
-			case !synced:
-				synced = true
-				p.log.Info("peer routes in sync") // the first time: tests and operators wait on it
-			}
-		}
-		p.passes.Add(1)
-	}
+		return true, p.sync()
+	})
 }
 
 // listed reports whether both first lists are in.
@@ -95,7 +73,7 @@ func (p *peerRouter) listed() bool {
 	return homes && nodes
 }
 
-func (p *peerRouter) changed() { kick(p.kick) }
+func (p *peerRouter) changed() { p.loop.changed() }
 
 // peerHop is where one other node's block is sent: the node, its
 // address of the block's family (invalid if it has none), and all its

@@ -137,9 +137,6 @@ func (d *Datapath) attachProgram(ifindex int, mode string) error {
 // interface no longer exists. If the program cannot be detached the map
 // entries are kept, so that a retry finds the endpoint.
 func (d *Datapath) Detach(ep Endpoint) error {
-	if ep.HostIfIndex <= 0 {
-		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
-	}
 	unlock, err := d.lockEndpoint(ep.HostIfIndex)
 	if err != nil {
 		return err
@@ -149,10 +146,18 @@ func (d *Datapath) Detach(ep Endpoint) error {
 	if err := d.detachProgram(ep.HostIfIndex); err != nil {
 		return fmt.Errorf("detach endpoint on ifindex %d: %w", ep.HostIfIndex, err)
 	}
-	if err := d.withMaps(func() error { return d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID) }); err != nil {
-		return fmt.Errorf("remove endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	if err := d.dropEntries(ep); err != nil {
+		return err
 	}
 	d.log.Debug("endpoint detached", "id", ep.ID, "ifindex", ep.HostIfIndex)
+	return nil
+}
+
+// dropEntries removes ep's map entries. The caller holds ep's lock.
+func (d *Datapath) dropEntries(ep Endpoint) error {
+	if err := d.withMaps(func() error { return d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID) }); err != nil {
+		return fmt.Errorf("remove the map entries of the endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	}
 	return nil
 }
 

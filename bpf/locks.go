@@ -2,6 +2,8 @@
 
 package bpf
 
+import "fmt"
+
 // Locking. Calls on one endpoint (Attach, Detach, Disarm, Forget) take
 // Datapath.mu shared and then the lock of their host ifindex, so that
 // calls on different interfaces run at once (their kernel attaches and
@@ -32,8 +34,12 @@ package bpf
 //     atomic; objs, progID, progTag and mapIDs do not change after Open.
 
 // lockEndpoint takes mu shared, unless the datapath is closed, and the lock
-// of ifindex, and returns their unlock.
+// of ifindex, and returns their unlock. An ifindex no interface can have
+// is ErrInvalidEndpoint.
 func (d *Datapath) lockEndpoint(ifindex int) (unlock func(), err error) {
+	if ifindex <= 0 {
+		return nil, fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ifindex)
+	}
 	if err := d.rlock(); err != nil {
 		return nil, err
 	}

@@ -19,16 +19,13 @@ import (
 // Forget finishes it once the interface is gone. Only HostIfIndex and ID
 // are used; disarming what has no entries succeeds.
 func (d *Datapath) Disarm(ep Endpoint) error {
-	if ep.HostIfIndex <= 0 {
-		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ep.HostIfIndex)
-	}
 	unlock, err := d.lockEndpoint(ep.HostIfIndex)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if err := d.withMaps(func() error { return d.removeEndpoint(uint32(ep.HostIfIndex), ep.ID) }); err != nil {
-		return fmt.Errorf("disarm endpoint on ifindex %d: %w", ep.HostIfIndex, err)
+	if err := d.dropEntries(ep); err != nil {
+		return err
 	}
 	d.log.Debug("endpoint disarmed", "id", ep.ID, "ifindex", ep.HostIfIndex)
 	return nil
@@ -41,9 +38,6 @@ func (d *Datapath) Disarm(ep Endpoint) error {
 // names a new endpoint (ifaces entry present), its link is that
 // endpoint's and is left alone.
 func (d *Datapath) Forget(ifindex int) error {
-	if ifindex <= 0 {
-		return fmt.Errorf("%w: host ifindex %d", ErrInvalidEndpoint, ifindex)
-	}
 	unlock, err := d.lockEndpoint(ifindex)
 	if err != nil {
 		return err

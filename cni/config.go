@@ -170,16 +170,8 @@ func parseConfig(data []byte, strictKeys bool) (*Config, error) {
 	if err := json.Unmarshal(data, &obj); err != nil {
 		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: %w", err))
 	}
-	keyErr := checkKeys(obj, pluginKeys, "")
-	if keyErr != nil && strictKeys {
-		return nil, keyErr
-	}
-	c, err := parseCommon(raw.common)
+	c, err := parseKnown(obj, pluginKeys, "", strictKeys, raw.common, raw.settings)
 	if err != nil {
-		return nil, err
-	}
-	c.UnknownKey = keyErr
-	if err := c.applySettings(raw.settings, ""); err != nil {
 		return nil, err
 	}
 	if raw.MTU != 0 && (raw.MTU < 576 || raw.MTU > 65535) {
@@ -211,16 +203,8 @@ func parseIPAMConfig(data []byte, strictKeys bool) (*Config, error) {
 	if err := json.Unmarshal(data, &top); err != nil || (len(top.IPAM) > 0 && json.Unmarshal(top.IPAM, &obj) != nil) {
 		return nil, withCode(types.ErrDecodingFailure, fmt.Errorf("decode network configuration: ipam is not an object"))
 	}
-	keyErr := checkKeys(obj, ipamKeys, "ipam: ")
-	if keyErr != nil && strictKeys {
-		return nil, keyErr
-	}
-	c, err := parseCommon(raw.common)
+	c, err := parseKnown(obj, ipamKeys, "ipam", strictKeys, raw.common, raw.IPAM.settings)
 	if err != nil {
-		return nil, err
-	}
-	c.UnknownKey = keyErr
-	if err := c.applySettings(raw.IPAM.settings, "ipam."); err != nil {
 		return nil, err
 	}
 	for _, g := range []struct {
@@ -262,6 +246,30 @@ func parseIPAMConfig(data []byte, strictKeys bool) (*Config, error) {
 		return nil, invalidConf("ipam.prefixLengthV6 %d is not 1-128 (0: addressPrefix decides)", l)
 	}
 	c.PrefixLengthV4, c.PrefixLengthV6 = raw.IPAM.PrefixLengthV4, raw.IPAM.PrefixLengthV6
+	return c, nil
+}
+
+// parseKnown is what the plugin's and the IPAM plugin's parsers share:
+// obj's keys checked against known (an unknown one refused when strict,
+// else kept in UnknownKey), the common keys, and kvipam's settings, which
+// sit in section ("" at the top, "ipam").
+func parseKnown(obj map[string]json.RawMessage, known []string, section string, strict bool, raw common, s settings) (*Config, error) {
+	keysWhere, settingsWhere := "", ""
+	if section != "" {
+		keysWhere, settingsWhere = section+": ", section+"."
+	}
+	keyErr := checkKeys(obj, known, keysWhere)
+	if keyErr != nil && strict {
+		return nil, keyErr
+	}
+	c, err := parseCommon(raw)
+	if err != nil {
+		return nil, err
+	}
+	c.UnknownKey = keyErr
+	if err := c.applySettings(s, settingsWhere); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -16,28 +14,22 @@ import (
 // ready or not) with --live. It exits 0 when healthy, 1 otherwise with
 // the reason.
 func runHealth(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("health", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	socket := fs.String("socket", client.DefaultSocket, "the agent's unix socket")
-	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
-	live := fs.Bool("live", false, "liveness: the agent answers, ready or not")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	cmd := newSubcommand("health", stderr)
+	socket := cmd.flags.String("socket", client.DefaultSocket, "the agent's unix socket")
+	timeout := cmd.flags.Duration("timeout", 2*time.Second, "how long to wait for the answer")
+	live := cmd.flags.Bool("live", false, "liveness: the agent answers, ready or not")
+	if code, done := cmd.parse(args); done {
+		return code
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	st, err := client.New(*socket, *timeout).Status(ctx)
 	if err != nil {
-		fmt.Fprintf(stderr, "kvipam-agent health: agent not answering on %s: %v\n", *socket, err)
-		return 1
+		return cmd.fail("agent not answering on %s: %v", *socket, err)
 	}
 	if *live || st.Ready {
 		fmt.Fprintf(stdout, "node %s: ready=%t\n", st.Node, st.Ready)
 		return 0
 	}
-	fmt.Fprintf(stderr, "kvipam-agent health: node %s not ready: %s\n", st.Node, st.Message)
-	return 1
+	return cmd.fail("node %s not ready: %s", st.Node, st.Message)
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -34,26 +32,18 @@ type installFlags struct {
 
 func runInstall(args []string, stdout, stderr io.Writer) int {
 	var f installFlags
-	fs := flag.NewFlagSet("install-cni", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := newSubcommand("install-cni", stderr)
+	fs := cmd.flags
 	fs.StringVar(&f.from, "from", "/usr/local/bin", "directory holding the plugin binaries")
 	fs.StringVar(&f.plugins, "plugins", "kvipam,kvipam-ipam,loopback", "plugins to install, comma separated")
 	fs.StringVar(&f.binDir, "bin-dir", "/host/opt/cni/bin", "the host's CNI binary directory, as mounted")
 	fs.StringVar(&f.confDir, "conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
 	fs.StringVar(&f.conflist, "conflist", "/etc/kvipam/10-kvipam.conflist", "the conflist to install (its file name is kept); empty installs none")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvipam-agent install-cni: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, done := cmd.parse(args); done {
+		return code
 	}
 	if err := install(f, stdout); err != nil {
-		fmt.Fprintf(stderr, "kvipam-agent install-cni: %v\n", err)
-		return 1
+		return cmd.fail("%v", err)
 	}
 	return 0
 }

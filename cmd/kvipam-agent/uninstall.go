@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -32,26 +31,18 @@ type uninstallFlags struct {
 
 func runUninstall(args []string, stdout, stderr io.Writer) int {
 	var f uninstallFlags
-	fs := flag.NewFlagSet("uninstall-cni", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	cmd := newSubcommand("uninstall-cni", stderr)
+	fs := cmd.flags
 	fs.StringVar(&f.binDir, "bin-dir", "/host/opt/cni/bin", "the host's CNI binary directory, as mounted")
 	fs.StringVar(&f.confDir, "conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
 	fs.StringVar(&f.conflistName, "conflist-name", "10-kvipam.conflist", "the file name of the conflist install-cni installed")
 	fs.StringVar(&f.plugins, "plugins", "kvipam,kvipam-ipam", "plugins to remove, comma separated (kvipam's own; not the reference plugins another network may share)")
 	fs.BoolVar(&f.wait, "wait", false, "after removing, wait for SIGTERM (a DaemonSet's container)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "kvipam-agent uninstall-cni: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, done := cmd.parse(args); done {
+		return code
 	}
 	if err := uninstall(f, stdout); err != nil {
-		fmt.Fprintf(stderr, "kvipam-agent uninstall-cni: %v\n", err)
-		return 1
+		return cmd.fail("%v", err)
 	}
 	if f.wait {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
