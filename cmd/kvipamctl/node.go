@@ -81,19 +81,9 @@ type nodeRemoveRequest struct {
 }
 
 func (a *app) nodeRemove(ctx context.Context, w io.Writer, r nodeRemoveRequest) error {
-	ev, err := a.evidence(r.evidence)
-	if err != nil {
-		return err
-	}
-	in, s, err := a.snapshot(ctx)
-	if err != nil {
-		return err
-	}
-	p, err := inspect.PlanNodeRemove(s, r.node, ev, r.force)
-	if err != nil {
-		return planError(err)
-	}
-	return a.apply(ctx, w, in, p, r.dryRun)
+	return a.planAndApply(ctx, w, r.evidence, r.dryRun, func(s *inspect.Snapshot, ev inspect.Evidence) (inspect.Plan, error) {
+		return inspect.PlanNodeRemove(s, r.node, ev, r.force)
+	})
 }
 
 // evidenceFlags are the flags by which an operator states that a node is

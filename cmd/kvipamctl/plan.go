@@ -40,6 +40,25 @@ func planError(err error) error {
 	return err
 }
 
+// planAndApply is an operator command that deletes: the operator's
+// evidence from the flags, a snapshot, the plan made from them, then that
+// plan applied (or only shown, with --dry-run).
+func (a *app) planAndApply(ctx context.Context, w io.Writer, e evidenceFlags, dryRun bool, plan func(*inspect.Snapshot, inspect.Evidence) (inspect.Plan, error)) error {
+	ev, err := a.evidence(e)
+	if err != nil {
+		return err
+	}
+	in, s, err := a.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := plan(s, ev)
+	if err != nil {
+		return planError(err)
+	}
+	return a.apply(ctx, w, in, p, dryRun)
+}
+
 // apply prints the plan (dry run) or executes it with an audit line per
 // key on stderr and prints what happened. A failed step is an error.
 func (a *app) apply(ctx context.Context, w io.Writer, in *inspect.Inspector, p inspect.Plan, dryRun bool) error {

@@ -79,25 +79,14 @@ func (a *app) release(ctx context.Context, w io.Writer, r releaseRequest) error 
 			return fmt.Errorf("parse --ip: %w", err)
 		}
 	}
-	ev, err := a.evidence(r.evidence)
-	if err != nil {
-		return err
-	}
-	in, s, err := a.snapshot(ctx)
-	if err != nil {
-		return err
-	}
-	var p inspect.Plan
-	switch {
-	case r.ip != "":
-		p, err = inspect.PlanReleaseIP(s, r.pool, addr, ev, r.force)
-	case r.owner != "":
-		p, err = inspect.PlanReleaseOwner(s, r.owner, r.ifName, ev, r.force)
-	default:
-		p, err = inspect.PlanReleaseNode(s, r.node, ev, r.force)
-	}
-	if err != nil {
-		return planError(err)
-	}
-	return a.apply(ctx, w, in, p, r.dryRun)
+	return a.planAndApply(ctx, w, r.evidence, r.dryRun, func(s *inspect.Snapshot, ev inspect.Evidence) (inspect.Plan, error) {
+		switch {
+		case r.ip != "":
+			return inspect.PlanReleaseIP(s, r.pool, addr, ev, r.force)
+		case r.owner != "":
+			return inspect.PlanReleaseOwner(s, r.owner, r.ifName, ev, r.force)
+		default:
+			return inspect.PlanReleaseNode(s, r.node, ev, r.force)
+		}
+	})
 }
