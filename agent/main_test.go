@@ -3,16 +3,9 @@ package agent
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/kvipam/kvipam/internal/testsupport/leakcheck"
 )
 
-// Every goroutine the agent starts has an owner that stops it; the tests
-// check that none outlives its agent. (etcd's embedded server and gRPC
-// keep a few long-lived goroutines of their own.)
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
-}
+// Every goroutine the package starts has an owner that stops it; the
+// tests check that none outlives them.
+func TestMain(m *testing.M) { leakcheck.Main(m) }
