@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,14 +26,18 @@ import (
 var extraCIDR = netip.MustParsePrefix("10.90.1.0/29")
 
 // faultKV makes an operator's transactions meet the model's faults: an
-// unknown outcome, a failure before sending, IP history's lease lost.
+// unknown outcome, a failure before sending, IP history's lease lost, and,
+// where race is set, a lost race (another operator's write lands between
+// the command's read and its compare).
 type faultKV struct {
 	clientv3.KV
-	r *modelRun
+	r    *modelRun
+	kind string // the write kind: kindOperator, or a pool command's
+	race func()
 }
 
 func (f faultKV) Txn(ctx context.Context) clientv3.Txn {
-	return &faultTxn{Txn: f.KV.Txn(ctx), r: f.r}
+	return &faultTxn{Txn: f.KV.Txn(ctx), f: f}
 }
 
 // TimeToLive completes inspect.Client.
@@ -40,32 +47,60 @@ func (f faultKV) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...cl
 
 type faultTxn struct {
 	clientv3.Txn
-	r *modelRun
+	f faultKV
 }
 
 func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn     { t.Txn = t.Txn.If(cs...); return t }
 func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Then(ops...); return t }
 func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Else(ops...); return t }
-func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) { return t.r.operatorCommit(t.Txn) }
+func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) { return t.f.commit(t.Txn) }
 
-const kindOperator = "operator delete"
+// The operators' write kinds.
+const (
+	kindOperator   = "operator delete" // kvipamctl release, node remove
+	kindPoolChange = "pool change"     // pool disable, reserve, select, add-cidr, remove-cidr
+	kindPoolCreate = "pool create"
+	kindPoolDelete = "pool delete" // with the deleted-pool mark
+)
 
-func (r *modelRun) operatorCommit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
+func (f faultKV) commit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
+	r := f.r
 	r.call = "Txn"
-	if r.inject(kindOperator, fHistory) {
-		r.count(kindOperator, fHistory)
+	if r.inject(f.kind, fHistory) {
+		r.count(f.kind, fHistory)
 		r.revokeHistoryLease()
 	}
-	if r.inject(kindOperator, fBefore) {
-		r.count(kindOperator, fBefore)
-		return nil, fmt.Errorf("operator delete: %w", errInjected)
+	if r.inject(f.kind, fBefore) {
+		r.count(f.kind, fBefore)
+		return nil, fmt.Errorf("%s: %w", f.kind, errInjected)
+	}
+	if f.race != nil && r.inject(f.kind, fRace) {
+		r.count(f.kind, fRace)
+		f.race()
 	}
 	resp, err := txn.Commit()
-	if err == nil && r.inject(kindOperator, fUnknown) {
-		r.count(kindOperator, fUnknown)
-		return nil, fmt.Errorf("operator delete: %w", errUnknown)
+	if err == nil && r.inject(f.kind, fUnknown) {
+		r.count(f.kind, fUnknown)
+		return nil, fmt.Errorf("%s: %w", f.kind, errUnknown)
 	}
 	return resp, err
+}
+
+// operatorStore is kvipamctl's store, its transactions faulted as kind.
+// A lost race rewrites pool's key as it is: its revision moves on, so the
+// command's compare fails and it must read again.
+func (r *modelRun) operatorStore(kind, pool string) *etcdstore.Store {
+	cli := clientv3.NewCtxClient(r.ctx)
+	cli.KV = faultKV{KV: r.check.KV, r: r, kind: kind, race: func() {
+		resp, err := r.check.Get(r.ctx, etcdstore.PoolKey(pool))
+		require.NoError(r.t, err)
+		if len(resp.Kvs) > 0 {
+			_, err = r.check.Put(r.ctx, etcdstore.PoolKey(pool), string(resp.Kvs[0].Value))
+			require.NoError(r.t, err)
+		}
+	}}
+	cli.Lease = r.check.Lease
+	return etcdstore.New(cli, etcdstore.Options{})
 }
 
 // opOperator stops node n (its agent gone: lease revoked, node record
@@ -82,7 +117,7 @@ func (r *modelRun) opOperator(n *mNode) {
 		n.sess = nil
 	}
 	lastSeen := time.Now().UTC()
-	in := inspect.New(faultKV{KV: r.check, r: r}, inspect.Options{History: etcdstore.NewHistoryRecorder(r.check, time.Hour)})
+	in := inspect.New(faultKV{KV: r.check, r: r, kind: kindOperator}, inspect.Options{History: etcdstore.NewHistoryRecorder(r.check, time.Hour)})
 	var mine []*mOwner
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == n.i && (len(mo.told) > 0 || mo.unsure || mo.delFail) {
@@ -142,14 +177,17 @@ func (r *modelRun) opOperator(n *mNode) {
 	r.startAlloc(n)
 }
 
-// opPool changes the pool as an operator does, and gives every node the
-// new spec (the agents follow the pool key): disable or enable it,
-// reserve an address or clear the reservations, add the extra cidr or
-// remove it (refused while anything is in it).
+// opPool changes the pool as an operator does, its write faulted like
+// any other, and gives every node the spec etcd then holds (the agents
+// follow the pool key): disable or enable it, reserve an address or clear
+// the reservations, select nodes, add the extra cidr or remove it
+// (refused while anything is in it). A change lands whole or not at all:
+// etcd holds the old spec or the new one, the new one only if the change
+// may have landed.
 func (r *modelRun) opPool() {
-	st := etcdstore.New(r.check, etcdstore.Options{})
-	var p allocator.Pool
-	var err error
+	r.op = kindPoolChange
+	st := r.operatorStore(kindPoolChange, r.pool.Name)
+	var change func(p *allocator.Pool) error
 	what := ""
 	k := r.rng.IntN(4)
 	if r.spec.Disabled {
@@ -164,10 +202,10 @@ func (r *modelRun) opPool() {
 			sel = "node!=" + r.nodes[r.rng.IntN(len(r.nodes))].name
 		}
 		what = "select " + sel
-		p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error { p.NodeSelector = sel; return nil })
+		change = func(p *allocator.Pool) error { p.NodeSelector = sel; return nil }
 	case k == 0:
 		what = "toggle disabled"
-		p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error { p.Disabled = !p.Disabled; return nil })
+		change = func(p *allocator.Pool) error { p.Disabled = !p.Disabled; return nil }
 	case k == 1:
 		cidr := r.pool.CIDRs[r.rng.IntN(2)]
 		a := cidr.Addr()
@@ -179,39 +217,128 @@ func (r *modelRun) opPool() {
 		if clear {
 			what = "clear reservations"
 		}
-		p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error {
+		change = func(p *allocator.Pool) error {
 			if clear {
 				p.Reserved = nil
 			} else if !slices.ContainsFunc(p.Reserved, func(x allocator.Reservation) bool { return x.Range.Contains(a) }) {
 				p.Reserved = append(p.Reserved, allocator.Reservation{Range: allocator.AddrRange{First: a, Last: a}, Reason: "model"})
 			}
 			return nil
-		})
+		}
+	case slices.Contains(r.spec.CIDRs, extraCIDR):
+		what = "remove-cidr " + extraCIDR.String()
+		change = func(p *allocator.Pool) error {
+			p.CIDRs = slices.DeleteFunc(p.CIDRs, func(c netip.Prefix) bool { return c == extraCIDR })
+			p.Reserved = slices.DeleteFunc(p.Reserved, func(x allocator.Reservation) bool { return extraCIDR.Contains(x.Range.First) })
+			return nil
+		}
 	default:
-		cur, gerr := st.GetPool(r.ctx, r.pool.Name)
-		if gerr != nil {
-			err = gerr
-			break
-		}
-		if slices.Contains(cur.CIDRs, extraCIDR) {
-			what = "remove-cidr " + extraCIDR.String()
-			p, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR)
-		} else {
-			what = "add-cidr " + extraCIDR.String()
-			p, err = st.UpdatePool(r.ctx, r.pool.Name, func(p *allocator.Pool) error { p.CIDRs = append(p.CIDRs, extraCIDR); return nil })
-		}
+		what = "add-cidr " + extraCIDR.String()
+		change = func(p *allocator.Pool) error { p.CIDRs = append(p.CIDRs, extraCIDR); return nil }
+	}
+	old := r.spec
+	want := old
+	want.CIDRs, want.Reserved = slices.Clone(old.CIDRs), slices.Clone(old.Reserved)
+	require.NoError(r.t, change(&want))
+	var err error
+	if strings.HasPrefix(what, "remove-cidr") {
+		_, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR)
+	} else {
+		_, err = st.UpdatePool(r.ctx, r.pool.Name, change)
 	}
 	r.logf("pool %s: %v", what, err)
 	r.tally("pool change", err)
-	if err != nil {
-		if !errors.Is(err, etcdstore.ErrPoolInUse) {
-			r.fail("pool %s: %v", what, err)
+	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
+	require.NoError(r.t, gerr)
+	landed := samePool(cur, want)
+	switch {
+	case err == nil && !landed:
+		r.fail("pool %s succeeded, and etcd holds %+v, not %+v", what, cur, want)
+	case err != nil && !landed && !samePool(cur, old):
+		r.fail("pool %s failed (%v), and etcd holds %+v, neither the old spec %+v nor the new %+v", what, err, cur, old, want)
+	case err != nil && landed && !samePool(want, old) && !errors.Is(err, errUnknown):
+		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
+	case err != nil && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errUnknown) && !errors.Is(err, errInjected):
+		r.fail("pool %s: %v", what, err)
+	}
+	r.spec = cur
+	for _, n := range r.nodes {
+		n.alloc.UpdatePool(cur)
+	}
+}
+
+// samePool reports whether two specs are the same, whatever revision
+// each was read at.
+func samePool(a, b allocator.Pool) bool {
+	norm := func(p allocator.Pool) allocator.Pool {
+		p.Rev = 0
+		if len(p.Reserved) == 0 {
+			p.Reserved = nil
 		}
+		return p
+	}
+	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+// scratchPool is the pool opPoolDelete creates and deletes: no node
+// serves it.
+var scratchPool = allocator.Pool{Name: "scratch", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.91.0.0/29")}}
+
+// opPoolDelete is an operator creating a pool and deleting it again
+// (kvipamctl pool create, pool delete), each command run again until it
+// is done, then node n's agent starting with the pool in its
+// configuration; every write faulted. A delete lands whole or not at all
+// (the pool gone and marked deleted, or there and unmarked), and no seed
+// makes a deleted pool again.
+func (r *modelRun) opPoolDelete(n *mNode) {
+	name := scratchPool.Name
+	state := func() (present, marked bool) {
+		_, err := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, name)
+		if err != nil && !errors.Is(err, records.ErrPoolNotFound) {
+			require.NoError(r.t, err)
+		}
+		resp, gerr := r.check.Get(r.ctx, etcdstore.DeletedPoolKey(name))
+		require.NoError(r.t, gerr)
+		return err == nil, len(resp.Kvs) > 0
+	}
+	retried := func(what string, do func() error, done func() bool) bool {
+		for try := 0; ; try++ {
+			err := do()
+			r.logf("operator pool %s %s: %v", what, name, err)
+			r.tally("pool "+what, err)
+			if present, marked := state(); present == marked {
+				r.fail("pool %s %s (%v): the pool is present=%v and marked deleted=%v", what, name, err, present, marked)
+				return false
+			}
+			if done() {
+				return true
+			}
+			if try == 8 {
+				r.fail("operator pool %s %s: still not done: %v", what, name, err)
+				return false
+			}
+		}
+	}
+	present := func() bool { p, _ := state(); return p }
+	r.op = kindPoolCreate
+	create := r.operatorStore(kindPoolCreate, name)
+	if !retried("create", func() error { _, err := create.EnsurePool(r.ctx, scratchPool); return err }, present) {
 		return
 	}
-	r.spec = p
-	for _, n := range r.nodes {
-		n.alloc.UpdatePool(p)
+	r.op = kindPoolDelete
+	del := r.operatorStore(kindPoolDelete, name)
+	if !retried("delete", func() error { return del.DeletePool(r.ctx, name) }, func() bool { return !present() }) {
+		return
+	}
+	r.op = "seed"
+	for range 3 {
+		_, created, err := n.hook.SeedPool(r.ctx, scratchPool)
+		r.logf("%s seed pool %s (deleted by an operator): created %v, %v", n.name, name, created, err)
+		r.tally("seed", err)
+		if p, marked := state(); created || p || !marked {
+			r.fail("seeding pool %s, which an operator deleted, made it again (created %v, present %v, marked %v)", name, created, p, marked)
+			return
+		}
 	}
 }
 

@@ -43,7 +43,7 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "operator delete", "claim", "unclaim", "seed"}
+		"lapse-record", "claim", "unclaim", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost"}
 )
 
@@ -619,6 +619,10 @@ func (r *modelRun) randomStep() {
 	case p < 97:
 		if !skip("operator") {
 			r.opOperator(n)
+		}
+	case p < 98:
+		if !skip("pooldelete") {
+			r.opPoolDelete(n)
 		}
 	default:
 		r.opAllocate(n)
