@@ -2,11 +2,16 @@ package nodealloc_test
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -76,4 +81,51 @@ func TestConfirmBatch(t *testing.T) {
 	again, err := n.alloc.Confirm(ctx, owner(10))
 	require.NoError(t, err)
 	require.Equal(t, out[0].Allocations, again, "confirming again is a no-op")
+}
+
+// TestLapsedReservationHandedOutElsewhere is why the confirm stays on the
+// ADD's answer path (docs/design.md, "Why the confirm is on the answer
+// path"): a node reserves the first address of a fresh block and dies
+// before confirming it (an agent that answered first and confirmed after
+// would have a pod running on it now). Its node lease goes, and with it
+// the block's claim; then the reservation's lease. The block is empty, so
+// it is free (invariant 3), and another node claims it and hands the very
+// address out. Only an answer that waits for the confirm keeps a pod off
+// an address etcd can give away.
+func TestLapsedReservationHandedOutElsewhere(t *testing.T) {
+	ctx := context.Background()
+	one := allocator.Pool{Name: "one", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.21.0.0/28")}, BlockSizeV4: 28}
+	e := startEtcd(t, one)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{resTTL: time.Second})
+	r, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	x := r.Allocations[0]
+	require.Equal(t, records.StateReserved, x.State)
+
+	// Node a dies before its confirm: its lease, and so its claim, go.
+	a.sess.Close()
+	// Await etcd's delete of the reservation, when its lease runs out.
+	key := etcdstore.IPKey("one", x.Block, x.Addr)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	gone := false
+	for resp := range a.cli.Watch(wctx, key, clientv3.WithRev(x.Rev)) {
+		for _, ev := range resp.Events {
+			gone = gone || ev.Type == clientv3.EventTypeDelete
+		}
+		if gone {
+			break
+		}
+	}
+	require.True(t, gone, "the unconfirmed reservation lapses")
+
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	var handed []netip.Addr
+	for i := 2; !slices.Contains(handed, x.Addr); i++ {
+		got, err := b.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
+		require.NoError(t, err, "b has handed out %v, and not %s", handed, x.Addr)
+		require.Equal(t, x.Block, got.Allocations[0].Block, "b claimed a's block")
+		handed = append(handed, got.Allocations[0].Addr)
+	}
+	t.Logf("b handed out %s, the address a's unconfirmed pod would be using, after %d others", x.Addr, len(handed)-1)
 }
