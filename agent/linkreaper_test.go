@@ -112,10 +112,10 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 	require.Len(t, rel.Released, len(res.IPs))
 	require.Contains(t, rel.Released, addr.String())
 	require.Equal(t, api.HostIfRetired, rel.HostIf)
-	require.Eventually(t, func() bool { _, err := h.LinkByName(name); return err != nil }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { _, err := h.LinkByName(name); return err != nil }, 30*time.Second, 5*time.Millisecond,
 		"the reaper did not delete the retired veth")
 	if dp == "tcx" {
-		require.Eventually(t, func() bool { _, ok := pinnedLinkID(t, cfg.BPFPinDir, idx); return !ok }, 5*time.Second, 5*time.Millisecond,
+		require.Eventually(t, func() bool { _, ok := pinnedLinkID(t, cfg.BPFPinDir, idx); return !ok }, 30*time.Second, 5*time.Millisecond,
 			"the deleted veth's tcx link is still pinned")
 	}
 	eps, err := ta.c.Endpoints(ctx)

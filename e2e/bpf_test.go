@@ -131,7 +131,7 @@ func testBPFEnforcesThroughAgentKill(t *testing.T, mode string) {
 	require.NoError(t, err)
 	require.Empty(t, eps)
 	// The agent deletes the retired veth, then its link's pin, after DEL.
-	waitFor(t, 5*time.Second, "DEL to leave no pinned link", func() bool {
+	waitFor(t, 30*time.Second, "DEL to leave no pinned link", func() bool {
 		entries, err := os.ReadDir(pins)
 		require.NoError(t, err)
 		return len(entries) == 0

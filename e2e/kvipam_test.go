@@ -65,7 +65,7 @@ func TestKvipamTwoPods(t *testing.T) {
 		require.False(t, hostRouteTo(t, n, ip), "host route to %s removed", ip)
 	}
 	hostIf := cni.HostVethName(a.rt.ContainerID, "eth0")
-	waitFor(t, 5*time.Second, "the host veth to be deleted", func() bool {
+	waitFor(t, 30*time.Second, "the host veth to be deleted", func() bool {
 		_, err := nlHandle(t, n.host).LinkByName(hostIf)
 		return err != nil
 	})

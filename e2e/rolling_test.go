@@ -51,7 +51,7 @@ func TestClusterAgentRollingRestart(t *testing.T) {
 	pingers := []*pinger{startPinger(t, pa.ns, ipb, every), startPinger(t, pb.ns, ipa, every)}
 	began := time.Now()
 	// Traffic flows before the first restart.
-	waitFor(t, 5*time.Second, "pings answered", func() bool { return pingers[0].answeredSince(began) > 10 })
+	waitFor(t, 30*time.Second, "pings answered", func() bool { return pingers[0].answeredSince(began) > 10 })
 
 	restarts := 0
 	for _, n := range []*node{a, b} {
