@@ -117,6 +117,10 @@ func TestConnectAuth(t *testing.T) {
 
 	cfg := e.Config()
 	cfg.Username, cfg.Password = "root", "s3cret"
+	// Each connection authenticates (a bcrypt check in the embedded
+	// server): under the race detector on a loaded machine that can take
+	// longer than the default dial bound, which this test is not about.
+	cfg.DialTimeout = 2 * time.Minute
 	cli, err := kvstore.Connect(ctx, cfg, "/app/health")
 	require.NoError(t, err)
 	_, err = cli.Put(ctx, "/auth", "ok")
