@@ -125,7 +125,11 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i], nil)
 		}
 	}()
-	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	var res records.WriteResult
+	var err error
+	if len(writes) > 0 { // else every address was reused, or written with its claim
+		res, err = a.cfg.Store.WriteIPs(ctx, writes)
+	}
 	switch {
 	case err == nil:
 		for i, p := range plans {
@@ -266,6 +270,9 @@ func (a *Allocator) giveBackBorrowed(ctx context.Context, req Request, before ma
 func (a *Allocator) write(ctx context.Context, p *plan) (records.WriteResult, error) {
 	if p.bind != nil {
 		return a.cfg.Store.WriteBound(ctx, *p.bind, p.writes)
+	}
+	if len(p.writes) == 0 { // every address reused, or written with its claim
+		return records.WriteResult{}, nil
 	}
 	return a.cfg.Store.WriteIPs(ctx, p.writes)
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore"
@@ -98,4 +101,77 @@ func TestAllocateWithoutDeadlineAnswersTryAgain(t *testing.T) {
 	h.Before("Claim", failTimes(2, errTooMany("Claim")))
 	_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: owner(1)})
 	require.ErrorIs(t, err, records.ErrUnavailable)
+}
+
+// countCalls counts the calls of ops on h.
+func countCalls(h *hookStore, ops ...string) map[string]*atomic.Int64 {
+	out := map[string]*atomic.Int64{}
+	for _, op := range ops {
+		n := &atomic.Int64{}
+		out[op] = n
+		h.Before(op, func(context.Context) error { n.Add(1); return nil })
+	}
+	return out
+}
+
+// TestFirstAllocationRidesOnClaim: a node's first address in a block it
+// claims for the request is written in the claim's own transaction, so a
+// node that starts (a cold start of a cluster) answers its first pod
+// after one transaction, not two in series. The next address of the
+// block is a write of its own.
+func TestFirstAllocationRidesOnClaim(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	calls := countCalls(h, "Claim", "WriteIPs")
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, calls["Claim"].Load())
+	require.EqualValues(t, 0, calls["WriteIPs"].Load(), "the first address is written with the claim")
+	held := ownerIPs(t, n.cli, owner(1))
+	require.Len(t, held, 1)
+	require.Contains(t, held, r.Allocations[0].Addr)
+	require.Equal(t, records.StateAllocated, held[r.Allocations[0].Addr].State)
+
+	r2, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.NoError(t, err)
+	require.Equal(t, r.Allocations[0].Block, r2.Allocations[0].Block, "the same block")
+	require.NotEqual(t, r.Allocations[0].Addr, r2.Allocations[0].Addr)
+	require.EqualValues(t, 1, calls["Claim"].Load())
+	require.EqualValues(t, 1, calls["WriteIPs"].Load())
+
+	// A DEL releases the address written with the claim as any other.
+	rel, err := n.alloc.Release(ctx, owner(1))
+	require.NoError(t, err)
+	require.Len(t, rel, 1)
+	require.Empty(t, ownerIPs(t, n.cli, owner(1)))
+}
+
+// TestClaimWithFirstUnknownOutcome: the claim that carries the first
+// address commits, and its answer times out, again and again while the
+// read back also meets a loaded etcd. The request, retried inside its
+// deadline, settles what landed: it answers the address the claim wrote,
+// etcd holds one address for the owner and one claim for the node.
+func TestClaimWithFirstUnknownOutcome(t *testing.T) {
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	h.After("Claim", timedOutAfterCommit("Claim", 1))
+	h.Before("GetIPs", failTimes(2, errTimedOut("GetIPs")))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	h.Clear()
+	held := ownerIPs(t, n.cli, owner(1))
+	require.Len(t, held, 1, "one address for the owner")
+	require.Contains(t, held, r.Allocations[0].Addr)
+	resp, err := n.cli.Get(ctx, etcdstore.ClaimsPrefix("small"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.Count, "one block claimed")
+
+	// The node goes on in that block: it adopted its claim.
+	r2, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.NoError(t, err)
+	require.Equal(t, r.Allocations[0].Block, r2.Allocations[0].Block)
+	require.NotEqual(t, r.Allocations[0].Addr, r2.Allocations[0].Addr)
 }
