@@ -51,8 +51,8 @@ type stormSteps struct {
 }
 
 type stormStep struct {
-	took, ends  []float64
-	unavailable int
+	took, starts, ends []float64
+	unavailable        int
 }
 
 func (s *stormSteps) start() {
@@ -78,6 +78,7 @@ func (s *stormSteps) time(op string, f func() error) {
 		s.steps[op] = st
 	}
 	st.took = append(st.took, ms(end.Sub(t)))
+	st.starts = append(st.starts, ms(t.Sub(s.began)))
 	st.ends = append(st.ends, ms(end.Sub(s.began)))
 	if errors.Is(err, records.ErrUnavailable) {
 		st.unavailable++
@@ -85,7 +86,8 @@ func (s *stormSteps) time(op string, f func() error) {
 }
 
 // report reports, per kind of call, how many there were, how many etcd did
-// not answer in time, their p50 and p99, and when the first ended.
+// not answer in time, their p50 and p99, when the first started and
+// ended, and when half had started.
 func (s *stormSteps) report(b *testing.B) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -95,6 +97,12 @@ func (s *stormSteps) report(b *testing.B) {
 			took[i] = time.Duration(v * float64(time.Millisecond))
 		}
 		first := slices.Min(st.ends)
+		starts := make([]time.Duration, len(st.starts))
+		for i, v := range st.starts {
+			starts[i] = time.Duration(v * float64(time.Millisecond))
+		}
+		b.ReportMetric(slices.Min(st.starts), op+"-first-start-ms")
+		b.ReportMetric(ms(quantile(starts, 0.5)), op+"-start-p50-ms")
 		b.ReportMetric(float64(len(st.took)), op+"-calls")
 		b.ReportMetric(float64(st.unavailable), op+"-unavailable")
 		b.ReportMetric(ms(quantile(took, 0.5)), op+"-p50-ms")
@@ -145,7 +153,9 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // whose answer was lost, tried again and adopted), try-again answers
 // (each a failure: the runtime would retry the pod's sandbox after a
 // back-off), other failures, lost leases, leader elections during the
-// storm, the leader's database size, the store calls by kind (count,
+// storm, the leader's database size, the CPU seconds of this process and
+// of the etcd members in the storm and in the baseline, the store calls
+// by kind (count,
 // calls etcd did not answer in time, p50, p99, the first one's end), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
 // duplicate fails the benchmark.
@@ -178,6 +188,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		return timedStore{Store: conflictCounter{Store: st, n: &conflicts, own: &own}, s: steps}
 	})
 	clis := f.clis
+	cpu0 := f.sampleCPU()
 	base, baseEnds := stormTimes(nodes, func(i int) error {
 		_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 		return err
@@ -185,8 +196,10 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	got := make([]*answer, nodes)
 	var failed, tryAgain atomic.Int64
 	var firstErr, firstTryAgain sync.Once
+	baseCPU := f.sampleCPU().sub(cpu0)
 	term := f.term(ctx)
 	steps.start()
+	cpu0 = f.sampleCPU()
 	b.StartTimer()
 	took, ends := stormTimes(nodes, func(i int) error {
 		// One Allocate per node, bounded as the agent bounds a request;
@@ -209,6 +222,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		return nil
 	})
 	b.StopTimer()
+	stormCPU := f.sampleCPU().sub(cpu0)
 	elections := f.term(ctx) - term
 	lost := 0
 	for _, s := range sessions {
@@ -240,6 +254,12 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		}
 	}
 	steps.report(b)
+	b.ReportMetric(stormCPU.process.Seconds(), "process-cpu-s/storm")
+	b.ReportMetric(baseCPU.process.Seconds(), "process-cpu-s/baseline")
+	if f.etcdCPU != nil {
+		b.ReportMetric(stormCPU.etcd.Seconds(), "etcd-cpu-s/storm")
+		b.ReportMetric(baseCPU.etcd.Seconds(), "etcd-cpu-s/baseline")
+	}
 	b.ReportMetric(slices.Min(ends), "first-end-ms")
 	b.ReportMetric(slices.Min(baseEnds), "baseline-first-end-ms")
 	b.ReportMetric(took.Seconds(), "s/storm")
