@@ -158,7 +158,11 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // by kind (count,
 // calls etcd did not answer in time, p50, p99, the first one's end), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
-// duplicate fails the benchmark.
+// duplicate fails the benchmark. With KVIPAM_FILL_PROFILE set to a
+// directory, CPU profiles of this process and of the leading member are
+// written there: fleet-storm.pprof, etcd-storm.pprof (3 s from the
+// storm's start) and fleet-storm-baseline.pprof, etcd-storm-baseline.pprof
+// (2 s from the baseline's).
 func BenchmarkClaimStorm(b *testing.B) {
 	nodes := envInt(b, "KVIPAM_STORM_NODES", 1000)
 	forEachBackend(b, func(b *testing.B, backend string) {
@@ -188,17 +192,20 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		return timedStore{Store: conflictCounter{Store: st, n: &conflicts, own: &own}, s: steps}
 	})
 	clis := f.clis
+	prof := f.startProfiles(ctx, 2*time.Second)
 	cpu0 := f.sampleCPU()
 	base, baseEnds := stormTimes(nodes, func(i int) error {
 		_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 		return err
 	})
+	f.stopProfiles(prof, "storm-baseline")
 	got := make([]*answer, nodes)
 	var failed, tryAgain atomic.Int64
 	var firstErr, firstTryAgain sync.Once
 	baseCPU := f.sampleCPU().sub(cpu0)
 	term := f.term(ctx)
 	steps.start()
+	prof = f.startProfiles(ctx, 3*time.Second)
 	cpu0 = f.sampleCPU()
 	b.StartTimer()
 	took, ends := stormTimes(nodes, func(i int) error {
@@ -223,6 +230,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	})
 	b.StopTimer()
 	stormCPU := f.sampleCPU().sub(cpu0)
+	f.stopProfiles(prof, "storm")
 	elections := f.term(ctx) - term
 	lost := 0
 	for _, s := range sessions {
