@@ -86,13 +86,6 @@ func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefi
 	return rev, err
 }
 
-func (s instrumentedStore) ClaimOneOf(ctx context.Context, pool string, cands []records.ClaimCandidate, c records.Claim, lease int64) (int, int64, error) {
-	start := time.Now()
-	i, rev, err := s.Store.ClaimOneOf(ctx, pool, cands, c, lease)
-	s.observe("claim", start, err)
-	return i, rev, err
-}
-
 func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
 	start := time.Now()
 	rev, err := s.Store.Reclaim(ctx, pool, prev, c, lease)

@@ -84,31 +84,6 @@ func (w *BlockWalk) Next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-// lookAhead bounds the blocks NextN looks at past the first it returns.
-const lookAhead = 64
-
-// NextN is Next, and then up to n-1 more blocks of the walk after that
-// one for which taken is false, among the next lookAhead: the candidates
-// of one claim that tries several (Claims.ClaimOneOf). The walk stays on
-// the first.
-func (w *BlockWalk) NextN(taken func(netip.Prefix) bool, n int) []netip.Prefix {
-	b, ok := w.Next(taken)
-	if !ok {
-		return nil
-	}
-	out := []netip.Prefix{b}
-	pos := w.pos
-	for step := uint64(1); step < min(w.n, lookAhead) && len(out) < n; step++ {
-		if pos++; pos == w.n {
-			pos = 0
-		}
-		if c, ok := w.at(pos); ok && !taken(c) {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
 func nodeHash(node, what string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(node))

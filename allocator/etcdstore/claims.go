@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -98,9 +97,32 @@ func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, 
 // block empty", that writes the claim on the node's lease and the home,
 // and the block's first allocation if c has one (records.Claim.First).
 func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
-	cmps, puts, err := claimOps(pool, records.ClaimCandidate{Block: b, First: c.First}, c, lease)
+	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
+	claim, err := kvstore.EncodeJSON(c)
 	if err != nil {
 		return 0, err
+	}
+	home, err := kvstore.EncodeJSON(records.Home{Node: c.Node, Since: c.ClaimedAt})
+	if err != nil {
+		return 0, err
+	}
+	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
+	if w := c.First; w != nil {
+		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Reserve || w.Borrowed || w.PrevRev != 0 {
+			return 0, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
+		}
+		rec, err := kvstore.EncodeJSON(w.Record)
+		if err != nil {
+			return 0, err
+		}
+		// The block is empty (PrefixEmpty below): the address is free.
+		puts = append(puts, clientv3.OpPut(IPKey(pool, b, w.Addr), rec))
+	}
+	cmps := []clientv3.Cmp{kvstore.Absent(ck), kvstore.PrefixEmpty(ips)}
+	if c.PoolRev != 0 {
+		// The spec the claimant read is still the pool's: no cidr of
+		// it was removed, the pool was not deleted.
+		cmps = append(cmps, kvstore.Unchanged(PoolKey(pool), c.PoolRev))
 	}
 	resp, err := s.claims.Txn(ctx).
 		If(cmps...).
@@ -114,93 +136,6 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 		return resp.Header.Revision, nil
 	}
 	return 0, claimError(b, resp, c.PoolRev)
-}
-
-// ClaimOneOf implements allocator.Store: one transaction that nests each
-// candidate's claim in the Else of the one before, and reads, in the last
-// Else, what claimError needs for every candidate.
-func (s *Store) ClaimOneOf(ctx context.Context, pool string, cands []records.ClaimCandidate, c records.Claim, lease int64) (int, int64, error) {
-	if len(cands) == 0 {
-		return 0, 0, fmt.Errorf("%w: claim in pool %s: no candidate block", records.ErrBadRequest, pool)
-	}
-	var reads []clientv3.Op
-	for _, cand := range cands {
-		reads = append(reads, claimReads(pool, cand.Block)...)
-	}
-	elseOps := reads
-	var top clientv3.Txn
-	for i := len(cands) - 1; i >= 0; i-- {
-		cmps, puts, err := claimOps(pool, cands[i], c, lease)
-		if err != nil {
-			return 0, 0, err
-		}
-		if i == 0 {
-			top = s.claims.Txn(ctx).If(cmps...).Then(puts...).Else(elseOps...)
-			break
-		}
-		elseOps = []clientv3.Op{clientv3.OpTxn(cmps, puts, elseOps)}
-	}
-	resp, err := top.Commit()
-	if err != nil {
-		return 0, 0, fmt.Errorf("claim one of %d blocks from %s of pool %s: %w", len(cands), cands[0].Block, pool, leaseErr(kvstore.Unavailable(err)))
-	}
-	rev := resp.Header.Revision
-	level := (*etcdserverpb.TxnResponse)(resp)
-	for i := range cands {
-		if level.Succeeded {
-			return i, rev, nil
-		}
-		if i < len(cands)-1 {
-			level = level.Responses[0].GetResponseTxn()
-		}
-	}
-	// The last Else: claimReads' four reads for each candidate.
-	var errs records.ClaimsError
-	for i, cand := range cands {
-		part := &clientv3.TxnResponse{Responses: level.Responses[i*4 : i*4+4]}
-		var ce *records.ClaimError
-		if !errors.As(claimError(cand.Block, part, c.PoolRev), &ce) {
-			return 0, 0, fmt.Errorf("claim block %s of pool %s: unexplained refusal", cand.Block, pool)
-		}
-		errs = append(errs, ce)
-	}
-	return 0, 0, errs
-}
-
-// claimOps are the compares and puts of a claim of cand with c: the claim
-// absent, the block empty and, if c.PoolRev is set, the pool's spec
-// unchanged; then the claim on lease, the home, and cand.First.
-func claimOps(pool string, cand records.ClaimCandidate, c records.Claim, lease int64) ([]clientv3.Cmp, []clientv3.Op, error) {
-	b := cand.Block
-	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
-	c.First = nil
-	claim, err := kvstore.EncodeJSON(c)
-	if err != nil {
-		return nil, nil, err
-	}
-	home, err := kvstore.EncodeJSON(records.Home{Node: c.Node, Since: c.ClaimedAt})
-	if err != nil {
-		return nil, nil, err
-	}
-	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
-	if w := cand.First; w != nil {
-		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Reserve || w.Borrowed || w.PrevRev != 0 {
-			return nil, nil, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
-		}
-		rec, err := kvstore.EncodeJSON(w.Record)
-		if err != nil {
-			return nil, nil, err
-		}
-		// The block is empty (PrefixEmpty below): the address is free.
-		puts = append(puts, clientv3.OpPut(IPKey(pool, b, w.Addr), rec))
-	}
-	cmps := []clientv3.Cmp{kvstore.Absent(ck), kvstore.PrefixEmpty(ips)}
-	if c.PoolRev != 0 {
-		// The spec the claimant read is still the pool's: no cidr of
-		// it was removed, the pool was not deleted.
-		cmps = append(cmps, kvstore.Unchanged(PoolKey(pool), c.PoolRev))
-	}
-	return cmps, puts, nil
 }
 
 // claimReads are a claim transaction's Else reads, which claimError

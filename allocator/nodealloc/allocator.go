@@ -32,9 +32,6 @@ type Store interface {
 	records.Bindings
 }
 
-// DefaultClaimCandidates is Config.ClaimCandidates' default.
-const DefaultClaimCandidates = 3
-
 // Config configures an Allocator.
 type Config struct {
 	Node   string
@@ -51,11 +48,6 @@ type Config struct {
 	// attempt budget and ends only with a claimed block, a pool that is
 	// truly exhausted, or the caller's context.
 	ClaimRetry retry.Policy
-	// ClaimCandidates is how many blocks of its walk one claim tries, in
-	// one transaction, taking the first that is free (ClaimOneOf): in a
-	// cold start nodes' walks collide, and each lost race would be
-	// another transaction in series. Zero: DefaultClaimCandidates.
-	ClaimCandidates int
 	// RestoreRetry bounds Restore's re-listing when a re-claim of the
 	// node's own block loses to a concurrent change. Zero: default.
 	RestoreRetry retry.Policy
@@ -124,9 +116,6 @@ func New(cfg Config) (*Allocator, error) {
 	}
 	if cfg.ClaimRetry.Attempts == 0 {
 		cfg.ClaimRetry = retry.Policy{Attempts: retry.Unlimited, Initial: time.Millisecond, Max: 20 * time.Millisecond, Multiplier: 1.5, Jitter: 0.5}
-	}
-	if cfg.ClaimCandidates <= 0 {
-		cfg.ClaimCandidates = DefaultClaimCandidates
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

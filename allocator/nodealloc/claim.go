@@ -36,8 +36,8 @@ func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.F
 	}
 	var got netip.Prefix
 	err = retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
-		cands := ps.chooseBlocks(a.cfg.Node, f, a.cfg.ClaimCandidates)
-		if len(cands) == 0 && !fresh {
+		cand, ok := ps.chooseBlock(a.cfg.Node, f)
+		if !ok && !fresh {
 			if err := a.refreshOthers(ctx, ps); err != nil {
 				return err
 			}
@@ -46,110 +46,20 @@ func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.F
 				got = b
 				return nil
 			}
-			cands = ps.chooseBlocks(a.cfg.Node, f, a.cfg.ClaimCandidates)
+			cand, ok = ps.chooseBlock(a.cfg.Node, f)
 		}
-		if len(cands) == 0 {
+		if !ok {
 			return ps.exhausted(f)
 		}
-		b, al, err := a.tryClaimOneOf(ctx, ps, cands, first)
+		al, err := a.tryClaim(ctx, ps, cand, first)
 		if err != nil {
 			fresh = false
 			return err
 		}
-		got, written = b, al
+		got, written = cand, al
 		return nil
 	})
 	return got, written, err
-}
-
-// tryClaimOneOf claims the first of cands that is free, in one
-// transaction (Claims.ClaimOneOf), as tryClaim claims one: the candidates
-// found taken are noted in ps.others, one found to be this node's own
-// claim on its current lease is adopted, and first, if set, is written
-// with the claim at the first free address of the block claimed. If the
-// outcome is unknown, each candidate's first address is parked: the read
-// back says which landed (its claim with it: one transaction), and
-// adopts that block (readBack).
-func (a *Allocator) tryClaimOneOf(ctx context.Context, ps *poolState, cands []netip.Prefix, first *records.Record) (netip.Prefix, *records.Allocation, error) {
-	if len(cands) == 1 {
-		al, err := a.tryClaim(ctx, ps, cands[0], first)
-		return cands[0], al, err
-	}
-	c := a.claimRecord()
-	c.PoolRev = ps.pool.Rev
-	obs := make([]*ownBlock, len(cands))
-	ccs := make([]records.ClaimCandidate, len(cands))
-	for i, b := range cands {
-		ba, err := allocator.NewBlockAlloc(ps.pool, b)
-		if err != nil {
-			return netip.Prefix{}, nil, err
-		}
-		obs[i] = &ownBlock{ba: ba}
-		a.markHeld(b, obs[i]) // free in etcd, but an endpoint may still use some
-		ccs[i].Block = b
-		if first != nil {
-			if addr, ok := ba.Next(); ok {
-				ccs[i].First = &records.IPWrite{Pool: ps.pool.Name, Block: b, Addr: addr, Record: *first}
-			}
-		}
-	}
-	pool, lease := ps.pool.Name, a.lease.ID()
-	var i int
-	var rev int64
-	var err error
-	a.offLock(func() { i, rev, err = a.cfg.Store.ClaimOneOf(ctx, pool, ccs, c, lease) })
-	var ces records.ClaimsError
-	switch {
-	case errors.As(err, &ces):
-		for _, ce := range ces {
-			if ce.PoolChanged {
-				p, perr := a.cfg.Store.GetPool(ctx, ps.pool.Name)
-				if perr != nil {
-					return netip.Prefix{}, nil, perr
-				}
-				ps.setPool(p)
-				return netip.Prefix{}, nil, err
-			}
-		}
-		for _, ce := range ces {
-			if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
-				a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", ce.Block, "rev", ce.ClaimRev)
-				return ce.Block, nil, a.adoptBlock(ctx, ps, ce.Block, ce.ClaimRev)
-			}
-		}
-		for _, ce := range ces {
-			ps.noteOther(ce.Block, ce.ClaimedBy, ce.NonEmpty)
-		}
-		return netip.Prefix{}, nil, err
-	case err != nil:
-		if outcomeUnknown(err) {
-			for _, cc := range ccs {
-				if cc.First != nil {
-					a.parkClaim(ps, cc.First)
-				}
-			}
-		}
-		return netip.Prefix{}, nil, err
-	}
-	for _, b := range cands[:i] {
-		// Refused in this transaction: claimed, or orphaned, by a node
-		// this one has not heard of.
-		ps.noteOther(b, "?", false)
-	}
-	b, ob := cands[i], obs[i]
-	ob.claimRev = rev
-	ps.own[b] = ob
-	delete(ps.others, b)
-	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", rev, "candidate", i+1, "of", len(cands))
-	w := ccs[i].First
-	if w == nil {
-		return b, nil, nil
-	}
-	ob.ba.Mark(w.Addr)
-	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: rev, Seen: time.Now()}
-	ps.remember(al, time.Time{})
-	a.logAllocated(al)
-	return b, al, nil
 }
 
 // claimSpecific claims the block holding a requested static address.
@@ -213,7 +123,7 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 	}
 	if err != nil {
 		if w != nil && outcomeUnknown(err) {
-			a.parkClaim(ps, w)
+			a.park(ps, w.Record.Owner.Key(), "claim with first address", records.IPRef{Pool: w.Pool, Block: b, Addr: w.Addr})
 		}
 		return nil, err
 	}
@@ -265,25 +175,6 @@ func (a *Allocator) refreshOthers(ctx context.Context, ps *poolState) error {
 		}
 	}
 	return nil
-}
-
-// chooseBlocks picks up to n blocks to try in one claim, from the next
-// block of the node's walk on (chooseBlock).
-func (ps *poolState) chooseBlocks(node string, f allocator.Family, n int) []netip.Prefix {
-	b, ok := ps.chooseBlock(node, f)
-	if !ok {
-		return nil
-	}
-	if n <= 1 {
-		return []netip.Prefix{b}
-	}
-	w := ps.walks[f]
-	single := (f == allocator.IPv4 && w.Bits() == 32) || (f == allocator.IPv6 && w.Bits() == 128)
-	return w.NextN(func(b netip.Prefix) bool {
-		_, mine := ps.own[b]
-		_, other := ps.others[b]
-		return mine || other || (single && len(ps.pool.Excluded(b)) > 0)
-	}, n)
 }
 
 // chooseBlock picks the next block to try: the next block of the node's

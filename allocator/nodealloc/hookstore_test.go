@@ -144,17 +144,6 @@ func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c re
 	return rev, h.post(ctx, "Claim", err)
 }
 
-// ClaimOneOf is hooked as "Claim": a claim of one block or of the first
-// free of several is one claim transaction.
-func (h *hookStore) ClaimOneOf(ctx context.Context, pool string, cands []records.ClaimCandidate, c records.Claim, lease int64) (int, int64, error) {
-	h.see("Claim", cands[0].Block)
-	if err := h.pre(ctx, "Claim"); err != nil {
-		return 0, 0, err
-	}
-	i, rev, err := h.Store.ClaimOneOf(ctx, pool, cands, c, lease)
-	return i, rev, h.post(ctx, "Claim", err)
-}
-
 func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
 	h.see("Reclaim", prev)
 	if err := h.pre(ctx, "Reclaim"); err != nil {

@@ -55,9 +55,6 @@ type poolState struct {
 type pending struct {
 	ref   records.IPRef
 	owner string
-	// claim: the address was written with a claim of its block
-	// (parkClaim).
-	claim bool
 }
 
 type ownBlock struct {

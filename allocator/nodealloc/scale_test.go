@@ -19,10 +19,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// conflictCounter counts claims lost to another node's (CAS conflicts;
-// with several candidates in a claim, each candidate found taken), and
-// claims that found the node's own claim: an earlier claim of the block
-// whose answer was lost (a timeout), adopted.
+// conflictCounter counts claims lost to another node's (CAS conflicts),
+// and claims that found the node's own claim: an earlier claim of the
+// block whose answer was lost (a timeout), adopted.
 type conflictCounter struct {
 	records.Store
 	n, own *atomic.Int64
@@ -38,24 +37,6 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 		c.n.Add(1)
 	}
 	return rev, err
-}
-
-func (c conflictCounter) ClaimOneOf(ctx context.Context, pool string, cands []records.ClaimCandidate, cl records.Claim, lease int64) (int, int64, error) {
-	i, rev, err := c.Store.ClaimOneOf(ctx, pool, cands, cl, lease)
-	var ces records.ClaimsError
-	if errors.As(err, &ces) {
-		for _, ce := range ces {
-			if ce.ClaimedBy == cl.Node {
-				c.own.Add(1)
-			} else {
-				c.n.Add(1)
-			}
-		}
-	}
-	if err == nil {
-		c.n.Add(int64(i)) // the candidates before the one claimed were taken
-	}
-	return i, rev, err
 }
 
 // stormSteps times a storm node's store calls by kind (the claim
@@ -139,11 +120,6 @@ type timedStore struct {
 func (t timedStore) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (rev int64, err error) {
 	t.s.time("claim", func() error { rev, err = t.Store.Claim(ctx, pool, b, cl, lease); return err })
 	return rev, err
-}
-
-func (t timedStore) ClaimOneOf(ctx context.Context, pool string, cands []records.ClaimCandidate, cl records.Claim, lease int64) (i int, rev int64, err error) {
-	t.s.time("claim", func() error { i, rev, err = t.Store.ClaimOneOf(ctx, pool, cands, cl, lease); return err })
-	return i, rev, err
 }
 
 func (t timedStore) WriteIPs(ctx context.Context, w []records.IPWrite) (res records.WriteResult, err error) {

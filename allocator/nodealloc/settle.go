@@ -40,17 +40,6 @@ func (a *Allocator) park(ps *poolState, owner, what string, refs ...records.IPRe
 	}
 }
 
-// parkClaim parks the first address of a claim of unknown outcome
-// (records.Claim.First, records.ClaimCandidate): read back, it says
-// whether the claim landed (one transaction), and readBack adopts the
-// block if it did.
-func (a *Allocator) parkClaim(ps *poolState, w *records.IPWrite) {
-	a.park(ps, w.Record.Owner.Key(), "claim with first address", records.IPRef{Pool: w.Pool, Block: w.Block, Addr: w.Addr})
-	p := ps.unknown[w.Addr]
-	p.claim = true
-	ps.unknown[w.Addr] = p
-}
-
 // parkWrites parks writes of unknown outcome.
 func (a *Allocator) parkWrites(ps *poolState, writes []records.IPWrite) {
 	for _, w := range writes {
@@ -103,13 +92,11 @@ func (a *Allocator) readBack(ctx context.Context, refs []records.IPRef) error {
 		return err
 	}
 	now := time.Now()
-	var claimed []records.Allocation
 	for _, ref := range refs {
 		ps := a.pools[ref.Pool]
 		if ps == nil {
 			continue
 		}
-		p := ps.unknown[ref.Addr]
 		delete(ps.unknown, ref.Addr)
 		var cur *records.Allocation
 		if al, ok := got[ref.Addr]; ok {
@@ -117,21 +104,6 @@ func (a *Allocator) readBack(ctx context.Context, refs []records.IPRef) error {
 			cur = &al
 		}
 		a.settleAddr(ps, ref.Addr, cur, exp)
-		if p.claim && cur != nil && cur.Node == a.cfg.Node && !cur.Borrowed && cur.Block == ref.Block {
-			claimed = append(claimed, *cur)
-		}
-	}
-	// A claim's first address that landed says the claim landed with it,
-	// at the same revision: the block is this node's.
-	for _, al := range claimed {
-		ps := a.pools[al.Pool]
-		if _, own := ps.own[al.Block]; own {
-			continue
-		}
-		a.log.Info("adopting own claim whose answer was lost (its first address landed)", "pool", al.Pool, "block", al.Block, "rev", al.Rev)
-		if err := a.adoptBlock(ctx, ps, al.Block, al.Rev); err != nil {
-			a.log.Warn("adopt block", "pool", al.Pool, "block", al.Block, "error", err)
-		}
 	}
 	return nil
 }

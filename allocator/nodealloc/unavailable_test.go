@@ -3,7 +3,6 @@ package nodealloc_test
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -176,41 +174,4 @@ func TestClaimWithFirstUnknownOutcome(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, r.Allocations[0].Block, r2.Allocations[0].Block)
 	require.NotEqual(t, r.Allocations[0].Addr, r2.Allocations[0].Addr)
-}
-
-// TestClaimTriesCandidatesInOneTransaction: the first blocks of a node's
-// walk are taken (as in a cold start, where nodes' walks collide) by a
-// node it has not heard of. Its claim tries the next candidates of its
-// walk in the same transaction, so it gets a block, with its first
-// address, in one round trip instead of one lost race after another; the
-// blocks found taken are not tried again.
-func TestClaimTriesCandidatesInOneTransaction(t *testing.T) {
-	ctx := context.Background()
-	e := startEtcd(t, small)
-	n, h := hooked(t, e, "n1", nodeOpts{})
-	other := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	p, ok := n.alloc.Pool("small")
-	require.True(t, ok)
-	walk := allocator.NewBlockWalk("n1", p, allocator.IPv4)
-	taken := map[netip.Prefix]bool{}
-	var order []netip.Prefix
-	for range 3 {
-		b, ok := walk.Next(func(b netip.Prefix) bool { return taken[b] })
-		require.True(t, ok)
-		taken[b] = true
-		order = append(order, b)
-	}
-	for _, b := range order[:2] {
-		_, err := other.store.Claim(ctx, "small", b, records.Claim{Node: "n2", ClaimedAt: time.Now().UTC()}, other.sess.ID())
-		require.NoError(t, err)
-	}
-	calls := countCalls(h, "Claim", "WriteIPs")
-	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
-	require.NoError(t, err)
-	require.Equal(t, order[2], r.Allocations[0].Block, "the third block of its walk, the first free one")
-	require.EqualValues(t, 1, calls["Claim"].Load(), "one claim transaction")
-	require.EqualValues(t, 0, calls["WriteIPs"].Load())
-	require.Equal(t, "n1", claimOf(t, n.cli, "small", order[2]).Node)
-	require.Equal(t, "n2", claimOf(t, n.cli, "small", order[0]).Node)
-	require.Equal(t, "n2", claimOf(t, n.cli, "small", order[1]).Node)
 }

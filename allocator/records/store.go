@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -205,13 +204,6 @@ type Claims interface {
 	// and makes node its home, writing c.First with it if set. A lost race
 	// returns a *ClaimError.
 	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (rev int64, err error)
-	// ClaimOneOf claims the first of cands, in their order, that is
-	// unclaimed and empty, in one transaction (each candidate in the Else
-	// of the one before), on the given lease, writing that candidate's
-	// First with it if set (c.First is unused). It returns which candidate
-	// it claimed. If none could be claimed it returns a ClaimsError, one
-	// *ClaimError a candidate.
-	ClaimOneOf(ctx context.Context, pool string, cands []ClaimCandidate, c Claim, lease int64) (i int, rev int64, err error)
 	// Reclaim takes back a block whose home is c.Node, as seen in prev: an
 	// orphaned block (prev has no claim) or this node's claim on an older
 	// lease. Anything changed since prev returns a *ClaimError.
@@ -351,35 +343,6 @@ func (e *ClaimError) Error() string {
 
 // Unwrap makes a ClaimError a conflict, so the claim loop retries it.
 func (e *ClaimError) Unwrap() error { return ErrConflict }
-
-// ClaimCandidate is one block a claim may take (Claims.ClaimOneOf), with
-// the allocation written with its claim, if any (as Claim.First).
-type ClaimCandidate struct {
-	Block netip.Prefix
-	First *IPWrite
-}
-
-// ClaimsError says why none of a claim's candidates could be claimed: one
-// *ClaimError a candidate, in their order. It is a conflict.
-type ClaimsError []*ClaimError
-
-func (e ClaimsError) Error() string {
-	msgs := make([]string, len(e))
-	for i, ce := range e {
-		msgs[i] = ce.Error()
-	}
-	return strings.Join(msgs, "; ")
-}
-
-// Unwrap lets errors.Is find ErrConflict, and errors.As the first
-// *ClaimError.
-func (e ClaimsError) Unwrap() []error {
-	out := make([]error, len(e))
-	for i, ce := range e {
-		out[i] = ce
-	}
-	return out
-}
 
 // WriteError says which writes of a batch failed their checks.
 type WriteError struct {
