@@ -247,7 +247,15 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	// Read back while the leases, and so the claims, live.
 	dups, missing := f.audit(ctx, answers)
 	if dir := os.Getenv(benchreport.SamplesEnv); dir != "" {
-		st := benchreport.Storm{Nodes: nodes, CompletionsMS: ends, BaselineCompletionsMS: baseEnds}
+		// Only the nodes answered with an address: a try-again is no
+		// claim completed.
+		var done []float64
+		for i, a := range got {
+			if a != nil {
+				done = append(done, ends[i])
+			}
+		}
+		st := benchreport.Storm{Nodes: nodes, CompletionsMS: done, BaselineCompletionsMS: baseEnds}
 		if err := benchreport.WriteStorm(dir, fmt.Sprintf("%s-%d", backend, nodes), st); err != nil {
 			b.Logf("write storm samples: %v", err)
 		}
