@@ -36,6 +36,7 @@ race:
 # bench-quick is the same at smaller sizes, in a few minutes.
 BENCH_OUT ?= bench-out
 STORM_NODES ?= 5000
+STORM10K_NODES ?= 10000
 FILL_NODES ?= 5000
 FILL_ADDRS ?= 30
 LAT_N ?= 200
@@ -47,7 +48,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
-	$(MAKE) bench-run STORM_NODES=1000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 STEADY_SECONDS=3 SWEEP_SECONDS=2
+	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 STEADY_SECONDS=3 SWEEP_SECONDS=2
 
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
@@ -55,6 +56,7 @@ bench-run: build
 		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
 	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
+	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/nodealloc/ && \
 	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \

@@ -94,7 +94,8 @@ func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, 
 }
 
 // Claim implements allocator.Store: one transaction, "claim absent and
-// block empty", that writes the claim on the node's lease and the home.
+// block empty", that writes the claim on the node's lease and the home,
+// and the block's first allocation if c has one (records.Claim.First).
 func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
 	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
 	claim, err := kvstore.EncodeJSON(c)
@@ -105,6 +106,18 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 	if err != nil {
 		return 0, err
 	}
+	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
+	if w := c.First; w != nil {
+		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Reserve || w.Borrowed || w.PrevRev != 0 {
+			return 0, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
+		}
+		rec, err := kvstore.EncodeJSON(w.Record)
+		if err != nil {
+			return 0, err
+		}
+		// The block is empty (PrefixEmpty below): the address is free.
+		puts = append(puts, clientv3.OpPut(IPKey(pool, b, w.Addr), rec))
+	}
 	cmps := []clientv3.Cmp{kvstore.Absent(ck), kvstore.PrefixEmpty(ips)}
 	if c.PoolRev != 0 {
 		// The spec the claimant read is still the pool's: no cidr of
@@ -113,7 +126,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 	}
 	resp, err := s.claims.Txn(ctx).
 		If(cmps...).
-		Then(clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)).
+		Then(puts...).
 		Else(claimReads(pool, b)...).
 		Commit()
 	if err != nil {

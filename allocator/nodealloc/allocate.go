@@ -89,6 +89,8 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 	plans := make([]*plan, len(reqs))
 	var writes []records.IPWrite
 	var later []int // a second request of an owner waits for the first
+	var unavailable []int
+	befores := map[int]map[netip.Addr]bool{}
 	planned := map[string]bool{}
 	for i, r := range reqs {
 		k := r.Pool + "\x00" + r.Owner.Key()
@@ -100,6 +102,13 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 		planned[k] = true
 		before := a.heldBy(r)
 		p, err := a.plan(ctx, r, pendErr)
+		if errors.Is(err, records.ErrUnavailable) {
+			// etcd did not answer in time: the request is tried again on
+			// its own, inside its deadline (allocateOne).
+			unavailable = append(unavailable, i)
+			befores[i] = before
+			continue
+		}
 		if err != nil {
 			out[i].Err = err
 			continue
@@ -109,11 +118,18 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 		writes = append(writes, p.writes...)
 	}
 	defer func() {
+		for _, i := range unavailable {
+			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i], befores[i])
+		}
 		for _, i := range later {
 			out[i].Result, out[i].Err = a.allocateOne(ctx, reqs[i], nil)
 		}
 	}()
-	res, err := a.cfg.Store.WriteIPs(ctx, writes)
+	var res records.WriteResult
+	var err error
+	if len(writes) > 0 { // else every address was reused, or written with its claim
+		res, err = a.cfg.Store.WriteIPs(ctx, writes)
+	}
 	switch {
 	case err == nil:
 		for i, p := range plans {
@@ -129,7 +145,8 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 				a.parkWrites(p.ps, p.writes)
 			}
 		}
-		serr := a.settlePending(ctx)
+		// On an error they stay parked: allocateOne settles them first.
+		_ = a.settlePending(ctx)
 		for i, p := range plans {
 			if p == nil {
 				continue
@@ -138,10 +155,8 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 				out[i].Result = r
 				continue
 			}
-			if serr != nil {
-				out[i].Err = fmt.Errorf("allocate in pool %s for %s: %w", p.req.Pool, p.req.Owner.Key(), serr)
-				continue
-			}
+			// Not settled or not landed: tried again on its own,
+			// which settles first, inside the request's deadline.
 			out[i].Result, out[i].Err = a.allocateOne(ctx, p.req, p.before)
 		}
 	default:
@@ -173,7 +188,13 @@ func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[net
 	if before == nil {
 		before = a.heldBy(req)
 	}
-	err := retry.Do(ctx, a.cfg.WriteRetry, func(ctx context.Context) error {
+	pol := a.cfg.WriteRetry
+	// An etcd that did not answer in time (too many requests, a call
+	// past its timeout, a read back that met a loaded etcd) is tried
+	// again inside the request's deadline; settlePending, at the start
+	// of each attempt, reads back what an earlier attempt left unknown.
+	pol.Unavailable = true
+	err := retry.Do(ctx, pol, func(ctx context.Context) error {
 		if err := a.ready(); err != nil {
 			return err
 		}
@@ -249,6 +270,9 @@ func (a *Allocator) giveBackBorrowed(ctx context.Context, req Request, before ma
 func (a *Allocator) write(ctx context.Context, p *plan) (records.WriteResult, error) {
 	if p.bind != nil {
 		return a.cfg.Store.WriteBound(ctx, *p.bind, p.writes)
+	}
+	if len(p.writes) == 0 { // every address reused, or written with its claim
+		return records.WriteResult{}, nil
 	}
 	return a.cfg.Store.WriteIPs(ctx, p.writes)
 }

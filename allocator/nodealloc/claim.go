@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -24,13 +25,17 @@ import (
 // to be this node's own, on its lease, is adopted. No read of every claim
 // is needed, which matters most when etcd is slow enough that many claims
 // time out at once. The caller's context bounds the whole.
-func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.Family) (netip.Prefix, error) {
+//
+// first, if set, is the record of the request the block is claimed for:
+// the claim writes it at the block's first free address in its own
+// transaction (records.Claim.First), and written is that allocation.
+func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.Family, first *records.Record) (b netip.Prefix, written *records.Allocation, err error) {
 	fresh := false                // others was read since the last lost race
 	if b, ok := ps.roomy(f); ok { // an adopted claim whose answer was lost
-		return b, nil
+		return b, nil, nil
 	}
 	var got netip.Prefix
-	err := retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
+	err = retry.Do(ctx, a.cfg.ClaimRetry, func(ctx context.Context) error {
 		cand, ok := ps.chooseBlock(a.cfg.Node, f)
 		if !ok && !fresh {
 			if err := a.refreshOthers(ctx, ps); err != nil {
@@ -46,19 +51,20 @@ func (a *Allocator) claimBlock(ctx context.Context, ps *poolState, f allocator.F
 		if !ok {
 			return ps.exhausted(f)
 		}
-		if err := a.tryClaim(ctx, ps, cand); err != nil {
+		al, err := a.tryClaim(ctx, ps, cand, first)
+		if err != nil {
 			fresh = false
 			return err
 		}
-		got = cand
+		got, written = cand, al
 		return nil
 	})
-	return got, err
+	return got, written, err
 }
 
 // claimSpecific claims the block holding a requested static address.
 func (a *Allocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Prefix) error {
-	err := a.tryClaim(ctx, ps, b)
+	_, err := a.tryClaim(ctx, ps, b, nil)
 	var ce *records.ClaimError
 	if errors.As(err, &ce) {
 		return errors.Join(records.ErrNotOwned, err)
@@ -67,17 +73,34 @@ func (a *Allocator) claimSpecific(ctx context.Context, ps *poolState, b netip.Pr
 }
 
 // tryClaim runs one claim transaction for b and, if it wins, makes b an
-// own, empty block. A lost race is noted in ps.others and returned. A
-// claim found held by this node on its current lease is this node's own
-// earlier claim whose answer was lost (an unknown outcome): it is adopted,
-// not counted as taken. An allocation lets go of mu while the transaction
-// is in etcd (offLock).
-func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix) error {
+// own block. A lost race is noted in ps.others and returned. A claim
+// found held by this node on its current lease is this node's own
+// earlier claim whose answer was lost (an unknown outcome): it is
+// adopted, not counted as taken. An allocation lets go of mu while the
+// transaction is in etcd (offLock).
+//
+// first, if set, is written in the claim's transaction at the block's
+// first free address, and returned as written. If the claim's outcome is
+// unknown that address is parked (settle.go): the owner's next attempt
+// reads back whether it landed before anything else is planned for it.
+func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix, first *records.Record) (*records.Allocation, error) {
 	c := a.claimRecord()
 	c.PoolRev = ps.pool.Rev
+	ba, err := allocator.NewBlockAlloc(ps.pool, b)
+	if err != nil {
+		return nil, err
+	}
+	ob := &ownBlock{ba: ba}
+	a.markHeld(b, ob) // free in etcd, but an endpoint may still use some
+	var w *records.IPWrite
+	if first != nil {
+		if addr, ok := ba.Next(); ok {
+			w = &records.IPWrite{Pool: ps.pool.Name, Block: b, Addr: addr, Record: *first}
+			c.First = w
+		}
+	}
 	pool, lease := ps.pool.Name, a.lease.ID()
 	var rev int64
-	var err error
 	a.offLock(func() { rev, err = a.cfg.Store.Claim(ctx, pool, b, c, lease) })
 	var ce *records.ClaimError
 	if errors.As(err, &ce) && ce.PoolChanged {
@@ -85,32 +108,37 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix)
 		// (a removed cidr is then not tried again).
 		p, perr := a.cfg.Store.GetPool(ctx, ps.pool.Name)
 		if perr != nil {
-			return perr
+			return nil, perr
 		}
 		ps.setPool(p)
-		return err
+		return nil, err
 	}
 	if errors.As(err, &ce) {
 		if ce.ClaimedBy == a.cfg.Node && ce.ClaimLease == a.lease.ID() {
 			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", ce.ClaimRev)
-			return a.adoptBlock(ctx, ps, b, ce.ClaimRev)
+			return nil, a.adoptBlock(ctx, ps, b, ce.ClaimRev)
 		}
 		ps.noteOther(b, ce.ClaimedBy, ce.NonEmpty)
-		return err
+		return nil, err
 	}
 	if err != nil {
-		return err
+		if w != nil && outcomeUnknown(err) {
+			a.park(ps, w.Record.Owner.Key(), "claim with first address", records.IPRef{Pool: w.Pool, Block: b, Addr: w.Addr})
+		}
+		return nil, err
 	}
-	ba, err := allocator.NewBlockAlloc(ps.pool, b)
-	if err != nil {
-		return err
-	}
-	ob := &ownBlock{ba: ba, claimRev: rev}
-	a.markHeld(b, ob) // free in etcd, but an endpoint may still use some
+	ob.claimRev = rev
 	ps.own[b] = ob
 	delete(ps.others, b)
 	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", rev)
-	return nil
+	if w == nil {
+		return nil, nil
+	}
+	ob.ba.Mark(w.Addr)
+	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: rev, Seen: time.Now()}
+	ps.remember(al, time.Time{})
+	a.logAllocated(al)
+	return al, nil
 }
 
 // refreshOthers re-reads which blocks other nodes hold. A claim of this

@@ -80,6 +80,9 @@ type fleet struct {
 	// etcdCPU is the CPU the member processes have used; nil when etcd
 	// runs in this process.
 	etcdCPU func() (time.Duration, error)
+	// etcdRSS is the largest resident memory of the member processes,
+	// in bytes; nil when etcd runs in this process.
+	etcdRSS func() (int64, error)
 	// leaderProfile is a CPU profile of the leading member over d (with
 	// KVIPAM_FILL_PROFILE set); nil when etcd runs in this process.
 	leaderProfile func(ctx context.Context, d time.Duration) ([]byte, error)
@@ -124,6 +127,7 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 			return c.Status(ctx, l)
 		}
 		f.etcdCPU = c.CPUTime
+		f.etcdRSS = c.MaxRSS
 		f.leaderProfile = func(ctx context.Context, d time.Duration) ([]byte, error) { return leaderProfile(ctx, c, d) }
 	default:
 		b.Fatalf("no etcd %q", backend)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -78,10 +79,18 @@ func (f faultKV) commit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
 		r.count(f.kind, fRace)
 		f.race()
 	}
+	if r.inject(f.kind, fBusy) {
+		r.count(f.kind, fBusy)
+		return nil, rpctypes.ErrTooManyRequests
+	}
 	resp, err := txn.Commit()
 	if err == nil && r.inject(f.kind, fUnknown) {
 		r.count(f.kind, fUnknown)
 		return nil, fmt.Errorf("%s: %w", f.kind, errUnknown)
+	}
+	if err == nil && r.inject(f.kind, fTimedOut) {
+		r.count(f.kind, fTimedOut)
+		return nil, context.DeadlineExceeded
 	}
 	return resp, err
 }
@@ -251,14 +260,16 @@ func (r *modelRun) opPool() {
 	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
 	require.NoError(r.t, gerr)
 	landed := samePool(cur, want)
+	// An answer lost, or past the call timeout: the change may have landed.
+	unknown := errors.Is(err, errUnknown) || errors.Is(err, context.DeadlineExceeded)
 	switch {
 	case err == nil && !landed:
 		r.fail("pool %s succeeded, and etcd holds %+v, not %+v", what, cur, want)
 	case err != nil && !landed && !samePool(cur, old):
 		r.fail("pool %s failed (%v), and etcd holds %+v, neither the old spec %+v nor the new %+v", what, err, cur, old, want)
-	case err != nil && landed && !samePool(want, old) && !errors.Is(err, errUnknown):
+	case err != nil && landed && !samePool(want, old) && !unknown:
 		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
-	case err != nil && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errUnknown) && !errors.Is(err, errInjected):
+	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, records.ErrUnavailable):
 		r.fail("pool %s: %v", what, err)
 	}
 	r.spec = cur

@@ -34,7 +34,7 @@ var (
 	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
 		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
 	modelSpare = flag.String("model.spare", "", "comma-separated write kind=fault cells TestModelNodeAllocator does not inject, "+
-		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history)")
+		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history, busy, timedout)")
 	modelDump  = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
 	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
 )
@@ -44,7 +44,7 @@ var (
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
 		"lapse-record", "claim", "unclaim", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
-	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost"}
+	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed"}
 )
 
 const (
@@ -53,11 +53,25 @@ const (
 	fRace
 	fRevoke
 	fHistory
+	// fBusy is etcd's back-pressure ("too many requests"): refused before
+	// it was proposed, an ErrUnavailable that a request with a deadline
+	// retries inside it.
+	fBusy
+	// fTimedOut is a write that landed while its answer came past the
+	// call timeout: an unknown outcome that is an ErrUnavailable, which a
+	// request with a deadline settles and retries inside it.
+	fTimedOut
+	nFaults
 )
 
 // faultRates are the chances, per write, of each fault kind (faultKinds'
 // order), and of a failed read.
-var faultRates = [...]float64{fUnknown: 0.07, fBefore: 0.03, fRace: 0.02, fRevoke: 0.006, fHistory: 0.01}
+var faultRates = [...]float64{fUnknown: 0.07, fBefore: 0.03, fRace: 0.02, fRevoke: 0.006, fHistory: 0.01, fBusy: 0.03, fTimedOut: 0.04}
+
+// modelRequestTimeout bounds each of the model's requests, as the agent
+// bounds an API request: an etcd that did not answer in time is retried
+// inside it (retry.Policy.Unavailable).
+const modelRequestTimeout = 30 * time.Second
 
 const readFailRate = 0.01
 
@@ -129,7 +143,7 @@ type modelRun struct {
 	op         string // the operation of this step, for the fault table's write kinds
 	call       string // the store call in flight
 	quiet      bool   // no faults (a probe, a recovery)
-	faults     map[string]*[5]int
+	faults     map[string]*[nFaults]int
 	reads      int
 	log        []string
 	failed     bool
@@ -190,9 +204,9 @@ func TestModelNodeAllocator(t *testing.T) {
 	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
 	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
 		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
-		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[5]int{}}
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}}
 	for _, k := range writeKinds {
-		r.faults[k] = &[5]int{}
+		r.faults[k] = &[nFaults]int{}
 	}
 	const nodes, ordinaryPerNode, identities = 3, 4, 3
 	for i := range nodes {
@@ -315,6 +329,9 @@ func (r *modelRun) hookUp(n *mNode) {
 			if !write || kind == "" {
 				if r.roll(readFailRate * *modelFault) {
 					r.reads++
+					if r.roll(0.5) { // a read past the call timeout on a loaded etcd
+						return errTimedOut(op)
+					}
 					return fmt.Errorf("%s: %w", op, errInjected)
 				}
 				return nil
@@ -337,6 +354,10 @@ func (r *modelRun) hookUp(n *mNode) {
 				r.count(kind, fRace)
 				return fmt.Errorf("injected lost race in %s: %w", op, records.ErrConflict)
 			}
+			if r.inject(kind, fBusy) {
+				r.count(kind, fBusy)
+				return errTooMany(op)
+			}
 			return nil
 		})
 		if write {
@@ -345,10 +366,19 @@ func (r *modelRun) hookUp(n *mNode) {
 					r.count(kind, fUnknown)
 					return fmt.Errorf("%s: %w", op, errUnknown)
 				}
+				if err == nil && !r.quiet && kind != "" && r.inject(kind, fTimedOut) {
+					r.count(kind, fTimedOut)
+					return errTimedOut(op)
+				}
 				return err
 			})
 		}
 	}
+}
+
+// reqCtx is one request's context: bounded as the agent bounds one.
+func (r *modelRun) reqCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, modelRequestTimeout)
 }
 
 // kindOf names the write kind of a store call.
@@ -402,7 +432,7 @@ func (r *modelRun) roll(p float64) bool { return r.rng.Float64() < p }
 
 // spared reports whether -model.spare leaves fault f out of write kind.
 func spared(kind string, f int) bool {
-	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history"}
+	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history", fBusy: "busy", fTimedOut: "timedout"}
 	return slices.Contains(strings.Split(*modelSpare, ","), kind+"="+short[f])
 }
 
@@ -644,7 +674,9 @@ func (r *modelRun) opAllocate(n *mNode) {
 	r.op = "create"
 	mo := r.ordinary(n)
 	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: r.rng.IntN(2) == 0}
-	res, err := n.alloc.Allocate(r.ctx, req)
+	ctx, cancel := r.reqCtx()
+	defer cancel()
+	res, err := n.alloc.Allocate(ctx, req)
 	r.logf("%s Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), req.Reserve, addrsOf(res.Allocations), err)
 	r.tally("allocate", err)
 	r.answer(mo, res, err)
@@ -661,7 +693,9 @@ func (r *modelRun) opBatch(n *mNode) {
 			mos = append(mos, mo)
 		}
 	}
-	outs := n.alloc.AllocateBatch(r.ctx, reqs)
+	ctx, cancel := r.reqCtx()
+	defer cancel()
+	outs := n.alloc.AllocateBatch(ctx, reqs)
 	var lastErr error
 	for i, oc := range outs {
 		r.logf("%s AllocateBatch %s: %v %v", n.name, mos[i].o.Key(), addrsOf(oc.Result.Allocations), oc.Err)
@@ -703,7 +737,9 @@ func (r *modelRun) opStatic(n *mNode) {
 	}
 	freeBefore := r.freeInEtcd(addr)
 	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, IPs: []netip.Addr{addr}}
-	res, err := n.alloc.Allocate(r.ctx, req)
+	ctx, cancel := r.reqCtx()
+	defer cancel()
+	res, err := n.alloc.Allocate(ctx, req)
 	r.logf("%s Allocate %s static %s (free in etcd before: %v): %v %v", n.name, mo.o.Key(), addr, freeBefore, addrsOf(res.Allocations), err)
 	r.tally("static", err)
 	r.static = true
@@ -904,7 +940,9 @@ func (r *modelRun) latest(id string) *mOwner {
 
 func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: reserve, Sticky: &records.Sticky{Identity: mo.identity, Window: r.stickyWindow()}}
-	res, err := n.alloc.Allocate(r.ctx, req)
+	ctx, cancel := r.reqCtx()
+	defer cancel()
+	res, err := n.alloc.Allocate(ctx, req)
 	r.logf("%s sticky Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), reserve, addrsOf(res.Allocations), err)
 	r.tally("sticky allocate", err)
 	if err != nil && !refusal(err) {

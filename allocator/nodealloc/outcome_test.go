@@ -71,6 +71,15 @@ func deadlineAfterCommit(cancel context.CancelFunc) func(context.Context, error)
 	}
 }
 
+// claimFirst has the node claim its block with an allocation of its own
+// (owner 99), so that the next one is a write of its own (WriteIPs), not
+// written with the claim.
+func claimFirst(t testing.TB, n *testNode) {
+	t.Helper()
+	_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: owner(99)})
+	require.NoError(t, err)
+}
+
 // TestUnknownOutcomeRetryGetsSameAddress forces writes that commit in etcd
 // and then report an error (the client's deadline ended first). The
 // allocator must find out what landed before it undoes or retries
@@ -81,6 +90,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		t.Run(fmt.Sprintf("reserve=%v/answer-lost", reserve), func(t *testing.T) {
 			e := startEtcd(t, small)
 			n, h := hooked(t, e, "n1", nodeOpts{})
+			claimFirst(t, n)
 			o := owner(1)
 			h.After("WriteIPs", commitThenFail(1))
 			r1, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: reserve})
@@ -96,6 +106,7 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 		t.Run(fmt.Sprintf("reserve=%v/deadline", reserve), func(t *testing.T) {
 			e := startEtcd(t, small)
 			n, h := hooked(t, e, "n1", nodeOpts{})
+			claimFirst(t, n)
 			o := owner(1)
 			ctx, cancel := context.WithCancel(context.Background())
 			h.After("WriteIPs", deadlineAfterCommit(cancel))
@@ -112,6 +123,26 @@ func TestUnknownOutcomeRetryGetsSameAddress(t *testing.T) {
 			require.Equal(t, r.Allocations, n.alloc.Lookup(o))
 		})
 	}
+	t.Run("claim-with-first/deadline", func(t *testing.T) {
+		// The first address is written with the block's claim: the same
+		// holds of that transaction.
+		e := startEtcd(t, small)
+		n, h := hooked(t, e, "n1", nodeOpts{})
+		o := owner(1)
+		ctx, cancel := context.WithCancel(context.Background())
+		h.After("Claim", deadlineAfterCommit(cancel))
+		_, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
+		require.Error(t, err, "nothing could be read with the caller's context")
+		h.Clear()
+		landed := ownerIPs(t, n.cli, o)
+		require.Len(t, landed, 1, "the claim and its first address landed")
+		r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o})
+		require.NoError(t, err)
+		require.Len(t, r.Allocations, 1)
+		require.Contains(t, landed, r.Allocations[0].Addr, "the retried ADD gets the address that landed")
+		require.Len(t, ownerIPs(t, n.cli, o), 1, "and no second one")
+		require.Equal(t, r.Allocations, n.alloc.Lookup(o))
+	})
 	t.Run("batch", func(t *testing.T) {
 		e := startEtcd(t, small)
 		n, h := hooked(t, e, "n1", nodeOpts{})

@@ -94,9 +94,16 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 		if err != nil {
 			return nil, a.abandon(ctx, p, err)
 		}
-		if lent != nil { // written already (borrow.go)
+		if lent != nil { // written already: borrowed (borrow.go), or with a claim (claimBlock)
 			p.reused = append(p.reused, lent)
 			p.lent = append(p.lent, lent)
+			continue
+		}
+		if al := a.live(ps, r.Owner, f); al != nil && !isStatic {
+			// A claim adopted on the way (tryClaim, refreshOthers) brought
+			// the owner's allocation back: an earlier attempt's write whose
+			// answer was lost. It is the owner's; a second is not planned.
+			p.reused = append(p.reused, al)
 			continue
 		}
 		ob := ps.own[block]
@@ -142,11 +149,16 @@ func (a *Allocator) giveBack(ctx context.Context, ps *poolState, lent []*records
 // claiming a block if it must; when the pool has no block left it
 // borrows one from another node's block, written at once.
 func (a *Allocator) pickOrBorrow(ctx context.Context, ps *poolState, r Request, f allocator.Family) (netip.Prefix, netip.Addr, *records.Allocation, error) {
+	var first *records.Record
+	if !r.Reserve { // a reservation needs its lease: it is a write of its own
+		rec := a.newRecord(r, false)
+		first = &rec
+	}
 	for {
-		b, addr, err := a.pickFree(ctx, ps, f)
+		b, addr, written, err := a.pickFree(ctx, ps, f, first)
 		var ee *records.ExhaustedError
 		if !errors.As(err, &ee) {
-			return b, addr, nil, err
+			return b, addr, written, err
 		}
 		al, err := a.borrow(ctx, ps, r, f)
 		if !errors.Is(err, errOwnRoom) {
@@ -235,10 +247,14 @@ func (ps *poolState) drop(al *records.Allocation) {
 	}
 }
 
-func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Family) (netip.Prefix, netip.Addr, error) {
+// pickFree chooses a free address of family f in the node's blocks,
+// claiming a block if none has one. first, if set, is the request's
+// record: a block claimed for it is claimed with it (claimBlock), and
+// written is then the allocation the claim wrote.
+func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Family, first *records.Record) (b netip.Prefix, addr netip.Addr, written *records.Allocation, err error) {
 	ps.thaw(time.Now().Add(-a.cfg.ReuseCooldown))
 	if b, addr, ok := ps.nextFree(f); ok {
-		return b, addr, nil
+		return b, addr, nil, nil
 	}
 	// Lapsed reservations, lent addresses given back and, last, the
 	// oldest address still cooling free room before a new block is
@@ -251,22 +267,25 @@ func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Fam
 	a.reloadLent(ctx, ps, f)
 	a.thawKept(ctx, ps, f)
 	if b, addr, ok := ps.nextFree(f); ok {
-		return b, addr, nil
+		return b, addr, nil, nil
 	}
 	for ps.thawOldest(f) {
 		if b, addr, ok := ps.nextFree(f); ok {
-			return b, addr, nil
+			return b, addr, nil, nil
 		}
 	}
-	b, err := a.claimBlock(ctx, ps, f)
-	if err != nil {
-		return netip.Prefix{}, netip.Addr{}, err
+	b, written, err = a.claimBlock(ctx, ps, f, first)
+	switch {
+	case err != nil:
+		return netip.Prefix{}, netip.Addr{}, nil, err
+	case written != nil:
+		return b, written.Addr, written, nil
 	}
 	addr, ok := ps.own[b].ba.Next()
 	if !ok {
-		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("claimed block %s has no free address", b)
+		return netip.Prefix{}, netip.Addr{}, nil, fmt.Errorf("claimed block %s has no free address", b)
 	}
-	return b, addr, nil
+	return b, addr, nil, nil
 }
 
 func (a *Allocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Addr) (netip.Prefix, error) {

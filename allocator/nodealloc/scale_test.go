@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,21 +39,130 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 	return rev, err
 }
 
+// stormSteps times a storm node's store calls by kind (the claim
+// transactions, the allocation writes, the read backs...): each call's
+// duration and when it ended, in ms after the storm's start, and the
+// calls that failed with ErrUnavailable (retried inside the request's
+// deadline).
+type stormSteps struct {
+	mu    sync.Mutex
+	began time.Time
+	steps map[string]*stormStep
+}
+
+type stormStep struct {
+	took, starts, ends []float64
+	unavailable        int
+}
+
+func (s *stormSteps) start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.began = time.Now()
+	s.steps = map[string]*stormStep{}
+}
+
+// time runs f, the store call op, and records it (once the storm began).
+func (s *stormSteps) time(op string, f func() error) {
+	t := time.Now()
+	err := f()
+	end := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.steps == nil {
+		return
+	}
+	st := s.steps[op]
+	if st == nil {
+		st = &stormStep{}
+		s.steps[op] = st
+	}
+	st.took = append(st.took, ms(end.Sub(t)))
+	st.starts = append(st.starts, ms(t.Sub(s.began)))
+	st.ends = append(st.ends, ms(end.Sub(s.began)))
+	if errors.Is(err, records.ErrUnavailable) {
+		st.unavailable++
+	}
+}
+
+// report reports, per kind of call, how many there were, how many etcd did
+// not answer in time, their p50 and p99, when the first started and
+// ended, and when half had started.
+func (s *stormSteps) report(b *testing.B) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for op, st := range s.steps {
+		took := make([]time.Duration, len(st.took))
+		for i, v := range st.took {
+			took[i] = time.Duration(v * float64(time.Millisecond))
+		}
+		first := slices.Min(st.ends)
+		starts := make([]time.Duration, len(st.starts))
+		for i, v := range st.starts {
+			starts[i] = time.Duration(v * float64(time.Millisecond))
+		}
+		b.ReportMetric(slices.Min(st.starts), op+"-first-start-ms")
+		b.ReportMetric(ms(quantile(starts, 0.5)), op+"-start-p50-ms")
+		b.ReportMetric(float64(len(st.took)), op+"-calls")
+		b.ReportMetric(float64(st.unavailable), op+"-unavailable")
+		b.ReportMetric(ms(quantile(took, 0.5)), op+"-p50-ms")
+		b.ReportMetric(ms(quantile(took, 0.99)), op+"-p99-ms")
+		b.ReportMetric(first, op+"-first-end-ms")
+	}
+}
+
+// timedStore times every call a storm node makes (stormSteps).
+type timedStore struct {
+	records.Store
+	s *stormSteps
+}
+
+func (t timedStore) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (rev int64, err error) {
+	t.s.time("claim", func() error { rev, err = t.Store.Claim(ctx, pool, b, cl, lease); return err })
+	return rev, err
+}
+
+func (t timedStore) WriteIPs(ctx context.Context, w []records.IPWrite) (res records.WriteResult, err error) {
+	t.s.time("write", func() error { res, err = t.Store.WriteIPs(ctx, w); return err })
+	return res, err
+}
+
+func (t timedStore) GetIPs(ctx context.Context, refs []records.IPRef) (out map[netip.Addr]records.Allocation, err error) {
+	t.s.time("readback", func() error { out, err = t.Store.GetIPs(ctx, refs); return err })
+	return out, err
+}
+
+func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.BlockInfo, err error) {
+	t.s.time("listblocks", func() error { out, err = t.Store.ListBlocks(ctx, pool); return err })
+	return out, err
+}
+
 // BenchmarkClaimStorm: KVIPAM_STORM_NODES node allocators (default
 // 1,000), each with its own lease of KVIPAM_STORM_TTL seconds (default
 // the agent's, 15) and sharing 16 clients, start at once on a /12 pool of
 // /26 blocks (16,384 blocks) and each allocates one address, so each
 // claims a block; on each etcd of KVIPAM_SCALE_ETCD (sub-benchmarks
 // etcd=cluster3, the default, and etcd=embed). Each etcd request is
-// bounded by KVIPAM_CALL_TIMEOUT (default the agent's, 1 s). The
-// baseline, measured in the same run on the same etcd, is the same
-// number of create-if-absent transactions at once. Reported: the storm's
-// seconds and its ratio to the baseline, CAS conflicts (claims lost to
-// another node), own claims found (a claim whose answer was lost, tried
-// again and adopted), try-again answers (retried, as a runtime retries
-// them), failures, lost leases, leader elections during the storm, and
+// bounded by KVIPAM_CALL_TIMEOUT (default the agent's, 1 s), and each
+// Allocate by KVIPAM_STORM_REQUEST_TIMEOUT (default the agent's request
+// timeout, 5 s), inside which the allocator retries what etcd did not
+// answer in time. The baseline, measured in the same run on the same
+// etcd, is the same number of create-if-absent transactions at once.
+// Reported: the storm's seconds and its ratio to the baseline, CAS
+// conflicts (claims lost to another node), own claims found (a claim
+// whose answer was lost, tried again and adopted), try-again answers
+// (each a failure: the runtime would retry the pod's sandbox after a
+// back-off), other failures, lost leases, leader elections during the
+// storm, the leader's database size, the CPU seconds of this process and
+// of the etcd members in the storm and in the baseline, the store calls
+// by kind (count,
+// calls etcd did not answer in time, p50, p99, the first one's end), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
-// duplicate fails the benchmark.
+// duplicate fails the benchmark. With KVIPAM_FILL_PROFILE set to a
+// directory, CPU profiles of this process and of the leading member are
+// written there: fleet-storm.pprof, etcd-storm.pprof (3 s from the
+// storm's start) and fleet-storm-baseline.pprof, etcd-storm-baseline.pprof
+// (2 s from the baseline's).
 func BenchmarkClaimStorm(b *testing.B) {
 	nodes := envInt(b, "KVIPAM_STORM_NODES", 1000)
 	forEachBackend(b, func(b *testing.B, backend string) {
@@ -66,31 +176,51 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	b.StopTimer()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	reqTimeout := 5 * time.Second
+	if s := os.Getenv("KVIPAM_STORM_REQUEST_TIMEOUT"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			b.Fatalf("KVIPAM_STORM_REQUEST_TIMEOUT: %v", err)
+		}
+		reqTimeout = d
+	}
 	f := newFleet(b, backend, "storm")
 	var conflicts, own atomic.Int64
+	steps := &stormSteps{}
 	ttl := int64(envInt(b, "KVIPAM_STORM_TTL", 15))
-	als, sessions := f.start(ctx, 0, nodes, ttl, func(st records.Store) records.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
+	als, sessions := f.start(ctx, 0, nodes, ttl, func(st records.Store) records.Store {
+		return timedStore{Store: conflictCounter{Store: st, n: &conflicts, own: &own}, s: steps}
+	})
 	clis := f.clis
+	prof := f.startProfiles(ctx, 2*time.Second)
+	cpu0 := f.sampleCPU()
 	base, baseEnds := stormTimes(nodes, func(i int) error {
 		_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
 		return err
 	})
+	f.stopProfiles(prof, "storm-baseline")
 	got := make([]*answer, nodes)
 	var failed, tryAgain atomic.Int64
-	var firstErr sync.Once
+	var firstErr, firstTryAgain sync.Once
+	baseCPU := f.sampleCPU().sub(cpu0)
 	term := f.term(ctx)
+	steps.start()
+	prof = f.startProfiles(ctx, 3*time.Second)
+	cpu0 = f.sampleCPU()
 	b.StartTimer()
 	took, ends := stormTimes(nodes, func(i int) error {
-		// A try-again (a call past its deadline on this loaded etcd) is
-		// retried after a back-off, as the runtime retries CNI code 11,
-		// and counted.
-		r, err := als[i].Allocate(ctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
-		for try := 0; try < 5 && errors.Is(err, records.ErrUnavailable); try++ {
+		// One Allocate per node, bounded as the agent bounds a request;
+		// a try-again is a failure (a pod whose sandbox the runtime
+		// retries after a back-off of seconds).
+		rctx, cancel := context.WithTimeout(ctx, reqTimeout)
+		defer cancel()
+		r, err := als[i].Allocate(rctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
+		switch {
+		case errors.Is(err, records.ErrUnavailable):
 			tryAgain.Add(1)
-			time.Sleep(time.Duration(try+1) * 250 * time.Millisecond) // the runtime's back-off
-			r, err = als[i].Allocate(ctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
-		}
-		if err != nil {
+			firstTryAgain.Do(func() { b.Logf("try again: %s: %v", nodeName(i), err) })
+			return nil
+		case err != nil:
 			failed.Add(1)
 			firstErr.Do(func() { b.Logf("%s: %v", nodeName(i), err) })
 			return nil
@@ -99,6 +229,8 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		return nil
 	})
 	b.StopTimer()
+	stormCPU := f.sampleCPU().sub(cpu0)
+	f.stopProfiles(prof, "storm")
 	elections := f.term(ctx) - term
 	lost := 0
 	for _, s := range sessions {
@@ -115,11 +247,37 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	// Read back while the leases, and so the claims, live.
 	dups, missing := f.audit(ctx, answers)
 	if dir := os.Getenv(benchreport.SamplesEnv); dir != "" {
-		st := benchreport.Storm{Nodes: nodes, CompletionsMS: ends, BaselineCompletionsMS: baseEnds}
+		// Only the nodes answered with an address: a try-again is no
+		// claim completed.
+		var done []float64
+		for i, a := range got {
+			if a != nil {
+				done = append(done, ends[i])
+			}
+		}
+		st := benchreport.Storm{Nodes: nodes, CompletionsMS: done, BaselineCompletionsMS: baseEnds}
 		if err := benchreport.WriteStorm(dir, fmt.Sprintf("%s-%d", backend, nodes), st); err != nil {
 			b.Logf("write storm samples: %v", err)
 		}
 	}
+	if st, err := f.status(ctx); err == nil {
+		b.ReportMetric(float64(st.DbSize)/(1<<20), "db-mb")
+		b.ReportMetric(float64(st.DbSizeInUse)/(1<<20), "db-in-use-mb")
+	}
+	if f.etcdRSS != nil {
+		if rss, err := f.etcdRSS(); err == nil {
+			b.ReportMetric(float64(rss)/(1<<20), "etcd-rss-mb")
+		}
+	}
+	steps.report(b)
+	b.ReportMetric(stormCPU.process.Seconds(), "process-cpu-s/storm")
+	b.ReportMetric(baseCPU.process.Seconds(), "process-cpu-s/baseline")
+	if f.etcdCPU != nil {
+		b.ReportMetric(stormCPU.etcd.Seconds(), "etcd-cpu-s/storm")
+		b.ReportMetric(baseCPU.etcd.Seconds(), "etcd-cpu-s/baseline")
+	}
+	b.ReportMetric(slices.Min(ends), "first-end-ms")
+	b.ReportMetric(slices.Min(baseEnds), "baseline-first-end-ms")
 	b.ReportMetric(took.Seconds(), "s/storm")
 	b.ReportMetric(base.Seconds(), "s/baseline")
 	b.ReportMetric(took.Seconds()/base.Seconds(), "x-baseline")

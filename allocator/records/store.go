@@ -103,6 +103,13 @@ type Claim struct {
 	// PoolRev, when set, is the pool spec revision the claimant read
 	// (Pool.Rev; not stored): the claim fails if the spec changed since.
 	PoolRev int64 `json:"-"`
+	// First, when set, is an allocation written in the claim's own
+	// transaction (not stored with the claim): the block's first address,
+	// for the request the block is claimed for. The claim's compares (no
+	// claim, an empty block) fence it; its ClaimRev and PrevRev are
+	// unused, and it may be neither a reservation nor a borrow. A node
+	// that starts answers its first pod after one transaction, not two.
+	First *IPWrite `json:"-"`
 }
 
 // Home is the value stored for the node a block belongs to. It has no lease:
@@ -194,7 +201,8 @@ type Claims interface {
 	// read at one revision.
 	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
 	// Claim takes a block that is unclaimed and empty, on the given lease,
-	// and makes node its home. A lost race returns a *ClaimError.
+	// and makes node its home, writing c.First with it if set. A lost race
+	// returns a *ClaimError.
 	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (rev int64, err error)
 	// Reclaim takes back a block whose home is c.Node, as seen in prev: an
 	// orphaned block (prev has no claim) or this node's claim on an older

@@ -249,3 +249,14 @@ func (m *member) cpu() (time.Duration, error) {
 	}
 	return processCPU(m.proc.cmd.Process.Pid)
 }
+
+// rss is the member process's resident memory in bytes; 0 if it is not
+// running.
+func (m *member) rss() (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.proc == nil || m.proc.exited() {
+		return 0, nil
+	}
+	return processRSS(m.proc.cmd.Process.Pid)
+}

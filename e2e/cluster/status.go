@@ -215,3 +215,18 @@ func (c *Cluster) CPUTime() (time.Duration, error) {
 	}
 	return sum, nil
 }
+
+// MaxRSS is the largest resident memory, in bytes, of the members'
+// running processes: the memory an etcd member needs for what the
+// cluster holds.
+func (c *Cluster) MaxRSS() (int64, error) {
+	var most int64
+	for _, m := range c.members {
+		n, err := m.rss()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", m.name, err)
+		}
+		most = max(most, n)
+	}
+	return most, nil
+}

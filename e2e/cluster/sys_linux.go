@@ -81,3 +81,26 @@ func processCPU(pid int) (time.Duration, error) {
 	}
 	return time.Duration(ticks) * time.Second / clockTicks, nil
 }
+
+// processRSS is the resident memory of process pid, in bytes (VmRSS of
+// /proc/<pid>/status).
+func processRSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("read process status: %w", err)
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+			f := bytes.Fields(rest)
+			if len(f) < 1 {
+				break
+			}
+			kb, err := strconv.ParseInt(string(f[0]), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("process %d: VmRSS %q: %w", pid, f[0], err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("process %d: no VmRSS in its status", pid)
+}

@@ -19,3 +19,8 @@ func waitStopped(pid int, stopped bool, done <-chan struct{}) error { return nil
 func processCPU(pid int) (time.Duration, error) {
 	return 0, errors.New("cluster: process CPU time needs Linux's /proc")
 }
+
+// processRSS is not known off Linux.
+func processRSS(pid int) (int64, error) {
+	return 0, errors.New("cluster: process memory needs Linux's /proc")
+}

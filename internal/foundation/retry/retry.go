@@ -1,4 +1,6 @@
-// Package retry is kvipam's one retry loop for compare-and-swap conflicts.
+// Package retry is kvipam's one retry loop: for compare-and-swap
+// conflicts, and, inside a request's deadline, for a store that did not
+// answer in time.
 // It has no etcd import so that the pure allocator can use it too.
 package retry
 
@@ -17,7 +19,8 @@ var ErrConflict = errors.New("conflict")
 
 // ErrUnavailable marks a request that could not be served because the
 // store did not answer in time (unreachable, no leader, a timeout): try
-// again later. Do does not retry it; callers decide how long to wait.
+// again later. Do retries it only under Policy.Unavailable, inside the
+// deadline of the caller's context.
 var ErrUnavailable = errors.New("store unavailable, try again")
 
 // Policy bounds Do. The zero value uses Default.
@@ -29,6 +32,14 @@ type Policy struct {
 	Max        time.Duration
 	Multiplier float64
 	Jitter     float64 // randomization factor, spreads racing nodes apart
+	// Unavailable, if set, retries errors that wrap ErrUnavailable too,
+	// paced by UnavailablePace, as long as ctx has a deadline that
+	// leaves room for the pause before the next attempt. They do not
+	// count against Attempts. A request is then answered "try again"
+	// only when its own deadline nears, not at the store's first slow
+	// or refused answer. A ctx with no deadline gets no such retry:
+	// nothing would bound the wait.
+	Unavailable bool
 }
 
 // Unlimited is the Attempts of a policy that retries until ctx ends.
@@ -38,41 +49,66 @@ const Unlimited = -1
 // over well under a second.
 var Default = Policy{Attempts: 8, Initial: 2 * time.Millisecond, Max: 200 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
 
-// Do runs op until it succeeds, returns an error that does not wrap
-// ErrConflict, the attempts run out, or ctx ends. It is the one retry loop
-// of the project: callers say what a conflict is by wrapping ErrConflict.
-func Do(ctx context.Context, p Policy, op func(ctx context.Context) error) error {
-	if p.Attempts == 0 {
-		p = Default
-	}
+// UnavailablePace paces retries of ErrUnavailable (Policy.Unavailable):
+// a store that is loaded (too many requests, a request past its call
+// timeout) is given a moment, more with each failure, and racing
+// callers are spread apart.
+var UnavailablePace = Policy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
+
+func (p Policy) backOff() *backoff.ExponentialBackOff {
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval = p.Initial
 	eb.MaxInterval = p.Max
 	eb.Multiplier = p.Multiplier
 	eb.RandomizationFactor = p.Jitter
 	eb.MaxElapsedTime = 0
-	var bo backoff.BackOff = eb
-	if p.Attempts > 0 {
-		bo = backoff.WithMaxRetries(eb, uint64(p.Attempts-1))
-	}
-	b := backoff.WithContext(bo, ctx)
-	var last error
-	err := backoff.Retry(func() error {
-		last = op(ctx)
-		if last == nil || !errors.Is(last, ErrConflict) {
-			return backoff.Permanent(last) // nil stays nil
+	eb.Reset()
+	return eb
+}
 
+// Do runs op until it succeeds, returns an error that does not wrap
+// ErrConflict (nor ErrUnavailable, under Policy.Unavailable), the
+// attempts run out, or ctx ends. It is the one retry loop of the
+// project: callers say what a conflict is by wrapping ErrConflict.
+func Do(ctx context.Context, p Policy, op func(ctx context.Context) error) error {
+	if p.Attempts == 0 {
+		p = Policy{Attempts: Default.Attempts, Initial: Default.Initial, Max: Default.Max, Multiplier: Default.Multiplier, Jitter: Default.Jitter, Unavailable: p.Unavailable}
+	}
+	conflicts, unavailable := p.backOff(), UnavailablePace.backOff()
+	for attempt := 1; ; attempt++ {
+		err := op(ctx)
+		if err == nil {
+			return nil
 		}
-		return last
-	}, b)
-	if err == nil {
-		return nil
+		var wait time.Duration
+		switch {
+		case errors.Is(err, ErrConflict):
+			if p.Attempts > 0 && attempt >= p.Attempts {
+				return fmt.Errorf("%d attempts: %w", p.Attempts, err)
+			}
+			wait = conflicts.NextBackOff()
+		case p.Unavailable && errors.Is(err, ErrUnavailable):
+			wait = unavailable.NextBackOff()
+			if !roomFor(ctx, wait) {
+				return err
+			}
+			attempt-- // not counted against Attempts
+		default:
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (gave up: %w)", err, ctx.Err())
+		case <-t.C:
+		}
 	}
-	if ctx.Err() != nil && errors.Is(last, ErrConflict) {
-		return fmt.Errorf("%w (gave up: %w)", last, ctx.Err())
-	}
-	if errors.Is(err, ErrConflict) {
-		return fmt.Errorf("%d attempts: %w", p.Attempts, err)
-	}
-	return err
+}
+
+// roomFor reports whether ctx has a deadline later than a pause of wait
+// from now.
+func roomFor(ctx context.Context, wait time.Duration) bool {
+	dl, ok := ctx.Deadline()
+	return ok && ctx.Err() == nil && time.Until(dl) > wait
 }

@@ -54,3 +54,37 @@ func TestRetryUnlimitedEndsWithContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "only the context ends an unlimited loop")
 	require.GreaterOrEqual(t, n, 500, "well past the default budget")
 }
+
+func TestRetryUnavailableInsideDeadline(t *testing.T) {
+	busy := fmt.Errorf("etcdserver: too many requests: %w", retry.ErrUnavailable)
+	var n int
+	op := func(context.Context) error {
+		n++
+		if n < 4 {
+			return busy
+		}
+		return nil
+	}
+	err := retry.Do(context.Background(), retry.Policy{Unavailable: true}, op)
+	require.ErrorIs(t, err, retry.ErrUnavailable, "no deadline: answered at once")
+	require.Equal(t, 1, n)
+
+	n = 0
+	err = retry.Do(context.Background(), retry.Policy{}, op)
+	require.ErrorIs(t, err, retry.ErrUnavailable, "not retried unless the policy says so")
+	require.Equal(t, 1, n)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n = 0
+	err = retry.Do(ctx, retry.Policy{Attempts: 1, Unavailable: true}, op)
+	require.NoError(t, err, "retried inside the deadline")
+	require.Equal(t, 4, n, "not counted against the attempts")
+
+	short, cancel := context.WithTimeout(context.Background(), retry.UnavailablePace.Initial/4)
+	defer cancel()
+	n = 0
+	err = retry.Do(short, retry.Policy{Unavailable: true}, func(context.Context) error { n++; return busy })
+	require.ErrorIs(t, err, retry.ErrUnavailable)
+	require.Equal(t, 1, n, "no room left before the deadline for a pause: answered at once")
+}

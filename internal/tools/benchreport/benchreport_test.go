@@ -69,6 +69,26 @@ func TestAgentRSS(t *testing.T) {
 	require.InDelta(t, 1.304, byName["agent.rss.10k_mb"].Ratio, 1e-9)
 }
 
+// TestStormFigures: the 5,000-node storm's try-agains and its ratio to
+// as many bare transactions (goal: at most 2), and the 10,000-node
+// storm's, from its own output file.
+func TestStormFigures(t *testing.T) {
+	line := "BenchmarkClaimStorm/etcd=cluster3-2   	       1	 2000000000 ns/op	 1.000 s/baseline	 1.800 s/storm	 1.8 x-baseline	 0 try-again	 0 failures	 0 lost-leases	 0 duplicates	 210.5 etcd-rss-mb	 150 first-end-ms	 100 baseline-first-end-ms\n"
+	rs, err := Parse(strings.NewReader(line))
+	require.NoError(t, err)
+	figs, missing := Figures(map[string][]Result{"storm": rs, "storm10k": rs})
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	require.InDelta(t, 1.8, byName["scale.claim5000.vs_raw"].Ratio, 1e-9)
+	require.Contains(t, byName, "scale.claim5000.try_again")
+	require.InDelta(t, 1.8, byName["scale.claim10000.seconds"].Value, 1e-9)
+	require.InDelta(t, 210.5, byName["scale.claim10000.etcd_rss_mb"].Value, 1e-9)
+	require.InDelta(t, 1.5, byName["scale.claim5000.first_ms"].Ratio, 1e-9)
+	require.NotContains(t, missing, "scale.claim10000.seconds")
+}
+
 func keys(m map[string]any) []string {
 	var out []string
 	for k := range m {

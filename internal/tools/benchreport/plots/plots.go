@@ -17,6 +17,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/kvipam/kvipam/internal/tools/benchreport"
 )
@@ -270,8 +272,13 @@ func (f figure) draw(path string) error {
 	p := plot.New()
 	p.Title.Text = f.title
 	p.X.Label.Text, p.Y.Label.Text = f.xLabel, f.yLabel
-	p.Legend.Top, p.Legend.Left = false, false
-	p.Legend.YOffs = vg.Centimeter // above the bottom axis, right: where the curves are done
+	// The legend goes in a strip of its own under the plot, one line per
+	// entry from the left edge: it covers no curve, and the picture's
+	// width leaves room for a viewer whose font is wider than the one
+	// its text was measured in (TestLegendsReadable).
+	legend := plot.NewLegend()
+	legend.Top, legend.Left = true, true
+	legend.XOffs, legend.Padding = legendMargin, vg.Points(2)
 	p.Add(plotter.NewGrid())
 	if f.logX {
 		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, logTicks{}
@@ -293,7 +300,7 @@ func (f figure) draw(path string) error {
 			ln.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
 		}
 		p.Add(ln)
-		p.Legend.Add(l.label, ln)
+		legend.Add(l.label, ln)
 		if f.points {
 			sc, err := plotter.NewScatter(l.xy)
 			if err != nil {
@@ -316,7 +323,35 @@ func (f figure) draw(path string) error {
 		p.X.Tick.Marker = plainTicks{}
 	}
 	p.Y.Tick.Marker = plainTicks{}
-	return p.Save(16*vg.Centimeter, 10*vg.Centimeter, path)
+	return save(p, legend, len(f.lines), path)
+}
+
+// The picture: a plot of plotWidth by plotHeight, and under it the
+// legend's strip, legendMargin from the left and bottom edges.
+const (
+	plotWidth    = 16 * vg.Centimeter
+	plotHeight   = 10 * vg.Centimeter
+	legendMargin = vg.Length(0.3 * vg.Centimeter)
+)
+
+// save draws p above its legend of n entries and writes them as an SVG
+// file.
+func save(p *plot.Plot, legend plot.Legend, n int, path string) error {
+	row := legend.TextStyle.Rectangle("Xg").Max.Y + legend.Padding
+	strip := vg.Length(n)*row + 2*legendMargin
+	c := vgsvg.New(plotWidth, plotHeight+strip)
+	dc := draw.New(c)
+	p.Draw(draw.Crop(dc, 0, 0, strip, 0))
+	legend.Draw(draw.Crop(dc, 0, 0, legendMargin, -(plotHeight + legendMargin)))
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteTo(out); err != nil {
+		_ = out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // plainTicks are plot.DefaultTicks labelled without trailing zeros

@@ -19,7 +19,7 @@ func TestPlotsFromSamples(t *testing.T) {
 	set, err := benchreport.ReadSamples("testdata/samples")
 	require.NoError(t, err)
 	require.Len(t, set.Samples, 4)
-	require.Len(t, set.Storms, 1)
+	require.Len(t, set.Storms, 2)
 
 	docs := t.TempDir()
 	dir := filepath.Join(docs, "plots")

@@ -1,0 +1,177 @@
+package nodealloc_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/kvstore"
+)
+
+// errTooMany is etcd's back-pressure as the store reports it: refused
+// before it was proposed, nothing written.
+func errTooMany(op string) error {
+	return fmt.Errorf("%s: %w", op, kvstore.Unavailable(rpctypes.ErrTooManyRequests))
+}
+
+// errTimedOut is a request abandoned at the call timeout, as the store
+// reports it: etcd may have applied it (an unknown outcome).
+func errTimedOut(op string) error {
+	return fmt.Errorf("%s: %w", op, kvstore.Unavailable(context.DeadlineExceeded))
+}
+
+// timedOutAfterCommit is an After hook for a write: it is applied, and
+// the caller is told it timed out, n times.
+func timedOutAfterCommit(op string, n int) func(context.Context, error) error {
+	var mu sync.Mutex
+	return func(_ context.Context, err error) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil || n == 0 {
+			return err
+		}
+		n--
+		return errTimedOut(op)
+	}
+}
+
+// TestAllocateRetriesUnavailableWithinDeadline: an etcd that is loaded
+// answers "too many requests" (a claim or a write refused before it was
+// proposed), or lets a write commit while its answer, and then the read
+// back that settles it, time out at the call timeout. A request with a
+// deadline is retried inside it, settling what landed first: the
+// Allocate answers with an address, not "try again", and etcd holds one
+// address for the owner.
+func TestAllocateRetriesUnavailableWithinDeadline(t *testing.T) {
+	cases := []struct {
+		name string
+		hook func(h *hookStore)
+	}{
+		{"claim: too many requests", func(h *hookStore) {
+			h.Before("Claim", failTimes(3, errTooMany("Claim")))
+		}},
+		{"write: too many requests", func(h *hookStore) {
+			h.Before("WriteIPs", failTimes(3, errTooMany("WriteIPs")))
+		}},
+		{"write timed out after commit, read back timed out", func(h *hookStore) {
+			h.After("WriteIPs", timedOutAfterCommit("WriteIPs", 1))
+			h.Before("GetIPs", failTimes(3, errTimedOut("GetIPs")))
+		}},
+		{"write timed out before commit, read back timed out", func(h *hookStore) {
+			h.Before("WriteIPs", failTimes(2, errTimedOut("WriteIPs")))
+			h.Before("GetIPs", failTimes(2, errTimedOut("GetIPs")))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := startEtcd(t, small)
+			n, h := hooked(t, e, "n1", nodeOpts{})
+			c.hook(h)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			o := owner(1)
+			r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o})
+			require.NoError(t, err, "answered inside the request's deadline")
+			require.Len(t, r.Allocations, 1)
+			h.Clear()
+			held := ownerIPs(t, n.cli, o)
+			require.Len(t, held, 1, "one address in etcd for the owner")
+			require.Contains(t, held, r.Allocations[0].Addr, "the answered address is the one etcd holds")
+		})
+	}
+}
+
+// TestAllocateWithoutDeadlineAnswersTryAgain: a request with no deadline
+// is not retried in a loop on an etcd that does not answer: nothing would
+// bound its wait. It is answered "try again" (after the one attempt on its
+// own that a request of a failed batch gets).
+func TestAllocateWithoutDeadlineAnswersTryAgain(t *testing.T) {
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	h.Before("Claim", failTimes(2, errTooMany("Claim")))
+	_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.ErrorIs(t, err, records.ErrUnavailable)
+}
+
+// countCalls counts the calls of ops on h.
+func countCalls(h *hookStore, ops ...string) map[string]*atomic.Int64 {
+	out := map[string]*atomic.Int64{}
+	for _, op := range ops {
+		n := &atomic.Int64{}
+		out[op] = n
+		h.Before(op, func(context.Context) error { n.Add(1); return nil })
+	}
+	return out
+}
+
+// TestFirstAllocationRidesOnClaim: a node's first address in a block it
+// claims for the request is written in the claim's own transaction, so a
+// node that starts (a cold start of a cluster) answers its first pod
+// after one transaction, not two in series. The next address of the
+// block is a write of its own.
+func TestFirstAllocationRidesOnClaim(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	calls := countCalls(h, "Claim", "WriteIPs")
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, calls["Claim"].Load())
+	require.EqualValues(t, 0, calls["WriteIPs"].Load(), "the first address is written with the claim")
+	held := ownerIPs(t, n.cli, owner(1))
+	require.Len(t, held, 1)
+	require.Contains(t, held, r.Allocations[0].Addr)
+	require.Equal(t, records.StateAllocated, held[r.Allocations[0].Addr].State)
+
+	r2, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.NoError(t, err)
+	require.Equal(t, r.Allocations[0].Block, r2.Allocations[0].Block, "the same block")
+	require.NotEqual(t, r.Allocations[0].Addr, r2.Allocations[0].Addr)
+	require.EqualValues(t, 1, calls["Claim"].Load())
+	require.EqualValues(t, 1, calls["WriteIPs"].Load())
+
+	// A DEL releases the address written with the claim as any other.
+	rel, err := n.alloc.Release(ctx, owner(1))
+	require.NoError(t, err)
+	require.Len(t, rel, 1)
+	require.Empty(t, ownerIPs(t, n.cli, owner(1)))
+}
+
+// TestClaimWithFirstUnknownOutcome: the claim that carries the first
+// address commits, and its answer times out, again and again while the
+// read back also meets a loaded etcd. The request, retried inside its
+// deadline, settles what landed: it answers the address the claim wrote,
+// etcd holds one address for the owner and one claim for the node.
+func TestClaimWithFirstUnknownOutcome(t *testing.T) {
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	h.After("Claim", timedOutAfterCommit("Claim", 1))
+	h.Before("GetIPs", failTimes(2, errTimedOut("GetIPs")))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	h.Clear()
+	held := ownerIPs(t, n.cli, owner(1))
+	require.Len(t, held, 1, "one address for the owner")
+	require.Contains(t, held, r.Allocations[0].Addr)
+	resp, err := n.cli.Get(ctx, etcdstore.ClaimsPrefix("small"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, resp.Count, "one block claimed")
+
+	// The node goes on in that block: it adopted its claim.
+	r2, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.NoError(t, err)
+	require.Equal(t, r.Allocations[0].Block, r2.Allocations[0].Block)
+	require.NotEqual(t, r.Allocations[0].Addr, r2.Allocations[0].Addr)
+}
