@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -115,6 +117,7 @@ state = %q
 			_ = cmd.Process.Kill()
 			<-done
 		}
+		killShims(t, socket)
 		logf.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
@@ -139,7 +142,49 @@ state = %q
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return &criRuntime{rt: cri.NewRuntimeServiceClient(conn), socket: socket, pid: cmd.Process.Pid}
+	rt := cri.NewRuntimeServiceClient(conn)
+	// Sandboxes a test leaves are stopped and removed while containerd
+	// still runs: their shims outlive containerd otherwise.
+	t.Cleanup(func() { removeSandboxes(t, rt) })
+	return &criRuntime{rt: rt, socket: socket, pid: cmd.Process.Pid}
+}
+
+// removeSandboxes stops and removes every sandbox of a test's containerd,
+// as kubelet does for pods that are gone.
+func removeSandboxes(t *testing.T, rt cri.RuntimeServiceClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	list, err := rt.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{})
+	if err != nil {
+		t.Logf("list sandboxes to remove: %v", err)
+		return
+	}
+	for _, sb := range list.Items {
+		if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			t.Logf("stop sandbox %s: %v", sb.Id, err)
+		}
+		if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
+			t.Logf("remove sandbox %s: %v", sb.Id, err)
+		}
+	}
+}
+
+// killShims kills what is left of the shims of the containerd at socket
+// once it has stopped (a sandbox it could not remove): each shim names
+// its containerd's address on its command line.
+func killShims(t *testing.T, socket string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		b, err := os.ReadFile(f)
+		if err != nil || !bytes.Contains(b, []byte("containerd-shim")) || !bytes.Contains(b, []byte("\x00"+socket+"\x00")) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err == nil {
+			t.Logf("killing containerd shim %d left by %s", pid, socket)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 func tailString(s string, n int) string {
