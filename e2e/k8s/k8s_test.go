@@ -3,10 +3,6 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +83,7 @@ func TestK8sPodsAcrossNodes(t *testing.T) {
 	requireIPsIn(t, b, "default")
 	c.requireRecords(t, a)
 	c.requireRecords(t, b)
+	t.Logf("a on %s %v (uid %s), b on %s %v (uid %s)", a.Spec.NodeName, a.ips(), a.Metadata.UID, b.Spec.NodeName, b.ips(), b.Metadata.UID)
 	c.pingBoth(t, ns, a, b)
 	c.deletePod(t, ns, "a")
 	c.deletePod(t, ns, "b")
@@ -118,6 +115,7 @@ func TestK8sPoolSelection(t *testing.T) {
 	requireIPsIn(t, green, "green")
 	for _, p := range []pod{dflt, blue, green} {
 		c.requireRecords(t, p)
+		t.Logf("%s/%s on %s: %v", p.Metadata.Namespace, p.Metadata.Name, p.Spec.NodeName, p.ips())
 	}
 	for _, ip := range blue.ips() {
 		c.pingEventually(t, ns, "dflt", ip)
@@ -196,6 +194,7 @@ func TestK8sStickyStatefulSetAcrossNodes(t *testing.T) {
 	require.Equal(t, v4, v4b, "the IPv4 address followed the pod")
 	require.Equal(t, v6, v6b, "the IPv6 address followed the pod")
 	c.requireRecords(t, second)
+	t.Logf("db-0 uid %s on %s %v, re-created as uid %s on %s %v", first.Metadata.UID, from, first.ips(), second.Metadata.UID, second.Spec.NodeName, second.ips())
 
 	// A pod on the first node reaches it on the other node.
 	_, err = c.kubectl("uncordon", from)
@@ -243,6 +242,7 @@ func TestK8sRolloutRestartKeepsPods(t *testing.T) {
 		c.requireRecords(t, after)
 	}
 	c.pingBoth(t, ns, r1, r2)
+	t.Logf("agents replaced; r1 %v and r2 %v kept their UIDs and addresses and reach each other", r1.ips(), r2.ips())
 	r3 := c.runPod(t, ns, "r3", "n1", nil)
 	requireIPsIn(t, r3, "default")
 	c.pingBoth(t, ns, r3, r2)
@@ -279,137 +279,5 @@ func TestK8sUninstall(t *testing.T) {
 		_, err := c.kubectl("wait", "--for=condition=Ready=false", "node/"+n, "--timeout", "5m")
 		require.NoError(t, err, "node %s NotReady with no network", n)
 	}
-}
-
-// --- the burst: the kubelet's view of ADD latency ---
-
-// bridgeDaemonSet installs the bridge and host-local baseline the way
-// kvipam is installed: a DaemonSet whose init container copies the plugins
-// and the conflist into the node's CNI directories.
-const bridgeDaemonSet = `apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: cni-bridge, namespace: kube-system}
-spec:
-  selector: {matchLabels: {app: cni-bridge}}
-  template:
-    metadata: {labels: {app: cni-bridge}}
-    spec:
-      hostNetwork: true
-      tolerations: [{operator: Exists}]
-      terminationGracePeriodSeconds: 1
-      initContainers:
-      - name: install-cni
-        image: ` + bridgeRef + `
-        imagePullPolicy: Never
-        command: ["/kt", "install-cni", "/cni", "/host/opt/cni/bin", "/host/etc/cni/net.d"]
-        volumeMounts:
-        - {name: cni-bin, mountPath: /host/opt/cni/bin}
-        - {name: cni-conf, mountPath: /host/etc/cni/net.d}
-      containers:
-      - name: sleep
-        image: ` + bridgeRef + `
-        imagePullPolicy: Never
-        command: ["/kt", "sleep"]
-      volumes:
-      - {name: cni-bin, hostPath: {path: /opt/cni/bin, type: DirectoryOrCreate}}
-      - {name: cni-conf, hostPath: {path: /etc/cni/net.d, type: DirectoryOrCreate}}
-`
-
-func burstSize() int {
-	if n, err := strconv.Atoi(os.Getenv("KVIPAM_K8S_BURST")); err == nil && n > 0 {
-		return n
-	}
-	return 20
-}
-
-// burst creates n pods on n1 in one request, waits until all are Ready,
-// and returns the time from the request to the last Ready and each pod's
-// creation-to-Ready time (the API's timestamps: one-second resolution).
-func (c *kcluster) burst(tb testing.TB, ns string, n int) (time.Duration, []time.Duration) {
-	tb.Helper()
-	c.ensureNamespace(tb, ns)
-	var items []any
-	for i := 0; i < n; i++ {
-		var p map[string]any
-		require.NoError(tb, json.Unmarshal([]byte(podSpec(ns, fmt.Sprintf("burst-%d", i), "n1", nil)), &p))
-		items = append(items, p)
-	}
-	list, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
-	require.NoError(tb, err)
-	t0 := time.Now()
-	_, err = c.kubectlIn(string(list), "create", "-f", "-")
-	require.NoError(tb, err)
-	_, err = c.kubectl("-n", ns, "wait", "--for=condition=Ready", "pod", "--all", "--timeout", "10m")
-	wall := time.Since(t0)
-	require.NoError(tb, err)
-	pods, err := c.getPods("-n", ns)
-	require.NoError(tb, err)
-	var each []time.Duration
-	for _, p := range pods {
-		for _, cond := range p.Status.Conditions {
-			if cond.Type == "Ready" && cond.Status == "True" {
-				each = append(each, cond.LastTransitionTime.Sub(p.Metadata.CreationTimestamp))
-			}
-		}
-	}
-	require.Len(tb, each, n)
-	_, err = c.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
-	require.NoError(tb, err)
-	sort.Slice(each, func(i, j int) bool { return each[i] < each[j] })
-	return wall, each
-}
-
-// BenchmarkK8sBurst: for a burst of pods on one node (KVIPAM_K8S_BURST,
-// default 20), the time from pod creation to Ready, with kvipam and with
-// bridge+host-local, each installed by a DaemonSet; kvipam first (bridge
-// needs kvipam's conflist gone: containerd uses the first one).
-func BenchmarkK8sBurst(b *testing.B) {
-	c := cluster(b)
-	n := burstSize()
-	report := func(b *testing.B, name string) {
-		var walls, means, maxes []float64
-		for i := 0; i < b.N; i++ {
-			wall, each := c.burst(b, fmt.Sprintf("burst-%s-%d", name, i), n)
-			var sum time.Duration
-			for _, d := range each {
-				sum += d
-			}
-			walls = append(walls, wall.Seconds())
-			means = append(means, (sum / time.Duration(len(each))).Seconds())
-			maxes = append(maxes, each[len(each)-1].Seconds())
-			b.Logf("%s: %d pods on n1: all Ready %s after the create request; creation to Ready per pod (1 s resolution): median %s, max %s",
-				name, n, wall.Round(time.Millisecond), each[len(each)/2], each[len(each)-1])
-		}
-		b.ReportMetric(avg(walls), "s-all-ready")
-		b.ReportMetric(avg(means), "s-mean-pod-ready")
-		b.ReportMetric(avg(maxes), "s-max-pod-ready")
-		b.ReportMetric(0, "ns/op")
-	}
-	b.Run("kvipam", func(b *testing.B) {
-		c.install(b)
-		report(b, "kvipam")
-	})
-	b.Run("bridge", func(b *testing.B) {
-		if c.installed {
-			c.uninstall(b)
-		}
-		if !c.bridgeOn {
-			path := filepath.Join(c.dir, "cni-bridge.yaml")
-			require.NoError(b, os.WriteFile(path, []byte(bridgeDaemonSet), 0o644))
-			_, err := c.kubectl("apply", "-f", path)
-			require.NoError(b, err)
-			c.bridgeOn = true
-			c.waitDaemonSet(b, "cni-bridge")
-			c.waitNodesReady(b)
-		}
-		report(b, "bridge")
-	})
-}
-
-func avg(v []float64) float64 {
-	var s float64
-	for _, x := range v {
-		s += x
-	}
-	return s / float64(len(v))
+	t.Logf("both nodes: no kvipam conflist or plugin left; NotReady (no network configuration)")
 }
