@@ -47,8 +47,9 @@ type kcluster struct {
 	imageTar     string // make image's archive
 	agentYAML    string // make image's rendered manifests
 	uninstallYML string
-	installed    bool // kvipam's DaemonSet applied
-	bridgeOn     bool // the bridge DaemonSet applied
+	hostSysctls  map[string]string // the host's, before the cluster started
+	installed    bool              // kvipam's DaemonSet applied
+	bridgeOn     bool              // the bridge DaemonSet applied
 }
 
 type knode struct {
@@ -147,6 +148,7 @@ func startCluster() (c *kcluster, err error) {
 			c.stop()
 		}
 	}()
+	c.hostSysctls = readSysctls()
 	steps := []struct {
 		name string
 		f    func() error

@@ -3,6 +3,7 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -64,6 +65,12 @@ func TestK8sDaemonSetInstall(t *testing.T) {
 	out, err := c.kubectl("get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}")
 	require.NoError(t, err)
 	require.Equal(t, "n1=True n2=True", strings.TrimSpace(out))
+	// kubelet set its sysctls in the scratch files over /proc/sys in each
+	// node's mount namespace; the host's are as they were.
+	for _, n := range c.nodes {
+		require.Equal(t, kubeletSysctls, n.sysctls(), "node %s: kubelet's sysctls in its scratch files", n.name)
+	}
+	require.Equal(t, c.hostSysctls, readSysctls(), "the host's sysctls are untouched")
 }
 
 // TestK8sPodsAcrossNodes: a pod on each node gets an IPv4 and an IPv6
@@ -109,7 +116,18 @@ func TestK8sPoolSelection(t *testing.T) {
 	require.NoError(t, err)
 	dflt := c.runPod(t, ns, "dflt", "n1", nil)
 	blue := c.runPod(t, ns, "blue", "n2", map[string]string{"kvipam.io/pool": "blue"})
-	green := c.runPod(t, bound, "green", "n1", nil)
+	// Agents follow bindings with a watch: the first pod of the bound
+	// namespace that n1's agent gives the green pool shows it has seen the
+	// binding (a pod before that gets the default pool, and is deleted).
+	var green pod
+	require.NoError(t, waitFor(3*time.Minute, "n1's agent follows the binding", func() error {
+		green = c.runPod(t, bound, "green", "n1", nil)
+		if a, _ := netip.ParseAddr(green.ips()[0]); netip.MustParsePrefix(pools["green"][0]).Contains(a) || netip.MustParsePrefix(pools["green"][1]).Contains(a) {
+			return nil
+		}
+		c.deletePod(t, bound, "green")
+		return fmt.Errorf("pod got %v", green.ips())
+	}))
 	requireIPsIn(t, dflt, "default")
 	requireIPsIn(t, blue, "blue")
 	requireIPsIn(t, green, "green")

@@ -39,6 +39,33 @@ echo ready > "$D/holder.ready"
 exec sleep infinity
 `
 
+// kubeletSysctls are the six sysctls kubelet sets at start (its
+// setupKernelTunables), with the values it writes.
+var kubeletSysctls = map[string]string{
+	"vm/overcommit_memory": "1", "vm/panic_on_oom": "0", "kernel/panic": "10", "kernel/panic_on_oops": "1",
+	"kernel/keys/root_maxkeys": "1000000", "kernel/keys/root_maxbytes": "25000000",
+}
+
+// readSysctls reads the host's values of kubeletSysctls.
+func readSysctls() map[string]string {
+	m := map[string]string{}
+	for f := range kubeletSysctls {
+		b, _ := os.ReadFile("/proc/sys/" + f)
+		m[f] = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
+// nodeSysctls reads the node's scratch copies of kubeletSysctls.
+func (n *knode) sysctls() map[string]string {
+	m := map[string]string{}
+	for f := range kubeletSysctls {
+		b, _ := os.ReadFile(filepath.Join(n.dir, "sysctl", strings.ReplaceAll(f, "/", ".")))
+		m[f] = strings.TrimSpace(string(b))
+	}
+	return m
+}
+
 func (c *kcluster) startNodes() error {
 	for _, n := range c.nodes {
 		if err := c.startNode(n); err != nil {
