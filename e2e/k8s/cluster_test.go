@@ -49,6 +49,7 @@ type kcluster struct {
 	uninstallYML string
 	hostSysctls  map[string]string // the host's, before the cluster started
 	installed    bool              // kvipam's DaemonSet applied
+	etcdAuth     bool              // etcd's users and roles made, authentication on
 	bridgeOn     bool              // the bridge DaemonSet applied
 }
 
@@ -212,10 +213,10 @@ func (c *kcluster) build() error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, out)
 	}
-	cmd = exec.Command("go", "build", "-o", filepath.Join(c.bin, "kt"), "./cmd/kt")
+	cmd = exec.Command("go", "build", "-o", c.bin+"/", "./cmd/kt", "./cmd/etcdauth")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build kt: %w: %s", err, out)
+		return fmt.Errorf("go build kt etcdauth: %w: %s", err, out)
 	}
 	// kvipam's image and manifests, as docs/kubernetes.md says: make image
 	// (one architecture here: the nodes are this machine).

@@ -55,6 +55,7 @@ func (c *kcluster) install(tb testing.TB) {
 	}
 	t0 := time.Now()
 	p := func(n string) string { return filepath.Join(c.pki, n) }
+	c.etcdAccess(tb)
 	if _, err := c.kubectl("-n", "kube-system", "get", "secret", "kvipam-etcd-client"); err != nil {
 		_, err := c.kubectl("-n", "kube-system", "create", "secret", "generic", "kvipam-etcd-client",
 			"--from-file=ca.crt="+p("ca.crt"), "--from-file=tls.crt="+p("kvipam.crt"), "--from-file=tls.key="+p("kvipam.key"))
@@ -68,6 +69,34 @@ func (c *kcluster) install(tb testing.TB) {
 	c.waitDaemonSet(tb, "kvipam-agent")
 	c.waitNodesReady(tb)
 	logf("kvipam installed and ready in %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// etcdAccess is step 1: kvipam's etcd role and user (read and write on
+// /kvipam/ only; its certificate's CN is the user), with authentication
+// turned on in this etcd shared with Kubernetes in docs/operations.md's
+// safe order; then the API server still reaches etcd, and kvipam does.
+func (c *kcluster) etcdAccess(tb testing.TB) {
+	tb.Helper()
+	if c.etcdAuth {
+		return
+	}
+	p := func(n string) string { return filepath.Join(c.pki, n) }
+	argv := c.inRouter(filepath.Join(c.bin, "etcdauth"), "--endpoint", etcdURL, "--cacert", p("ca.crt"),
+		"--cert", p("apiserver-etcd.crt"), "--key", p("apiserver-etcd.key"), "--root-password", "kvipam-test-root")
+	out, err := run(argv[0], argv[1:]...)
+	require.NoError(tb, err)
+	c.etcdAuth = true
+	logf("etcd authentication on:\n%s", out)
+	_, err = c.kubectl("get", "--raw=/readyz/etcd")
+	require.NoError(tb, err, "the API server reaches etcd as its certificate's user")
+	_, err = c.kvipamctl("check")
+	require.NoError(tb, err, "kvipamctl reaches etcd as user kvipam")
+	argv = c.inRouter(filepath.Join(c.bin, "etcdauth"), "--endpoint", etcdURL, "--cacert", p("ca.crt"),
+		"--cert", p("kvipam.crt"), "--key", p("kvipam.key"), "--check-user")
+	out, err = run(argv[0], argv[1:]...)
+	require.NoError(tb, err)
+	require.Contains(tb, out, "/kvipam/: <nil>", "user kvipam reads /kvipam/")
+	require.Contains(tb, out, "/registry/: etcdserver: permission denied", "user kvipam is refused /registry/")
 }
 
 // waitDaemonSet waits until the DaemonSet's current generation is ready

@@ -38,7 +38,9 @@ func (c *kcluster) deleteNamespace(tb testing.TB, ns string) {
 }
 
 // TestK8sDaemonSetInstall: kvipam installed as docs/kubernetes.md says
-// (the Secret, the ConfigMap, kubectl apply of make image's manifest):
+// (etcd's role and user for kvipam with authentication turned on in
+// docs/operations.md's order for an etcd shared with Kubernetes, the
+// Secret, the ConfigMap, kubectl apply of make image's manifest):
 // the DaemonSet's controller puts an agent on each node, each pod's
 // install-cni init container ran to completion, the agents are Ready, and
 // both nodes become Ready (their runtime has a network configuration).
