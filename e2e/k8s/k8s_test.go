@@ -64,6 +64,15 @@ func TestK8sDaemonSetInstall(t *testing.T) {
 		require.Equal(t, "Completed", init.State.Terminated.Reason)
 	}
 	require.Equal(t, map[string]bool{"n1": true, "n2": true}, nodes, "an agent on each node")
+	for _, p := range pods {
+		logs, err := c.kubectl("-n", "kube-system", "logs", p.Metadata.Name, "-c", "agent")
+		require.NoError(t, err)
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, "datapath") || strings.Contains(l, "[WARN]") || strings.Contains(l, "[ERROR]") {
+				t.Logf("%s: %s", p.Spec.NodeName, l)
+			}
+		}
+	}
 	out, err := c.kubectl("get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status} {end}")
 	require.NoError(t, err)
 	require.Equal(t, "n1=True n2=True", strings.TrimSpace(out))
