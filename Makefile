@@ -107,6 +107,7 @@ image:
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet $(PKGS)
+	cd e2e/k8s && $(GO) vet ./...
 
 # Import directions, one home for the etcd keys, small files, no binaries in git.
 check-layout:

@@ -195,8 +195,8 @@ func (c *kcluster) makeNetwork() error {
 			}
 		}
 		// A node forwards for its pods (its own namespace's sysctls).
-		for _, kv := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
-			if _, err := run("ip", "netns", "exec", n.netns, "sysctl", "-qw", kv); err != nil {
+		for _, f := range []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"} {
+			if _, err := run("ip", "netns", "exec", n.netns, "sh", "-c", "echo 1 > /proc/sys/"+f); err != nil {
 				return err
 			}
 		}
