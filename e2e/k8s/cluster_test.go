@@ -138,11 +138,13 @@ func startCluster() (c *kcluster, err error) {
 		return nil, err
 	}
 	repo := filepath.Clean(filepath.Join(wd, "..", ".."))
-	dir, err := os.MkdirTemp("", "kvipam-k8s-")
+	cleanStale()
+	suffix := strconv.Itoa(os.Getpid())
+	dir, err := os.MkdirTemp("", "kvipam-k8s-"+suffix+"-")
 	if err != nil {
 		return nil, err
 	}
-	c = &kcluster{dir: dir, repo: repo, suffix: strconv.Itoa(os.Getpid() % 100000), pki: filepath.Join(dir, "pki"), bin: filepath.Join(dir, "bin")}
+	c = &kcluster{dir: dir, repo: repo, suffix: suffix, pki: filepath.Join(dir, "pki"), bin: filepath.Join(dir, "bin")}
 	c.router = "k8sr-" + c.suffix
 	defer func() {
 		if err != nil {

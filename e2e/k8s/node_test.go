@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -363,4 +364,76 @@ func (c *kcluster) stop() {
 		logf("kept %s", c.dir)
 	}
 	logf("cluster stopped in %s", time.Since(t0).Round(time.Millisecond))
+}
+
+// cleanStale removes what an earlier run left when it did not reach its
+// stop (a test binary killed by go test's timeout): its processes (pods
+// in its cgroups; containerd's shims, which outlive their parent, by its
+// scratch directory in their arguments), cgroups, namespaces and scratch
+// directory. A run is named by its test binary's process ID in all of
+// them, and is stale when that process is gone.
+func cleanStale() {
+	stale := map[string]bool{}
+	gone := func(pid string) bool { _, err := os.Stat("/proc/" + pid); return err != nil }
+	nsRE, cgRE := regexp.MustCompile(`^k8s(r|n1|n2)-(\d+)$`), regexp.MustCompile(`^kvipam-k8s-(\d+)-n[12]$`)
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if m := nsRE.FindStringSubmatch(e.Name()); m != nil && gone(m[2]) {
+			stale[m[2]] = true
+		}
+	}
+	for _, d := range cgroupDirs() {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			if m := cgRE.FindStringSubmatch(e.Name()); m != nil && gone(m[1]) {
+				stale[m[1]] = true
+			}
+		}
+	}
+	for pid := range stale {
+		logf("removing what the run of process %s left", pid)
+		dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "kvipam-k8s-"+pid+"-*"))
+		cgroups := []string{"/kvipam-k8s-" + pid + "-n1", "/kvipam-k8s-" + pid + "-n2"}
+		for i := 0; i < 50; i++ {
+			var pids []int
+			for _, cg := range cgroups {
+				pids = append(pids, cgroupProcs(cg)...)
+			}
+			for _, d := range dirs {
+				pids = append(pids, procsMentioning(d)...)
+			}
+			if len(pids) == 0 {
+				break
+			}
+			for _, p := range pids {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for _, cg := range cgroups {
+			removeCgroups(cg)
+		}
+		for _, ns := range []string{"k8sr-", "k8sn1-", "k8sn2-"} {
+			_, _ = run("ip", "netns", "del", ns+pid)
+		}
+		for _, d := range dirs {
+			_ = os.RemoveAll(d)
+		}
+	}
+}
+
+// procsMentioning lists the processes with s in their arguments.
+func procsMentioning(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil || p == os.Getpid() {
+			continue
+		}
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); err == nil && strings.Contains(string(b), s) {
+			pids = append(pids, p)
+		}
+	}
+	return pids
 }
