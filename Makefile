@@ -31,10 +31,11 @@ test: build
 # makes a rebuild seconds), then the cluster tests and the pod burst.
 K8S_BIN := $(CURDIR)/.cache/k8s/bin
 K8S_BURST ?= 20
+K8S_BENCHTIME ?= 3x
 k8s-bin:
 	cd e2e/k8s && $(GO) build -ldflags='-s -w' -o $(K8S_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 k8s-e2e: k8s-bin
-	cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BURST) $(GO) test -count=1 -timeout 45m -v -run '^TestK8s' -bench '^BenchmarkK8sBurst$$' -benchtime 1x .
+	cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BURST) $(GO) test -count=1 -timeout 45m -v -run '^TestK8s' -bench '^BenchmarkK8sBurst$$' -benchtime $(K8S_BENCHTIME) .
 
 # The packages with concurrency, under the race detector (part of test).
 race:

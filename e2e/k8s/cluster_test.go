@@ -51,6 +51,7 @@ type kcluster struct {
 	installed    bool              // kvipam's DaemonSet applied
 	etcdAuth     bool              // etcd's users and roles made, authentication on
 	bridgeOn     bool              // the bridge DaemonSet applied
+	bursts       int               // BenchmarkK8sBurst's bursts so far
 }
 
 type knode struct {

@@ -161,8 +161,10 @@ state = %q
 	}); err != nil {
 		return err
 	}
+	// Unpacked for the CRI's snapshotter at import, so that the first pod
+	// of an image does not pay for it.
 	for _, img := range []string{filepath.Join(c.dir, "pause.tar"), filepath.Join(c.dir, "kt.tar"), filepath.Join(c.dir, "bridge.tar"), c.imageTar} {
-		if _, err := run("ctr", "--address", n.socket, "-n", "k8s.io", "images", "import", "--all-platforms", img); err != nil {
+		if _, err := run("ctr", "--address", n.socket, "-n", "k8s.io", "images", "import", "--snapshotter", "native", "--all-platforms", img); err != nil {
 			return err
 		}
 	}
