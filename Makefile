@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos
+.PHONY: all build test k8s-bin k8s-e2e race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos
 
 all: build
 
@@ -24,6 +24,18 @@ test: build
 	KVIPAM_E2E_DATAPATH=bpf $(GO) test $(TEST_FLAGS) ./e2e/
 	CHAOS_DURATION=3m $(GO) test $(TEST_FLAGS) -v -run '^TestChaosRun$$' ./e2e/
 	$(MAKE) race
+	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-e2e; else echo 'k8s-e2e skipped: needs root'; fi
+
+# A real Kubernetes (e2e/k8s, a module of its own): v1.34's five binaries
+# built from the module proxy into a gitignored directory (Go's build cache
+# makes a rebuild seconds), then the cluster tests and the pod burst.
+K8S_BIN := $(CURDIR)/.cache/k8s/bin
+K8S_BURST ?= 20
+K8S_BENCHTIME ?= 3x
+k8s-bin:
+	cd e2e/k8s && $(GO) build -ldflags='-s -w' -o $(K8S_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+k8s-e2e: k8s-bin
+	cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BURST) $(GO) test -count=1 -timeout 45m -v -run '^TestK8s' -bench '^BenchmarkK8sBurst$$' -benchtime $(K8S_BENCHTIME) .
 
 # The packages with concurrency, under the race detector (part of test).
 race:
@@ -98,6 +110,7 @@ image:
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet $(PKGS)
+	cd e2e/k8s && $(GO) vet ./...
 
 # Import directions, one home for the etcd keys, small files, no binaries in git.
 check-layout:

@@ -1,0 +1,132 @@
+// Command kt is the only binary of the test image the Kubernetes tests
+// build (no registry is reachable, and the image has no shell):
+//
+//	kt sleep                    wait for SIGTERM or SIGINT (a pod's main process)
+//	kt ping ADDR                ICMP echo to ADDR (IPv4 or IPv6) until one reply, at most 20 tries
+//	kt install-cni SRC BIN CONF copy SRC's plugins into BIN and its *.conflist into CONF, atomically
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+)
+
+func main() {
+	var err error
+	switch {
+	case len(os.Args) == 2 && os.Args[1] == "sleep":
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
+		<-c
+	case len(os.Args) == 3 && os.Args[1] == "ping":
+		err = ping(os.Args[2])
+	case len(os.Args) == 5 && os.Args[1] == "install-cni":
+		err = installCNI(os.Args[2], os.Args[3], os.Args[4])
+		if err == nil {
+			fmt.Println("installed")
+		}
+	default:
+		err = errors.New("usage: kt sleep | kt ping ADDR | kt install-cni SRC BIN CONF")
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kt:", err)
+		os.Exit(1)
+	}
+}
+
+func ping(target string) error {
+	addr, err := netip.ParseAddr(target)
+	if err != nil {
+		return fmt.Errorf("parse %q: %w", target, err)
+	}
+	network, listen := "ip4:icmp", "0.0.0.0"
+	var typ, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	proto := 1
+	if addr.Is6() {
+		network, listen = "ip6:ipv6-icmp", "::"
+		typ, reply, proto = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, 58
+	}
+	c, err := icmp.ListenPacket(network, listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", network, err)
+	}
+	defer c.Close()
+	id := os.Getpid() & 0xffff
+	var last error
+	for seq := 1; seq <= 20; seq++ {
+		msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("kvipam")}}
+		b, err := msg.Marshal(nil)
+		if err != nil {
+			return fmt.Errorf("marshal: %w", err)
+		}
+		if _, err := c.WriteTo(b, &net.IPAddr{IP: addr.AsSlice()}); err != nil {
+			last = fmt.Errorf("send to %s: %w", addr, err)
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		deadline := time.Now().Add(time.Second)
+		_ = c.SetReadDeadline(deadline)
+		for {
+			buf := make([]byte, 1500)
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				last = fmt.Errorf("no reply from %s: %w", addr, err)
+				break
+			}
+			m, err := icmp.ParseMessage(proto, buf[:n])
+			if err != nil || m.Type != reply {
+				continue
+			}
+			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq {
+				fmt.Printf("reply from %s seq %d\n", from, seq)
+				return nil
+			}
+		}
+	}
+	return last
+}
+
+// installCNI copies every regular file of src into binDir (plugins) or,
+// for *.conflist, into confDir, each through a temporary file and rename.
+func installCNI(src, binDir, confDir string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", src, err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		dir, mode := binDir, os.FileMode(0o755)
+		if strings.HasSuffix(e.Name(), ".conflist") {
+			dir, mode = confDir, 0o644
+		}
+		data, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			return fmt.Errorf("read %s: %w", e.Name(), err)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("mkdir %s: %w", dir, err)
+		}
+		tmp := filepath.Join(dir, "."+e.Name()+".tmp")
+		if err := os.WriteFile(tmp, data, mode); err != nil {
+			return fmt.Errorf("write %s: %w", tmp, err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("rename %s: %w", tmp, err)
+		}
+	}
+	return nil
+}
