@@ -24,7 +24,7 @@ test: build
 	KVIPAM_E2E_DATAPATH=bpf $(GO) test $(TEST_FLAGS) ./e2e/
 	CHAOS_DURATION=3m $(GO) test $(TEST_FLAGS) -v -run '^TestChaosRun$$' ./e2e/
 	$(MAKE) race
-	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-e2e; else echo 'k8s-e2e skipped: needs root'; fi
+	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-e2e K8S_BENCHTIME=1x; else echo 'k8s-e2e skipped: needs root'; fi
 
 # A real Kubernetes (e2e/k8s, a module of its own): v1.34's five binaries
 # built from the module proxy into a gitignored directory (Go's build cache
