@@ -22,8 +22,9 @@ type groupCommit[R, O any] struct {
 	sizes prometheus.Observer
 	max   int
 	in    chan *groupItem[R, O]
-	// timeout is the etcd budget of one batch. It is detached from the
-	// callers' contexts so one caller giving up cannot fail the others.
+	// timeout is the least etcd budget of one batch; it runs to its most
+	// patient caller's deadline when that is later. It is detached from
+	// the callers' contexts so one caller giving up cannot fail the others.
 	timeout time.Duration
 	wait    time.Duration
 	// coming counts callers that entered do and whose item no batch has
@@ -117,7 +118,15 @@ func (b *groupCommit[R, O]) serve(items []*groupItem[R, O]) {
 	for i, it := range live {
 		reqs[i] = it.req
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	// The batch may work as long as its most patient caller waits, and at
+	// least timeout: a caller's own deadline is the bound of its retries.
+	deadline := time.Now().Add(b.timeout)
+	for _, it := range live {
+		if d, ok := it.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	out := b.batches.commitBatch(ctx, reqs)
 	if b.sizes != nil {

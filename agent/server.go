@@ -63,7 +63,7 @@ func ownerQuery(_ http.ResponseWriter, r *http.Request) (api.Owner, error) {
 
 // route adapts one domain call to HTTP: read and check the request (a 4xx
 // names the field), check readiness (503 try-again), call f with the
-// request's context bounded by the agent's timeout, map its error, write
+// request's context bounded by the caller's wait (budget), map its error, write
 // the answer with status.
 func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check func(Req) error, f func(ctx context.Context, req Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -79,7 +79,7 @@ func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check
 			s.writeError(w, r, tryAgain(err))
 			return
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
+		ctx, cancel := context.WithTimeout(r.Context(), s.budget(r))
 		defer cancel()
 		resp, err := f(ctx, req)
 		if err != nil {
@@ -88,6 +88,23 @@ func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check
 		}
 		s.writeJSON(w, r, status, resp)
 	}
+}
+
+// maxRequestBudget bounds the work of one request whatever its caller
+// waits (a plugin's agentTimeout is at most 5 minutes).
+const maxRequestBudget = 5 * time.Minute
+
+// budget is how long a request may work: as long as its caller waits
+// (api.HeaderTimeout) less a fifth for the answer's way back and the
+// work a deadline cannot cut short (at most a second), or the agent's
+// request timeout when the caller does not say.
+func (s *apiServer) budget(r *http.Request) time.Duration {
+	ms, err := strconv.ParseInt(r.Header.Get(api.HeaderTimeout), 10, 64)
+	if err != nil || ms <= 0 {
+		return s.timeout
+	}
+	d := min(time.Duration(ms)*time.Millisecond, maxRequestBudget)
+	return d - min(d/5, time.Second)
 }
 
 func (s *apiServer) check(n need) error {

@@ -31,6 +31,13 @@ const (
 	PathAllocations = "/v1/allocations"
 )
 
+// HeaderTimeout carries, in milliseconds, how long the caller waits for
+// the answer (a plugin's agentTimeout). The agent bounds the request's work
+// by it, less a margin for the answer's way back, instead of its own
+// requestTimeout: an etcd slow to answer is retried inside the caller's
+// deadline rather than answered "try again" early.
+const HeaderTimeout = "Kvipam-Timeout-Ms"
+
 // MaxBodyBytes bounds every request body; larger ones get 413.
 const MaxBodyBytes = 1 << 20
 

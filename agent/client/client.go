@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -164,6 +165,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	wait := c.http.Timeout
+	if d, ok := ctx.Deadline(); ok && (wait <= 0 || time.Until(d) < wait) {
+		wait = time.Until(d)
+	}
+	if wait > 0 {
+		req.Header.Set(api.HeaderTimeout, strconv.FormatInt(wait.Milliseconds(), 10))
 	}
 	resp, err := c.http.Do(req)
 	if errors.Is(err, ErrNoAgent) {
