@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -78,8 +78,8 @@ func envInt(name string, def int) int {
 // burst creates n pods on n1 in one request (host-network pods when
 // hostNet) and returns each pod's time from that request to its Ready,
 // as a watch of the namespace's pods sees it (started before the
-// request), in order.
-func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) []time.Duration {
+// request), by pod name, and when the request was made.
+func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) (map[string]time.Duration, time.Time) {
 	tb.Helper()
 	c.ensureNamespace(tb, ns)
 	var items []any
@@ -118,7 +118,11 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) []time.D
 		tb.Fatal("the pods' watch was not established")
 	}
 	t0 := time.Now()
-	readyAt := make(chan time.Duration, n)
+	type readyPod struct {
+		name string
+		at   time.Duration
+	}
+	readyAt := make(chan readyPod, n)
 	go func() {
 		dec := json.NewDecoder(stdout)
 		seen := map[string]bool{}
@@ -129,18 +133,18 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) []time.D
 			}
 			if p.ready() && !seen[p.Metadata.Name] {
 				seen[p.Metadata.Name] = true
-				readyAt <- time.Since(t0)
+				readyAt <- readyPod{p.Metadata.Name, time.Since(t0)}
 			}
 		}
 	}()
 	_, err = c.kubectlIn(string(list), "create", "-f", "-")
 	require.NoError(tb, err)
-	var each []time.Duration
+	each := map[string]time.Duration{}
 	timeout := time.After(10 * time.Minute)
 	for len(each) < n {
 		select {
-		case d := <-readyAt:
-			each = append(each, d)
+		case r := <-readyAt:
+			each[r.name] = r.at
 		case <-timeout:
 			out, _ := c.kubectl("-n", ns, "get", "pods", "-o", "wide")
 			tb.Fatalf("%d of %d pods Ready after 10 minutes:\n%s", len(each), n, out)
@@ -148,8 +152,7 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) []time.D
 	}
 	_, err = c.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
 	require.NoError(tb, err)
-	sort.Slice(each, func(i, j int) bool { return each[i] < each[j] })
-	return each
+	return each, t0
 }
 
 // sandboxRun is one RunPodSandbox on n1, from containerd's log (its
@@ -274,28 +277,101 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, net string, n, singles in
 	st.steps(single, w, hostNet, true)
 
 	bns := ns + "-burst"
-	each := c.burst(b, bns, n, hostNet)
-	var last time.Duration
-	for _, d := range each {
-		st.ready = append(st.ready, ms(d))
-		last = max(last, d)
+	var etcd0 map[string]histSum
+	if !hostNet {
+		etcd0 = c.agentHistograms(b)
 	}
-	st.last = append(st.last, ms(last))
+	each, t0 := c.burst(b, bns, n, hostNet)
+	var etcd1 map[string]histSum
+	if !hostNet {
+		etcd1 = c.agentHistograms(b)
+	}
+	var ready []float64
+	for _, d := range each {
+		ready = append(ready, ms(d))
+	}
+	st.ready = append(st.ready, ready...)
+	st.last = append(st.last, pct(ready, 1))
 	var runs []sandboxRun
 	for _, r := range c.sandboxRuns(bns) {
 		runs = append(runs, r)
+		if d, ok := each[r.pod]; ok {
+			st.toSandbox = append(st.toSandbox, ms(r.start.Sub(t0)))
+			st.afterSandbox = append(st.afterSandbox, ms(t0.Add(d).Sub(r.end)))
+		}
 	}
 	before := len(st.cni)
 	st.steps(runs, w, hostNet, false)
 	b.Logf("%s, %d pods created on n1 in one request: Ready after p50 %.0f ms, p99 %.0f ms, last %.0f ms; RunPodSandbox p50 %.0f ms (%d of %d found), its CNI ADD p50 %.0f ms",
-		networkLabels[net], n, pct(msOf(each), 0.5), pct(msOf(each), 0.99), ms(last), pct(st.sandbox[len(st.sandbox)-len(runs):], 0.5), len(runs), n, pct(st.cni[before:], 0.5))
+		networkLabels[net], n, pct(ready, 0.5), pct(ready, 0.99), pct(ready, 1), pct(st.sandbox[len(st.sandbox)-len(runs):], 0.5), len(runs), n, pct(st.cni[before:], 0.5))
+	if d := histDelta(etcd0, etcd1); d != "" {
+		b.Logf("%s: n1's agent during the burst (its metrics): %s", networkLabels[net], d)
+	}
 	c.deleteNamespace(b, bns)
 }
 
-func msOf(ds []time.Duration) []float64 {
-	var v []float64
-	for _, d := range ds {
-		v = append(v, ms(d))
+// histSum is a Prometheus histogram's or summary's sum and count.
+type histSum struct{ sum, count float64 }
+
+// agentHistograms reads n1's agent's metrics through the API server's
+// proxy to its pod (host network, port 9464): each histogram's sum and
+// count, by name and labels. Nil when they cannot be read.
+func (c *kcluster) agentHistograms(tb testing.TB) map[string]histSum {
+	tb.Helper()
+	pods, err := c.getPods("-n", "kube-system", "-l", "app=kvipam-agent", "--field-selector", "spec.nodeName=n1")
+	if err != nil || len(pods) == 0 {
+		return nil
 	}
-	return v
+	name := ""
+	for _, p := range pods {
+		if p.Metadata.DeletionTimestamp == nil && p.ready() {
+			name = p.Metadata.Name
+		}
+	}
+	out, err := c.kubectl("get", "--raw", "/api/v1/namespaces/kube-system/pods/"+name+":9464/proxy/metrics")
+	if err != nil {
+		tb.Logf("the agent's metrics: %v", err)
+		return nil
+	}
+	m := map[string]histSum{}
+	re := regexp.MustCompile(`^(kvipam_[a-z_]+)_(sum|count)(\{[^}]*\})? ([0-9.e+-]+)$`)
+	for _, l := range strings.Split(out, "\n") {
+		f := re.FindStringSubmatch(l)
+		if f == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[4], 64)
+		if err != nil {
+			continue
+		}
+		h := m[f[1]+f[3]]
+		if f[2] == "sum" {
+			h.sum = v
+		} else {
+			h.count = v
+		}
+		m[f[1]+f[3]] = h
+	}
+	return m
+}
+
+// histDelta says what each histogram observed between a and b: how many
+// and their mean (in ms when in seconds).
+func histDelta(a, b map[string]histSum) string {
+	if a == nil || b == nil {
+		return ""
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(b)) {
+		n, sum := b[k].count-a[k].count, b[k].sum-a[k].sum
+		if n <= 0 {
+			continue
+		}
+		if strings.Contains(k, "_seconds") {
+			parts = append(parts, fmt.Sprintf("%s %.0f, mean %.1f ms", k, n, 1000*sum/n))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %.0f, mean %.2f", k, n, sum/n))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
