@@ -333,6 +333,12 @@ func (c *kcluster) agentHistograms(tb testing.TB) map[string]histSum {
 		tb.Logf("the agent's metrics: %v", err)
 		return nil
 	}
+	return parseHistograms(out)
+}
+
+// parseHistograms picks kvipam's histograms' sums and counts out of
+// Prometheus's text format.
+func parseHistograms(out string) map[string]histSum {
 	m := map[string]histSum{}
 	re := regexp.MustCompile(`^(kvipam_[a-z_]+)_(sum|count)(\{[^}]*\})? ([0-9.e+-]+)$`)
 	for _, l := range strings.Split(out, "\n") {

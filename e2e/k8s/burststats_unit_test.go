@@ -52,3 +52,26 @@ time="2026-11-26T22:00:00.400000000Z" level=info msg="RunPodSandbox for &PodSand
 	require.InDelta(t, 49, pct([]float64{10, 49, 29}, 0.99), 1e-9)
 	require.InDelta(t, 10, pct([]float64{10, 49, 29}, 0.01), 1e-9)
 }
+
+// TestAgentHistogramDelta: the agent's histograms between two scrapes:
+// how many observations each had and their mean, in ms for seconds.
+func TestAgentHistogramDelta(t *testing.T) {
+	a := parseHistograms(`# TYPE kvipam_etcd_txn_duration_seconds histogram
+kvipam_etcd_txn_duration_seconds_bucket{op="allocate",le="0.0001"} 0
+kvipam_etcd_txn_duration_seconds_sum{op="allocate"} 0.5
+kvipam_etcd_txn_duration_seconds_count{op="allocate"} 10
+kvipam_allocation_batch_size_sum 10
+kvipam_allocation_batch_size_count 10
+go_gc_duration_seconds_sum 3
+`)
+	b := parseHistograms(`kvipam_etcd_txn_duration_seconds_sum{op="allocate"} 1.5
+kvipam_etcd_txn_duration_seconds_count{op="allocate"} 30
+kvipam_etcd_txn_duration_seconds_sum{op="confirm"} 0.2
+kvipam_etcd_txn_duration_seconds_count{op="confirm"} 20
+kvipam_allocation_batch_size_sum 50
+kvipam_allocation_batch_size_count 20
+`)
+	require.Equal(t, histSum{0.5, 10}, a[`kvipam_etcd_txn_duration_seconds{op="allocate"}`])
+	require.Equal(t, `kvipam_allocation_batch_size 10, mean 4.00; kvipam_etcd_txn_duration_seconds{op="allocate"} 20, mean 50.0 ms; kvipam_etcd_txn_duration_seconds{op="confirm"} 20, mean 10.0 ms`, histDelta(a, b))
+	require.Empty(t, histDelta(nil, b))
+}
