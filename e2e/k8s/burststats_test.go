@@ -132,6 +132,9 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 		for _, p := range sortedKeys(st.plugins) {
 			b.ReportMetric(pct(st.plugins[p], 0.5), net+"-exec-"+p+"-p50-ms")
 		}
+		for _, p := range sortedKeys(st.singlePlugins) {
+			b.ReportMetric(pct(st.singlePlugins[p], 0.5), net+"-single-exec-"+p+"-p50-ms")
+		}
 		if st.unseen > 0 {
 			b.Logf("%s: %d sandboxes' CNI ADD not seen by the process events", networkLabels[net], st.unseen)
 		}
