@@ -78,7 +78,8 @@ func envInt(name string, def int) int {
 // burst creates n pods on n1 in one request (host-network pods when
 // hostNet) and returns each pod's time from that request to its Ready,
 // as a watch of the namespace's pods sees it (started before the
-// request), by pod name, and when the request was made.
+// request), by pod name, and when the request was made. The pods are
+// left running.
 func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) (map[string]time.Duration, time.Time) {
 	tb.Helper()
 	c.ensureNamespace(tb, ns)
@@ -150,8 +151,6 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) (map[str
 			tb.Fatalf("%d of %d pods Ready after 10 minutes:\n%s", len(each), n, out)
 		}
 	}
-	_, err = c.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
-	require.NoError(tb, err)
 	return each, t0
 }
 
@@ -307,6 +306,8 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, net string, n, singles in
 	if d := histDelta(etcd0, etcd1); d != "" {
 		b.Logf("%s: n1's agent during the burst (its metrics): %s", networkLabels[net], d)
 	}
+	_, err := c.kubectl("-n", bns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
+	require.NoError(b, err)
 	c.deleteNamespace(b, bns)
 }
 
