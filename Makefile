@@ -84,7 +84,7 @@ bench-run: build
 	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ && \
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-bin && \
-	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) $(GO) test -count=1 -run '^$$' -bench '^BenchmarkK8sBurst$$' -benchtime 1x -timeout 90m ."; \
+	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8sBurst$$' -benchtime 1x -timeout 90m ."; \
 	else echo 'k8s bench skipped: needs root'; fi
 	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md -svg docs/plots
 	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"
