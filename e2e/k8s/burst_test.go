@@ -4,11 +4,12 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,23 +52,41 @@ spec:
       - {name: cni-conf, hostPath: {path: /etc/cni/net.d, type: DirectoryOrCreate}}
 `
 
-func burstSize() int {
-	if n, err := strconv.Atoi(os.Getenv("KVIPAM_K8S_BURST")); err == nil && n > 0 {
-		return n
+// burstSizes are the bursts' sizes, KVIPAM_K8S_BURST: a comma-separated
+// list (make bench: 30,100), default 20.
+func burstSizes() []int {
+	var sizes []int
+	for _, f := range strings.Split(os.Getenv("KVIPAM_K8S_BURST"), ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			sizes = append(sizes, n)
+		}
 	}
-	return 20
+	if len(sizes) == 0 {
+		sizes = []int{20}
+	}
+	return sizes
 }
 
-// burst creates n pods on n1 in one request and returns each pod's time
-// from that request to its Ready, as a watch of the namespace's pods sees
-// it (started before the request).
-func (c *kcluster) burst(tb testing.TB, ns string, n int) []time.Duration {
+// envInt is a positive integer from the environment, else def.
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// burst creates n pods on n1 in one request (host-network pods when
+// hostNet) and returns each pod's time from that request to its Ready,
+// as a watch of the namespace's pods sees it (started before the
+// request), by pod name, and when the request was made. The pods are
+// left running.
+func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) (map[string]time.Duration, time.Time) {
 	tb.Helper()
 	c.ensureNamespace(tb, ns)
 	var items []any
 	for i := 0; i < n; i++ {
 		var p map[string]any
-		require.NoError(tb, json.Unmarshal([]byte(podSpec(ns, fmt.Sprintf("burst-%d", i), "n1", nil)), &p))
+		require.NoError(tb, json.Unmarshal([]byte(podSpecNet(ns, fmt.Sprintf("burst-%d", i), "n1", hostNet)), &p))
 		items = append(items, p)
 	}
 	list, err := json.Marshal(map[string]any{"apiVersion": "v1", "kind": "List", "items": items})
@@ -100,7 +119,11 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int) []time.Duration {
 		tb.Fatal("the pods' watch was not established")
 	}
 	t0 := time.Now()
-	readyAt := make(chan time.Duration, n)
+	type readyPod struct {
+		name string
+		at   time.Duration
+	}
+	readyAt := make(chan readyPod, n)
 	go func() {
 		dec := json.NewDecoder(stdout)
 		seen := map[string]bool{}
@@ -111,38 +134,46 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int) []time.Duration {
 			}
 			if p.ready() && !seen[p.Metadata.Name] {
 				seen[p.Metadata.Name] = true
-				readyAt <- time.Since(t0)
+				readyAt <- readyPod{p.Metadata.Name, time.Since(t0)}
 			}
 		}
 	}()
 	_, err = c.kubectlIn(string(list), "create", "-f", "-")
 	require.NoError(tb, err)
-	var each []time.Duration
+	each := map[string]time.Duration{}
 	timeout := time.After(10 * time.Minute)
 	for len(each) < n {
 		select {
-		case d := <-readyAt:
-			each = append(each, d)
+		case r := <-readyAt:
+			each[r.name] = r.at
 		case <-timeout:
 			out, _ := c.kubectl("-n", ns, "get", "pods", "-o", "wide")
 			tb.Fatalf("%d of %d pods Ready after 10 minutes:\n%s", len(each), n, out)
 		}
 	}
-	_, err = c.kubectl("-n", ns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
-	require.NoError(tb, err)
-	sort.Slice(each, func(i, j int) bool { return each[i] < each[j] })
-	return each
+	return each, t0
 }
 
-// sandboxTimes is how long each RunPodSandbox of namespace ns took on n1,
-// from containerd's log (its request and its answer, logged at info).
-func (c *kcluster) sandboxTimes(ns string) []time.Duration {
+// sandboxRun is one RunPodSandbox on n1, from containerd's log (its
+// request and its answer, logged at info): the pod, the sandbox's ID and
+// when the request came and the answer went.
+type sandboxRun struct {
+	pod, id    string
+	start, end time.Time
+}
+
+func (r sandboxRun) took() time.Duration { return r.end.Sub(r.start) }
+
+// sandboxRuns are the answered RunPodSandbox calls of namespace ns on n1,
+// by pod name.
+func (c *kcluster) sandboxRuns(ns string) map[string]sandboxRun {
 	b, err := os.ReadFile(filepath.Join(c.dir, "logs", "n1-containerd.log"))
 	if err != nil {
 		return nil
 	}
 	re := regexp.MustCompile(`time="([^"]+)".*RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),Uid:[^,]*,Namespace:` + regexp.QuoteMeta(ns) + `,`)
-	start, end := map[string]time.Time{}, map[string]time.Time{}
+	idRE := regexp.MustCompile(`returns sandbox id \\?"([0-9a-f]+)`)
+	runs := map[string]sandboxRun{}
 	for _, l := range strings.Split(string(b), "\n") {
 		m := re.FindStringSubmatch(l)
 		if m == nil {
@@ -152,86 +183,202 @@ func (c *kcluster) sandboxTimes(ns string) []time.Duration {
 		if err != nil {
 			continue
 		}
-		if strings.Contains(l, "returns sandbox id") {
-			end[m[2]] = t
-		} else if _, ok := start[m[2]]; !ok {
-			start[m[2]] = t
+		r := runs[m[2]]
+		r.pod = m[2]
+		if id := idRE.FindStringSubmatch(l); id != nil {
+			r.id, r.end = id[1], t
+		} else if r.start.IsZero() {
+			r.start = t
+		}
+		runs[m[2]] = r
+	}
+	for name, r := range runs {
+		if r.start.IsZero() || r.end.IsZero() {
+			delete(runs, name)
 		}
 	}
-	var d []time.Duration
-	for name, t := range start {
-		if e, ok := end[name]; ok {
-			d = append(d, e.Sub(t))
-		}
-	}
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d
+	return runs
 }
 
-// BenchmarkK8sBurst: for a burst of pods on one node (KVIPAM_K8S_BURST,
-// default 20), the time from pod creation to Ready, with kvipam and with
-// bridge+host-local, each installed by a DaemonSet; kvipam first (bridge
-// needs kvipam's conflist gone: containerd uses the first one).
+// BenchmarkK8sBurst: for bursts of pods on one node (KVIPAM_K8S_BURST,
+// sizes, default 20; a sub-benchmark each), the time from pod creation to
+// Ready, and containerd's RunPodSandbox split into its CNI ADD (each
+// plugin exec of the chain, timed by the kernel's process events) and the
+// rest, for kvipam on the bpf and the routes datapaths, bridge+host-local
+// and host-network pods (the floor). The networks are interleaved: a
+// round measures each once, in alternating order (forward, then
+// backward), KVIPAM_K8S_ROUNDS rounds (default 1) per iteration. Before
+// each burst, one warm-up pod (no network pays for a first use in its
+// burst: kubelet's, containerd's or the plugin's) and KVIPAM_K8S_SINGLES
+// pods (default 3) one at a time: a single sandbox's set-up.
 func BenchmarkK8sBurst(b *testing.B) {
 	c := cluster(b)
-	n := burstSize()
-	report := func(b *testing.B, name string) {
-		// One pod first, so that neither network pays for a first use
-		// (kubelet's, containerd's or the plugin's) in its burst.
-		warm := "burst-warm-" + name
-		c.runPod(b, warm, "warm", "n1", nil)
-		c.deleteNamespace(b, warm)
-		b.ResetTimer()
-		var firsts, medians, lasts, sandboxes []float64
-		for range b.N {
-			// A namespace per burst: the sandbox times are found by it.
-			c.bursts++
-			ns := fmt.Sprintf("burst-%s-%d", name, c.bursts)
-			each := c.burst(b, ns, n)
-			firsts = append(firsts, each[0].Seconds())
-			medians = append(medians, each[len(each)/2].Seconds())
-			lasts = append(lasts, each[len(each)-1].Seconds())
-			b.Logf("%s: %d pods created on n1 in one request: Ready after first %s, median %s, last %s",
-				name, n, each[0].Round(time.Millisecond), each[len(each)/2].Round(time.Millisecond), each[len(each)-1].Round(time.Millisecond))
-			if sb := c.sandboxTimes(ns); len(sb) > 0 {
-				sandboxes = append(sandboxes, sb[len(sb)/2].Seconds())
-				b.Logf("%s: containerd's RunPodSandbox (the sandbox and its CNI ADD) took min %s, median %s, max %s",
-					name, sb[0].Round(time.Millisecond), sb[len(sb)/2].Round(time.Millisecond), sb[len(sb)-1].Round(time.Millisecond))
-			}
-		}
-		if len(sandboxes) > 0 {
-			b.ReportMetric(avg(sandboxes), "s-median-sandbox")
-		}
-		b.ReportMetric(avg(firsts), "s-first-ready")
-		b.ReportMetric(avg(medians), "s-median-ready")
-		b.ReportMetric(avg(lasts), "s-all-ready")
-		b.ReportMetric(0, "ns/op")
+	w, err := startProcWatch()
+	if err != nil {
+		b.Logf("no per-plugin times: %v", err)
+	} else {
+		b.Cleanup(w.close)
 	}
-	b.Run("kvipam", func(b *testing.B) {
-		c.install(b)
-		report(b, "kvipam")
-	})
-	b.Run("bridge", func(b *testing.B) {
-		if c.installed {
-			c.uninstall(b)
-		}
-		if !c.bridgeOn {
-			path := filepath.Join(c.dir, "cni-bridge.yaml")
-			require.NoError(b, os.WriteFile(path, []byte(bridgeDaemonSet), 0o644))
-			_, err := c.kubectl("apply", "-f", path)
-			require.NoError(b, err)
-			c.bridgeOn = true
-			c.waitDaemonSet(b, "cni-bridge")
-			c.waitNodesReady(b)
-		}
-		report(b, "bridge")
-	})
+	rounds, singles := envInt("KVIPAM_K8S_ROUNDS", 1), envInt("KVIPAM_K8S_SINGLES", 3)
+	for _, n := range burstSizes() {
+		b.Run(fmt.Sprintf("burst=%d", n), func(b *testing.B) {
+			stats := map[string]*netStats{}
+			for _, net := range burstNetworks {
+				stats[net] = &netStats{}
+			}
+			total := 0
+			for range b.N {
+				for range rounds {
+					order := slices.Clone(burstNetworks)
+					if c.rounds%2 == 1 {
+						slices.Reverse(order)
+					}
+					c.rounds++
+					total++
+					for _, net := range order {
+						c.measure(b, w, net, n, singles, stats[net])
+					}
+				}
+			}
+			c.reportBurst(b, n, total, stats)
+		})
+	}
 }
 
-func avg(v []float64) float64 {
-	var s float64
-	for _, x := range v {
-		s += x
+// measure is one network's turn in a round: the network put in place,
+// the warm-up and single pods, then the burst of n.
+func (c *kcluster) measure(b *testing.B, w *procWatch, net string, n, singles int, st *netStats) {
+	b.Helper()
+	c.useNetwork(b, net)
+	hostNet := net == "hostnet"
+	c.bursts++
+	ns := fmt.Sprintf("k8sb-%s-%d", net, c.bursts)
+	c.ensureNamespace(b, ns)
+	for i := 0; i <= singles; i++ {
+		name := "warm"
+		if i > 0 {
+			name = fmt.Sprintf("single-%d", i)
+		}
+		_, err := c.kubectlIn(podSpecNet(ns, name, "n1", hostNet), "create", "-f", "-")
+		require.NoError(b, err)
+		p := c.waitPodReady(b, ns, name)
+		if !hostNet && i == 0 {
+			require.Len(b, p.ips(), 2, "%s: a pod has an IPv4 and an IPv6 address: %v", net, p.ips())
+		}
 	}
-	return s / float64(len(v))
+	c.deleteNamespace(b, ns)
+	var single []sandboxRun
+	for name, r := range c.sandboxRuns(ns) {
+		if name != "warm" {
+			single = append(single, r)
+		}
+	}
+	st.steps(single, w, hostNet, true)
+
+	bns := ns + "-burst"
+	var etcd0 map[string]histSum
+	if !hostNet {
+		etcd0 = c.agentHistograms(b)
+	}
+	each, t0 := c.burst(b, bns, n, hostNet)
+	var etcd1 map[string]histSum
+	if !hostNet {
+		etcd1 = c.agentHistograms(b)
+	}
+	var ready []float64
+	for _, d := range each {
+		ready = append(ready, ms(d))
+	}
+	st.ready = append(st.ready, ready...)
+	st.last = append(st.last, pct(ready, 1))
+	var runs []sandboxRun
+	for _, r := range c.sandboxRuns(bns) {
+		runs = append(runs, r)
+		if d, ok := each[r.pod]; ok {
+			st.toSandbox = append(st.toSandbox, ms(r.start.Sub(t0)))
+			st.afterSandbox = append(st.afterSandbox, ms(t0.Add(d).Sub(r.end)))
+		}
+	}
+	before := len(st.cni)
+	st.steps(runs, w, hostNet, false)
+	b.Logf("%s, %d pods created on n1 in one request: Ready after p50 %.0f ms, p99 %.0f ms, last %.0f ms; RunPodSandbox p50 %.0f ms (%d of %d found), its CNI ADD p50 %.0f ms",
+		networkLabels[net], n, pct(ready, 0.5), pct(ready, 0.99), pct(ready, 1), pct(st.sandbox[len(st.sandbox)-len(runs):], 0.5), len(runs), n, pct(st.cni[before:], 0.5))
+	if d := histDelta(etcd0, etcd1); d != "" {
+		b.Logf("%s: n1's agent during the burst (its metrics): %s", networkLabels[net], d)
+	}
+	_, err := c.kubectl("-n", bns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
+	require.NoError(b, err)
+	c.deleteNamespace(b, bns)
+}
+
+// histSum is a Prometheus histogram's or summary's sum and count.
+type histSum struct{ sum, count float64 }
+
+// agentHistograms reads n1's agent's metrics through the API server's
+// proxy to its pod (host network, port 9464): each histogram's sum and
+// count, by name and labels. Nil when they cannot be read.
+func (c *kcluster) agentHistograms(tb testing.TB) map[string]histSum {
+	tb.Helper()
+	pods, err := c.getPods("-n", "kube-system", "-l", "app=kvipam-agent", "--field-selector", "spec.nodeName=n1")
+	if err != nil || len(pods) == 0 {
+		return nil
+	}
+	name := ""
+	for _, p := range pods {
+		if p.Metadata.DeletionTimestamp == nil && p.ready() {
+			name = p.Metadata.Name
+		}
+	}
+	out, err := c.kubectl("get", "--raw", "/api/v1/namespaces/kube-system/pods/"+name+":9464/proxy/metrics")
+	if err != nil {
+		tb.Logf("the agent's metrics: %v", err)
+		return nil
+	}
+	return parseHistograms(out)
+}
+
+// parseHistograms picks kvipam's histograms' sums and counts out of
+// Prometheus's text format.
+func parseHistograms(out string) map[string]histSum {
+	m := map[string]histSum{}
+	re := regexp.MustCompile(`^(kvipam_[a-z_]+)_(sum|count)(\{[^}]*\})? ([0-9.e+-]+)$`)
+	for _, l := range strings.Split(out, "\n") {
+		f := re.FindStringSubmatch(l)
+		if f == nil {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[4], 64)
+		if err != nil {
+			continue
+		}
+		h := m[f[1]+f[3]]
+		if f[2] == "sum" {
+			h.sum = v
+		} else {
+			h.count = v
+		}
+		m[f[1]+f[3]] = h
+	}
+	return m
+}
+
+// histDelta says what each histogram observed between a and b: how many
+// and their mean (in ms when in seconds).
+func histDelta(a, b map[string]histSum) string {
+	if a == nil || b == nil {
+		return ""
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(b)) {
+		n, sum := b[k].count-a[k].count, b[k].sum-a[k].sum
+		if n <= 0 {
+			continue
+		}
+		if strings.Contains(k, "_seconds") {
+			parts = append(parts, fmt.Sprintf("%s %.0f, mean %.1f ms", k, n, 1000*sum/n))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s %.0f, mean %.2f", k, n, sum/n))
+		}
+	}
+	return strings.Join(parts, "; ")
 }

@@ -52,6 +52,8 @@ type kcluster struct {
 	etcdAuth     bool              // etcd's users and roles made, authentication on
 	bridgeOn     bool              // the bridge DaemonSet applied
 	bursts       int               // BenchmarkK8sBurst's bursts so far
+	rounds       int               // and its rounds (odd ones backward)
+	datapath     string            // the ConfigMap's datapath ("" is the manifest's: auto)
 }
 
 type knode struct {

@@ -23,7 +23,7 @@ var pools = map[string][]string{
 
 // agentManifest is make image's rendered kvipam-agent.yaml with the
 // ConfigMap edited as docs/kubernetes.md step 3 says: etcd by address,
-// and the pools.
+// and the pools; and the datapath when c.datapath sets one.
 func (c *kcluster) agentManifest() (string, error) {
 	b, err := os.ReadFile(c.agentYAML)
 	if err != nil {
@@ -42,6 +42,13 @@ func (c *kcluster) agentManifest() (string, error) {
 		fmt.Fprintf(&np, "    - name: %s\n      cidrs: [%q, %q]\n      blockSizeV4: 26\n      blockSizeV6: 120\n", name, pools[name][0], pools[name][1])
 	}
 	s = strings.Replace(s, oldPools, np.String(), 1)
+	if c.datapath != "" && c.datapath != "auto" {
+		const oldDP = "    datapath: auto\n"
+		if !strings.Contains(s, oldDP) {
+			return "", fmt.Errorf("%s: the ConfigMap's datapath is not as docs/kubernetes.md shows it", c.agentYAML)
+		}
+		s = strings.Replace(s, oldDP, "    datapath: "+c.datapath+"\n", 1)
+	}
 	out := filepath.Join(c.dir, "kvipam-agent.yaml")
 	return out, os.WriteFile(out, []byte(s), 0o644)
 }
@@ -151,6 +158,22 @@ func podSpec(ns, name, node string, annotations map[string]string) string {
 		"apiVersion": "v1", "kind": "Pod",
 		"metadata": map[string]any{"name": name, "namespace": ns, "annotations": annotations, "labels": map[string]string{"kt": "1"}},
 		"spec":     podTemplateSpec(node),
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// podSpecNet is a test pod without annotations, in the host's network
+// namespace when hostNet.
+func podSpecNet(ns, name, node string, hostNet bool) string {
+	spec := podTemplateSpec(node)
+	if hostNet {
+		spec["hostNetwork"] = true
+	}
+	m := map[string]any{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": name, "namespace": ns, "labels": map[string]string{"kt": "1"}},
+		"spec":     spec,
 	}
 	b, _ := json.Marshal(m)
 	return string(b)

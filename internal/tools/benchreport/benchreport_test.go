@@ -89,6 +89,47 @@ func TestStormFigures(t *testing.T) {
 	require.NotContains(t, missing, "scale.claim10000.seconds")
 }
 
+// TestK8sBurstFigures: the Kubernetes bursts' figures (e2e/k8s
+// BenchmarkK8sBurst, output file k8s.txt): at 100 pods, create to Ready
+// p50 and p99, the time above the host-network floor and RunPodSandbox,
+// kvipam beside bridge+host-local; the single sandbox's from the same
+// line; the 30-pod burst's from its own.
+func TestK8sBurstFigures(t *testing.T) {
+	out := "BenchmarkK8sBurst/burst=30-2   \t       1\t 1500 kvipam-ready-p50-ms\t 2000 bridge-ready-p50-ms\t 400 kvipam-above-floor-ms\t 800 bridge-above-floor-ms\t 0 ns/op\n" +
+		"BenchmarkK8sBurst/burst=100-2  \t       1\t 9000 kvipam-ready-p50-ms\t 9500 bridge-ready-p50-ms\t 17000 kvipam-ready-p99-ms\t 17600 bridge-ready-p99-ms" +
+		"\t 1500 kvipam-above-floor-ms\t 3100 bridge-above-floor-ms\t 1200 kvipam-routes-above-floor-ms\t 320 kvipam-sandbox-p50-ms\t 400 bridge-sandbox-p50-ms" +
+		"\t 90 kvipam-cni-add-p50-ms\t 120 bridge-cni-add-p50-ms\t 250 kvipam-single-sandbox-p50-ms\t 260 bridge-single-sandbox-p50-ms\t 60 kvipam-single-cni-add-p50-ms\t 70 bridge-single-cni-add-p50-ms\t 0 ns/op\n"
+	rs, err := Parse(strings.NewReader(out))
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	require.Equal(t, "BenchmarkK8sBurst/burst=100", rs[1].Name)
+	figs, missing := Figures(map[string][]Result{"k8s": rs})
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	for _, n := range []string{"k8s.burst100.ready_p50.kvipam_vs_bridge", "k8s.burst100.ready_p99.kvipam_vs_bridge", "k8s.burst100.netsetup_p50_ms"} {
+		require.Contains(t, byName, n)
+		require.NotContains(t, missing, n)
+		require.Equal(t, "k8s.txt: BenchmarkK8sBurst/burst=100", byName[n].Source)
+	}
+	require.InDelta(t, 9000, byName["k8s.burst100.ready_p50.kvipam_vs_bridge"].Value, 1e-9)
+	require.InDelta(t, 0.947, byName["k8s.burst100.ready_p50.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.InDelta(t, 0.966, byName["k8s.burst100.ready_p99.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.InDelta(t, 320, byName["k8s.burst100.netsetup_p50_ms"].Value, 1e-9)
+	require.InDelta(t, 400, byName["k8s.burst100.netsetup_p50_ms"].Baseline, 1e-9)
+	require.InDelta(t, 0.484, byName["k8s.burst100.above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.InDelta(t, 0.387, byName["k8s.burst100.above_floor.routes_vs_bridge"].Ratio, 1e-9)
+	require.InDelta(t, 0.75, byName["k8s.burst100.cni_add_p50_ms"].Ratio, 1e-9)
+	require.InDelta(t, 0.962, byName["k8s.single.netsetup_ms"].Ratio, 1e-9)
+	require.InDelta(t, 0.857, byName["k8s.single.cni_add_ms"].Ratio, 1e-9)
+	require.InDelta(t, 0.75, byName["k8s.burst30.ready_p50.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.InDelta(t, 0.5, byName["k8s.burst30.above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.Contains(t, BaselineOf("k8s.burst100.above_floor.kvipam_vs_bridge"), "goal: ratio at most 0.5")
+	// A metric the line lacks is named missing, not guessed.
+	require.Contains(t, missing, "k8s.burst100.ready_p50.routes_vs_bridge")
+}
+
 func keys(m map[string]any) []string {
 	var out []string
 	for k := range m {

@@ -31,6 +31,11 @@ const SamplesEnv = "KVIPAM_BENCH_SAMPLES"
 //     bpf-tcx-add, bpf-tcx-del, each operation's latency.
 //   - BenchmarkBurst100: kvipam, bridge, floor, each pod's ADD completion
 //     time since its burst's start, pooled over runs bursts.
+//   - BenchmarkK8sBurst/burst=N (e2e/k8s, through a real kubelet): per
+//     network (kvipam, kvipam-routes, bridge, hostnet), each pod's time
+//     from its creation to Ready (NET), its sandbox's RunPodSandbox
+//     (NET-sandbox) and that sandbox's CNI ADD (NET-cni-add), pooled over
+//     runs rounds.
 type Samples struct {
 	Bench string `json:"bench"`
 	// Datapath is the kvipam agent's datapath (routes, bpf) when the

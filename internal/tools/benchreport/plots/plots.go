@@ -28,6 +28,7 @@ const (
 	addDel      = "BenchmarkAddDel/concurrency=1"
 	addDatapath = "BenchmarkAddDatapath"
 	burst100    = "BenchmarkBurst100"
+	k8sBurst    = "BenchmarkK8sBurst/burst="
 )
 
 // datapaths are the kvipam agent's datapaths, in the plots' order.
@@ -92,6 +93,7 @@ func Write(dir, relTo string, set benchreport.SampleSet) ([]benchreport.Plot, er
 func figures(set benchreport.SampleSet) []figure {
 	figs := []figure{latencyCDF(set, "add", "ADD"), latencyCDF(set, "del", "DEL")}
 	figs = append(figs, bursts(set)...)
+	figs = append(figs, k8sBursts(set)...)
 	return append(figs, throughput(set), storm(set))
 }
 
@@ -144,6 +146,35 @@ func bursts(set benchreport.SampleSet) []figure {
 	}
 	return figs
 }
+
+// k8sBursts are the pods of a burst Ready over time, through a real
+// kubelet, one plot per burst size BenchmarkK8sBurst ran.
+func k8sBursts(set benchreport.SampleSet) []figure {
+	var figs []figure
+	for _, s := range set.Samples {
+		size, ok := strings.CutPrefix(s.Bench, k8sBurst)
+		if !ok {
+			continue
+		}
+		runs := max(s.Runs, 1)
+		f := figure{name: "k8s-burst" + size, title: size + " pods created at once on one kubelet",
+			xLabel: "time since the pods' creation (s)", yLabel: "pods Ready (mean over rounds)",
+			caption: fmt.Sprintf("Pods Ready, against the time since %s pods were created on one node in one request (a real kubelet and containerd); the mean of %s, the networks interleaved. Host-network pods set up no network: they are the floor.", size, plural(runs, "round"))}
+		for _, net := range []string{"kvipam", "kvipam-routes", "bridge", "hostnet"} {
+			if ms := s.SeriesMS[net]; len(ms) > 0 {
+				f.add(line{label: k8sLabels[net], source: s.Bench, xy: completion(ms, float64(runs), 1000), dashed: net == "bridge" || net == "hostnet"})
+			}
+		}
+		figs = append(figs, f)
+	}
+	if len(figs) == 0 {
+		figs = append(figs, figure{name: "k8s-burst", title: "Pods created at once on one kubelet", missing: "no BenchmarkK8sBurst samples (e2e/k8s, as root)"})
+	}
+	return figs
+}
+
+var k8sLabels = map[string]string{"kvipam": "kvipam, bpf datapath", "kvipam-routes": "kvipam, routes datapath",
+	"bridge": "bridge + host-local", "hostnet": "host network (the floor)"}
 
 var burstLabels = map[string]string{"kvipam": "kvipam", "bridge": "bridge + host-local", "floor": "loopback (the floor)"}
 

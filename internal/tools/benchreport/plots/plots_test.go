@@ -18,7 +18,7 @@ import (
 func TestPlotsFromSamples(t *testing.T) {
 	set, err := benchreport.ReadSamples("testdata/samples")
 	require.NoError(t, err)
-	require.Len(t, set.Samples, 4)
+	require.Len(t, set.Samples, 5)
 	require.Len(t, set.Storms, 2)
 
 	docs := t.TempDir()
@@ -39,7 +39,7 @@ func TestPlotsFromSamples(t *testing.T) {
 		require.True(t, strings.HasSuffix(strings.TrimSpace(string(b)), "</svg>"), p.File)
 	}
 	require.Equal(t, map[string]bool{"plots/add-latency-cdf.svg": true, "plots/del-latency-cdf.svg": true,
-		"plots/burst100-bpf.svg": true, "plots/add-throughput.svg": true, "plots/claim-storm.svg": true}, files)
+		"plots/burst100-bpf.svg": true, "plots/k8s-burst100.svg": true, "plots/add-throughput.svg": true, "plots/claim-storm.svg": true}, files)
 	_, err = os.Stat(filepath.Join(dir, "stale.svg"))
 	require.True(t, os.IsNotExist(err), "an earlier run's plots are replaced")
 
@@ -56,6 +56,21 @@ func TestPlotsFromSamples(t *testing.T) {
 	require.InDelta(t, 5/0.1905, tp.lines[0].xy[0].Y, 1e-9)
 	require.InDelta(t, 50, tp.lines[0].xy[1].X, 1e-9)
 	require.InDelta(t, 4/0.070, tp.lines[0].xy[1].Y, 1e-9)
+
+	// The Kubernetes burst: a line per network, the pods Ready over time
+	// in seconds, the mean of the rounds (10 samples of 2 rounds: 5 pods).
+	k8s := k8sBursts(set)
+	require.Len(t, k8s, 1)
+	require.Equal(t, "k8s-burst100", k8s[0].name)
+	var labels []string
+	for _, l := range k8s[0].lines {
+		labels = append(labels, l.label)
+	}
+	require.Equal(t, []string{"kvipam, bpf datapath", "kvipam, routes datapath", "bridge + host-local", "host network (the floor)"}, labels)
+	kv := k8s[0].lines[0].xy
+	require.InDelta(t, 5, kv[len(kv)-1].Y, 1e-9)
+	require.InDelta(t, 3.1, kv[len(kv)-1].X, 1e-9)
+	require.True(t, k8s[0].lines[2].dashed && k8s[0].lines[3].dashed && !k8s[0].lines[0].dashed)
 
 	set.Storms = nil
 	got, err = Write(dir, docs, set)
@@ -75,7 +90,7 @@ func TestNoSamples(t *testing.T) {
 	require.NoError(t, err)
 	got, err := Write(t.TempDir(), ".", set)
 	require.NoError(t, err)
-	require.Len(t, got, 5)
+	require.Len(t, got, 6)
 	for _, p := range got {
 		require.Empty(t, p.File)
 		require.NotEmpty(t, p.Missing, p.Title)
