@@ -79,8 +79,14 @@ func (h *hookStore) Clear() {
 }
 
 // commitThenFail is an After hook for write calls: the write has been
-// applied, and the caller is told it failed, n times.
+// applied, and the caller is told it failed (an unknown outcome), n times.
 func commitThenFail(n int) func(context.Context, error) error {
+	return commitThenAnswer(n, errUnknown)
+}
+
+// commitThenAnswer is an After hook for write calls: the write has been
+// applied, and the caller is told lie instead, n times.
+func commitThenAnswer(n int, lie error) func(context.Context, error) error {
 	var mu sync.Mutex
 	return func(_ context.Context, err error) error {
 		mu.Lock()
@@ -89,7 +95,7 @@ func commitThenFail(n int) func(context.Context, error) error {
 			return err
 		}
 		n--
-		return errUnknown
+		return lie
 	}
 }
 

@@ -3,7 +3,6 @@ package nodealloc_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,16 +32,7 @@ func errTimedOut(op string) error {
 // timedOutAfterCommit is an After hook for a write: it is applied, and
 // the caller is told it timed out, n times.
 func timedOutAfterCommit(op string, n int) func(context.Context, error) error {
-	var mu sync.Mutex
-	return func(_ context.Context, err error) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if err != nil || n == 0 {
-			return err
-		}
-		n--
-		return errTimedOut(op)
-	}
+	return commitThenAnswer(n, errTimedOut(op))
 }
 
 // TestAllocateRetriesUnavailableWithinDeadline: an etcd that is loaded
