@@ -317,7 +317,10 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 			err := do()
 			r.logf("operator pool %s %s: %v", what, name, err)
 			r.tally("pool "+what, err)
-			if present, marked := state(); present == marked {
+			// Never both; and once a delete was tried, never neither (a
+			// pool gone without its mark). Before any delete, neither is
+			// the pool not created yet.
+			if present, marked := state(); (present && marked) || (what == "delete" && !present && !marked) {
 				r.fail("pool %s %s (%v): the pool is present=%v and marked deleted=%v", what, name, err, present, marked)
 				return false
 			}
