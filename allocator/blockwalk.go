@@ -84,12 +84,25 @@ func (w *BlockWalk) Next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
+// nodeHash is FNV-1a of the node's name and what, finished with
+// splitmix64's mixer: FNV-1a's low bits, which a modulo by a power of two
+// keeps, depend only on the low bits of its state, so names that differ
+// in a digit or two (node-00017, node-00018) land on the same block far
+// more often than at random (3,840 distinct first blocks of 16,384 for
+// 5,000 such names, against about 4,310 at random). The mixer spreads
+// every bit over all of them.
 func nodeHash(node, what string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(node))
 	h.Write([]byte{0})
 	h.Write([]byte(what))
-	return h.Sum64()
+	x := h.Sum64()
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }
 
 func gcd(a, b uint64) uint64 {

@@ -21,7 +21,7 @@ var burstNetworks = []string{"kvipam", "kvipam-routes", "bridge", "hostnet"}
 
 var networkLabels = map[string]string{
 	"kvipam": "kvipam (bpf datapath, the default)", "kvipam-routes": "kvipam (routes datapath)",
-	"bridge": "bridge + host-local", "hostnet": "host network (the floor)",
+	"bridge": "bridge + host-local + portmap", "hostnet": "host network (the floor)",
 }
 
 // useNetwork makes net the nodes' network as an operator would: kvipam

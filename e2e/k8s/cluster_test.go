@@ -212,6 +212,7 @@ func (c *kcluster) build() error {
 		"github.com/containernetworking/plugins/plugins/main/bridge",
 		"github.com/containernetworking/plugins/plugins/main/loopback",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
+		"github.com/containernetworking/plugins/plugins/meta/portmap",
 	}
 	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -245,18 +246,23 @@ func (c *kcluster) build() error {
 	}
 	_, err := run(ow, "--out", filepath.Join(c.dir, "bridge.tar"), "--ref", bridgeRef, "--entrypoint", "/kt",
 		"kt="+b("kt"), "cni/bridge="+b("bridge"), "cni/host-local="+b("host-local"), "cni/loopback="+b("loopback"),
-		"cni/90-bridge.conflist="+filepath.Join(c.dir, "90-bridge.conflist"))
+		"cni/portmap="+b("portmap"), "cni/90-bridge.conflist="+filepath.Join(c.dir, "90-bridge.conflist"))
 	return err
 }
 
 // bridgeConflist is the baseline of the burst figures: the reference
-// bridge and host-local plugins, dual stack like kvipam's pools.
+// bridge and host-local plugins, dual stack like kvipam's pools, chained
+// with portmap as kvipam's conflist is (and as containerd's own bridge
+// conflist, 10-containerd-net.conflist, is): both networks serve
+// hostPorts, and a sandbox's CNI ADD runs the same chain but for the
+// plugin compared.
 const bridgeConflist = `{
   "cniVersion": "1.0.0",
   "name": "bridge",
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/16"}], [{"subnet": "fd00:250::/64"}]]}}
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/16"}], [{"subnet": "fd00:250::/64"}]]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
 `

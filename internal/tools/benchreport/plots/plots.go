@@ -174,7 +174,7 @@ func k8sBursts(set benchreport.SampleSet) []figure {
 }
 
 var k8sLabels = map[string]string{"kvipam": "kvipam, bpf datapath", "kvipam-routes": "kvipam, routes datapath",
-	"bridge": "bridge + host-local", "hostnet": "host network (the floor)"}
+	"bridge": "bridge + host-local + portmap", "hostnet": "host network (the floor)"}
 
 var burstLabels = map[string]string{"kvipam": "kvipam", "bridge": "bridge + host-local", "floor": "loopback (the floor)"}
 
