@@ -66,7 +66,7 @@ func TestPlotsFromSamples(t *testing.T) {
 	for _, l := range k8s[0].lines {
 		labels = append(labels, l.label)
 	}
-	require.Equal(t, []string{"kvipam, bpf datapath", "kvipam, routes datapath", "bridge + host-local", "host network (the floor)"}, labels)
+	require.Equal(t, []string{"kvipam, bpf datapath", "kvipam, routes datapath", "bridge + host-local + portmap", "host network (the floor)"}, labels)
 	kv := k8s[0].lines[0].xy
 	require.InDelta(t, 5, kv[len(kv)-1].Y, 1e-9)
 	require.InDelta(t, 3.1, kv[len(kv)-1].X, 1e-9)
