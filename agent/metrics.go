@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -79,11 +78,11 @@ func (s instrumentedStore) observe(op string, start time.Time, err error) {
 	}
 }
 
-func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+func (s instrumentedStore) Claim(ctx context.Context, pool string, cands []records.Candidate, c records.Claim, lease int64) (records.ClaimResult, error) {
 	start := time.Now()
-	rev, err := s.Store.Claim(ctx, pool, b, c, lease)
+	res, err := s.Store.Claim(ctx, pool, cands, c, lease)
 	s.observe("claim", start, err)
-	return rev, err
+	return res, err
 }
 
 func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

@@ -25,11 +25,12 @@ func BenchmarkChooseBlock(b *testing.B) {
 	}
 	choose := func(a *Allocator, ps *poolState) time.Duration {
 		start := time.Now()
-		blk, ok := ps.chooseBlock(a.cfg.Node, allocator.IPv4)
+		blks := ps.chooseBlocks(a.cfg.Node, allocator.IPv4, 1)
 		d := time.Since(start)
-		if !ok {
+		if len(blks) == 0 {
 			b.Fatal("no block")
 		}
+		blk := blks[0]
 		ps.others[blk] = otherBlock{node: "y"} // lost its race: the next choice moves on
 		return d
 	}
