@@ -140,14 +140,12 @@ func (s *Store) Claim(ctx context.Context, pool string, cands []records.Candidat
 	}
 	if !resp.Succeeded {
 		// Candidates this lease holds: only those are explained.
-		var own records.ClaimErrors
 		for i, r := range resp.Responses {
 			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Lease == lease {
-				own = append(own, claimFound(cands[i].Block, kvs[0]))
+				res.Lost = append(res.Lost, claimFound(cands[i].Block, kvs[0]))
 			}
 		}
-		res.Lost = own
-		return res, own
+		return res, &records.ClaimErrors{Errs: res.Lost}
 	}
 	t := resp.Responses[0].GetResponseTxn()
 	for i := range cands {
@@ -160,7 +158,7 @@ func (s *Store) Claim(ctx context.Context, pool string, cands []records.Candidat
 			t = t.Responses[claimReadKinds].GetResponseTxn()
 		}
 	}
-	return res, records.ClaimErrors(res.Lost)
+	return res, &records.ClaimErrors{Errs: res.Lost}
 }
 
 // claimOps are one candidate's compares and writes.

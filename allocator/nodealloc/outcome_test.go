@@ -430,3 +430,41 @@ func TestLostClaimAnswerIsAdopted(t *testing.T) {
 	require.Len(t, resp.Kvs, 1, "one block claimed, not two")
 	require.Equal(t, etcdstore.ClaimKey("small", r.Allocations[0].Block), string(resp.Kvs[0].Key))
 }
+
+// TestLostClaimAnswerAtAlternateIsAdopted: a claim transaction passes
+// over the node's first choice, which another node holds, takes its
+// second, and its answer is lost. The first choice then comes free. The
+// next claim, for another pod, tries the same candidates: it must adopt
+// the block its lost answer took, not take the free one beside it (a
+// second block, and the first one claimed on the node's lease for good
+// with nobody knowing).
+func TestLostClaimAnswerAtAlternateIsAdopted(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	p, err := n.store.GetPool(ctx, "small")
+	require.NoError(t, err)
+	want := allocator.NewBlockWalk("n1", p, allocator.IPv4).Candidates(2, func(netip.Prefix) bool { return false })
+	firstChoice, second := want[0], want[1]
+	other := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
+	_, err = other.store.Claim(ctx, "small", []records.Candidate{{Block: firstChoice}}, records.Claim{Node: "n2"}, other.sess.ID())
+	require.NoError(t, err)
+
+	h.After("Claim", commitThenFail(1))
+	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.ErrorIs(t, err, errUnknown)
+	h.Clear()
+	require.Equal(t, "n1", claimOf(t, n.cli, "small", second).Node, "the lost answer's claim took the second choice")
+	_, err = other.cli.Delete(ctx, etcdstore.ClaimKey("small", firstChoice))
+	require.NoError(t, err)
+
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})
+	require.NoError(t, err)
+	require.Equal(t, second, r.Allocations[0].Block, "the next pod lands in the adopted block")
+	resp, err := n.cli.Get(ctx, etcdstore.ClaimsPrefix("small"), clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "one block claimed, not two")
+	r, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+	require.NoError(t, err)
+	require.Equal(t, second, r.Allocations[0].Block, "the first pod's address, written with the lost claim, is found")
+}
