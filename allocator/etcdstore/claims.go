@@ -140,12 +140,14 @@ func (s *Store) Claim(ctx context.Context, pool string, cands []records.Candidat
 	}
 	if !resp.Succeeded {
 		// Candidates this lease holds: only those are explained.
+		var own records.ClaimErrors
 		for i, r := range resp.Responses {
 			if kvs := r.GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Lease == lease {
-				res.Lost = append(res.Lost, claimFound(cands[i].Block, kvs[0]))
+				own = append(own, claimFound(cands[i].Block, kvs[0]))
 			}
 		}
-		return res, &records.ClaimErrors{Errs: res.Lost}
+		res.Lost = own
+		return res, own
 	}
 	t := resp.Responses[0].GetResponseTxn()
 	for i := range cands {
@@ -158,7 +160,7 @@ func (s *Store) Claim(ctx context.Context, pool string, cands []records.Candidat
 			t = t.Responses[claimReadKinds].GetResponseTxn()
 		}
 	}
-	return res, &records.ClaimErrors{Errs: res.Lost}
+	return res, records.ClaimErrors(res.Lost)
 }
 
 // claimOps are one candidate's compares and writes.

@@ -77,10 +77,10 @@ func TestClaimTakesFirstFreeCandidate(t *testing.T) {
 
 	// None free: nothing taken, every candidate explained.
 	_, err = claim("n3", lease(), taken, orphan, free)
-	var ces *records.ClaimErrors
+	var ces records.ClaimErrors
 	require.ErrorAs(t, err, &ces)
-	require.Len(t, ces.Errs, 3)
-	require.Equal(t, "n1", ces.Errs[2].ClaimedBy)
+	require.Len(t, ces, 3)
+	require.Equal(t, "n1", ces[2].ClaimedBy)
 	var ce *records.ClaimError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, taken, ce.Block, "errors.As finds the first candidate's")
@@ -91,10 +91,10 @@ func TestClaimTakesFirstFreeCandidate(t *testing.T) {
 	res, err = claim("n1", mine, spare, free)
 	require.ErrorAs(t, err, &ces)
 	require.Equal(t, -1, res.Won)
-	require.Len(t, ces.Errs, 1, "only the candidates on the lease are explained")
-	require.Equal(t, free, ces.Errs[0].Block)
-	require.Equal(t, "n1", ces.Errs[0].ClaimedBy)
-	require.Equal(t, mine, ces.Errs[0].ClaimLease)
+	require.Len(t, ces, 1, "only the candidates on the lease are explained")
+	require.Equal(t, free, ces[0].Block)
+	require.Equal(t, "n1", ces[0].ClaimedBy)
+	require.Equal(t, mine, ces[0].ClaimLease)
 	got, err = cli.Get(ctx, etcdstore.ClaimKey("p", spare))
 	require.NoError(t, err)
 	require.Empty(t, got.Kvs, "a retried claim takes no second block beside its own")

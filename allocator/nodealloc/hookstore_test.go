@@ -147,10 +147,7 @@ func (h *hookStore) Claim(ctx context.Context, pool string, cands []records.Cand
 		return records.ClaimResult{Won: -1}, err
 	}
 	res, err := h.Store.Claim(ctx, pool, cands, c, lease)
-	if perr := h.post(ctx, "Claim", err); perr != err {
-		return records.ClaimResult{Won: -1}, perr // the answer is lost
-	}
-	return res, err
+	return res, h.post(ctx, "Claim", err)
 }
 
 func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

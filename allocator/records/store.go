@@ -374,19 +374,19 @@ func (e *ClaimError) Unwrap() error { return ErrConflict }
 // ClaimErrors says why a claim transaction took none of its candidates:
 // one *ClaimError per candidate it could explain, in order. errors.As
 // finds the first; each is a conflict.
-type ClaimErrors struct{ Errs []*ClaimError }
+type ClaimErrors []*ClaimError
 
-func (es *ClaimErrors) Error() string {
-	msgs := make([]string, len(es.Errs))
-	for i, e := range es.Errs {
+func (es ClaimErrors) Error() string {
+	msgs := make([]string, len(es))
+	for i, e := range es {
 		msgs[i] = e.Error()
 	}
 	return strings.Join(msgs, "; ")
 }
 
-func (es *ClaimErrors) Unwrap() []error {
-	out := make([]error, len(es.Errs))
-	for i, e := range es.Errs {
+func (es ClaimErrors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
 		out[i] = e
 	}
 	return out
