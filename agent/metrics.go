@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -78,11 +79,11 @@ func (s instrumentedStore) observe(op string, start time.Time, err error) {
 	}
 }
 
-func (s instrumentedStore) Claim(ctx context.Context, pool string, cands []records.Candidate, c records.Claim, lease int64) (records.ClaimResult, error) {
+func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
 	start := time.Now()
-	res, err := s.Store.Claim(ctx, pool, cands, c, lease)
+	rev, err := s.Store.Claim(ctx, pool, b, c, lease)
 	s.observe("claim", start, err)
-	return res, err
+	return rev, err
 }
 
 func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

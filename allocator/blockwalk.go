@@ -67,44 +67,30 @@ func (w *BlockWalk) at(i uint64) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
-// Next returns the first block from the walk's position on for which
+// next returns the first block from the walk's position on for which
 // taken is false, and stays there: the next call looks at it first (a
 // claim that lost its race marks it taken, one that won makes it own).
 // It gives up after a whole cycle, or walkBudget blocks.
 func (w *BlockWalk) Next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
-	bs := w.Candidates(1, taken)
-	if len(bs) == 0 {
-		return netip.Prefix{}, false
-	}
-	return bs[0], true
-}
-
-// Candidates returns up to k blocks for which taken is false, in the
-// walk's order from its position on, and moves the position to the
-// first of them (as Next does). It looks at no more than a whole cycle,
-// or walkBudget blocks.
-func (w *BlockWalk) Candidates(k int, taken func(netip.Prefix) bool) []netip.Prefix {
-	var out []netip.Prefix
-	pos := w.pos
 	for range min(w.n, walkBudget) {
-		if b, ok := w.at(pos); ok && !taken(b) {
-			if len(out) == 0 {
-				w.pos = pos
-			}
-			if out = append(out, b); len(out) == k {
-				break
-			}
+		if b, ok := w.at(w.pos); ok && !taken(b) {
+			return b, true
 		}
-		if pos++; pos == w.n {
-			pos = 0
+		w.pos++
+		if w.pos == w.n {
+			w.pos = 0
 		}
 	}
-	if len(out) == 0 {
-		w.pos = pos
-	}
-	return out
+	return netip.Prefix{}, false
 }
 
+// nodeHash is FNV-1a of the node's name and what, finished with
+// splitmix64's mixer: FNV-1a's low bits, which a modulo by a power of two
+// keeps, depend only on the low bits of its state, so names that differ
+// in a digit or two (node-00017, node-00018) land on the same block far
+// more often than at random (3,840 distinct first blocks of 16,384 for
+// 5,000 such names, against about 4,310 at random). The mixer spreads
+// every bit over all of them.
 func nodeHash(node, what string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(node))

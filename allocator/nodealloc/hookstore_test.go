@@ -141,13 +141,13 @@ func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]records.Bloc
 	return out, h.post(ctx, "ListBlocks", err)
 }
 
-func (h *hookStore) Claim(ctx context.Context, pool string, cands []records.Candidate, c records.Claim, lease int64) (records.ClaimResult, error) {
-	h.see("Claim", cands)
+func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+	h.see("Claim", b)
 	if err := h.pre(ctx, "Claim"); err != nil {
-		return records.ClaimResult{Won: -1}, err
+		return 0, err
 	}
-	res, err := h.Store.Claim(ctx, pool, cands, c, lease)
-	return res, h.post(ctx, "Claim", err)
+	rev, err := h.Store.Claim(ctx, pool, b, c, lease)
+	return rev, h.post(ctx, "Claim", err)
 }
 
 func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

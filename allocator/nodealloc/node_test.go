@@ -277,7 +277,7 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 
 	// Claim it once more, directly, so that n1 holds a claimed empty block
 	// when its lease ends.
-	_, err = n1.store.Claim(ctx, "small", []records.Candidate{{Block: emptyBlock}}, records.Claim{Node: "n1"}, n1.sess.ID())
+	_, err = n1.store.Claim(ctx, "small", emptyBlock, records.Claim{Node: "n1"}, n1.sess.ID())
 	require.NoError(t, err)
 
 	// n1's lease ends as if it crashed and stayed away past the TTL.
@@ -291,7 +291,7 @@ func TestRevokedLeaseOrphansBlocksUntilOwnerReturns(t *testing.T) {
 	}
 	require.Len(t, heldBlocks, 2)
 	for b := range heldBlocks {
-		_, err := n2.store.Claim(ctx, "small", []records.Candidate{{Block: b}}, records.Claim{Node: "n2"}, n2.sess.ID())
+		_, err := n2.store.Claim(ctx, "small", b, records.Claim{Node: "n2"}, n2.sess.ID())
 		var ce *records.ClaimError
 		require.ErrorAs(t, err, &ce, "an orphaned block cannot be claimed by another node")
 		require.True(t, ce.NonEmpty)
@@ -341,7 +341,7 @@ func TestStaleWriterIsFenced(t *testing.T) {
 	require.NoError(t, err)
 	// ...and n2 claims the now-free block.
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	_, err = n2.store.Claim(ctx, "small", []records.Candidate{{Block: block}}, records.Claim{Node: "n2"}, n2.sess.ID())
+	_, err = n2.store.Claim(ctx, "small", block, records.Claim{Node: "n2"}, n2.sess.ID())
 	require.NoError(t, err)
 
 	// A write with n1's old claim revision is refused by etcd.
@@ -372,7 +372,7 @@ func TestFencedAllocatorMovesOn(t *testing.T) {
 	_, err = n1.cli.Delete(ctx, etcdstore.ClaimKey("small", block))
 	require.NoError(t, err)
 	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
-	_, err = n2.store.Claim(ctx, "small", []records.Candidate{{Block: block}}, records.Claim{Node: "n2"}, n2.sess.ID())
+	_, err = n2.store.Claim(ctx, "small", block, records.Claim{Node: "n2"}, n2.sess.ID())
 	require.NoError(t, err)
 
 	r, err = n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2)})

@@ -257,7 +257,7 @@ func (a *Allocator) ownForReassert(ctx context.Context, ps *poolState, block net
 	if ob := ps.own[block]; ob != nil {
 		return ob, nil
 	}
-	_, _, err := a.tryClaim(ctx, ps, []netip.Prefix{block}, nil)
+	_, err := a.tryClaim(ctx, ps, block, nil)
 	var ce *records.ClaimError
 	switch {
 	case err == nil:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -104,31 +103,13 @@ type Claim struct {
 	// PoolRev, when set, is the pool spec revision the claimant read
 	// (Pool.Rev; not stored): the claim fails if the spec changed since.
 	PoolRev int64 `json:"-"`
-}
-
-// Candidate is one block a claim may take (Claims.Claim).
-type Candidate struct {
-	Block netip.Prefix
 	// First, when set, is an allocation written in the claim's own
-	// transaction if this block is the one taken: the block's first
-	// address, for the request the block is claimed for. The claim's
-	// compares (no claim, an empty block) fence it; its ClaimRev and
-	// PrevRev are unused, and it may be neither a reservation nor a
-	// borrow. A node that starts answers its first pod after one
-	// transaction, not two.
-	First *IPWrite
-}
-
-// MaxCandidates bounds the blocks one claim transaction tries.
-const MaxCandidates = 4
-
-// ClaimResult is what a claim transaction did: the candidate it took
-// (Won, an index into the candidates, or -1 for none) at revision Rev,
-// and why each candidate before it could not be taken (Lost, in order).
-type ClaimResult struct {
-	Won  int
-	Rev  int64
-	Lost []*ClaimError
+	// transaction (not stored with the claim): the block's first address,
+	// for the request the block is claimed for. The claim's compares (no
+	// claim, an empty block) fence it; its ClaimRev and PrevRev are
+	// unused, and it may be neither a reservation nor a borrow. A node
+	// that starts answers its first pod after one transaction, not two.
+	First *IPWrite `json:"-"`
 }
 
 // Home is the value stored for the node a block belongs to. It has no lease:
@@ -219,18 +200,10 @@ type Claims interface {
 	// ListBlocks returns every block of the pool that has a claim or a home,
 	// read at one revision.
 	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
-	// Claim takes the first of the candidates (1 to MaxCandidates) that
-	// is unclaimed and empty, in one transaction, on the given lease, and
-	// makes c.Node its home, writing the candidate's First with it if set:
-	// a candidate another node took since the claimant last looked costs
-	// no round trip of its own. If a candidate is already claimed on the
-	// lease (an earlier claim of the caller whose answer was lost), the
-	// transaction takes nothing and reports each such candidate, so a
-	// retried claim never takes a second block beside the one its lost
-	// answer took. If nothing is taken the error is ClaimErrors, one
-	// *ClaimError per candidate explained; the result's Lost explains the
-	// candidates passed over either way.
-	Claim(ctx context.Context, pool string, cands []Candidate, c Claim, lease int64) (ClaimResult, error)
+	// Claim takes a block that is unclaimed and empty, on the given lease,
+	// and makes node its home, writing c.First with it if set. A lost race
+	// returns a *ClaimError.
+	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (rev int64, err error)
 	// Reclaim takes back a block whose home is c.Node, as seen in prev: an
 	// orphaned block (prev has no claim) or this node's claim on an older
 	// lease. Anything changed since prev returns a *ClaimError.
@@ -370,27 +343,6 @@ func (e *ClaimError) Error() string {
 
 // Unwrap makes a ClaimError a conflict, so the claim loop retries it.
 func (e *ClaimError) Unwrap() error { return ErrConflict }
-
-// ClaimErrors says why a claim transaction took none of its candidates:
-// one *ClaimError per candidate it could explain, in order. errors.As
-// finds the first; each is a conflict.
-type ClaimErrors []*ClaimError
-
-func (es ClaimErrors) Error() string {
-	msgs := make([]string, len(es))
-	for i, e := range es {
-		msgs[i] = e.Error()
-	}
-	return strings.Join(msgs, "; ")
-}
-
-func (es ClaimErrors) Unwrap() []error {
-	out := make([]error, len(es))
-	for i, e := range es {
-		out[i] = e
-	}
-	return out
-}
 
 // WriteError says which writes of a batch failed their checks.
 type WriteError struct {
