@@ -79,11 +79,11 @@ func (s instrumentedStore) observe(op string, start time.Time, err error) {
 	}
 }
 
-func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+func (s instrumentedStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (records.WriteResult, error) {
 	start := time.Now()
-	rev, err := s.Store.Claim(ctx, pool, b, c, lease)
+	res, err := s.Store.Claim(ctx, pool, b, c, lease)
 	s.observe("claim", start, err)
-	return rev, err
+	return res, err
 }
 
 func (s instrumentedStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

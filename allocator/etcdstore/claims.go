@@ -95,28 +95,38 @@ func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, 
 
 // Claim implements allocator.Store: one transaction, "claim absent and
 // block empty", that writes the claim on the node's lease and the home,
-// and the block's first allocation if c has one (records.Claim.First).
-func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+// and the block's first allocation if c has one (records.Claim.First), a
+// reservation on the shared reservation lease.
+func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (records.WriteResult, error) {
+	var res records.WriteResult
 	ck, hk, ips := ClaimKey(pool, b), HomeKey(pool, b), BlockIPsPrefix(pool, b)
 	claim, err := kvstore.EncodeJSON(c)
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	home, err := kvstore.EncodeJSON(records.Home{Node: c.Node, Since: c.ClaimedAt})
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
+	var resLease clientv3.LeaseID
 	if w := c.First; w != nil {
-		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Reserve || w.Borrowed || w.PrevRev != 0 {
-			return 0, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
+		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Borrowed || w.PrevRev != 0 {
+			return res, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
 		}
 		rec, err := kvstore.EncodeJSON(w.Record)
 		if err != nil {
-			return 0, err
+			return res, err
+		}
+		var opts []clientv3.OpOption
+		if w.Reserve {
+			if resLease, res.Expires, err = s.res.get(ctx); err != nil {
+				return res, err
+			}
+			opts = append(opts, clientv3.WithLease(resLease))
 		}
 		// The block is empty (PrefixEmpty below): the address is free.
-		puts = append(puts, clientv3.OpPut(IPKey(pool, b, w.Addr), rec))
+		puts = append(puts, clientv3.OpPut(IPKey(pool, b, w.Addr), rec, opts...))
 	}
 	cmps := []clientv3.Cmp{kvstore.Absent(ck), kvstore.PrefixEmpty(ips)}
 	if c.PoolRev != 0 {
@@ -129,13 +139,28 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 		Then(puts...).
 		Else(claimReads(pool, b)...).
 		Commit()
+	if resLease != 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) && s.leaseGone(ctx, resLease) {
+		// The shared reservation lease expired or was revoked, not the
+		// node's: a retry grants a new one.
+		s.res.drop(resLease)
+		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, records.ErrConflict)
+	}
 	if err != nil {
-		return 0, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(kvstore.Unavailable(err)))
+		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(kvstore.Unavailable(err)))
 	}
 	if resp.Succeeded {
-		return resp.Header.Revision, nil
+		res.Rev = resp.Header.Revision
+		return res, nil
 	}
-	return 0, claimError(b, resp, c.PoolRev)
+	return records.WriteResult{}, claimError(b, resp, c.PoolRev)
+}
+
+// leaseGone reports whether etcd says lease is gone (a transaction that
+// puts on two leases fails with "lease not found" for either). If etcd
+// cannot say, the lease is taken to live.
+func (s *Store) leaseGone(ctx context.Context, lease clientv3.LeaseID) bool {
+	resp, err := s.leases.TimeToLive(ctx, lease)
+	return err == nil && resp.TTL <= 0
 }
 
 // claimReads are a claim transaction's Else reads, which claimError

@@ -78,9 +78,9 @@ func TestWatchHomes(t *testing.T) {
 	claim := func(pool, block, node string) (netip.Prefix, int64) {
 		t.Helper()
 		b := netip.MustParsePrefix(block)
-		rev, err := st.Claim(ctx, pool, b, records.Claim{Node: node, ClaimedAt: time.Now().UTC()}, int64(lease.ID))
+		res, err := st.Claim(ctx, pool, b, records.Claim{Node: node, ClaimedAt: time.Now().UTC()}, int64(lease.ID))
 		require.NoError(t, err)
-		return b, rev
+		return b, res.Rev
 	}
 	a, arev := claim("p", "10.0.0.0/28", "node-a")
 	b6, brev := claim("q", "fd00::/120", "node-b")

@@ -95,13 +95,13 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 	var w *records.IPWrite
 	if first != nil {
 		if addr, ok := ba.Next(); ok {
-			w = &records.IPWrite{Pool: ps.pool.Name, Block: b, Addr: addr, Record: *first}
+			w = &records.IPWrite{Pool: ps.pool.Name, Block: b, Addr: addr, Record: *first, Reserve: first.State == records.StateReserved}
 			c.First = w
 		}
 	}
 	pool, lease := ps.pool.Name, a.lease.ID()
-	var rev int64
-	a.offLock(func() { rev, err = a.cfg.Store.Claim(ctx, pool, b, c, lease) })
+	var res records.WriteResult
+	a.offLock(func() { res, err = a.cfg.Store.Claim(ctx, pool, b, c, lease) })
 	var ce *records.ClaimError
 	if errors.As(err, &ce) && ce.PoolChanged {
 		// An operator changed the pool since it was read: read it again
@@ -127,16 +127,16 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 		}
 		return nil, err
 	}
-	ob.claimRev = rev
+	ob.claimRev = res.Rev
 	ps.own[b] = ob
 	delete(ps.others, b)
-	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", rev)
+	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", res.Rev)
 	if w == nil {
 		return nil, nil
 	}
 	ob.ba.Mark(w.Addr)
-	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: rev, Seen: time.Now()}
-	ps.remember(al, time.Time{})
+	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: res.Rev, Seen: time.Now()}
+	ps.remember(al, res.Expires)
 	a.logAllocated(al)
 	return al, nil
 }

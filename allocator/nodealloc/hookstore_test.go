@@ -141,13 +141,13 @@ func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]records.Bloc
 	return out, h.post(ctx, "ListBlocks", err)
 }
 
-func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (int64, error) {
+func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (records.WriteResult, error) {
 	h.see("Claim", b)
 	if err := h.pre(ctx, "Claim"); err != nil {
-		return 0, err
+		return records.WriteResult{}, err
 	}
-	rev, err := h.Store.Claim(ctx, pool, b, c, lease)
-	return rev, h.post(ctx, "Claim", err)
+	res, err := h.Store.Claim(ctx, pool, b, c, lease)
+	return res, h.post(ctx, "Claim", err)
 }
 
 func (h *hookStore) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {

@@ -149,13 +149,9 @@ func (a *Allocator) giveBack(ctx context.Context, ps *poolState, lent []*records
 // claiming a block if it must; when the pool has no block left it
 // borrows one from another node's block, written at once.
 func (a *Allocator) pickOrBorrow(ctx context.Context, ps *poolState, r Request, f allocator.Family) (netip.Prefix, netip.Addr, *records.Allocation, error) {
-	var first *records.Record
-	if !r.Reserve { // a reservation needs its lease: it is a write of its own
-		rec := a.newRecord(r, false)
-		first = &rec
-	}
+	first := a.newRecord(r, false)
 	for {
-		b, addr, written, err := a.pickFree(ctx, ps, f, first)
+		b, addr, written, err := a.pickFree(ctx, ps, f, &first)
 		var ee *records.ExhaustedError
 		if !errors.As(err, &ee) {
 			return b, addr, written, err

@@ -27,8 +27,8 @@ type conflictCounter struct {
 	n, own *atomic.Int64
 }
 
-func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (int64, error) {
-	rev, err := c.Store.Claim(ctx, pool, b, cl, lease)
+func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (records.WriteResult, error) {
+	res, err := c.Store.Claim(ctx, pool, b, cl, lease)
 	var ce *records.ClaimError
 	switch {
 	case errors.As(err, &ce) && ce.ClaimedBy == cl.Node:
@@ -36,7 +36,7 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 	case errors.As(err, &ce):
 		c.n.Add(1)
 	}
-	return rev, err
+	return res, err
 }
 
 // stormSteps times a storm node's store calls by kind (the claim
@@ -117,9 +117,9 @@ type timedStore struct {
 	s *stormSteps
 }
 
-func (t timedStore) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (rev int64, err error) {
-	t.s.time("claim", func() error { rev, err = t.Store.Claim(ctx, pool, b, cl, lease); return err })
-	return rev, err
+func (t timedStore) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (res records.WriteResult, err error) {
+	t.s.time("claim", func() error { res, err = t.Store.Claim(ctx, pool, b, cl, lease); return err })
+	return res, err
 }
 
 func (t timedStore) WriteIPs(ctx context.Context, w []records.IPWrite) (res records.WriteResult, err error) {

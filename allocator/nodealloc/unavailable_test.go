@@ -137,6 +137,61 @@ func TestFirstAllocationRidesOnClaim(t *testing.T) {
 	require.Empty(t, ownerIPs(t, n.cli, owner(1)))
 }
 
+// TestFirstReservationRidesOnClaim: a reservation, the agent's ADD, rides
+// on the claim of a fresh node's first block as an allocation does: one
+// transaction, the record on the shared reservation lease (not the node's,
+// which the claim is on), with its expiry in the answer. Its confirm
+// makes it permanent; a reservation never confirmed lapses with its lease
+// and leaves the block the node's.
+func TestFirstReservationRidesOnClaim(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{resTTL: 2 * time.Second})
+	calls := countCalls(h, "Claim", "WriteIPs")
+	before := time.Now()
+	r, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1), Reserve: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, calls["Claim"].Load())
+	require.EqualValues(t, 0, calls["WriteIPs"].Load(), "the reservation is written with the claim")
+	x := r.Allocations[0]
+	require.Equal(t, records.StateReserved, x.State)
+	require.False(t, r.Expires.Before(before.Add(2*time.Second)), "the answer says when the reservation lapses: %s", r.Expires)
+	key := etcdstore.IPKey("small", x.Block, x.Addr)
+	got, err := n.cli.Get(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, got.Kvs, 1)
+	require.NotZero(t, got.Kvs[0].Lease, "on a lease")
+	require.NotEqual(t, n.sess.ID(), got.Kvs[0].Lease, "the reservation lease, not the node's")
+
+	_, err = n.alloc.Confirm(ctx, owner(1))
+	require.NoError(t, err)
+	got, err = n.cli.Get(ctx, key)
+	require.NoError(t, err)
+	require.Len(t, got.Kvs, 1)
+	require.Zero(t, got.Kvs[0].Lease, "a confirmed reservation is permanent")
+	require.Equal(t, records.StateAllocated, ownerIPs(t, n.cli, owner(1))[x.Addr].State)
+
+	// A second node's first reservation, never confirmed, lapses with its
+	// lease; the block stays that node's.
+	m := startNode(t, e, "n2", []string{"small"}, nodeOpts{resTTL: time.Second})
+	r, err = m.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), Reserve: true})
+	require.NoError(t, err)
+	y := r.Allocations[0]
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	gone := false
+	for resp := range m.cli.Watch(wctx, etcdstore.IPKey("small", y.Block, y.Addr), clientv3.WithRev(y.Rev)) {
+		for _, ev := range resp.Events {
+			gone = gone || ev.Type == clientv3.EventTypeDelete
+		}
+		if gone {
+			break
+		}
+	}
+	require.True(t, gone, "the unconfirmed reservation lapses")
+	require.Equal(t, "n2", claimOf(t, m.cli, "small", y.Block).Node)
+}
+
 // TestClaimWithFirstUnknownOutcome: the claim that carries the first
 // address commits, and its answer times out, again and again while the
 // read back also meets a loaded etcd. The request, retried inside its

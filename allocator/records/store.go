@@ -107,8 +107,9 @@ type Claim struct {
 	// transaction (not stored with the claim): the block's first address,
 	// for the request the block is claimed for. The claim's compares (no
 	// claim, an empty block) fence it; its ClaimRev and PrevRev are
-	// unused, and it may be neither a reservation nor a borrow. A node
-	// that starts answers its first pod after one transaction, not two.
+	// unused, and it may not be a borrow. A reservation (Reserve) is put
+	// on the reservation lease, as WriteIPs puts one. A node that starts
+	// answers its first pod after one transaction, not two.
 	First *IPWrite `json:"-"`
 }
 
@@ -201,9 +202,10 @@ type Claims interface {
 	// read at one revision.
 	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
 	// Claim takes a block that is unclaimed and empty, on the given lease,
-	// and makes node its home, writing c.First with it if set. A lost race
-	// returns a *ClaimError.
-	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (rev int64, err error)
+	// and makes node its home, writing c.First with it if set; the result
+	// has the claim's revision, and when c.First's reservation lapses. A
+	// lost race returns a *ClaimError.
+	Claim(ctx context.Context, pool string, block netip.Prefix, c Claim, lease int64) (WriteResult, error)
 	// Reclaim takes back a block whose home is c.Node, as seen in prev: an
 	// orphaned block (prev has no claim) or this node's claim on an older
 	// lease. Anything changed since prev returns a *ClaimError.
