@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -44,7 +45,7 @@ var (
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
 		"lapse-record", "claim", "unclaim", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
-	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed"}
+	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed", "reservation lease lost"}
 )
 
 const (
@@ -61,12 +62,17 @@ const (
 	// call timeout: an unknown outcome that is an ErrUnavailable, which a
 	// request with a deadline settles and retries inside it.
 	fTimedOut
+	// fResLease revokes the node's newest reservation lease before a
+	// write that may reserve: the write's own (a claim or a create then
+	// meets "lease not found" and must tell it from its node's lease), or
+	// one whose reservations lapse early.
+	fResLease
 	nFaults
 )
 
 // faultRates are the chances, per write, of each fault kind (faultKinds'
 // order), and of a failed read.
-var faultRates = [...]float64{fUnknown: 0.07, fBefore: 0.03, fRace: 0.02, fRevoke: 0.006, fHistory: 0.01, fBusy: 0.03, fTimedOut: 0.04}
+var faultRates = [...]float64{fUnknown: 0.07, fBefore: 0.03, fRace: 0.02, fRevoke: 0.006, fHistory: 0.01, fBusy: 0.03, fTimedOut: 0.04, fResLease: 0.03}
 
 // modelRequestTimeout bounds each of the model's requests, as the agent
 // bounds an API request: an etcd that did not answer in time is retried
@@ -346,6 +352,9 @@ func (r *modelRun) hookUp(n *mNode) {
 				r.count(kind, fHistory)
 				r.revokeHistoryLease()
 			}
+			if reserves(kind) && r.inject(kind, fResLease) && r.revokeReservationLease(n) {
+				r.count(kind, fResLease)
+			}
 			if r.inject(kind, fBefore) {
 				r.count(kind, fBefore)
 				return fmt.Errorf("%s: %w", op, errInjected)
@@ -432,7 +441,7 @@ func (r *modelRun) roll(p float64) bool { return r.rng.Float64() < p }
 
 // spared reports whether -model.spare leaves fault f out of write kind.
 func spared(kind string, f int) bool {
-	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history", fBusy: "busy", fTimedOut: "timedout"}
+	short := [...]string{fUnknown: "unknown", fBefore: "before", fRace: "race", fRevoke: "revoke", fHistory: "history", fBusy: "busy", fTimedOut: "timedout", fResLease: "reslease"}
 	return slices.Contains(strings.Split(*modelSpare, ","), kind+"="+short[f])
 }
 
@@ -506,6 +515,53 @@ func (r *modelRun) revokeHistoryLease() {
 		return
 	}
 	_, _ = r.check.Revoke(r.ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+}
+
+// reserves reports whether a write of kind may put a reservation.
+func reserves(kind string) bool {
+	return slices.Contains([]string{"create", "batch", "claim", "borrow", "bind/takeover"}, kind)
+}
+
+// revokeReservationLease revokes the lease of n's newest reservation in
+// etcd, the shared reservation lease its store hands out now or did
+// last, and doubts the owners told a reservation on it: it lapses now,
+// before its time. It reports whether there was one.
+func (r *modelRun) revokeReservationLease(n *mNode) bool {
+	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
+	if err != nil {
+		return false
+	}
+	var newest *mvccpb.KeyValue
+	for _, kv := range resp.Kvs {
+		v, err := kvstore.Decode[records.Record](kv)
+		if err == nil && kv.Lease != 0 && v.Value.Node == n.name && v.Value.State == records.StateReserved && (newest == nil || kv.ModRevision > newest.ModRevision) {
+			newest = kv
+		}
+	}
+	if newest == nil {
+		return false
+	}
+	if _, err := r.check.Revoke(r.ctx, clientv3.LeaseID(newest.Lease)); err != nil {
+		return false
+	}
+	on := map[netip.Addr]bool{}
+	for _, kv := range resp.Kvs {
+		if kv.Lease == newest.Lease {
+			if k, err := etcdstore.ParseKey(string(kv.Key)); err == nil {
+				on[k.Addr] = true
+			}
+		}
+	}
+	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, newest.Lease, len(on))
+	for _, mo := range r.owners {
+		if mo.reserved && slices.ContainsFunc(mo.told, func(a netip.Addr) bool { return on[a] }) {
+			mo.unsure, mo.reserved = true, false
+			for _, a := range mo.told {
+				r.noteRecent(a)
+			}
+		}
+	}
+	return true
 }
 
 // startAlloc makes n a new allocator, as an agent (re)start does, and
