@@ -147,8 +147,11 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // Allocate by KVIPAM_STORM_REQUEST_TIMEOUT (default 9 s: what the agent
 // gives a request from a plugin with the default agentTimeout of 10 s,
 // less its margin for the answer), inside which the allocator retries
-// what etcd did not answer in time. The baseline, measured in the same run on the same
-// etcd, is the same number of create-if-absent transactions at once.
+// what etcd did not answer in time. With KVIPAM_STORM_RESERVE=1 each
+// node does what the agent's first ADD does instead: a reservation, then
+// its confirm, both under that deadline. The baseline, measured in the
+// same run on the same etcd, is the same number of create-if-absent
+// transactions at once.
 // Reported: the storm's seconds and its ratio to the baseline, CAS
 // conflicts (claims lost to another node), own claims found (a claim
 // whose answer was lost, tried again and adopted), try-again answers
@@ -189,6 +192,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	var conflicts, own atomic.Int64
 	steps := &stormSteps{}
 	ttl := int64(envInt(b, "KVIPAM_STORM_TTL", 15))
+	reserve := os.Getenv("KVIPAM_STORM_RESERVE") == "1"
 	als, sessions := f.start(ctx, 0, nodes, ttl, func(st records.Store) records.Store {
 		return timedStore{Store: conflictCounter{Store: st, n: &conflicts, own: &own}, s: steps}
 	})
@@ -215,7 +219,13 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		// retries after a back-off of seconds).
 		rctx, cancel := context.WithTimeout(ctx, reqTimeout)
 		defer cancel()
-		r, err := als[i].Allocate(rctx, nodealloc.Request{Pool: "storm", Owner: owner(i)})
+		r, err := als[i].Allocate(rctx, nodealloc.Request{Pool: "storm", Owner: owner(i), Reserve: reserve})
+		if err == nil && reserve {
+			var confirmed []records.Allocation
+			if confirmed, err = als[i].Confirm(rctx, owner(i)); err == nil {
+				r.Allocations = confirmed
+			}
+		}
 		switch {
 		case errors.Is(err, records.ErrUnavailable):
 			tryAgain.Add(1)
