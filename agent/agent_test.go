@@ -286,7 +286,10 @@ func TestGroupCommit(t *testing.T) {
 	txns := revision(t, cli) - before
 
 	t.Logf("200 concurrent allocations took %d etcd write transactions (mean batch %.1f)", txns, float64(n)/float64(txns))
-	require.Less(t, txns, int64(n/4), "group commit batches concurrent allocations")
+	// How many share a transaction depends on how the callers are
+	// scheduled (a mean of 4 under a CPU hog, 10 or more idle); without
+	// the group commit each would take its own.
+	require.Less(t, txns, int64(n/2), "group commit batches concurrent allocations")
 	require.Len(t, storeIPs(t, cli), n+1)
 }
 
