@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Confirm makes the owner's reservations permanent, in every pool, with
@@ -29,8 +30,39 @@ type ConfirmOutcome struct {
 // refuses that transaction (a reservation lapsed or changed, a fence
 // moved), nothing of it was written, and each owner is confirmed on its
 // own, so one owner's failure is not the others'. Outcomes are in the
-// order of owners.
+// order of owners. An owner whose confirm etcd did not answer in time (too
+// many requests, a write or its read back past the call timeout) is
+// confirmed again inside ctx's deadline, as an allocation is: the confirm
+// is the second half of the runtime's ADD, and a retried confirm finds
+// what an earlier one wrote.
 func (a *Allocator) ConfirmBatch(ctx context.Context, owners []records.Owner) []ConfirmOutcome {
+	out := make([]ConfirmOutcome, len(owners))
+	todo := make([]int, len(owners))
+	for i := range todo {
+		todo[i] = i
+	}
+	_ = retry.Do(ctx, retry.Policy{Attempts: 1, Unavailable: true}, func(ctx context.Context) error {
+		sub := make([]records.Owner, len(todo))
+		for j, i := range todo {
+			sub[j] = owners[i]
+		}
+		var again []int
+		for j, o := range a.confirmBatchOnce(ctx, sub) {
+			out[todo[j]] = o
+			if errors.Is(o.Err, records.ErrUnavailable) {
+				again = append(again, todo[j])
+			}
+		}
+		if todo = again; len(todo) > 0 {
+			return out[todo[0]].Err
+		}
+		return nil
+	})
+	return out
+}
+
+// confirmBatchOnce is one attempt of ConfirmBatch.
+func (a *Allocator) confirmBatchOnce(ctx context.Context, owners []records.Owner) []ConfirmOutcome {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]ConfirmOutcome, len(owners))
@@ -164,7 +196,17 @@ func (a *Allocator) writeConfirms(ctx context.Context, writes []records.IPWrite)
 		for _, w := range writes {
 			a.parkWrites(a.pools[w.Pool], []records.IPWrite{w})
 		}
-		return a.settlePending(ctx)
+		if serr := a.settlePending(ctx); serr != nil {
+			return serr
+		}
+		for _, w := range writes {
+			if al := a.pools[w.Pool].byAddr[w.Addr]; al != nil && al.State == records.StateReserved && al.Owner.Key() == w.Record.Owner.Key() {
+				// It did not land, and the reservation stands: the answer
+				// is etcd's (too many requests: try again), not a lapse.
+				return err
+			}
+		}
+		return nil
 	default:
 		a.learn(ctx, err)
 		var we *records.WriteError

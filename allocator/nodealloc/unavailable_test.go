@@ -81,6 +81,54 @@ func TestAllocateRetriesUnavailableWithinDeadline(t *testing.T) {
 	}
 }
 
+// TestConfirmRetriesUnavailableWithinDeadline: the confirm is the second
+// half of the agent's ADD and meets the same loaded etcd. Refused ("too
+// many requests"), or landed with its answer and then its read back
+// timed out, it is retried inside the request's deadline and answers the
+// confirmed address, not "try again"; without a deadline it answers "try
+// again" at once.
+func TestConfirmRetriesUnavailableWithinDeadline(t *testing.T) {
+	cases := []struct {
+		name string
+		hook func(h *hookStore)
+	}{
+		{"too many requests", func(h *hookStore) {
+			h.Before("WriteIPs", failTimes(3, errTooMany("WriteIPs")))
+		}},
+		{"timed out after commit, read back timed out", func(h *hookStore) {
+			h.After("WriteIPs", timedOutAfterCommit("WriteIPs", 1))
+			h.Before("GetIPs", failTimes(2, errTimedOut("GetIPs")))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := startEtcd(t, small)
+			n, h := hooked(t, e, "n1", nodeOpts{})
+			o := owner(1)
+			r, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: o, Reserve: true})
+			require.NoError(t, err)
+			c.hook(h)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			got, err := n.alloc.Confirm(ctx, o)
+			require.NoError(t, err, "answered inside the request's deadline")
+			require.Len(t, got, 1)
+			require.Equal(t, r.Allocations[0].Addr, got[0].Addr)
+			h.Clear()
+			held := ownerIPs(t, n.cli, o)
+			require.Len(t, held, 1)
+			require.Equal(t, records.StateAllocated, held[got[0].Addr].State, "confirmed in etcd")
+		})
+	}
+	e := startEtcd(t, small)
+	n, h := hooked(t, e, "n1", nodeOpts{})
+	_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: owner(2), Reserve: true})
+	require.NoError(t, err)
+	h.Before("WriteIPs", failTimes(1, errTooMany("WriteIPs")))
+	_, err = n.alloc.Confirm(context.Background(), owner(2))
+	require.ErrorIs(t, err, records.ErrUnavailable, "no deadline: try again")
+}
+
 // TestAllocateWithoutDeadlineAnswersTryAgain: a request with no deadline
 // is not retried in a loop on an etcd that does not answer: nothing would
 // bound its wait. It is answered "try again" (after the one attempt on its
