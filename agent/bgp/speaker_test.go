@@ -38,8 +38,28 @@ func router(t *testing.T) (*server.BgpServer, uint32) {
 		Transport: &api.Transport{PassiveMode: true},
 		AfiSafis:  []*api.AfiSafi{afi(familyV4), afi(familyV6)},
 	}}))
-	t.Cleanup(func() { _ = r.StopBgp(context.Background(), &api.StopBgpRequest{}); r.Stop() })
+	t.Cleanup(func() {
+		// The speaker under test stops first (cleanups run last in, first
+		// out). Await the router's side of the session going down before
+		// StopBgp: GoBGP's StopBgp writes a neighbor's configuration while
+		// an established session's receive loop reads it (a data race in
+		// GoBGP v3.37 that the race detector caught in CI under load).
+		for i := 0; i < 3000 && established(r); i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		_ = r.StopBgp(context.Background(), &api.StopBgpRequest{})
+		r.Stop()
+	})
 	return r, uint32(port)
+}
+
+// established reports whether a session of the router is established.
+func established(r *server.BgpServer) bool {
+	up := false
+	_ = r.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+		up = up || p.GetState().GetSessionState() == api.PeerState_ESTABLISHED
+	})
+	return up
 }
 
 // received are the prefixes the router has, with their next hops.
