@@ -139,10 +139,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 		Then(puts...).
 		Else(claimReads(pool, b)...).
 		Commit()
-	if resLease != 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) && s.leaseGone(ctx, resLease) {
-		// The shared reservation lease expired or was revoked, not the
-		// node's: a retry grants a new one.
-		s.res.drop(resLease)
+	if s.reservationLeaseGone(ctx, err, resLease, false) {
 		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, records.ErrConflict)
 	}
 	if err != nil {
@@ -153,14 +150,6 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 		return res, nil
 	}
 	return records.WriteResult{}, claimError(b, resp, c.PoolRev)
-}
-
-// leaseGone reports whether etcd says lease is gone (a transaction that
-// puts on two leases fails with "lease not found" for either). If etcd
-// cannot say, the lease is taken to live.
-func (s *Store) leaseGone(ctx context.Context, lease clientv3.LeaseID) bool {
-	resp, err := s.leases.TimeToLive(ctx, lease)
-	return err == nil && resp.TTL <= 0
 }
 
 // claimReads are a claim transaction's Else reads, which claimError

@@ -2,13 +2,11 @@ package etcdstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -134,10 +132,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		resp, err = s.kv.Txn(ctx).If(cmps...).Then(append(slices.Clip(puts), hist...)...).Commit()
 		return err
 	})
-	if reserve && errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// The shared reservation lease expired or was revoked: a retry
-		// grants a new one.
-		s.res.drop(resLease)
+	if s.reservationLeaseGone(ctx, err, resLease, true) {
 		return res, fmt.Errorf("reservation lease gone: %w", records.ErrConflict)
 	}
 	if err != nil {

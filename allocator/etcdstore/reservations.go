@@ -2,11 +2,13 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/kvipam/kvipam/kvstore"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -46,6 +48,27 @@ func (r *reservationLeases) get(ctx context.Context) (clientv3.LeaseID, time.Tim
 	}
 	r.id, r.granted, r.expires = resp.ID, now, now.Add(time.Duration(resp.TTL)*time.Second)
 	return r.id, r.expires, nil
+}
+
+// reservationLeaseGone reports whether err, a transaction's that put
+// reservations on lease id (0: none), says that lease expired or was
+// revoked, and if so forgets it, so that the next get grants a new one:
+// the write lost a race, and its retry succeeds. If the transaction put on
+// other leases too (alone false: a claim on the node's lease), etcd's
+// "lease not found" does not say which, so etcd is asked about id; if it
+// cannot say, the lease is taken to live.
+func (s *Store) reservationLeaseGone(ctx context.Context, err error, id clientv3.LeaseID, alone bool) bool {
+	if id == 0 || !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return false
+	}
+	if !alone {
+		resp, terr := s.leases.TimeToLive(ctx, id)
+		if terr != nil || resp.TTL > 0 {
+			return false
+		}
+	}
+	s.res.drop(id)
+	return true
 }
 
 // drop forgets lease id (etcd no longer knows it), so the next get grants anew.
