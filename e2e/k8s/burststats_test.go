@@ -3,11 +3,11 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -129,10 +129,10 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 		if len(st.singleCNI) > 0 {
 			b.ReportMetric(pct(st.singleCNI, 0.5), net+"-single-cni-add-p50-ms")
 		}
-		for _, p := range sortedKeys(st.plugins) {
+		for _, p := range slices.Sorted(maps.Keys(st.plugins)) {
 			b.ReportMetric(pct(st.plugins[p], 0.5), net+"-exec-"+p+"-p50-ms")
 		}
-		for _, p := range sortedKeys(st.singlePlugins) {
+		for _, p := range slices.Sorted(maps.Keys(st.singlePlugins)) {
 			b.ReportMetric(pct(st.singlePlugins[p], 0.5), net+"-single-exec-"+p+"-p50-ms")
 		}
 		if st.unseen > 0 {
@@ -177,7 +177,7 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 				continue
 			}
 			fmt.Fprintf(&sb, "  %s, each plugin exec (fork to exit) %s:", networkLabels[net], set.what)
-			for _, p := range sortedKeys(set.m) {
+			for _, p := range slices.Sorted(maps.Keys(set.m)) {
 				fmt.Fprintf(&sb, " %s p50 %.1f ms p99 %.1f ms (%d);", p, pct(set.m[p], 0.5), pct(set.m[p], 0.99), len(set.m[p]))
 			}
 			sb.WriteString("\n")
@@ -222,15 +222,6 @@ func writeSamples(dir string, s benchSamples) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, strings.ReplaceAll(s.Bench, "/", "_")+".json"), j, 0o644)
-}
-
-func sortedKeys(m map[string][]float64) []string {
-	var k []string
-	for p := range m {
-		k = append(k, p)
-	}
-	sort.Strings(k)
-	return k
 }
 
 func plural(n int, what string) string {
