@@ -218,25 +218,25 @@ func (h *HistoryRecorder) ops(ctx context.Context, rs []HistoryRecord) ([]client
 // transaction, records r. A key already gone is success (and records
 // nothing: whoever deleted it recorded it). A key rewritten since rev
 // wraps ErrConflict.
-func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, guards []clientv3.Cmp, also ...clientv3.Op) error {
+func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r HistoryRecord, guards []clientv3.Cmp, also ...clientv3.Op) (deleted bool, err error) {
 	if rev <= 0 {
 		// A compare on revision 0 would match an absent key and record an
 		// interval nobody had.
-		return fmt.Errorf("delete %s: %w: no revision to guard the delete", key, records.ErrBadRequest)
+		return false, fmt.Errorf("delete %s: %w: no revision to guard the delete", key, records.ErrBadRequest)
 	}
 	var resp *clientv3.TxnResponse
-	err := s.hist.Commit(ctx, []HistoryRecord{r}, func(puts []clientv3.Op) (err error) {
+	err = s.hist.Commit(ctx, []HistoryRecord{r}, func(puts []clientv3.Op) (err error) {
 		then := append(append([]clientv3.Op{clientv3.OpDelete(key)}, also...), puts...)
 		resp, err = s.kv.Txn(ctx).If(append([]clientv3.Cmp{kvstore.Unchanged(key, rev)}, guards...)...).Then(then...).Else(clientv3.OpGet(key, clientv3.WithCountOnly())).Commit()
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("delete %s: %w", key, kvstore.Unavailable(err))
+		return false, fmt.Errorf("delete %s: %w", key, kvstore.Unavailable(err))
 	}
 	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
-		return nil
+		return resp.Succeeded, nil
 	}
-	return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+	return false, fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
 }
 
 // HistoryFilter selects history records; zero fields match everything.

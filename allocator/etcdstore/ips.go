@@ -269,10 +269,13 @@ func (s *Store) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Add
 // reservation of an ADD that failed, or a request's borrowed address
 // given back), takes the identity's binding with it when the binding
 // names al's owner: the container it names never ran, and the identity's
-// next pod must not be sent after addresses it does not hold.
+// next pod must not be sent after addresses it does not hold. So does the
+// release of one whose reservation lapsed before the DEL came (its key
+// is gone already): the binding goes alone, if it still names al's owner.
 func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 	also := releaseOps(al)
 	var guards []clientv3.Cmp
+	var bound clientv3.Cmp
 	if al.Identity != "" && al.State != records.StateKept {
 		b, ok, err := s.GetBinding(ctx, al.Pool, al.Identity)
 		if err != nil {
@@ -280,11 +283,21 @@ func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 		}
 		if ok && !b.Kept() && b.Owner.Key() == al.Owner.Key() {
 			key := BindingKey(al.Pool, al.Identity)
-			guards = append(guards, kvstore.Unchanged(key, b.Rev))
+			bound = kvstore.Unchanged(key, b.Rev)
+			guards = append(guards, bound)
 			also = append(also, clientv3.OpDelete(key))
 		}
 	}
-	return s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), guards, also...)
+	deleted, err := s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), guards, also...)
+	if err != nil || deleted || len(guards) == 0 {
+		return err
+	}
+	// The key was gone already. A binding still at the revision read
+	// names a container that holds nothing: it goes.
+	if _, err := s.kv.Txn(ctx).If(bound).Then(clientv3.OpDelete(BindingKey(al.Pool, al.Identity))).Commit(); err != nil {
+		return fmt.Errorf("delete sticky binding %s of %s: %w", al.Identity, al.Owner.Key(), kvstore.Unavailable(err))
+	}
+	return nil
 }
 
 // releaseOps are what goes with an allocation's key when it is released:

@@ -36,8 +36,9 @@ var (
 		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
 	modelSpare = flag.String("model.spare", "", "comma-separated write kind=fault cells TestModelNodeAllocator does not inject, "+
 		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history, busy, timedout)")
-	modelDump  = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
-	modelFault = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
+	modelDump    = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
+	modelFault   = flag.Float64("model.faults", 1, "scale of TestModelNodeAllocator's fault rates (0: no faults)")
+	modelNodeLog = flag.Int("model.nodelog", 0, "lines of each node allocator's own log TestModelNodeAllocator shows after a violation")
 )
 
 // The kinds of write the allocator sends, and the faults the model test
@@ -317,6 +318,12 @@ func (r *modelRun) fail(format string, args ...any) {
 	r.failed = true
 	from := max(0, len(r.log)-*modelLogLines)
 	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "))
+	if *modelNodeLog > 0 {
+		for _, n := range r.nodes {
+			lines := strings.Split(n.logs.String(), "\n")
+			r.t.Logf("%s's allocator log, last %d lines:\n  %s", n.name, *modelNodeLog, strings.Join(lines[max(0, len(lines)-*modelNodeLog):], "\n  "))
+		}
+	}
 }
 
 func (r *modelRun) logf(format string, args ...any) {

@@ -19,11 +19,13 @@ import (
 // the write is fenced by that claim, so nobody else can have allocated
 // from the block meanwhile. An address free in a block another node
 // claims was borrowed (borrow.go): it is borrowed again, by the same
-// create-if-absent. An address held by another owner in etcd, or in an
-// orphaned block, is a conflict: nothing is written, and the agent
-// reports it. Until Reassert has run, the allocator keeps
-// the endpoints' addresses out of its free lists (Config.Held), so it
-// never hands one out again.
+// create-if-absent. An address held by another owner in etcd, or in
+// another node's orphaned block, is a conflict: nothing is written, and
+// the agent reports it. This node's own orphaned block means its lease
+// is gone: Reassert answers ErrLeaseLost, and after Restore has
+// re-claimed the block the next pass writes back. Until Reassert has
+// run, the allocator keeps the endpoints' addresses out of its free
+// lists (Config.Held), so it never hands one out again.
 
 // HeldAddr is an address a local endpoint uses, and its owner; Identity
 // and WindowSeconds are the sticky identity the address follows, if any
@@ -217,10 +219,12 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, 
 		var we *records.WriteError
 		switch {
 		case errors.As(err, &we) && len(we.Fenced) > 0:
-			// etcd lost our claim too (made after the snapshot): forget
-			// it and claim the block again if it is free.
-			ps.forgetBlock(block)
-			delete(ps.own, block)
+			// Our claim is gone: etcd lost it too (made after the
+			// snapshot), or our lease ended with it. Give the block up
+			// (what the cache knows of it stays: etcd may still hold
+			// it, and a DEL must free it) and claim it again if it is
+			// free; if it is our orphaned home, only Restore takes it.
+			ps.loseBlock(block)
 			continue
 		case errors.Is(err, records.ErrConflict):
 			// Written by someone meanwhile: the next pass reads who.
@@ -262,9 +266,17 @@ func (a *Allocator) ownForReassert(ctx context.Context, ps *poolState, block net
 	switch {
 	case err == nil:
 		a.log.Warn("claimed a free block again: an endpoint uses it though etcd had no claim", "pool", ps.pool.Name, "block", block)
+		// Free in etcd: nothing the cache still knew of it is held.
+		ps.forgetBlock(block)
 		return ps.own[block], nil
 	case errors.As(err, &ce) && ce.ClaimedBy != "":
 		return nil, &notOwnError{reason: fmt.Sprintf("block %s is claimed by node %s", block, ce.ClaimedBy), claimedBy: ce.ClaimedBy}
+	case errors.As(err, &ce) && ce.NonEmpty && ce.HomeNode == a.cfg.Node:
+		// Our own block, orphaned: the lease its claim was on is gone
+		// (this node's, though the lease keeper may not know yet).
+		// Restore re-claims it; the pods that use it keep their
+		// addresses.
+		return nil, fmt.Errorf("block %s is this node's but has no claim: %w", block, records.ErrLeaseLost)
 	case errors.As(err, &ce):
 		return nil, &notOwnError{reason: fmt.Sprintf("block %s is not this node's: it holds allocations and no claim", block)}
 	}

@@ -153,3 +153,51 @@ func TestReassertConflictForgetsCached(t *testing.T) {
 		require.NotEqual(t, x.Addr, res.Allocations[0].Addr, "a retried ADD is not told x")
 	}
 }
+
+// TestReassertAfterOwnLeaseLost: a's lease ends (revoked, or expired while
+// the node was cut off), so its block has allocations and no claim; etcd
+// also lost y's record. Reassert runs before the lease keeper notices.
+// The orphaned block is a's own: y is not a conflict (the pod need not be
+// deleted) but "lease lost", after which Restore re-claims the block and
+// the next Reassert writes y back. The cache still knows x, which etcd
+// holds: a DEL in the meantime frees x rather than answering "nothing
+// held" and leaving it in etcd.
+func TestReassertAfterOwnLeaseLost(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	res, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2)})
+	require.NoError(t, err)
+	y := res.Allocations[0]
+	require.Equal(t, x.Block, y.Block)
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(a.sess.ID()))
+	require.NoError(t, err)
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", y.Block, y.Addr)) // lost in a restore
+	require.NoError(t, err)
+
+	held := []nodealloc.HeldAddr{{Owner: owner(1), Addr: x.Addr}, {Owner: owner(2), Addr: y.Addr}}
+	_, conflicts, err := a.alloc.Reassert(ctx, held)
+	require.ErrorIs(t, err, records.ErrLeaseLost, "the node's own block lost its claim with the node's lease")
+	require.Empty(t, conflicts, "an orphaned block of this node is not a conflict")
+	require.Len(t, a.alloc.Lookup(owner(1)), 1, "the cache still knows x, which etcd holds")
+
+	gone, err := a.alloc.Release(ctx, owner(1))
+	require.NoError(t, err)
+	require.Len(t, gone, 1, "the DEL frees x")
+	require.NotContains(t, holdersOf(t, a.cli), x.Addr)
+
+	// The lease keeper grants a new lease and restores; Reassert then
+	// writes y back into the re-claimed block.
+	sess, err := kvstore.NewSession(ctx, a.cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	require.NoError(t, a.alloc.Restore(ctx, sess))
+	restored, conflicts, err := a.alloc.Reassert(ctx, held[1:])
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 1)
+	require.Equal(t, owner(2).Key(), holdersOf(t, a.cli)[y.Addr].Owner.Key(), "y is written back")
+}

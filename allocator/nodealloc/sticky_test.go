@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
@@ -253,4 +254,31 @@ func TestStickyGCAndStaticConflicts(t *testing.T) {
 	res, err = a.alloc.Allocate(ctx, req)
 	require.NoError(t, err, "asking for its own address is fine")
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}
+
+// TestStickyReleaseAfterLapseDropsBinding: a sticky pod's ADD reserved
+// its address and bound the identity, and the reservation lapsed before
+// the confirm (its lease ended). The pod's DEL finds the address gone
+// already; the binding that names the container goes with the DEL, so
+// none is left naming a container that holds nothing.
+func TestStickyReleaseAfterLapseDropsBinding(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := stickyPod("web-0", 1)
+	req := stickyReq(o, time.Minute)
+	req.Reserve = true
+	res, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	lease := holdersOf(t, a.cli)[x.Addr].Lease
+	require.NotZero(t, lease, "a reservation is on a lease")
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease)) // it lapses
+	require.NoError(t, err)
+
+	_, err = a.alloc.Release(ctx, o)
+	require.NoError(t, err)
+	resp, err := a.cli.Get(ctx, etcdstore.BindingKey("one", "ns/web-0"))
+	require.NoError(t, err)
+	require.Empty(t, resp.Kvs, "the binding went with the DEL")
 }
