@@ -297,21 +297,35 @@ func (a *Allocator) commit(p *plan, res records.WriteResult) Result {
 		p.ps.remember(al, res.Expires)
 		a.logAllocated(al)
 	}
-	r, _ := a.landed(p)
-	return r
+	return a.result(p)
 }
 
-// landed builds the result of a plan whose writes are all in the cache as
-// the owner's; ok is false if one is not.
+// landed reports whether a plan whose write had an unknown outcome landed,
+// as settled into the cache, and if so its result. Only addresses tell: a
+// binding written alone (each address reused, or written with its claim)
+// is not in the cache, so such a plan has not landed as far as the cache
+// knows; the next attempt reads the binding (planSticky) and writes it
+// again if it must.
 func (a *Allocator) landed(p *plan) (Result, bool) {
+	if p.bind != nil && len(p.writes) == 0 {
+		return Result{}, false
+	}
+	for _, w := range p.writes {
+		if al := p.ps.byAddr[w.Addr]; al == nil || !sameRecord(al.Record, w.Record) {
+			return Result{}, false
+		}
+	}
+	return a.result(p), true
+}
+
+// result is the answer of a plan whose writes are in the cache.
+func (a *Allocator) result(p *plan) Result {
 	out := Result{Pool: p.ps.pool.Name}
 	als := slices.Clone(p.reused)
 	for _, w := range p.writes {
-		al := p.ps.byAddr[w.Addr]
-		if al == nil || !sameRecord(al.Record, w.Record) {
-			return Result{}, false
+		if al := p.ps.byAddr[w.Addr]; al != nil {
+			als = append(als, al)
 		}
-		als = append(als, al)
 	}
 	for _, al := range als {
 		out.Allocations = append(out.Allocations, *al)
@@ -320,7 +334,7 @@ func (a *Allocator) landed(p *plan) (Result, bool) {
 		}
 	}
 	slices.SortFunc(out.Allocations, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
-	return out, true
+	return out
 }
 
 func (a *Allocator) undo(p *plan) {

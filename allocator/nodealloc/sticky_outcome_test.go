@@ -215,3 +215,53 @@ func TestTakeoverFromAnotherNodeForgetsCached(t *testing.T) {
 	_, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1), IPs: []netip.Addr{x}})
 	require.NoError(t, err, "x is free on a once the loan has ended")
 }
+
+// TestStickyBindingAloneNotAnswered: a sticky pod's first ADD on a node
+// with no block yet. Its address is written with the block's claim, so
+// the binding goes alone after it (WriteBound with no address), and that
+// write fails: refused before it reached etcd, or applied with its answer
+// lost. The ADD must not be answered before the binding is in etcd:
+// answered without it, the identity would have no binding, and its next
+// pod would not get the address back.
+func TestStickyBindingAloneNotAnswered(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before func(context.Context) error
+		after  func(context.Context, error) error
+	}{
+		{name: "too many requests", before: failTimes(1, errTooMany("WriteBound"))},
+		{name: "answer lost", after: commitThenAnswer(1, errTimedOut("WriteBound"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			e := startEtcd(t, onePool)
+			var h *hookStore
+			a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
+			calls := 0
+			h.Observe(func(op string, _ any) {
+				if op == "WriteBound" {
+					calls++
+				}
+			})
+			if tc.before != nil {
+				h.Before("WriteBound", tc.before)
+			}
+			if tc.after != nil {
+				h.After("WriteBound", tc.after)
+			}
+			o := stickyPod("web-0", 1)
+			req := stickyReq(o, time.Minute)
+			req.Reserve = true
+			res, err := a.alloc.Allocate(ctx, req)
+			require.NoError(t, err)
+			require.Len(t, res.Allocations, 1)
+			require.Equal(t, 2, calls, "the binding is written again after its write failed")
+			b, ok, err := a.store.GetBinding(ctx, "one", "ns/web-0")
+			require.NoError(t, err)
+			require.True(t, ok, "the identity is bound before the ADD is answered")
+			require.Equal(t, o.Key(), b.Owner.Key())
+			require.Equal(t, []netip.Addr{res.Allocations[0].Addr}, b.Addrs)
+		})
+	}
+}
