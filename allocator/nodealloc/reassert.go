@@ -90,6 +90,15 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 	if err != nil {
 		return nil, nil, fmt.Errorf("reassert: read allocations: %w", err)
 	}
+	// What each sticky owner's endpoint holds, per pool: a binding
+	// written back names all of it (the cache may know none of it).
+	bound := map[string][]netip.Addr{}
+	for _, it := range items {
+		if it.h.Identity != "" {
+			k := it.ps.pool.Name + "/" + it.h.Owner.Key()
+			bound[k] = append(bound[k], it.h.Addr)
+		}
+	}
 	var errs []error
 	var known []records.IPRef // the owner's in etcd, not (so) in the cache
 	for _, it := range items {
@@ -104,7 +113,7 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 			}
 			continue
 		}
-		al, conflict, err := a.reassertOne(ctx, ps, it.h, it.block)
+		al, conflict, err := a.reassertOne(ctx, ps, it.h, it.block, bound[ps.pool.Name+"/"+it.h.Owner.Key()])
 		switch {
 		case conflict != nil:
 			conflicts = append(conflicts, *conflict)
@@ -148,10 +157,11 @@ func (a *Allocator) reassertRecord(ps *poolState, h HeldAddr) records.Record {
 }
 
 // reassertBinding decides how a record of a sticky identity is written
-// back: with its binding when etcd lost that too (bind), as it is when the
-// binding names the owner, and without its identity when the identity has
-// moved on to another pod.
-func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *records.Record) (*records.Binding, error) {
+// back: with its binding when etcd lost that too (bind, naming held, what
+// the owner's endpoint holds, and what the cache knows of the identity),
+// as it is when the binding names the owner, and without its identity when
+// the identity has moved on to another pod.
+func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *records.Record, held []netip.Addr) (*records.Binding, error) {
 	if rec.Identity == "" {
 		return nil, nil
 	}
@@ -172,12 +182,14 @@ func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *rec
 		window = int64(reassertWindow / time.Second)
 	}
 	nb := &records.Binding{Identity: rec.Identity, Owner: rec.Owner, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), WindowSeconds: window, Pool: ps.pool.Name}
+	nb.Addrs = slices.Clone(held)
 	for _, al := range ps.byOwner[rec.Owner.Key()] {
 		if al.Identity == rec.Identity {
 			nb.Addrs = append(nb.Addrs, al.Addr)
 		}
 	}
 	slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+	nb.Addrs = slices.Compact(nb.Addrs)
 	return nb, nil
 }
 
@@ -185,7 +197,7 @@ func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *rec
 // block: fenced by this node's claim on it (claimed again if it is free),
 // or borrowed again from the node that claims it. A write of unknown
 // outcome is settled like any other.
-func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix) (*records.Allocation, *Conflict, error) {
+func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix, bound []netip.Addr) (*records.Allocation, *Conflict, error) {
 	addr := h.Addr
 	rec := a.reassertRecord(ps, h)
 	for attempt := 0; attempt < 2; attempt++ {
@@ -205,7 +217,7 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, 
 		case err != nil:
 			return nil, nil, err
 		}
-		bind, err := a.reassertBinding(ctx, ps, &rec)
+		bind, err := a.reassertBinding(ctx, ps, &rec, bound)
 		if err != nil {
 			return nil, nil, err
 		}

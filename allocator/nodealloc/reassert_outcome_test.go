@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -200,4 +201,48 @@ func TestReassertAfterOwnLeaseLost(t *testing.T) {
 	require.Empty(t, conflicts)
 	require.Len(t, restored, 1)
 	require.Equal(t, owner(2).Key(), holdersOf(t, a.cli)[y.Addr].Owner.Key(), "y is written back")
+}
+
+// TestReassertRestoresBindingAfterRestart: etcd lost a dual-stack sticky
+// pod's records and its binding, and the node restarted, so its cache
+// knows neither address. Reassert writes both back with a binding that
+// names both (from the endpoint, not the cache), and the identity's next
+// container takes both over.
+func TestReassertRestoresBindingAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	dual := allocator.Pool{Name: "dual", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.30.0.0/24"), netip.MustParsePrefix("fd00:30::/120")}, BlockSizeV4: 28, BlockSizeV6: 124}
+	e := startEtcd(t, dual)
+	a := startNode(t, e, "a", []string{"dual"}, nodeOpts{})
+	first, second := stickyPod("web-0", 1), stickyPod("web-0", 2)
+	req := func(o records.Owner) nodealloc.Request {
+		return nodealloc.Request{Pool: "dual", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Minute}}
+	}
+	res, err := a.alloc.Allocate(ctx, req(first))
+	require.NoError(t, err)
+	require.Len(t, res.Allocations, 2)
+	var held []nodealloc.HeldAddr
+	var addrs []netip.Addr
+	for _, x := range res.Allocations {
+		_, err = a.cli.Delete(ctx, etcdstore.IPKey("dual", x.Block, x.Addr))
+		require.NoError(t, err)
+		held = append(held, nodealloc.HeldAddr{Owner: first, Addr: x.Addr, Identity: "ns/web-0", WindowSeconds: 60})
+		addrs = append(addrs, x.Addr)
+	}
+	_, err = a.cli.Delete(ctx, etcdstore.BindingKey("dual", "ns/web-0"))
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"dual"}, nodeOpts{}) // restarted
+	restored, conflicts, err := a2.alloc.Reassert(ctx, held)
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 2)
+	b, ok, err := a2.store.GetBinding(ctx, "dual", "ns/web-0")
+	require.NoError(t, err)
+	require.True(t, ok, "the binding is written back")
+	require.Equal(t, first.Key(), b.Owner.Key())
+	require.ElementsMatch(t, addrs, b.Addrs, "the binding names both addresses")
+
+	res, err = a2.alloc.Allocate(ctx, req(second))
+	require.NoError(t, err, "the identity's next container takes them over")
+	require.ElementsMatch(t, addrs, addrsOf(res.Allocations))
 }
