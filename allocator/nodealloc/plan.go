@@ -308,6 +308,19 @@ func (a *Allocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Ad
 		delete(ps.cool.at, addr) // asked for by name: no cooldown
 		ob.ba.Unmark(addr)
 	}
+	if ob.ba.IsUsed(addr) && !ps.explains(addr) && !a.held(addr) {
+		// Marked, and nothing the cache knows holds it: a mark kept for
+		// an endpoint that used addr when the block was loaded (Held)
+		// and has gone since, its DEL finding nothing to release. Read
+		// the block again rather than refuse an address etcd may hold
+		// for nobody.
+		if err := a.reloadBlock(ctx, ps, b); err != nil {
+			return b, fmt.Errorf("requested ip %s: %w", addr, err)
+		}
+		if ob = ps.own[b]; ob == nil {
+			return b, fmt.Errorf("requested ip %s: block %s is not this node's now: %w", addr, b, records.ErrConflict)
+		}
+	}
 	if ob.ba.IsUsed(addr) {
 		holder := "another owner"
 		if al := ps.byAddr[addr]; al != nil {

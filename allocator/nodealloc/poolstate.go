@@ -97,6 +97,16 @@ func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
 	}
 }
 
+// explains reports whether the cache knows why addr is marked in its own
+// block: an allocation, one planned or of unknown outcome, an address lent
+// to another node or kept for a sticky identity.
+func (ps *poolState) explains(addr netip.Addr) bool {
+	_, unknown := ps.unknown[addr]
+	_, lent := ps.lent[addr]
+	_, kept := ps.kept[addr]
+	return ps.byAddr[addr] != nil || ps.planned[addr] || unknown || lent || kept
+}
+
 // forget drops al from the indexes (not from the block bitmap).
 func (ps *poolState) forget(al *records.Allocation) {
 	k := al.Owner.Key()

@@ -3,6 +3,7 @@ package nodealloc_test
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 
@@ -114,4 +115,39 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, restored, "nothing missing: nothing written")
 	require.Empty(t, conflicts)
+}
+
+// TestHeldMarkGoesWithEndpoint: etcd lost x's record and the node
+// restarted while x's endpoint still ran, so Restore keeps x out of the
+// free list (Config.Held). The pod is then deleted before Reassert wrote
+// x back: its DEL finds nothing to release, and the endpoint no longer
+// holds x. x is free in etcd and nobody uses it: a request for it by name
+// gets it, rather than "in use" until the node restarts again.
+func TestHeldMarkGoesWithEndpoint(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	var mu sync.Mutex
+	var held []netip.Addr
+	heldNow := func() []netip.Addr { mu.Lock(); defer mu.Unlock(); return slices.Clone(held) }
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	mu.Lock()
+	held = []netip.Addr{x.Addr}
+	mu.Unlock()
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow}) // restarted
+	gone, err := a2.alloc.Release(ctx, owner(1))
+	require.NoError(t, err)
+	require.Empty(t, gone, "etcd and the cache hold nothing for the deleted pod")
+	mu.Lock()
+	held = nil // its endpoint is gone
+	mu.Unlock()
+
+	res, err = a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2), IPs: []netip.Addr{x.Addr}})
+	require.NoError(t, err, "x is free in etcd and no endpoint uses it")
+	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
