@@ -26,7 +26,14 @@ import (
 // naming a container that holds nothing. Its guards are its revision and
 // each address as the snapshot shows it (absent, or at the revision of
 // the record another owner holds).
-func withBindings(s *Snapshot, steps []Step, scope func(records.Binding) bool) []Step {
+//
+// A binding deleted because steps delete some of its addresses takes the
+// rest of the identity's with it (release plans each delete, with the
+// plan's reason and fences): a record kept for the identity, or held by
+// the pod it names, elsewhere (borrowed into another node's block), would
+// otherwise stay kept for an identity whose next pod no longer looks for
+// it. A record of a live node is left alone unless the plan is forced.
+func withBindings(s *Snapshot, steps []Step, scope func(records.Binding) bool, force bool, release func(*IP) Step) []Step {
 	ips := make(map[string]*IP, len(s.IPs))
 	byAddr := map[LentKey]*IP{}
 	for i := range s.IPs {
@@ -51,6 +58,20 @@ func withBindings(s *Snapshot, steps []Step, scope func(records.Binding) bool) [
 		var guards []Guard
 		for _, ip := range released[identity{b.Pool, b.Identity}] {
 			if slices.Contains(b.Addrs, ip.Addr.Unmap()) {
+				guards = append(guards, Guard{Key: ip.Key})
+			}
+		}
+		if len(guards) > 0 {
+			for _, addr := range b.Addrs {
+				ip := byAddr[LentKey{b.Pool, addr.Unmap()}]
+				if ip == nil || deleted[ip.Key] || ip.Identity != b.Identity || (ip.State != records.StateKept && ip.Owner.Key() != b.Owner.Key()) {
+					continue
+				}
+				if _, live := s.Nodes[ip.Node]; live && !force {
+					continue
+				}
+				steps = append(steps, release(ip))
+				deleted[ip.Key] = true
 				guards = append(guards, Guard{Key: ip.Key})
 			}
 		}

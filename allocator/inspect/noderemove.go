@@ -26,8 +26,10 @@ import (
 //  3. the home, fenced by "claim still absent" and "block empty".
 //
 // Then, for every sticky identity whose addresses those steps delete (kept
-// for it, or its pod's), its binding, fenced by "binding unchanged" and
-// "those addresses gone", so its next pod gets addresses of its own.
+// for it, or its pod's), the identity's other such addresses (in other
+// nodes' blocks, written by this node) and its binding, fenced by "binding
+// unchanged" and "those addresses gone", so its next pod gets addresses of
+// its own and none is left kept for it.
 //
 // The block is then free for any node to claim. The fences make the plan
 // safe against the node coming back at any point: its re-claim changes the
@@ -35,8 +37,8 @@ import (
 // of taking addresses a running pod uses. Steps of one block share a Group,
 // so a failed step skips the rest of its block.
 //
-// Addresses of the node that sit in other nodes' blocks are left alone;
-// Check reports them and PlanReleaseNode releases them. Addresses other
+// Other addresses of the node that sit in other nodes' blocks are left
+// alone; Check reports them and PlanReleaseNode releases them. Addresses other
 // nodes borrowed from the node's blocks stay too, with the blocks' homes:
 // such a block can be claimed again once they are released.
 func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, error) {
@@ -60,7 +62,9 @@ func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, er
 	if err := refuseLive(s, force, others...); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: blocks hold addresses of other nodes: %w", action, err)
 	}
-	p.Steps = withBindings(s, p.Steps, func(b records.Binding) bool { return b.Node == node })
+	p.Steps = withBindings(s, p.Steps, func(b records.Binding) bool { return b.Node == node }, force, func(ip *IP) Step {
+		return ipStep(ip, "address of sticky identity "+ip.Identity+", whose binding node remove "+node+" releases", etcdstore.EndNodeRemove, force)
+	})
 	return p, nil
 }
 

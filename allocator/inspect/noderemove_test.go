@@ -366,3 +366,49 @@ func TestReleaseAgainDeletesStaleBinding(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, v.exists(t, bindingKey), "the binding of the released pod goes on the second run")
 }
+
+// TestNodeRemoveReleasesIdentityWhole: web-0's pod on n1 held x in n1's
+// block and z borrowed from n2's; its DEL kept both for the identity.
+// node remove n1 frees x, so it frees the binding; it must free z too
+// (kept for the identity by n1, lent in n2's block), or the identity's
+// next pod gets new addresses while etcd still keeps z for it.
+func TestNodeRemoveReleasesIdentityWhole(t *testing.T) {
+	ctx := t.Context()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	n2 := startAgent(t, v.e, "n2", 0)
+	o := records.Owner{ContainerID: "web-0-c1", IfName: "eth0", Namespace: "ns", Pod: "web-0"}
+	res, err := n1.Alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Hour}})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = n1.Alloc.Release(ctx, o)
+	require.NoError(t, err)
+	other := allocate(t, n2, 100, 1, false)[0] // n2 claims a block
+	require.NotEqual(t, x.Block, other.Block)
+
+	// z: kept for web-0 in n2's block, written by n1 (borrowed), and named
+	// by the binding beside x.
+	z := addrAt(t, other.Block, 5)
+	zKey := etcdstore.IPKey("small", other.Block, z)
+	kept := record(o, "n1", records.StateKept)
+	kept.Identity, kept.WindowSeconds, kept.Borrowed = "ns/web-0", 3600, true
+	v.put(t, zKey, kept)
+	v.put(t, etcdstore.LentKey("small", z), records.Home{Node: "n1", Since: kept.Since})
+	bindingKey := etcdstore.BindingKey("small", "ns/web-0")
+	b, ok, err := n1.Store.GetBinding(ctx, "small", "ns/web-0")
+	require.NoError(t, err)
+	require.True(t, ok)
+	b.Addrs = append(b.Addrs, z)
+	v.put(t, bindingKey, b)
+	n1.Kill(t)
+
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
+	require.NoError(t, err)
+	_, err = v.in.Execute(ctx, p, nil)
+	require.NoError(t, err)
+	require.False(t, v.exists(t, etcdstore.IPKey("small", x.Block, x.Addr)))
+	require.False(t, v.exists(t, bindingKey), "the binding goes with the kept address it names")
+	require.False(t, v.exists(t, zKey), "the identity's other kept address goes with its binding")
+	require.False(t, v.exists(t, etcdstore.LentKey("small", z)))
+	require.True(t, v.exists(t, etcdstore.IPKey("small", other.Block, other.Addr)), "n2's own pod keeps its address")
+}

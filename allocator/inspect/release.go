@@ -139,7 +139,9 @@ func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep f
 	if gone {
 		p.Evidence = &ev
 	}
-	p.Steps = withBindings(s, p.Steps, scope)
+	p.Steps = withBindings(s, p.Steps, scope, force, func(ip *IP) Step {
+		return ipStep(ip, "address of sticky identity "+ip.Identity+", whose binding "+action+" releases", etcdstore.EndOperatorRelease, force)
+	})
 	return p, nil
 }
 
