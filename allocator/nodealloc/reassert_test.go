@@ -151,3 +151,38 @@ func TestHeldMarkGoesWithEndpoint(t *testing.T) {
 	require.NoError(t, err, "x is free in etcd and no endpoint uses it")
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
+
+// TestHeldMarkCostsNoAddress: as TestHeldMarkGoesWithEndpoint, but
+// nobody asks for x by name. The block's free list is read again when it
+// runs out, so the mark kept for the gone endpoint costs no address: all
+// 14 of the block are handed out, x among them.
+func TestHeldMarkCostsNoAddress(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool) // one /28: 14 addresses
+	var mu sync.Mutex
+	var held []netip.Addr
+	heldNow := func() []netip.Addr { mu.Lock(); defer mu.Unlock(); return slices.Clone(held) }
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	mu.Lock()
+	held = []netip.Addr{x.Addr}
+	mu.Unlock()
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
+	require.NoError(t, err)
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow}) // restarted
+	_, err = a2.alloc.Release(ctx, owner(1)) // the pod is deleted
+	require.NoError(t, err)
+	mu.Lock()
+	held = nil
+	mu.Unlock()
+
+	got := map[netip.Addr]bool{}
+	for i := range 14 {
+		res, err := a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(100 + i)})
+		require.NoError(t, err, "address %d of 14", i+1)
+		got[res.Allocations[0].Addr] = true
+	}
+	require.True(t, got[x.Addr], "x was handed out again")
+}
