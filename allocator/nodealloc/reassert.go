@@ -196,7 +196,8 @@ func (a *Allocator) reassertBinding(ctx context.Context, ps *poolState, rec *rec
 // reassertOne writes back the allocation of h, missing from etcd, in
 // block: fenced by this node's claim on it (claimed again if it is free),
 // or borrowed again from the node that claims it. A write of unknown
-// outcome is settled like any other.
+// outcome is settled like any other. bound is what h's owner's endpoint
+// holds in ps: a binding written back names it.
 func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, block netip.Prefix, bound []netip.Addr) (*records.Allocation, *Conflict, error) {
 	addr := h.Addr
 	rec := a.reassertRecord(ps, h)
