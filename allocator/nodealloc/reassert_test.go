@@ -117,25 +117,22 @@ func TestReassertAfterStoreLoss(t *testing.T) {
 	require.Empty(t, conflicts)
 }
 
-// TestHeldMarkGoesWithEndpoint: etcd lost x's record and the node
-// restarted while x's endpoint still ran, so Restore keeps x out of the
-// free list (Config.Held). The pod is then deleted before Reassert wrote
-// x back: its DEL finds nothing to release, and the endpoint no longer
-// holds x. x is free in etcd and nobody uses it: a request for it by name
-// gets it, rather than "in use" until the node restarts again.
-func TestHeldMarkGoesWithEndpoint(t *testing.T) {
+// endpointGoneAfterRestart plays what TestHeldMarkGoesWithEndpoint
+// describes: etcd loses x's record, the node restarts while x's endpoint
+// runs (Restore marks x held), and the pod is deleted before Reassert
+// wrote x back. It returns the restarted node and x.
+func endpointGoneAfterRestart(t *testing.T) (*testNode, records.Allocation) {
 	ctx := context.Background()
-	e := startEtcd(t, onePool)
+	e := startEtcd(t, onePool) // one /28: 14 addresses
 	var mu sync.Mutex
 	var held []netip.Addr
 	heldNow := func() []netip.Addr { mu.Lock(); defer mu.Unlock(); return slices.Clone(held) }
+	setHeld := func(addrs ...netip.Addr) { mu.Lock(); defer mu.Unlock(); held = addrs }
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow})
 	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
 	require.NoError(t, err)
 	x := res.Allocations[0]
-	mu.Lock()
-	held = []netip.Addr{x.Addr}
-	mu.Unlock()
+	setHeld(x.Addr)
 	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
 	require.NoError(t, err)
 
@@ -143,11 +140,19 @@ func TestHeldMarkGoesWithEndpoint(t *testing.T) {
 	gone, err := a2.alloc.Release(ctx, owner(1))
 	require.NoError(t, err)
 	require.Empty(t, gone, "etcd and the cache hold nothing for the deleted pod")
-	mu.Lock()
-	held = nil // its endpoint is gone
-	mu.Unlock()
+	setHeld() // its endpoint is gone
+	return a2, x
+}
 
-	res, err = a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2), IPs: []netip.Addr{x.Addr}})
+// TestHeldMarkGoesWithEndpoint: etcd lost x's record and the node
+// restarted while x's endpoint still ran, so Restore keeps x out of the
+// free list (Config.Held). The pod is then deleted before Reassert wrote
+// x back: its DEL finds nothing to release, and the endpoint no longer
+// holds x. x is free in etcd and nobody uses it: a request for it by name
+// gets it, rather than "in use" until the node restarts again.
+func TestHeldMarkGoesWithEndpoint(t *testing.T) {
+	a2, x := endpointGoneAfterRestart(t)
+	res, err := a2.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "one", Owner: owner(2), IPs: []netip.Addr{x.Addr}})
 	require.NoError(t, err, "x is free in etcd and no endpoint uses it")
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
@@ -157,30 +162,10 @@ func TestHeldMarkGoesWithEndpoint(t *testing.T) {
 // runs out, so the mark kept for the gone endpoint costs no address: all
 // 14 of the block are handed out, x among them.
 func TestHeldMarkCostsNoAddress(t *testing.T) {
-	ctx := context.Background()
-	e := startEtcd(t, onePool) // one /28: 14 addresses
-	var mu sync.Mutex
-	var held []netip.Addr
-	heldNow := func() []netip.Addr { mu.Lock(); defer mu.Unlock(); return slices.Clone(held) }
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow})
-	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
-	require.NoError(t, err)
-	x := res.Allocations[0]
-	mu.Lock()
-	held = []netip.Addr{x.Addr}
-	mu.Unlock()
-	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
-	require.NoError(t, err)
-	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: heldNow}) // restarted
-	_, err = a2.alloc.Release(ctx, owner(1)) // the pod is deleted
-	require.NoError(t, err)
-	mu.Lock()
-	held = nil
-	mu.Unlock()
-
+	a2, x := endpointGoneAfterRestart(t)
 	got := map[netip.Addr]bool{}
 	for i := range 14 {
-		res, err := a2.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(100 + i)})
+		res, err := a2.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "one", Owner: owner(100 + i)})
 		require.NoError(t, err, "address %d of 14", i+1)
 		got[res.Allocations[0].Addr] = true
 	}
