@@ -57,6 +57,15 @@ func (v *env) snapshot(t testing.TB) *inspect.Snapshot {
 	return s
 }
 
+// removeNode plans node remove of node, stated gone now, and runs it.
+func (v *env) removeNode(t testing.TB, node string) {
+	t.Helper()
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), node, gone(node), false)
+	require.NoError(t, err)
+	_, err = v.in.Execute(context.Background(), p, nil)
+	require.NoError(t, err)
+}
+
 func (v *env) check(t testing.TB) inspect.Report {
 	t.Helper()
 	r, err := v.in.Check(context.Background(), v.snapshot(t))

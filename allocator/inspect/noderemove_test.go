@@ -236,10 +236,7 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 	require.True(t, v.exists(t, bindingKey), "web-0's address is kept for it")
 	n1.Kill(t)
 
-	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
-	require.NoError(t, err)
-	_, err = v.in.Execute(ctx, p, nil)
-	require.NoError(t, err)
+	v.removeNode(t, "n1")
 	require.False(t, v.exists(t, etcdstore.IPKey("small", x.Block, x.Addr)))
 	require.False(t, v.exists(t, bindingKey), "the binding goes with the kept address it names")
 
@@ -402,10 +399,7 @@ func TestNodeRemoveReleasesIdentityWhole(t *testing.T) {
 	v.put(t, bindingKey, b)
 	n1.Kill(t)
 
-	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
-	require.NoError(t, err)
-	_, err = v.in.Execute(ctx, p, nil)
-	require.NoError(t, err)
+	v.removeNode(t, "n1")
 	require.False(t, v.exists(t, etcdstore.IPKey("small", x.Block, x.Addr)))
 	require.False(t, v.exists(t, bindingKey), "the binding goes with the kept address it names")
 	require.False(t, v.exists(t, zKey), "the identity's other kept address goes with its binding")
