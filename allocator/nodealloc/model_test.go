@@ -901,7 +901,18 @@ func (r *modelRun) claimer(addr netip.Addr) int {
 
 func (r *modelRun) opConfirm() {
 	r.op = "confirm"
+	// Mostly an owner told a reservation (the confirm of its ADD), else
+	// any (a confirm of nothing, or of what lapsed).
+	var reserved []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.reserved || (mo.unsure && len(mo.told) > 0) {
+			reserved = append(reserved, mo)
+		}
+	}
 	mo := r.owners[r.order[r.rng.IntN(len(r.order))]]
+	if len(reserved) > 0 && r.rng.IntN(4) > 0 {
+		mo = reserved[r.rng.IntN(len(reserved))]
+	}
 	if mo.delFail {
 		return
 	}
