@@ -308,9 +308,10 @@ func (a *Allocator) pickStatic(ctx context.Context, ps *poolState, addr netip.Ad
 		delete(ps.cool.at, addr) // asked for by name: no cooldown
 		ob.ba.Unmark(addr)
 	}
-	if ob.ba.IsUsed(addr) && !ps.explains(addr) && !a.held(addr) {
-		// Marked, and nothing the cache knows holds it: a mark kept for
-		// an endpoint that used addr when the block was loaded (Held)
+	if ob.ba.IsUsed(addr) && !ps.writing(addr) && !a.held(addr) {
+		// Marked for no write of this node: kept for an identity or
+		// lent, as last read (an operator may have released it since),
+		// or for an endpoint that used addr when the block was loaded
 		// and has gone since, its DEL finding nothing to release. Read
 		// the block again rather than refuse an address etcd may hold
 		// for nobody.

@@ -97,14 +97,15 @@ func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
 	}
 }
 
-// explains reports whether the cache knows why addr is marked in its own
-// block: an allocation, one planned or of unknown outcome, an address lent
-// to another node or kept for a sticky identity.
-func (ps *poolState) explains(addr netip.Addr) bool {
+// writing reports whether addr is marked in its own block for what this
+// node holds or writes: an allocation, a planned write or one of unknown
+// outcome. Other marks (an address lent to another node, kept for a
+// sticky identity, an endpoint's at the block's load) stand for records
+// others write and delete (an operator's release among them), which the
+// cache learns of only by reading.
+func (ps *poolState) writing(addr netip.Addr) bool {
 	_, unknown := ps.unknown[addr]
-	_, lent := ps.lent[addr]
-	_, kept := ps.kept[addr]
-	return ps.byAddr[addr] != nil || ps.planned[addr] || unknown || lent || kept
+	return ps.byAddr[addr] != nil || ps.planned[addr] || unknown
 }
 
 // forget drops al from the indexes (not from the block bitmap).

@@ -282,3 +282,28 @@ func TestStickyReleaseAfterLapseDropsBinding(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, resp.Kvs, "the binding went with the DEL")
 }
+
+// TestKeptReleasedByOperatorNotRefused: a sticky pod's DEL kept x for its
+// identity for an hour, and an operator released x (kvipamctl release
+// deletes the kept record and the binding). x is free in etcd: a request
+// for it by name gets it, rather than "kept until" the hour is up.
+func TestKeptReleasedByOperatorNotRefused(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := stickyPod("web-0", 1)
+	res, err := a.alloc.Allocate(ctx, stickyReq(o, time.Hour))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.alloc.Release(ctx, o)
+	require.NoError(t, err)
+	require.Equal(t, records.StateKept, holdersOf(t, a.cli)[x.Addr].State)
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // the operator's release
+	require.NoError(t, err)
+	_, err = a.cli.Delete(ctx, etcdstore.BindingKey("one", "ns/web-0"))
+	require.NoError(t, err)
+
+	res, err = a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(2), IPs: []netip.Addr{x.Addr}})
+	require.NoError(t, err, "x is free in etcd")
+	require.Equal(t, x.Addr, res.Allocations[0].Addr)
+}
