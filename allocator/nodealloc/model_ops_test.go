@@ -67,6 +67,7 @@ const (
 func (f faultKV) commit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
 	r := f.r
 	r.call = "Txn"
+	r.writes[f.kind]++
 	if r.inject(f.kind, fHistory) {
 		r.count(f.kind, fHistory)
 		r.revokeHistoryLease()

@@ -162,6 +162,7 @@ type modelRun struct {
 	call       string // the store call in flight
 	quiet      bool   // no faults (a probe, a recovery)
 	faults     map[string]*[nFaults]int
+	writes     map[string]int // calls of each write kind, faulted or not
 	reads      int
 	log        []string
 	failed     bool
@@ -222,7 +223,7 @@ func TestModelNodeAllocator(t *testing.T) {
 	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
 	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
 		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
-		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}}
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{}}
 	for _, k := range writeKinds {
 		r.faults[k] = &[nFaults]int{}
 	}
@@ -348,6 +349,9 @@ func (r *modelRun) hookUp(n *mNode) {
 		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool"} {
 		write := !slices.Contains([]string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent"}, op)
 		n.hook.Before(op, func(ctx context.Context) error {
+			if write && kind != "" {
+				r.writes[kind]++
+			}
 			if r.quiet {
 				return nil
 			}
@@ -510,13 +514,13 @@ func (r *modelRun) opTable() string {
 // table formats the fault counts by write kind and fault kind.
 func (r *modelRun) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-16s", "write \\ fault")
+	fmt.Fprintf(&b, "%-16s %7s", "write \\ fault", "calls")
 	for _, f := range faultKinds {
 		fmt.Fprintf(&b, " %18s", f)
 	}
 	b.WriteString("\n")
 	for _, k := range writeKinds {
-		fmt.Fprintf(&b, "%-16s", k)
+		fmt.Fprintf(&b, "%-16s %7d", k, r.writes[k])
 		for _, c := range r.faults[k] {
 			fmt.Fprintf(&b, " %18d", c)
 		}
@@ -947,9 +951,20 @@ func (r *modelRun) opRelease() {
 			retry = append(retry, r.owners[k])
 		}
 	}
-	if len(retry) > 0 && r.rng.IntN(2) == 0 {
+	var holding []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; len(mo.told) > 0 || mo.unsure {
+			holding = append(holding, mo)
+		}
+	}
+	switch {
+	case len(retry) > 0 && r.rng.IntN(2) == 0:
 		mo = retry[r.rng.IntN(len(retry))]
-	} else {
+	case len(holding) > 0 && r.rng.IntN(4) > 0:
+		// Mostly a pod's DEL; else any container's, an earlier one of
+		// a sticky identity included (a late DEL).
+		mo = holding[r.rng.IntN(len(holding))]
+	default:
 		mo = r.owners[r.order[r.rng.IntN(len(r.order))]]
 	}
 	n := r.nodes[mo.node]
@@ -963,7 +978,7 @@ func (r *modelRun) opRelease() {
 		r.after(n, err)
 		return
 	}
-	r.released(mo, from)
+	r.released(mo, from, out)
 	r.after(n, nil)
 }
 
@@ -1217,12 +1232,7 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 		if !mo.unsure && !slices.Contains(mo.told, al.Addr) {
 			r.checkNew(mo, al.Addr, r.static, mo.identity != "" && r.idAddrs[mo.identity][al.Addr])
 		}
-		if mo.identity != "" {
-			if r.idAddrs[mo.identity] == nil {
-				r.idAddrs[mo.identity] = map[netip.Addr]bool{}
-			}
-			r.idAddrs[mo.identity][al.Addr] = true
-		}
+		r.noteIdentity(mo.identity, al.Addr)
 		if kf, ok := r.kept[al.Addr]; ok {
 			if kf.identity != mo.identity && now.Before(kf.from.Add(kf.window)) {
 				r.fail("%s, kept for sticky identity %s since %s for %s, was handed to %s", al.Addr, kf.identity, kf.from.Format(time.StampMilli), kf.window, k)
@@ -1292,11 +1302,31 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 	}
 }
 
-// released records that mo's DEL succeeded, sent at from: a sure sticky
-// owner's permanent addresses are kept for its identity; everything else
-// it held is free.
-func (r *modelRun) released(mo *mOwner, from time.Time) {
+// noteIdentity records that a has been sticky identity id's: its pods may
+// take it over (checkNew).
+func (r *modelRun) noteIdentity(id string, a netip.Addr) {
+	if id == "" {
+		return
+	}
+	if r.idAddrs[id] == nil {
+		r.idAddrs[id] = map[netip.Addr]bool{}
+	}
+	r.idAddrs[id][a] = true
+}
+
+// released records that mo's DEL succeeded, sent at from, answered out: a
+// sure sticky owner's permanent addresses are kept for its identity;
+// everything else it held is free. An unsure sticky owner may have held
+// addresses it was never told (an answer lost): those the DEL kept are
+// the identity's too.
+func (r *modelRun) released(mo *mOwner, from time.Time, out []records.Allocation) {
 	k := mo.o.Key()
+	for _, al := range out {
+		if mo.identity != "" && al.Identity == mo.identity && !slices.Contains(mo.told, al.Addr) {
+			r.noteIdentity(mo.identity, al.Addr)
+			r.maybeKept[al.Addr] = true
+		}
+	}
 	for _, a := range mo.told {
 		if r.holder[a] == k {
 			delete(r.holder, a)
