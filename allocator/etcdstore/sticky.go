@@ -142,6 +142,28 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 	return end, nil
 }
 
+// DropStaleBinding implements allocator.Store.
+func (s *Store) DropStaleBinding(ctx context.Context, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
+	key := BindingKey(b.Pool, b.Identity)
+	cmps := []clientv3.Cmp{kvstore.Unchanged(key, b.Rev)}
+	for _, ref := range refs {
+		ik := IPKey(ref.Pool, ref.Block, ref.Addr)
+		if al, ok := cur[ref.Addr]; ok {
+			cmps = append(cmps, kvstore.Unchanged(ik, al.Rev))
+		} else {
+			cmps = append(cmps, kvstore.Absent(ik))
+		}
+	}
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("drop stale binding of %s: %w", b.Identity, kvstore.Unavailable(err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, records.ErrConflict)
+	}
+	return nil
+}
+
 // ReleaseBinding frees a kept sticky identity's addresses before its
 // window ends: the binding and its kept records go in one transaction,
 // if nothing changed. A binding a pod holds is refused (release the pod).

@@ -251,6 +251,22 @@ func (h *hookStore) Keep(ctx context.Context, b records.Binding, als []records.A
 	return end, h.post(ctx, "Keep", err)
 }
 
+func (h *hookStore) ListBindings(ctx context.Context, pool string) ([]records.Binding, error) {
+	if err := h.pre(ctx, "ListBindings"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.ListBindings(ctx, pool)
+	return out, h.post(ctx, "ListBindings", err)
+}
+
+func (h *hookStore) DropStaleBinding(ctx context.Context, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
+	h.see("DropStaleBinding", b)
+	if err := h.pre(ctx, "DropStaleBinding"); err != nil {
+		return err
+	}
+	return h.post(ctx, "DropStaleBinding", h.Store.DropStaleBinding(ctx, b, refs, cur))
+}
+
 func (h *hookStore) RecordLapsed(ctx context.Context, al records.Allocation, end time.Time) (bool, error) {
 	h.see("RecordLapsed", al)
 	if err := h.pre(ctx, "RecordLapsed"); err != nil {

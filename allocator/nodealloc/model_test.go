@@ -45,7 +45,7 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "claim", "unclaim", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
+		"lapse-record", "claim", "unclaim", "unbind", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed", "reservation lease lost"}
 )
 
@@ -181,8 +181,9 @@ type modelRun struct {
 // a live pod and from a kept record, an earlier container's late DEL,
 // window expiry), re-asserting allocations etcd lost (an etcd restore,
 // in the running allocator or after a restart), recording lapsed
-// reservations, an operator's release --owner and node remove of a
-// stopped node (model_ops_test.go), and pool changes (disable, reserve,
+// reservations, dropping a stale sticky binding at a restore, an
+// operator's release --owner and node remove of a stopped node
+// (model_ops_test.go), and pool changes (disable, reserve,
 // add and remove a cidr); while every write meets each fault: an unknown
 // outcome (the write lands, the caller is told it failed), a failure
 // before sending, a lost race (refused as a conflict without reaching
@@ -345,9 +346,9 @@ func (r *modelRun) addOwner(o records.Owner, node int, identity string) *mOwner 
 func (r *modelRun) hookUp(n *mNode) {
 	var kind string // the kind of the write in flight (one goroutine)
 	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
-	for _, op := range []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent",
-		"Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool"} {
-		write := !slices.Contains([]string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListLent"}, op)
+	reads := []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListBindings", "ListLent"}
+	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding") {
+		write := !slices.Contains(reads, op)
 		n.hook.Before(op, func(ctx context.Context) error {
 			if write && kind != "" {
 				r.writes[kind]++
@@ -428,6 +429,8 @@ func (r *modelRun) kindOf(op string, arg any) string {
 		return "bind/takeover"
 	case "Keep":
 		return "keep"
+	case "DropStaleBinding":
+		return "unbind"
 	case "RecordLapsed":
 		return "lapse-record"
 	case "SeedPool":

@@ -17,8 +17,10 @@ import (
 // addresses in a pool that no longer chooses it): it re-claims
 // every block whose home is this node (orphaned blocks, and claims left on
 // an earlier lease of this node), and reads their allocations, one range
-// read per block. No allocation is changed. Call it at start and after
-// the lease was lost and a new one granted.
+// read per block. No allocation is changed; a sticky binding that names a
+// container of this node holding none of its addresses is dropped
+// (sweepBindings). Call it at start and after the lease was lost and a new
+// one granted.
 //
 // Restore fails, and the allocator refuses to allocate or release, if a
 // block of this node that holds allocations cannot be re-claimed: serving
@@ -51,6 +53,9 @@ func (a *Allocator) Restore(ctx context.Context, lease Lease) error {
 	}
 	a.pools = pools
 	a.restored = true
+	for _, ps := range pools {
+		a.sweepBindings(ctx, ps)
+	}
 	// A pool that is disabled, or whose selector no longer chooses this
 	// node (relabelled while it was away), gets its empty blocks back.
 	for _, ps := range pools {

@@ -117,6 +117,44 @@ func staleBinding(b records.Binding, cur map[netip.Addr]records.Allocation) bool
 	return true
 }
 
+// sweepBindings drops the bindings of ps that name a container of this
+// node holding none of their addresses: a reservation that lapsed, or
+// whose ADD failed, while the node restarted or lost its lease, so that
+// no cache knows of the container and its DEL finds nothing to release
+// (a binding of an identity that never comes back would stay for ever).
+// Restore calls it, with no request in flight on the node. A binding it
+// cannot check or drop now is left to the identity's next pod, which
+// replaces it (planSticky).
+func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
+	bs, err := a.cfg.Store.ListBindings(ctx, ps.pool.Name)
+	if err != nil {
+		a.log.Warn("cannot list sticky bindings to drop stale ones", "pool", ps.pool.Name, "error", err)
+		return
+	}
+	for _, b := range bs {
+		if b.Node != a.cfg.Node || b.Kept() {
+			continue
+		}
+		if err := a.dropStaleBinding(ctx, ps, b); err != nil {
+			a.log.Warn("stale sticky binding left to the identity's next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
+		}
+	}
+}
+
+// dropStaleBinding deletes b if the container it names holds none of its
+// addresses in etcd (staleBinding), guarded by what was read.
+func (a *Allocator) dropStaleBinding(ctx context.Context, ps *poolState, b records.Binding) error {
+	refs, cur, err := a.readBound(ctx, ps, b)
+	if err != nil || !staleBinding(b, cur) {
+		return err
+	}
+	if err := a.cfg.Store.DropStaleBinding(ctx, b, refs, cur); err != nil {
+		return err
+	}
+	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
+	return nil
+}
+
 // syncBound reads into the cache the addresses of b, which names owner o,
 // that the cache does not know as o's.
 func (a *Allocator) syncBound(ctx context.Context, ps *poolState, b records.Binding, o records.Owner) error {

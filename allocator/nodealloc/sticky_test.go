@@ -307,3 +307,43 @@ func TestKeptReleasedByOperatorNotRefused(t *testing.T) {
 	require.NoError(t, err, "x is free in etcd")
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
+
+// TestStaleBindingGoneAfterRestart: a sticky pod's ADD reserved its
+// address and bound the identity; the reservation lapsed, and the node
+// restarted before the pod's DEL, so its cache knows nothing of the
+// container. The restore drops the binding that names a container of this
+// node holding none of its addresses: the DEL, finding nothing, leaves no
+// binding behind (an identity that never comes back would keep it for
+// ever). A binding whose container still holds its address, and a kept
+// one, stay.
+func TestStaleBindingGoneAfterRestart(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	lapsed, running, kept := stickyPod("web-0", 1), stickyPod("web-1", 1), stickyPod("web-2", 1)
+	req := stickyReq(lapsed, time.Minute)
+	req.Reserve = true
+	res, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	_, err = a.alloc.Allocate(ctx, stickyReq(running, time.Minute))
+	require.NoError(t, err)
+	_, err = a.alloc.Allocate(ctx, stickyReq(kept, time.Minute))
+	require.NoError(t, err)
+	_, err = a.alloc.Release(ctx, kept)
+	require.NoError(t, err)
+	lease := holdersOf(t, a.cli)[res.Allocations[0].Addr].Lease
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease)) // the reservation lapses
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{}) // restarted
+	bound := func(id string) bool {
+		_, ok, err := a2.store.GetBinding(ctx, "one", id)
+		require.NoError(t, err)
+		return ok
+	}
+	require.False(t, bound("ns/web-0"), "the binding of the lapsed reservation is gone")
+	require.True(t, bound("ns/web-1"), "a running pod's binding stays")
+	require.True(t, bound("ns/web-2"), "a kept binding stays")
+	_, err = a2.alloc.Release(ctx, lapsed)
+	require.NoError(t, err)
+}

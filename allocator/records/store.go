@@ -275,6 +275,13 @@ type Bindings interface {
 	// window, if b and every allocation are unchanged. It returns the
 	// lease's end.
 	Keep(ctx context.Context, b Binding, als []Allocation) (time.Time, error)
+	// ListBindings reads every binding of a pool.
+	ListBindings(ctx context.Context, pool string) ([]Binding, error)
+	// DropStaleBinding deletes b, whose container holds none of its
+	// addresses, if b is still at b.Rev and each address of refs is as
+	// cur shows it (absent, or the record found at its revision). A
+	// lost race wraps ErrConflict.
+	DropStaleBinding(ctx context.Context, b Binding, refs []IPRef, cur map[netip.Addr]Allocation) error
 }
 
 // PoolSnapshot is one pool as read at one revision.
