@@ -131,28 +131,41 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 		a.log.Warn("cannot list sticky bindings to drop stale ones", "pool", ps.pool.Name, "error", err)
 		return
 	}
+	// One read of every address the node's bindings name.
+	var mine []records.Binding
+	refs := map[string][]records.IPRef{} // by identity
+	var all []records.IPRef
 	for _, b := range bs {
 		if b.Node != a.cfg.Node || b.Kept() {
 			continue
 		}
-		if err := a.dropStaleBinding(ctx, ps, b); err != nil {
-			a.log.Warn("stale sticky binding left to the identity's next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
+		for _, addr := range b.Addrs {
+			if blk, ok := ps.pool.BlockFor(addr); ok {
+				ref := records.IPRef{Pool: ps.pool.Name, Block: blk, Addr: addr}
+				refs[b.Identity] = append(refs[b.Identity], ref)
+				all = append(all, ref)
+			}
 		}
+		mine = append(mine, b)
 	}
-}
-
-// dropStaleBinding deletes b if the container it names holds none of its
-// addresses in etcd (staleBinding), guarded by what was read.
-func (a *Allocator) dropStaleBinding(ctx context.Context, ps *poolState, b records.Binding) error {
-	refs, cur, err := a.readBound(ctx, ps, b)
-	if err != nil || !staleBinding(b, cur) {
-		return err
+	if len(mine) == 0 {
+		return
 	}
-	if err := a.cfg.Store.DropStaleBinding(ctx, b, refs, cur); err != nil {
-		return err
+	cur, err := a.cfg.Store.GetIPs(ctx, all)
+	if err != nil {
+		a.log.Warn("cannot read sticky bindings' addresses to drop stale ones", "pool", ps.pool.Name, "error", err)
+		return
 	}
-	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
-	return nil
+	for _, b := range mine {
+		if !staleBinding(b, cur) {
+			continue
+		}
+		if err := a.cfg.Store.DropStaleBinding(ctx, b, refs[b.Identity], cur); err != nil {
+			a.log.Warn("stale sticky binding left to the identity's next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
+			continue
+		}
+		a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
+	}
 }
 
 // syncBound reads into the cache the addresses of b, which names owner o,
