@@ -122,9 +122,11 @@ func staleBinding(b records.Binding, cur map[netip.Addr]records.Allocation) bool
 // whose ADD failed, while the node restarted or lost its lease, so that
 // no cache knows of the container and its DEL finds nothing to release
 // (a binding of an identity that never comes back would stay for ever).
-// Restore calls it, with no request in flight on the node. A binding it
-// cannot check or drop now is left to the identity's next pod, which
-// replaces it (planSticky).
+// A binding one of whose addresses an endpoint of this node uses
+// (Config.Held) stays: its pod runs, and Reassert writes back what etcd
+// lost of it. Restore calls it, with no request in flight on the node. A
+// binding it cannot check or drop now is left to the identity's next pod,
+// which replaces it (planSticky).
 func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 	bs, err := a.cfg.Store.ListBindings(ctx, ps.pool.Name)
 	if err != nil {
@@ -135,8 +137,9 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 	var mine []records.Binding
 	refs := map[string][]records.IPRef{} // by identity
 	var all []records.IPRef
+	held := a.heldSet()
 	for _, b := range bs {
-		if b.Node != a.cfg.Node || b.Kept() {
+		if b.Node != a.cfg.Node || b.Kept() || slices.ContainsFunc(b.Addrs, func(x netip.Addr) bool { return held[x] }) {
 			continue
 		}
 		for _, addr := range b.Addrs {

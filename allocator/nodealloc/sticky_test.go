@@ -314,13 +314,15 @@ func TestKeptReleasedByOperatorNotRefused(t *testing.T) {
 // container. The restore drops the binding that names a container of this
 // node holding none of its addresses: the DEL, finding nothing, leaves no
 // binding behind (an identity that never comes back would keep it for
-// ever). A binding whose container still holds its address, and a kept
-// one, stay.
+// ever). A binding whose container still holds its address, a kept one,
+// and one whose container's record etcd lost while its endpoint still
+// uses the address (Reassert writes it back), stay.
 func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	ctx := context.Background()
 	e := startEtcd(t, onePool)
+	var held []netip.Addr // set before the restart, read after
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
-	lapsed, running, kept := stickyPod("web-0", 1), stickyPod("web-1", 1), stickyPod("web-2", 1)
+	lapsed, running, kept, lost := stickyPod("web-0", 1), stickyPod("web-1", 1), stickyPod("web-2", 1), stickyPod("web-3", 1)
 	req := stickyReq(lapsed, time.Minute)
 	req.Reserve = true
 	res, err := a.alloc.Allocate(ctx, req)
@@ -331,11 +333,17 @@ func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	require.NoError(t, err)
 	_, err = a.alloc.Release(ctx, kept)
 	require.NoError(t, err)
+	res2, err := a.alloc.Allocate(ctx, stickyReq(lost, time.Minute))
+	require.NoError(t, err)
+	y := res2.Allocations[0]
+	held = []netip.Addr{y.Addr}
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", y.Block, y.Addr)) // lost in an etcd restore
+	require.NoError(t, err)
 	lease := holdersOf(t, a.cli)[res.Allocations[0].Addr].Lease
 	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease)) // the reservation lapses
 	require.NoError(t, err)
 
-	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{}) // restarted
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: func() []netip.Addr { return held }}) // restarted
 	bound := func(id string) bool {
 		_, ok, err := a2.store.GetBinding(ctx, "one", id)
 		require.NoError(t, err)
@@ -344,6 +352,7 @@ func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	require.False(t, bound("ns/web-0"), "the binding of the lapsed reservation is gone")
 	require.True(t, bound("ns/web-1"), "a running pod's binding stays")
 	require.True(t, bound("ns/web-2"), "a kept binding stays")
+	require.True(t, bound("ns/web-3"), "the binding of a running endpoint whose record etcd lost stays")
 	_, err = a2.alloc.Release(ctx, lapsed)
 	require.NoError(t, err)
 }
