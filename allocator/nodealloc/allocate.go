@@ -318,8 +318,13 @@ func (a *Allocator) landed(p *plan) (Result, bool) {
 	return a.result(p), true
 }
 
-// result is the answer of a plan whose writes are in the cache.
+// result is the answer of a plan whose writes are in the cache. A sticky
+// owner told a reservation is noted until its confirm or DEL
+// (poolState.unconfirmed).
 func (a *Allocator) result(p *plan) Result {
+	if p.req.Sticky != nil && p.req.Reserve {
+		p.ps.noteUnconfirmed(p.req.Owner.Key(), p.req.Sticky.Identity)
+	}
 	out := Result{Pool: p.ps.pool.Name}
 	als := slices.Clone(p.reused)
 	for _, w := range p.writes {

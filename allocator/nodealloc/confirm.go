@@ -242,6 +242,9 @@ func (a *Allocator) finishConfirm(o records.Owner, p confirmPlan) ([]records.All
 		}
 		done = append(done, *al)
 	}
+	for _, ps := range a.pools {
+		delete(ps.unconfirmed, o.Key())
+	}
 	slices.SortFunc(done, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return done, nil
 }

@@ -42,6 +42,11 @@ type poolState struct {
 	// kept are own-block addresses kept for a sticky identity between
 	// its pods (stickyalloc.go); they stay marked.
 	kept map[netip.Addr]keptAddr
+	// unconfirmed are the sticky owners told a reservation and not yet
+	// confirmed, and their identities: if the reservation is gone before
+	// the confirm (it lapsed, its lease ended), the cache forgets it, and
+	// the owner's DEL still checks the binding (dropBindingOf).
+	unconfirmed map[string]string
 	// walks are the node's block walks, by family (blockwalk.go); a
 	// changed pool starts them again.
 	walks map[allocator.Family]*allocator.BlockWalk
@@ -80,7 +85,26 @@ func newPoolState(p allocator.Pool) *poolState {
 		lent:    map[netip.Addr]string{},
 		planned: map[netip.Addr]bool{},
 		kept:    map[netip.Addr]keptAddr{},
+
+		unconfirmed: map[string]string{},
 	}
+}
+
+// maxUnconfirmed bounds poolState.unconfirmed: an ADD that is neither
+// confirmed nor DELed leaves its entry, and beyond the bound an arbitrary
+// one goes (its binding is then left to the identity's next pod).
+const maxUnconfirmed = 4096
+
+// noteUnconfirmed records that owner o was told a reservation for sticky
+// identity id.
+func (ps *poolState) noteUnconfirmed(o, id string) {
+	if _, ok := ps.unconfirmed[o]; !ok && len(ps.unconfirmed) >= maxUnconfirmed {
+		for k := range ps.unconfirmed {
+			delete(ps.unconfirmed, k)
+			break
+		}
+	}
+	ps.unconfirmed[o] = id
 }
 
 // remember indexes al; expires is the reservation expiry if known. An

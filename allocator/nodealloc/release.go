@@ -70,6 +70,15 @@ func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.All
 				out = append(out, *al)
 			}
 		}
+		if id, ok := ps.unconfirmed[o.Key()]; ok {
+			// Told a reservation never confirmed: gone from the cache,
+			// perhaps, but not from the binding.
+			if err := a.dropBindingOf(ctx, ps, id, o); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(ps.unconfirmed, o.Key())
+		}
 	}
 	return out, errors.Join(errs...)
 }

@@ -171,6 +171,32 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 	}
 }
 
+// dropBindingOf drops identity id's binding if it names owner o, is not
+// kept, and o holds none of its addresses (staleBinding), guarded by what
+// was read. A binding that changed meanwhile is someone else's: left.
+func (a *Allocator) dropBindingOf(ctx context.Context, ps *poolState, id string, o records.Owner) error {
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
+	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
+		return err
+	}
+	refs, cur, err := a.readBound(ctx, ps, b)
+	if errors.Is(err, records.ErrBadRequest) {
+		return nil // it names an address out of the pool now: left to kvipamctl check
+	}
+	if err != nil || !staleBinding(b, cur) {
+		return err
+	}
+	err = a.cfg.Store.DropStaleBinding(ctx, b, refs, cur)
+	switch {
+	case errors.Is(err, records.ErrConflict):
+		return nil
+	case err != nil:
+		return fmt.Errorf("release %s: drop the binding of sticky identity %s: %w", o.Key(), id, err)
+	}
+	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", id, "owner", o.Key())
+	return nil
+}
+
 // syncBound reads into the cache the addresses of b, which names owner o,
 // that the cache does not know as o's.
 func (a *Allocator) syncBound(ctx context.Context, ps *poolState, b records.Binding, o records.Owner) error {

@@ -356,3 +356,31 @@ func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	_, err = a2.alloc.Release(ctx, lapsed)
 	require.NoError(t, err)
 }
+
+// TestStickyDelAfterConfirmFoundReservationGone: a sticky pod's
+// reservation is gone before its confirm (its lease ended early), so the
+// confirm fails and the cache forgets the reservation. The pod's DEL then
+// finds nothing to release; it still drops the binding that names the
+// container, which holds none of its addresses.
+func TestStickyDelAfterConfirmFoundReservationGone(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := stickyPod("web-0", 1)
+	req := stickyReq(o, time.Minute)
+	req.Reserve = true
+	res, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	lease := holdersOf(t, a.cli)[res.Allocations[0].Addr].Lease
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease))
+	require.NoError(t, err)
+	_, err = a.alloc.Confirm(ctx, o)
+	require.ErrorIs(t, err, records.ErrReservationGone)
+
+	gone, err := a.alloc.Release(ctx, o)
+	require.NoError(t, err)
+	require.Empty(t, gone)
+	_, ok, err := a.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.False(t, ok, "the DEL drops the binding naming the container")
+}
