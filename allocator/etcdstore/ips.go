@@ -2,6 +2,7 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -275,7 +276,7 @@ func (s *Store) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Add
 func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 	also := releaseOps(al)
 	var guards []clientv3.Cmp
-	var bound clientv3.Cmp
+	var bound *records.Binding
 	if al.Identity != "" && al.State != records.StateKept {
 		b, ok, err := s.GetBinding(ctx, al.Pool, al.Identity)
 		if err != nil {
@@ -283,21 +284,22 @@ func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 		}
 		if ok && !b.Kept() && b.Owner.Key() == al.Owner.Key() {
 			key := BindingKey(al.Pool, al.Identity)
-			bound = kvstore.Unchanged(key, b.Rev)
-			guards = append(guards, bound)
+			bound = &b
+			guards = append(guards, kvstore.Unchanged(key, b.Rev))
 			also = append(also, clientv3.OpDelete(key))
 		}
 	}
 	deleted, err := s.deleteWithHistory(ctx, IPKey(al.Pool, al.Block, al.Addr), al.Rev, HistoryOf(al, s.now(), EndReleased), guards, also...)
-	if err != nil || deleted || len(guards) == 0 {
+	if err != nil || deleted || bound == nil {
 		return err
 	}
-	// The key was gone already. A binding still at the revision read
-	// names a container that holds nothing: it goes.
-	if _, err := s.kv.Txn(ctx).If(bound).Then(clientv3.OpDelete(BindingKey(al.Pool, al.Identity))).Commit(); err != nil {
-		return fmt.Errorf("delete sticky binding %s of %s: %w", al.Identity, al.Owner.Key(), kvstore.Unavailable(err))
+	// The key was gone already: the binding names a container that holds
+	// nothing there.
+	err = s.DropStaleBinding(ctx, *bound, []records.IPRef{{Pool: al.Pool, Block: al.Block, Addr: al.Addr}}, nil)
+	if errors.Is(err, records.ErrConflict) {
+		return nil // changed meanwhile: someone else's now
 	}
-	return nil
+	return err
 }
 
 // releaseOps are what goes with an allocation's key when it is released:

@@ -49,6 +49,7 @@ func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.All
 	var errs []error
 	for _, ps := range a.pools {
 		var sticky []*records.Allocation
+		cached := len(ps.byOwner[o.Key()]) > 0
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
 			if al.Identity != "" && al.State == records.StateAllocated {
 				sticky = append(sticky, al)
@@ -71,11 +72,14 @@ func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.All
 			}
 		}
 		if id, ok := ps.unconfirmed[o.Key()]; ok {
-			// Told a reservation never confirmed: gone from the cache,
-			// perhaps, but not from the binding.
-			if err := a.dropBindingOf(ctx, ps, id, o); err != nil {
-				errs = append(errs, err)
-				continue
+			// Told a reservation never confirmed. Still cached, its
+			// release took the binding (DeleteIP); gone from the cache,
+			// the binding is checked here.
+			if !cached {
+				if err := a.dropBindingOf(ctx, ps, id, o); err != nil {
+					errs = append(errs, err)
+					continue
+				}
 			}
 			delete(ps.unconfirmed, o.Key())
 		}

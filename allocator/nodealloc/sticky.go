@@ -160,40 +160,47 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 		return
 	}
 	for _, b := range mine {
-		if !staleBinding(b, cur) {
-			continue
-		}
-		if err := a.cfg.Store.DropStaleBinding(ctx, b, refs[b.Identity], cur); err != nil {
+		if err := a.dropIfStale(ctx, ps, b, refs[b.Identity], cur); err != nil {
 			a.log.Warn("stale sticky binding left to the identity's next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
-			continue
 		}
-		a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
 	}
 }
 
+// dropIfStale drops b if the container it names holds none of its
+// addresses as cur shows them (staleBinding), guarded by what was read
+// at refs. A binding that changed meanwhile is someone else's: left.
+func (a *Allocator) dropIfStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
+	if !staleBinding(b, cur) {
+		return nil
+	}
+	err := a.cfg.Store.DropStaleBinding(ctx, b, refs, cur)
+	switch {
+	case errors.Is(err, records.ErrConflict):
+		return nil
+	case err != nil:
+		return err
+	}
+	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
+	return nil
+}
+
 // dropBindingOf drops identity id's binding if it names owner o, is not
-// kept, and o holds none of its addresses (staleBinding), guarded by what
-// was read. A binding that changed meanwhile is someone else's: left.
+// kept, and o holds none of its addresses (dropIfStale).
 func (a *Allocator) dropBindingOf(ctx context.Context, ps *poolState, id string, o records.Owner) error {
 	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
 	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
 		return err
 	}
 	refs, cur, err := a.readBound(ctx, ps, b)
-	if errors.Is(err, records.ErrBadRequest) {
+	switch {
+	case errors.Is(err, records.ErrBadRequest):
 		return nil // it names an address out of the pool now: left to kvipamctl check
-	}
-	if err != nil || !staleBinding(b, cur) {
+	case err != nil:
 		return err
 	}
-	err = a.cfg.Store.DropStaleBinding(ctx, b, refs, cur)
-	switch {
-	case errors.Is(err, records.ErrConflict):
-		return nil
-	case err != nil:
+	if err := a.dropIfStale(ctx, ps, b, refs, cur); err != nil {
 		return fmt.Errorf("release %s: drop the binding of sticky identity %s: %w", o.Key(), id, err)
 	}
-	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", id, "owner", o.Key())
 	return nil
 }
 
