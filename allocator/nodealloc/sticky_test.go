@@ -256,6 +256,24 @@ func TestStickyGCAndStaticConflicts(t *testing.T) {
 	require.Equal(t, x.Addr, res.Allocations[0].Addr)
 }
 
+// lapsedReservation ADDs sticky pod o on a with a reservation, and ends
+// the reservation's lease before its time (it lapses); it returns o's
+// address.
+func lapsedReservation(t *testing.T, a *testNode, o records.Owner) records.Allocation {
+	t.Helper()
+	ctx := context.Background()
+	req := stickyReq(o, time.Minute)
+	req.Reserve = true
+	res, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	lease := holdersOf(t, a.cli)[x.Addr].Lease
+	require.NotZero(t, lease, "a reservation is on a lease")
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease))
+	require.NoError(t, err)
+	return x
+}
+
 // TestStickyReleaseAfterLapseDropsBinding: a sticky pod's ADD reserved
 // its address and bound the identity, and the reservation lapsed before
 // the confirm (its lease ended). The pod's DEL finds the address gone
@@ -266,17 +284,9 @@ func TestStickyReleaseAfterLapseDropsBinding(t *testing.T) {
 	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	o := stickyPod("web-0", 1)
-	req := stickyReq(o, time.Minute)
-	req.Reserve = true
-	res, err := a.alloc.Allocate(ctx, req)
-	require.NoError(t, err)
-	x := res.Allocations[0]
-	lease := holdersOf(t, a.cli)[x.Addr].Lease
-	require.NotZero(t, lease, "a reservation is on a lease")
-	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease)) // it lapses
-	require.NoError(t, err)
+	lapsedReservation(t, a, o)
 
-	_, err = a.alloc.Release(ctx, o)
+	_, err := a.alloc.Release(ctx, o)
 	require.NoError(t, err)
 	resp, err := a.cli.Get(ctx, etcdstore.BindingKey("one", "ns/web-0"))
 	require.NoError(t, err)
@@ -323,11 +333,8 @@ func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	var held []netip.Addr // set before the restart, read after
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	lapsed, running, kept, lost := stickyPod("web-0", 1), stickyPod("web-1", 1), stickyPod("web-2", 1), stickyPod("web-3", 1)
-	req := stickyReq(lapsed, time.Minute)
-	req.Reserve = true
-	res, err := a.alloc.Allocate(ctx, req)
-	require.NoError(t, err)
-	_, err = a.alloc.Allocate(ctx, stickyReq(running, time.Minute))
+	lapsedReservation(t, a, lapsed)
+	_, err := a.alloc.Allocate(ctx, stickyReq(running, time.Minute))
 	require.NoError(t, err)
 	_, err = a.alloc.Allocate(ctx, stickyReq(kept, time.Minute))
 	require.NoError(t, err)
@@ -338,9 +345,6 @@ func TestStaleBindingGoneAfterRestart(t *testing.T) {
 	y := res2.Allocations[0]
 	held = []netip.Addr{y.Addr}
 	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", y.Block, y.Addr)) // lost in an etcd restore
-	require.NoError(t, err)
-	lease := holdersOf(t, a.cli)[res.Allocations[0].Addr].Lease
-	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease)) // the reservation lapses
 	require.NoError(t, err)
 
 	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: func() []netip.Addr { return held }}) // restarted
@@ -367,14 +371,8 @@ func TestStickyDelAfterConfirmFoundReservationGone(t *testing.T) {
 	e := startEtcd(t, onePool)
 	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
 	o := stickyPod("web-0", 1)
-	req := stickyReq(o, time.Minute)
-	req.Reserve = true
-	res, err := a.alloc.Allocate(ctx, req)
-	require.NoError(t, err)
-	lease := holdersOf(t, a.cli)[res.Allocations[0].Addr].Lease
-	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(lease))
-	require.NoError(t, err)
-	_, err = a.alloc.Confirm(ctx, o)
+	lapsedReservation(t, a, o)
+	_, err := a.alloc.Confirm(ctx, o)
 	require.ErrorIs(t, err, records.ErrReservationGone)
 
 	gone, err := a.alloc.Release(ctx, o)
