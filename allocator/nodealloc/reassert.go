@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -113,6 +114,14 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 			}
 			continue
 		}
+		if other := a.otherOfFamily(ps, it.h); other != nil {
+			// The owner holds another address of the family now (its
+			// ADD was retried after this one's reservation was gone):
+			// writing addr back would give it two.
+			conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.pool.Name, HeldBy: other,
+				Reason: fmt.Sprintf("%s holds %s of that family now", it.h.Owner.Key(), other.Addr)})
+			continue
+		}
 		al, conflict, err := a.reassertOne(ctx, ps, it.h, it.block, bound[ps.pool.Name+"/"+it.h.Owner.Key()])
 		switch {
 		case conflict != nil:
@@ -137,6 +146,17 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 		}
 	}
 	return restored, conflicts, errors.Join(errs...)
+}
+
+// otherOfFamily returns an allocation the cache holds for h's owner, of
+// h's address's family, at another address, if any.
+func (a *Allocator) otherOfFamily(ps *poolState, h HeldAddr) *records.Allocation {
+	for _, al := range ps.ofOwner(h.Owner.Key(), allocator.FamilyOf(h.Addr)) {
+		if al.Addr != h.Addr && !a.dropIfLapsed(ps, al) {
+			return al
+		}
+	}
+	return nil
 }
 
 // reassertWindow is the window of a sticky binding written back for a

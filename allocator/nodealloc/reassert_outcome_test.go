@@ -246,3 +246,33 @@ func TestReassertRestoresBindingAfterRestart(t *testing.T) {
 	require.NoError(t, err, "the identity's next container takes them over")
 	require.ElementsMatch(t, addrs, addrsOf(res.Allocations))
 }
+
+// TestReassertNoSecondAddressOfAFamily: an ADD's reservation of x lapsed
+// (its lease ended) and its confirm failed, so the cache forgot x; the
+// retried ADD got y. An endpoint record still naming x (the agent's, of
+// the failed ADD) must not make Reassert write x back beside y: the owner
+// would hold two addresses of one family. x is a conflict.
+func TestReassertNoSecondAddressOfAFamily(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	req := nodealloc.Request{Pool: "one", Owner: owner(1), Reserve: true}
+	res, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Revoke(ctx, clientv3.LeaseID(holdersOf(t, a.cli)[x.Addr].Lease))
+	require.NoError(t, err)
+	_, err = a.alloc.Confirm(ctx, owner(1))
+	require.ErrorIs(t, err, records.ErrReservationGone)
+	res, err = a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	y := res.Allocations[0]
+	require.NotEqual(t, x.Addr, y.Addr)
+
+	restored, conflicts, err := a.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: owner(1), Addr: x.Addr}})
+	require.NoError(t, err)
+	require.Empty(t, restored)
+	require.Len(t, conflicts, 1, "x is not written back beside y")
+	_, held := holdersOf(t, a.cli)[x.Addr]
+	require.False(t, held)
+}
