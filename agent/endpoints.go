@@ -72,7 +72,7 @@ func (m *endpointManager) lockOwner(o api.Owner) (unlock func()) {
 type endpointAllocator interface {
 	Lookup(o records.Owner) []records.Allocation
 	Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error)
-	Release(ctx context.Context, o records.Owner) ([]records.Allocation, error)
+	ReleaseAs(ctx context.Context, o records.Owner, identity string) ([]records.Allocation, error)
 	ReleaseAllocation(ctx context.Context, al records.Allocation) (bool, error)
 	Reassert(ctx context.Context, held []nodealloc.HeldAddr) ([]records.Allocation, []nodealloc.Conflict, error)
 }
@@ -195,12 +195,13 @@ func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf strin
 		}
 	}
 	defer m.lockOwner(o)()
+	ep, _ := m.records.get(o) // its identity, before the retire removes it
 	if ifindex != 0 {
 		if err := m.retireLocked(ctx, o, hostIf, ifindex); err != nil {
 			return nil, state, err
 		}
 	}
-	ips, err := m.releaseLocked(ctx, o)
+	ips, err := m.releaseLocked(ctx, o, ep.StickyIdentity)
 	return ips, state, err
 }
 
@@ -222,11 +223,14 @@ func (m *endpointManager) retireLocked(ctx context.Context, o api.Owner, hostIf 
 	return nil
 }
 
-func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner) ([]string, error) {
+// releaseLocked tears o's endpoint down and frees its addresses. identity
+// is the sticky identity the endpoint was added under, if any: the
+// allocator drops a binding naming o even if it knows nothing of o.
+func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner, identity string) ([]string, error) {
 	if err := m.deleteLocked(ctx, o); err != nil {
 		return nil, err
 	}
-	rel, err := m.alloc.Release(ctx, o)
+	rel, err := m.alloc.ReleaseAs(ctx, o, identity)
 	out := make([]string, 0, len(rel))
 	for _, al := range rel {
 		out = append(out, al.Addr.String())
@@ -247,7 +251,7 @@ func (m *endpointManager) releaseEndpoint(ctx context.Context, ep api.Endpoint) 
 	if !ok || cur.ID != ep.ID || !cur.Created.Equal(ep.Created) {
 		return nil, false, nil
 	}
-	ips, err = m.releaseLocked(ctx, ep.Owner)
+	ips, err = m.releaseLocked(ctx, ep.Owner, ep.StickyIdentity)
 	return ips, true, err
 }
 

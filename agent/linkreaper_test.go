@@ -30,12 +30,12 @@ func hostNSConfig(t *testing.T) (Config, *netlink.Handle) {
 // at the moment the addresses could be handed out again.
 type releaseSpy struct {
 	endpointAllocator
-	check func(o records.Owner)
+	check func(o records.Owner, identity string)
 }
 
-func (s releaseSpy) Release(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
-	s.check(o)
-	return s.endpointAllocator.Release(ctx, o)
+func (s releaseSpy) ReleaseAs(ctx context.Context, o records.Owner, identity string) ([]records.Allocation, error) {
+	s.check(o, identity)
+	return s.endpointAllocator.ReleaseAs(ctx, o, identity)
 }
 
 // TestReleaseRetiresHostVethFirst: a release that names the attachment's
@@ -83,7 +83,7 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 	var problems []string
 	m := ta.a.endpoints
 	m.mu.Lock()
-	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(records.Owner) {
+	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(records.Owner, string) {
 		checked = true
 		routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{LinkIndex: idx}, netlink.RT_FILTER_OIF)
 		if err != nil || len(routes) > 0 {
@@ -164,4 +164,31 @@ func TestRetiredVethDeletedAtStart(t *testing.T) {
 	require.Error(t, err, "the retired veth outlived the restart")
 	_, err = h.LinkByIndex(live.Attrs().Index)
 	require.NoError(t, err, "a veth that was not retired was deleted")
+}
+
+// TestStickyDelNamesIdentity: the DEL of a sticky pod names to the
+// allocator the identity its endpoint was added under, also when the
+// retire of its host veth has removed the endpoint's record first; so a
+// binding that names the container goes even if the allocator knows
+// nothing of it (nodealloc's TestStickyDelOfLostRecordDropsBinding).
+func TestStickyDelNamesIdentity(t *testing.T) {
+	cfg, h := hostNSConfig(t)
+	ctx := context.Background()
+	ta := startAgent(t, cfg, Options{})
+	const name = "kvret1"
+	nstest.AddLink(t, h, name)
+	o := owner(1)
+	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o, Sticky: "10m"})
+	require.NoError(t, err)
+	_, err = ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: name})
+	require.NoError(t, err)
+
+	var named []string
+	m := ta.a.endpoints
+	m.mu.Lock()
+	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(_ records.Owner, identity string) { named = append(named, identity) }}
+	m.mu.Unlock()
+	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: o, HostIfName: name})
+	require.NoError(t, err)
+	require.Equal(t, []string{o.Namespace + "/" + o.Pod}, named)
 }

@@ -320,10 +320,10 @@ func (a *Allocator) landed(p *plan) (Result, bool) {
 
 // result is the answer of a plan whose writes are in the cache. A sticky
 // owner told a reservation is noted until its confirm or DEL
-// (poolState.unconfirmed).
+// (poolState.checkBinding).
 func (a *Allocator) result(p *plan) Result {
 	if p.req.Sticky != nil && p.req.Reserve {
-		p.ps.noteUnconfirmed(p.req.Owner.Key(), p.req.Sticky.Identity)
+		p.ps.noteCheckBinding(p.req.Owner.Key(), p.req.Sticky.Identity)
 	}
 	out := Result{Pool: p.ps.pool.Name}
 	als := slices.Clone(p.reused)

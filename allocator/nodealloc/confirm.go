@@ -243,7 +243,7 @@ func (a *Allocator) finishConfirm(o records.Owner, p confirmPlan) ([]records.All
 		done = append(done, *al)
 	}
 	for _, ps := range a.pools {
-		delete(ps.unconfirmed, o.Key())
+		delete(ps.checkBinding, o.Key())
 	}
 	slices.SortFunc(done, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return done, nil

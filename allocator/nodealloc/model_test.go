@@ -606,10 +606,12 @@ func (r *modelRun) startAlloc(n *mNode) {
 }
 
 // heldOn lists the addresses the endpoints of node i use (NodeConfig.Held).
+// An owner whose DEL failed has none: the agent removed its endpoint's
+// record before the release.
 func (r *modelRun) heldOn(i int) []netip.Addr {
 	var out []netip.Addr
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == i {
+		if mo := r.owners[k]; mo.node == i && !mo.delFail {
 			out = append(out, mo.told...)
 		}
 	}
@@ -973,8 +975,15 @@ func (r *modelRun) opRelease() {
 	n := r.nodes[mo.node]
 	r.recover(n, false)
 	from := time.Now()
-	out, err := n.alloc.Release(r.ctx, mo.o)
-	r.logf("%s Release %s (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.told, mo.unsure, addrsOf(out), err)
+	// The agent names the identity its endpoint's record has; a retry
+	// finds the record gone, and only the allocator's memory of the
+	// failed DEL (lost with a restart) names it.
+	id := mo.identity
+	if mo.delFail {
+		id = ""
+	}
+	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, id)
+	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), id, mo.told, mo.unsure, addrsOf(out), err)
 	r.tally("release", err)
 	if err != nil {
 		mo.unsure, mo.delFail = true, true
@@ -1108,7 +1117,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	}
 	// The agent re-asserts all its endpoints.
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i {
+		if mo := r.owners[k]; mo.node == n.i && !mo.delFail {
 			for _, a := range mo.told {
 				// The agent's endpoint record keeps the identity (and its
 				// window; the model's are 1-2 s) for a restarted node.

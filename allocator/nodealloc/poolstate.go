@@ -42,11 +42,13 @@ type poolState struct {
 	// kept are own-block addresses kept for a sticky identity between
 	// its pods (stickyalloc.go); they stay marked.
 	kept map[netip.Addr]keptAddr
-	// unconfirmed are the sticky owners told a reservation and not yet
-	// confirmed, and their identities: if the reservation is gone before
-	// the confirm (it lapsed, its lease ended), the cache forgets it, and
-	// the owner's DEL still checks the binding (dropBindingOf).
-	unconfirmed map[string]string
+	// checkBinding are sticky owners whose DEL checks their identity's
+	// binding (dropBindingOf) even when the cache holds nothing of them,
+	// and their identities: those told a reservation not yet confirmed
+	// (if it is gone before the confirm, it lapsed or its lease ended,
+	// the cache forgets it), and those whose DEL named an identity and
+	// failed (ReleaseAs), so that the runtime's retry still checks it.
+	checkBinding map[string]string
 	// walks are the node's block walks, by family (blockwalk.go); a
 	// changed pool starts them again.
 	walks map[allocator.Family]*allocator.BlockWalk
@@ -86,25 +88,26 @@ func newPoolState(p allocator.Pool) *poolState {
 		planned: map[netip.Addr]bool{},
 		kept:    map[netip.Addr]keptAddr{},
 
-		unconfirmed: map[string]string{},
+		checkBinding: map[string]string{},
 	}
 }
 
-// maxUnconfirmed bounds poolState.unconfirmed: an ADD that is neither
-// confirmed nor DELed leaves its entry, and beyond the bound an arbitrary
-// one goes (its binding is then left to the identity's next pod).
-const maxUnconfirmed = 4096
+// maxCheckBinding bounds poolState.checkBinding: an ADD that is neither
+// confirmed nor DELed, or a failed DEL never retried, leaves its entry,
+// and beyond the bound an arbitrary one goes (its binding is then left to
+// the identity's next pod, or to the next restore's sweep).
+const maxCheckBinding = 4096
 
-// noteUnconfirmed records that owner o was told a reservation for sticky
-// identity id.
-func (ps *poolState) noteUnconfirmed(o, id string) {
-	if _, ok := ps.unconfirmed[o]; !ok && len(ps.unconfirmed) >= maxUnconfirmed {
-		for k := range ps.unconfirmed {
-			delete(ps.unconfirmed, k)
+// noteCheckBinding records that owner o's DEL checks the binding of
+// sticky identity id.
+func (ps *poolState) noteCheckBinding(o, id string) {
+	if _, ok := ps.checkBinding[o]; !ok && len(ps.checkBinding) >= maxCheckBinding {
+		for k := range ps.checkBinding {
+			delete(ps.checkBinding, k)
 			break
 		}
 	}
-	ps.unconfirmed[o] = id
+	ps.checkBinding[o] = id
 }
 
 // remember indexes al; expires is the reservation expiry if known. An

@@ -34,8 +34,23 @@ func (a *Allocator) writeFence(ctx context.Context, ps *poolState, al *records.A
 // outcome that cannot be settled yet is refused (try again), since that
 // write may hold an address.
 func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.Allocation, error) {
+	return a.ReleaseAs(ctx, o, "")
+}
+
+// ReleaseAs releases o as Release does. identity, when not empty, is the
+// sticky identity o's endpoint was added under: a binding that names o is
+// then dropped even when the cache knows nothing of o (its records lost
+// with a store, or lapsed, and not written back), as o holds none of its
+// addresses once released. If the release fails, the runtime's retry
+// checks the binding too (poolState.checkBinding).
+func (a *Allocator) ReleaseAs(ctx context.Context, o records.Owner, identity string) ([]records.Allocation, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if identity != "" {
+		for _, ps := range a.pools {
+			ps.noteCheckBinding(o.Key(), identity)
+		}
+	}
 	if err := a.waitOwner(ctx, o.Key()); err != nil {
 		return nil, fmt.Errorf("release: %w", err)
 	}
@@ -49,7 +64,7 @@ func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.All
 	var errs []error
 	for _, ps := range a.pools {
 		var sticky []*records.Allocation
-		cached := len(ps.byOwner[o.Key()]) > 0
+		cached, failed := len(ps.byOwner[o.Key()]) > 0, len(errs)
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
 			if al.Identity != "" && al.State == records.StateAllocated {
 				sticky = append(sticky, al)
@@ -71,17 +86,17 @@ func (a *Allocator) Release(ctx context.Context, o records.Owner) ([]records.All
 				out = append(out, *al)
 			}
 		}
-		if id, ok := ps.unconfirmed[o.Key()]; ok {
-			// Told a reservation never confirmed. Still cached, its
-			// release took the binding (DeleteIP); gone from the cache,
-			// the binding is checked here.
+		if id, ok := ps.checkBinding[o.Key()]; ok && len(errs) == failed {
+			// Still cached, its release took the binding (DeleteIP)
+			// or kept it (keepOwner); gone from the cache, the binding
+			// is checked here.
 			if !cached {
 				if err := a.dropBindingOf(ctx, ps, id, o); err != nil {
 					errs = append(errs, err)
 					continue
 				}
 			}
-			delete(ps.unconfirmed, o.Key())
+			delete(ps.checkBinding, o.Key())
 		}
 	}
 	return out, errors.Join(errs...)

@@ -382,3 +382,44 @@ func TestStickyDelAfterConfirmFoundReservationGone(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "the DEL drops the binding naming the container")
 }
+
+// TestStickyDelOfLostRecordDropsBinding: etcd lost a running sticky pod's
+// record (a store restored from an older snapshot) but kept its binding,
+// and the node restarted; the restore keeps the binding, since the pod's
+// endpoint still holds the address. The pod is deleted before Reassert
+// writes the record back, so the DEL finds nothing cached. The endpoint
+// knows its identity, so the DEL still drops the binding that names the
+// container, which holds none of its addresses.
+func TestStickyDelOfLostRecordDropsBinding(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := stickyPod("web-0", 1)
+	res, err := a.alloc.Allocate(ctx, stickyReq(o, time.Minute))
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in an etcd restore
+	require.NoError(t, err)
+
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{held: func() []netip.Addr { return []netip.Addr{x.Addr} }}) // restarted
+	_, ok, err := a2.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.True(t, ok, "the restore keeps the binding of a running endpoint")
+
+	gone, err := a2.alloc.ReleaseAs(ctx, o, "ns/web-0")
+	require.NoError(t, err)
+	require.Empty(t, gone)
+	_, ok, err = a2.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.False(t, ok, "the DEL drops the binding naming the container")
+
+	other := stickyPod("web-1", 1)
+	_, err = a2.alloc.Allocate(ctx, stickyReq(other, time.Minute))
+	require.NoError(t, err)
+	_, err = a2.alloc.ReleaseAs(ctx, stickyPod("web-1", 2), "ns/web-1")
+	require.NoError(t, err)
+	b, ok, err := a2.store.GetBinding(ctx, "one", "ns/web-1")
+	require.NoError(t, err)
+	require.True(t, ok, "a DEL of another container of the identity leaves the binding")
+	require.Equal(t, other.Key(), b.Owner.Key())
+}
