@@ -98,6 +98,9 @@ type mOwner struct {
 	expires  time.Time
 	unsure   bool
 	delFail  bool // its DEL failed: the runtime retries it
+	// stalled: its ADD stalled before its confirm, so the agent made no
+	// endpoint for it, until an answer tells it something again.
+	stalled  bool
 	operator bool // an operator released what it held (its node was removed)
 	// lost: etcd lost its records and they could not be written back (a
 	// reassert conflict: the pod should be deleted). Its binding may name
@@ -607,11 +610,11 @@ func (r *modelRun) startAlloc(n *mNode) {
 
 // heldOn lists the addresses the endpoints of node i use (NodeConfig.Held).
 // An owner whose DEL failed has none: the agent removed its endpoint's
-// record before the release.
+// record before the release; nor one whose ADD stalled before its confirm.
 func (r *modelRun) heldOn(i int) []netip.Addr {
 	var out []netip.Addr
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == i && !mo.delFail {
+		if mo := r.owners[k]; mo.node == i && !mo.delFail && !mo.stalled {
 			out = append(out, mo.told...)
 		}
 	}
@@ -718,11 +721,10 @@ func (r *modelRun) randomStep() {
 		}
 	case p < 89:
 		r.opAwaitWindows()
+	case p < 90:
+		r.opLapse(n)
 	case p < 92:
-		r.op = "lapse-record"
-		err := n.alloc.RecordLapses(r.ctx)
-		r.logf("%s RecordLapses: %v", n.name, err)
-		r.tally("record lapses", err)
+		r.recordLapses(n)
 	case p < 94:
 		if !skip("pool") {
 			r.opPool()
@@ -756,9 +758,13 @@ func (r *modelRun) ordinary(n *mNode) *mOwner {
 }
 
 func (r *modelRun) opAllocate(n *mNode) {
+	r.allocate(n, r.ordinary(n), r.rng.IntN(2) == 0)
+}
+
+// allocate ADDs ordinary owner mo on node n.
+func (r *modelRun) allocate(n *mNode, mo *mOwner, reserve bool) {
 	r.op = "create"
-	mo := r.ordinary(n)
-	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: r.rng.IntN(2) == 0}
+	req := nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: reserve}
 	ctx, cancel := r.reqCtx()
 	defer cancel()
 	res, err := n.alloc.Allocate(ctx, req)
@@ -925,6 +931,11 @@ func (r *modelRun) opConfirm() {
 	if mo.delFail {
 		return
 	}
+	r.confirm(mo)
+}
+
+// confirm confirms mo's ADD on its node.
+func (r *modelRun) confirm(mo *mOwner) {
 	n := r.nodes[mo.node]
 	r.recover(n, false)
 	done, err := n.alloc.Confirm(r.ctx, mo.o)
@@ -972,6 +983,12 @@ func (r *modelRun) opRelease() {
 	default:
 		mo = r.owners[r.order[r.rng.IntN(len(r.order))]]
 	}
+	r.release(mo)
+}
+
+// release DELs mo on its node.
+func (r *modelRun) release(mo *mOwner) {
+	r.op = "release"
 	n := r.nodes[mo.node]
 	r.recover(n, false)
 	from := time.Now()
@@ -1003,6 +1020,14 @@ func (r *modelRun) stickyWindow() time.Duration { return time.Duration(1+r.rng.I
 // addresses, or a new binding.
 func (r *modelRun) opStickyAdd(n *mNode) {
 	r.op = "bind/takeover"
+	if mo, n := r.newContainer(n); mo != nil {
+		r.stickyAdd(n, mo, r.rng.IntN(3) == 0 && !skip("stickyreserve"))
+	}
+}
+
+// newContainer makes a new container of a sticky identity, on its last
+// container's node or on n; nil if the run leaves that out.
+func (r *modelRun) newContainer(n *mNode) (*mOwner, *mNode) {
 	ids := make([]string, 0, len(r.gens))
 	for id := range r.gens {
 		ids = append(ids, id)
@@ -1011,7 +1036,7 @@ func (r *modelRun) opStickyAdd(n *mNode) {
 	id := ids[r.rng.IntN(len(ids))]
 	last := r.latest(id)
 	if last != nil && (len(last.told) > 0 || last.unsure || last.delFail) && skip("livetakeover") {
-		return
+		return nil, nil
 	}
 	if last != nil && r.rng.IntN(2) == 0 {
 		n = r.nodes[last.node] // re-created on the same node
@@ -1023,7 +1048,7 @@ func (r *modelRun) opStickyAdd(n *mNode) {
 		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
 	mo := r.addOwner(o, n.i, id)
 	mo.gen = r.gens[id]
-	r.stickyAdd(n, mo, r.rng.IntN(3) == 0 && !skip("stickyreserve"))
+	return mo, n
 }
 
 // opStickyRetry retries the ADD of a sticky identity's latest container,
@@ -1117,7 +1142,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	}
 	// The agent re-asserts all its endpoints.
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i && !mo.delFail {
+		if mo := r.owners[k]; mo.node == n.i && !mo.delFail && !mo.stalled {
 			for _, a := range mo.told {
 				// The agent's endpoint record keeps the identity (and its
 				// window; the model's are 1-2 s) for a restarted node.
@@ -1159,6 +1184,78 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 		}
 	}
 	r.after(n, nil)
+}
+
+// opLapse lets a reservation lapse: an ADD whose confirm comes too late
+// (its runtime stalled). The reservation is one told already, or of a new
+// ADD on n, half of them sticky (the DEL then drops the binding). It
+// waits until etcd has let the reservation go, then confirms it (the
+// confirm fails, and the node notices the lapse), then DELs it or not,
+// and records the lapses of its node.
+func (r *modelRun) opLapse(n *mNode) {
+	pending := func(mo *mOwner) bool { return mo.reserved && !mo.unsure && !mo.delFail && len(mo.told) > 0 }
+	var reserved []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; pending(mo) {
+			reserved = append(reserved, mo)
+		}
+	}
+	var mo *mOwner
+	switch {
+	case len(reserved) > 0 && r.rng.IntN(2) == 0:
+		mo = reserved[r.rng.IntN(len(reserved))]
+	case r.rng.IntN(2) == 0 && !skip("sticky") && !skip("stickyreserve"):
+		r.op = "bind/takeover"
+		var on *mNode
+		if mo, on = r.newContainer(n); mo != nil {
+			r.stickyAdd(on, mo, true)
+		}
+	default:
+		mo = r.ordinary(n)
+		r.allocate(n, mo, true)
+	}
+	if mo == nil || !pending(mo) {
+		return
+	}
+	r.op = "lapse"
+	mo.stalled = true
+	deadline := time.Now().Add(60 * time.Second)
+	for _, a := range mo.told {
+		for {
+			al, ok := r.readIP(a)
+			if !ok || al.Owner.Key() != mo.o.Key() || al.State != records.StateReserved {
+				break
+			}
+			if time.Now().After(deadline) {
+				r.fail("the reservation of %s for %s is still in etcd long after its TTL: %+v", a, mo.o.Key(), al)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	r.logf("the reservation of %s (%v) lapsed", mo.o.Key(), mo.told)
+	r.expireReservations()
+	if r.rng.IntN(3) == 0 {
+		// The agent restarted meanwhile: no cache knows the reservation
+		// (the restore's sweep drops a sticky one's binding).
+		r.logf("%s restarts", r.nodes[mo.node].name)
+		r.op = "claim"
+		r.startAlloc(r.nodes[mo.node])
+		r.op = "lapse"
+	}
+	r.confirm(mo)
+	if r.rng.IntN(2) == 0 {
+		r.release(mo)
+	}
+	r.recordLapses(r.nodes[mo.node])
+}
+
+// recordLapses runs the reconciler's record of lapsed reservations.
+func (r *modelRun) recordLapses(n *mNode) {
+	r.op = "lapse-record"
+	err := n.alloc.RecordLapses(r.ctx)
+	r.logf("%s RecordLapses: %v", n.name, err)
+	r.tally("record lapses", err)
 }
 
 // opAwaitWindows waits for the kept addresses' windows to end: their
@@ -1287,7 +1384,7 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 	for _, a := range got {
 		r.holder[a] = k
 	}
-	mo.told, mo.unsure, mo.delFail, mo.operator = got, false, false, false
+	mo.told, mo.unsure, mo.delFail, mo.operator, mo.stalled = got, false, false, false, false
 	// A reservation lapses no earlier than its record's time plus the
 	// reservation TTL; an answer may not know its expiry (after a Restore).
 	mo.reserved, mo.expires = false, expires
