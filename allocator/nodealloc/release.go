@@ -181,6 +181,13 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 		if ps.byAddr[al.Addr] == al {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 		}
+		if al.Identity != "" && al.State != records.StateKept {
+			// Settled as gone, it may not have been this delete that
+			// took it (a lapse), nor the binding with it (DeleteIP).
+			if err := a.dropBindingOf(ctx, ps, al.Identity, al.Owner); err != nil {
+				return err
+			}
+		}
 	}
 	a.maybeUnclaim(ctx, ps, al.Block)
 	return nil

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -278,19 +279,38 @@ func lapsedReservation(t *testing.T, a *testNode, o records.Owner) records.Alloc
 // its address and bound the identity, and the reservation lapsed before
 // the confirm (its lease ended). The pod's DEL finds the address gone
 // already; the binding that names the container goes with the DEL, so
-// none is left naming a container that holds nothing.
+// none is left naming a container that holds nothing. So too when the
+// release's store call fails before it is sent, or its outcome is
+// unknown, and the release is settled by reading the address back.
 func TestStickyReleaseAfterLapseDropsBinding(t *testing.T) {
-	ctx := context.Background()
-	e := startEtcd(t, onePool)
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
-	o := stickyPod("web-0", 1)
-	lapsedReservation(t, a, o)
+	for _, how := range []string{"answered", "not sent", "outcome unknown"} {
+		t.Run(how, func(t *testing.T) {
+			ctx := context.Background()
+			e := startEtcd(t, onePool)
+			var h *hookStore
+			a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
+			o := stickyPod("web-0", 1)
+			lapsedReservation(t, a, o)
+			var calls atomic.Int32
+			switch how {
+			case "not sent":
+				h.Before("DeleteIP", func(context.Context) error {
+					if calls.Add(1) == 1 {
+						return errUnknown
+					}
+					return nil
+				})
+			case "outcome unknown":
+				h.After("DeleteIP", commitThenFail(1))
+			}
 
-	_, err := a.alloc.Release(ctx, o)
-	require.NoError(t, err)
-	resp, err := a.cli.Get(ctx, etcdstore.BindingKey("one", "ns/web-0"))
-	require.NoError(t, err)
-	require.Empty(t, resp.Kvs, "the binding went with the DEL")
+			_, err := a.alloc.Release(ctx, o)
+			require.NoError(t, err)
+			resp, err := a.cli.Get(ctx, etcdstore.BindingKey("one", "ns/web-0"))
+			require.NoError(t, err)
+			require.Empty(t, resp.Kvs, "the binding went with the DEL")
+		})
+	}
 }
 
 // TestKeptReleasedByOperatorNotRefused: a sticky pod's DEL kept x for its
