@@ -252,6 +252,7 @@ func TestModelNodeAllocator(t *testing.T) {
 	for i := range identities {
 		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
 	}
+	r.gens[lapseIdentity] = 0
 
 	start := time.Now()
 	for r.step = 0; r.step < *modelSteps && !r.failed; r.step++ {
@@ -1020,20 +1021,25 @@ func (r *modelRun) stickyWindow() time.Duration { return time.Duration(1+r.rng.I
 // addresses, or a new binding.
 func (r *modelRun) opStickyAdd(n *mNode) {
 	r.op = "bind/takeover"
-	if mo, n := r.newContainer(n); mo != nil {
+	if mo, n := r.newContainer(n, ""); mo != nil {
 		r.stickyAdd(n, mo, r.rng.IntN(3) == 0 && !skip("stickyreserve"))
 	}
 }
 
-// newContainer makes a new container of a sticky identity, on its last
-// container's node or on n; nil if the run leaves that out.
-func (r *modelRun) newContainer(n *mNode) (*mOwner, *mNode) {
-	ids := make([]string, 0, len(r.gens))
-	for id := range r.gens {
-		ids = append(ids, id)
+// newContainer makes a new container of sticky identity id (any but
+// lapseIdentity if ""), on its last container's node or on n; nil if the
+// run leaves that out.
+func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
+	if id == "" {
+		ids := make([]string, 0, len(r.gens))
+		for id := range r.gens {
+			if id != lapseIdentity {
+				ids = append(ids, id)
+			}
+		}
+		sort.Strings(ids)
+		id = ids[r.rng.IntN(len(ids))]
 	}
-	sort.Strings(ids)
-	id := ids[r.rng.IntN(len(ids))]
 	last := r.latest(id)
 	if last != nil && (len(last.told) > 0 || last.unsure || last.delFail) && skip("livetakeover") {
 		return nil, nil
@@ -1186,12 +1192,17 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	r.after(n, nil)
 }
 
+// lapseIdentity is the sticky identity opLapse's new containers have: its
+// binding is dropped with each, so its next container is told a
+// reservation (the other identities' are mostly taken over, allocated).
+const lapseIdentity = "ns/lapse"
+
 // opLapse lets a reservation lapse: an ADD whose confirm comes too late
 // (its runtime stalled). The reservation is one told already, or of a new
-// ADD on n, half of them sticky (the DEL then drops the binding). It
-// waits until etcd has let the reservation go, then confirms it (the
-// confirm fails, and the node notices the lapse), then DELs it or not,
-// and records the lapses of its node.
+// ADD on n, two in three of them sticky (the DEL, or a restore, then
+// drops the binding). It waits until etcd has let the reservation go,
+// restarts the node or not, confirms it (the confirm fails, and the node
+// notices the lapse), DELs it or not, and records the lapses of its node.
 func (r *modelRun) opLapse(n *mNode) {
 	pending := func(mo *mOwner) bool { return mo.reserved && !mo.unsure && !mo.delFail && len(mo.told) > 0 }
 	var reserved []*mOwner
@@ -1204,10 +1215,10 @@ func (r *modelRun) opLapse(n *mNode) {
 	switch {
 	case len(reserved) > 0 && r.rng.IntN(2) == 0:
 		mo = reserved[r.rng.IntN(len(reserved))]
-	case r.rng.IntN(2) == 0 && !skip("sticky") && !skip("stickyreserve"):
+	case r.rng.IntN(3) > 0 && !skip("sticky") && !skip("stickyreserve"):
 		r.op = "bind/takeover"
 		var on *mNode
-		if mo, on = r.newContainer(n); mo != nil {
+		if mo, on = r.newContainer(n, lapseIdentity); mo != nil {
 			r.stickyAdd(on, mo, true)
 		}
 	default:
@@ -1235,7 +1246,7 @@ func (r *modelRun) opLapse(n *mNode) {
 	}
 	r.logf("the reservation of %s (%v) lapsed", mo.o.Key(), mo.told)
 	r.expireReservations()
-	if r.rng.IntN(3) == 0 {
+	if r.rng.IntN(2) == 0 {
 		// The agent restarted meanwhile: no cache knows the reservation
 		// (the restore's sweep drops a sticky one's binding).
 		r.logf("%s restarts", r.nodes[mo.node].name)
