@@ -115,6 +115,11 @@ type mOwner struct {
 	revoked bool
 }
 
+// hasEndpoint reports whether the agent would have mo's endpoint record:
+// not after a DEL that failed (the agent removed the record before the
+// release), nor for an ADD that stalled before its confirm.
+func (mo *mOwner) hasEndpoint() bool { return !mo.delFail && !mo.stalled }
+
 // keptFor is an address kept for a sticky identity after its pod's DEL,
 // from a time before the Keep was sent: its window runs at least until
 // from+window.
@@ -610,12 +615,10 @@ func (r *modelRun) startAlloc(n *mNode) {
 }
 
 // heldOn lists the addresses the endpoints of node i use (NodeConfig.Held).
-// An owner whose DEL failed has none: the agent removed its endpoint's
-// record before the release; nor one whose ADD stalled before its confirm.
 func (r *modelRun) heldOn(i int) []netip.Addr {
 	var out []netip.Addr
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == i && !mo.delFail && !mo.stalled {
+		if mo := r.owners[k]; mo.node == i && mo.hasEndpoint() {
 			out = append(out, mo.told...)
 		}
 	}
@@ -1148,7 +1151,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	}
 	// The agent re-asserts all its endpoints.
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i && !mo.delFail && !mo.stalled {
+		if mo := r.owners[k]; mo.node == n.i && mo.hasEndpoint() {
 			for _, a := range mo.told {
 				// The agent's endpoint record keeps the identity (and its
 				// window; the model's are 1-2 s) for a restarted node.

@@ -64,7 +64,7 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 	p := &plan{ps: ps, req: r}
 	for _, f := range fams {
 		want, isStatic := static[f]
-		if al := a.live(ps, r.Owner, f); al != nil {
+		if al := a.live(ps, r.Owner, f, netip.Addr{}); al != nil {
 			if isStatic && want != al.Addr {
 				return nil, a.abandon(ctx, p, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", records.ErrBadRequest, r.Owner.Key(), al.Addr, ps.pool.Name, want))
 			}
@@ -99,7 +99,7 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 			p.lent = append(p.lent, lent)
 			continue
 		}
-		if al := a.live(ps, r.Owner, f); al != nil && !isStatic {
+		if al := a.live(ps, r.Owner, f, netip.Addr{}); al != nil && !isStatic {
 			// A claim adopted on the way (tryClaim, refreshOthers) brought
 			// the owner's allocation back: an earlier attempt's write whose
 			// answer was lost. It is the owner's; a second is not planned.
@@ -207,13 +207,13 @@ func requestFamilies(p allocator.Pool, r Request) ([]allocator.Family, map[alloc
 	return fams, static, nil
 }
 
-// live returns the owner's (oldest) allocation of family f, dropping
-// reservations that have lapsed. A dropped one may still be in the store
-// for a moment; the write that reuses its address then fails and reloads
-// the block.
-func (a *Allocator) live(ps *poolState, o records.Owner, f allocator.Family) *records.Allocation {
+// live returns the owner's (oldest) allocation of family f at another
+// address than except (the zero address: any), dropping reservations that
+// have lapsed. A dropped one may still be in the store for a moment; the
+// write that reuses its address then fails and reloads the block.
+func (a *Allocator) live(ps *poolState, o records.Owner, f allocator.Family, except netip.Addr) *records.Allocation {
 	for _, al := range ps.ofOwner(o.Key(), f) {
-		if !a.dropIfLapsed(ps, al) {
+		if al.Addr != except && !a.dropIfLapsed(ps, al) {
 			return al
 		}
 	}

@@ -114,7 +114,7 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 			}
 			continue
 		}
-		if other := a.otherOfFamily(ps, it.h); other != nil {
+		if other := a.live(ps, it.h.Owner, allocator.FamilyOf(it.h.Addr), it.h.Addr); other != nil {
 			// The owner holds another address of the family now (its
 			// ADD was retried after this one's reservation was gone):
 			// writing addr back would give it two.
@@ -146,17 +146,6 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 		}
 	}
 	return restored, conflicts, errors.Join(errs...)
-}
-
-// otherOfFamily returns an allocation the cache holds for h's owner, of
-// h's address's family, at another address, if any.
-func (a *Allocator) otherOfFamily(ps *poolState, h HeldAddr) *records.Allocation {
-	for _, al := range ps.ofOwner(h.Owner.Key(), allocator.FamilyOf(h.Addr)) {
-		if al.Addr != h.Addr && !a.dropIfLapsed(ps, al) {
-			return al
-		}
-	}
-	return nil
 }
 
 // reassertWindow is the window of a sticky binding written back for a
