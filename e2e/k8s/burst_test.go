@@ -3,6 +3,7 @@ package k8s
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -219,6 +220,13 @@ func BenchmarkK8sBurst(b *testing.B) {
 	} else {
 		b.Cleanup(w.close)
 	}
+	tw, err := startTaskWatch()
+	if err != nil {
+		b.Logf("no CPU of exited processes (the plugin execs): %v", err)
+		tw = nil
+	} else {
+		b.Cleanup(tw.close)
+	}
 	rounds, singles := envInt("KVIPAM_K8S_ROUNDS", 1), envInt("KVIPAM_K8S_SINGLES", 3)
 	for _, n := range burstSizes() {
 		b.Run(fmt.Sprintf("burst=%d", n), func(b *testing.B) {
@@ -236,7 +244,7 @@ func BenchmarkK8sBurst(b *testing.B) {
 					c.rounds++
 					total++
 					for _, net := range order {
-						c.measure(b, w, net, n, singles, stats[net])
+						c.measure(b, w, tw, net, n, singles, stats[net])
 					}
 				}
 			}
@@ -247,7 +255,7 @@ func BenchmarkK8sBurst(b *testing.B) {
 
 // measure is one network's turn in a round: the network put in place,
 // the warm-up and single pods, then the burst of n.
-func (c *kcluster) measure(b *testing.B, w *procWatch, net string, n, singles int, st *netStats) {
+func (c *kcluster) measure(b *testing.B, w *procWatch, tw *taskWatch, net string, n, singles int, st *netStats) {
 	b.Helper()
 	c.useNetwork(b, net)
 	hostNet := net == "hostnet"
@@ -280,7 +288,13 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, net string, n, singles in
 	if !hostNet {
 		etcd0 = c.agentHistograms(b)
 	}
+	cpu0, cpuErr := takeCPUSnapshot(tw)
 	each, t0 := c.burst(b, bns, n, hostNet)
+	if cpu1, err := takeCPUSnapshot(tw); cpuErr == nil && err == nil {
+		st.cpu.add(diffCPU(cpu0, cpu1))
+	} else {
+		b.Logf("no CPU figures for this burst: %v", errors.Join(cpuErr, err))
+	}
 	var etcd1 map[string]histSum
 	if !hostNet {
 		etcd1 = c.agentHistograms(b)

@@ -34,6 +34,7 @@ type netStats struct {
 	singleSandbox, singleCNI []float64
 	singlePlugins            map[string][]float64
 	unseen                   int // sandboxes whose CNI ADD the process events missed
+	cpu                      cpuStats
 }
 
 // steps splits each sandbox run into its CNI ADD (the execs the process
@@ -150,6 +151,18 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 	b.ReportMetric(ratio(pct(kv.ready, 0.5), pct(br.ready, 0.5)), "ready-p50-x-bridge")
 	b.ReportMetric(ratio(pct(kv.ready, 0.99), pct(br.ready, 0.99)), "ready-p99-x-bridge")
 	b.ReportMetric(ratio(aboveKV, aboveBR), "above-floor-x-bridge")
+	if floor.cpu.bursts > 0 {
+		for _, net := range burstNetworks {
+			b.ReportMetric(stats[net].cpu.meanBusy().Seconds(), net+"-burst-cpu-s")
+			if net != "hostnet" {
+				_, sum := stats[net].cpu.aboveFloor(&floor.cpu, n)
+				b.ReportMetric(sum, net+"-cpu-above-floor-ms-per-pod")
+			}
+		}
+		_, kvCPU := kv.cpu.aboveFloor(&floor.cpu, n)
+		_, brCPU := br.cpu.aboveFloor(&floor.cpu, n)
+		b.ReportMetric(ratio(kvCPU, brCPU), "cpu-above-floor-x-bridge")
+	}
 	b.ReportMetric(0, "ns/op")
 
 	// Where the time goes.
@@ -181,6 +194,20 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 				fmt.Fprintf(&sb, " %s p50 %.1f ms p99 %.1f ms (%d);", p, pct(set.m[p], 0.5), pct(set.m[p], 0.99), len(set.m[p]))
 			}
 			sb.WriteString("\n")
+		}
+	}
+	if floor.cpu.bursts > 0 {
+		fmt.Fprintf(&sb, "  CPU in a burst: all CPUs busy (s, the mean over rounds), then by program in ms a pod (live processes' own time, exited tasks' from taskstats with their run-queue wait):\n")
+		for _, net := range burstNetworks {
+			st := stats[net]
+			fmt.Fprintf(&sb, "  %-36s %6.2f s; %s\n", networkLabels[net], st.cpu.meanBusy().Seconds(), st.cpu.top(12, n))
+		}
+		for _, net := range burstNetworks {
+			if net == "hostnet" {
+				continue
+			}
+			above, sum := stats[net].cpu.aboveFloor(&floor.cpu, n)
+			fmt.Fprintf(&sb, "  %-36s above the floor %+.1f ms a pod: %s\n", networkLabels[net], sum, describeAbove(above))
 		}
 	}
 	fmt.Fprintf(&sb, "  kvipam vs bridge: ready p50 %.3fx, p99 %.3fx, all Ready above the host-network floor %.0f ms vs %.0f ms: %.3fx",

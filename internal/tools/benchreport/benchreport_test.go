@@ -98,7 +98,8 @@ func TestK8sBurstFigures(t *testing.T) {
 	out := "BenchmarkK8sBurst/burst=30-2   \t       1\t 1500 kvipam-ready-p50-ms\t 2000 bridge-ready-p50-ms\t 400 kvipam-above-floor-ms\t 800 bridge-above-floor-ms\t 0 ns/op\n" +
 		"BenchmarkK8sBurst/burst=100-2  \t       1\t 9000 kvipam-ready-p50-ms\t 9500 bridge-ready-p50-ms\t 17000 kvipam-ready-p99-ms\t 17600 bridge-ready-p99-ms" +
 		"\t 1500 kvipam-above-floor-ms\t 3100 bridge-above-floor-ms\t 1200 kvipam-routes-above-floor-ms\t 320 kvipam-sandbox-p50-ms\t 400 bridge-sandbox-p50-ms" +
-		"\t 90 kvipam-cni-add-p50-ms\t 120 bridge-cni-add-p50-ms\t 250 kvipam-single-sandbox-p50-ms\t 260 bridge-single-sandbox-p50-ms\t 60 kvipam-single-cni-add-p50-ms\t 70 bridge-single-cni-add-p50-ms\t 0 ns/op\n"
+		"\t 90 kvipam-cni-add-p50-ms\t 120 bridge-cni-add-p50-ms\t 250 kvipam-single-sandbox-p50-ms\t 260 bridge-single-sandbox-p50-ms\t 60 kvipam-single-cni-add-p50-ms\t 70 bridge-single-cni-add-p50-ms" +
+		"\t 120 kvipam-cpu-above-floor-ms-per-pod\t 200 bridge-cpu-above-floor-ms-per-pod\t 0 ns/op\n"
 	rs, err := Parse(strings.NewReader(out))
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
@@ -121,6 +122,7 @@ func TestK8sBurstFigures(t *testing.T) {
 	require.InDelta(t, 0.484, byName["k8s.burst100.above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
 	require.InDelta(t, 0.387, byName["k8s.burst100.above_floor.routes_vs_bridge"].Ratio, 1e-9)
 	require.InDelta(t, 0.75, byName["k8s.burst100.cni_add_p50_ms"].Ratio, 1e-9)
+	require.InDelta(t, 0.6, byName["k8s.burst100.cpu_above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
 	require.InDelta(t, 0.962, byName["k8s.single.netsetup_ms"].Ratio, 1e-9)
 	require.InDelta(t, 0.857, byName["k8s.single.cni_add_ms"].Ratio, 1e-9)
 	require.InDelta(t, 0.75, byName["k8s.burst30.ready_p50.kvipam_vs_bridge"].Ratio, 1e-9)

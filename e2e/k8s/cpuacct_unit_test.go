@@ -1,0 +1,58 @@
+package k8s
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestProcStatParse: the name may hold spaces and parentheses; the CPU
+// fields are read after the last one.
+func TestProcStatParse(t *testing.T) {
+	line := "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 7 3 20 0 1 0 98765 1000 10 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"
+	p, ok := parseProcStat([]byte(line))
+	require.True(t, ok)
+	require.Equal(t, "a) b (c)", p.comm)
+	require.Equal(t, uint64(98765), p.start)
+	require.Equal(t, 3*time.Second, p.self)
+	_, ok = parseProcStat([]byte("12 (x) S 1"))
+	require.False(t, ok)
+}
+
+// TestCPUDeltaCountsExitedProcesses (root: taskstats): a child that spins
+// and exits between two snapshots shows under its name, from the kernel's
+// taskstats, with about the CPU it took (its own rusage), and the
+// machine's busy time covers it.
+func TestCPUDeltaCountsExitedProcesses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("taskstats registration needs root (CAP_NET_ADMIN)")
+	}
+	w, err := startTaskWatch()
+	require.NoError(t, err)
+	defer w.close()
+	a, err := takeCPUSnapshot(w)
+	require.NoError(t, err)
+	// A copy of sh under a name of its own.
+	spin := t.TempDir() + "/kvipam-spin"
+	sh, err := exec.LookPath("sh")
+	require.NoError(t, err)
+	b0, err := os.ReadFile(sh)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(spin, b0, 0o755))
+	cmd := exec.Command(spin, "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	require.NoError(t, cmd.Run())
+	took := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	var d cpuDelta
+	// The exit's message may trail the wait: await it.
+	require.Eventually(t, func() bool {
+		b, err := takeCPUSnapshot(w)
+		require.NoError(t, err)
+		d = diffCPU(a, b)
+		return d.byCmd["kvipam-spin"] > 0
+	}, time.Minute, 10*time.Millisecond, "no exit accounting for kvipam-spin")
+	require.InDelta(t, took.Seconds(), d.byCmd["kvipam-spin"].Seconds(), 0.05+0.1*took.Seconds(), "taskstats against rusage")
+	require.GreaterOrEqual(t, d.busy, d.byCmd["kvipam-spin"]-20*time.Millisecond)
+}
