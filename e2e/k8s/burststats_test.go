@@ -210,6 +210,14 @@ func (c *kcluster) reportBurst(b *testing.B, n, rounds int, stats map[string]*ne
 			fmt.Fprintf(&sb, "  %-36s above the floor %+.1f ms a pod: %s\n", networkLabels[net], sum, describeAbove(above))
 		}
 	}
+	if len(kv.last) == len(floor.last) && len(br.last) == len(floor.last) && len(floor.last) > 1 {
+		fmt.Fprintf(&sb, "  each round's last pod above the floor's, kvipam vs bridge:")
+		for i := range floor.last {
+			k, r := kv.last[i]-floor.last[i], br.last[i]-floor.last[i]
+			fmt.Fprintf(&sb, " %.0f vs %.0f ms (%.2fx);", k, r, ratio(k, r))
+		}
+		sb.WriteString("\n")
+	}
 	fmt.Fprintf(&sb, "  kvipam vs bridge: ready p50 %.3fx, p99 %.3fx, all Ready above the host-network floor %.0f ms vs %.0f ms: %.3fx",
 		ratio(pct(kv.ready, 0.5), pct(br.ready, 0.5)), ratio(pct(kv.ready, 0.99), pct(br.ready, 0.99)), aboveKV, aboveBR, ratio(aboveKV, aboveBR))
 	b.Log(sb.String())
