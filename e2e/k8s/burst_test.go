@@ -161,12 +161,14 @@ func (c *kcluster) burst(tb testing.TB, ns string, n int, hostNet bool) (map[str
 type sandboxRun struct {
 	pod, id    string
 	start, end time.Time
+	failed     int // attempts that failed before the one that answered
 }
 
 func (r sandboxRun) took() time.Duration { return r.end.Sub(r.start) }
 
 // sandboxRuns are the answered RunPodSandbox calls of namespace ns on n1,
-// by pod name.
+// by pod name: from the first attempt's request to the answer, with the
+// attempts that failed (kubelet tries a failed sandbox again later).
 func (c *kcluster) sandboxRuns(ns string) map[string]sandboxRun {
 	b, err := os.ReadFile(filepath.Join(c.dir, "logs", "n1-containerd.log"))
 	if err != nil {
@@ -186,9 +188,12 @@ func (c *kcluster) sandboxRuns(ns string) map[string]sandboxRun {
 		}
 		r := runs[m[2]]
 		r.pod = m[2]
-		if id := idRE.FindStringSubmatch(l); id != nil {
+		switch id := idRE.FindStringSubmatch(l); {
+		case id != nil:
 			r.id, r.end = id[1], t
-		} else if r.start.IsZero() {
+		case strings.Contains(l, "} failed, error"):
+			r.failed++
+		case r.start.IsZero():
 			r.start = t
 		}
 		runs[m[2]] = r
@@ -306,12 +311,28 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, tw *taskWatch, net string
 	st.ready = append(st.ready, ready...)
 	st.last = append(st.last, pct(ready, 1))
 	var runs []sandboxRun
+	failed := 0
+	lastPod, lastAt := "", time.Duration(0)
+	for p, d := range each {
+		if d > lastAt {
+			lastPod, lastAt = p, d
+		}
+	}
 	for _, r := range c.sandboxRuns(bns) {
 		runs = append(runs, r)
+		failed += r.failed
 		if d, ok := each[r.pod]; ok {
 			st.toSandbox = append(st.toSandbox, ms(r.start.Sub(t0)))
 			st.afterSandbox = append(st.afterSandbox, ms(t0.Add(d).Sub(r.end)))
 		}
+		if r.pod == lastPod {
+			// Where the tail comes from: the last pod's steps.
+			b.Logf("%s: the last pod Ready, %s, at %.0f ms: RunPodSandbox asked at %.0f ms, answered at %.0f ms (%d failed attempts before)",
+				networkLabels[net], r.pod, ms(lastAt), ms(r.start.Sub(t0)), ms(r.end.Sub(t0)), r.failed)
+		}
+	}
+	if failed > 0 {
+		b.Logf("%s: %d RunPodSandbox attempts failed in the burst (tried again by kubelet)", networkLabels[net], failed)
 	}
 	before := len(st.cni)
 	st.steps(runs, w, hostNet, false)

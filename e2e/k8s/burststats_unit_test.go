@@ -29,6 +29,19 @@ time="2026-11-26T22:00:00.400000000Z" level=info msg="RunPodSandbox for &PodSand
 	require.Equal(t, id, r.id)
 	require.Equal(t, 300*time.Millisecond, r.took())
 	require.Empty(t, c.sandboxRuns("ns2"), "a sandbox not answered is left out")
+	require.Zero(t, r.failed)
+
+	// A sandbox that failed once and was asked for again: from the first
+	// request to the answer, one failed attempt.
+	retried := `time="2026-11-26T22:00:01.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:burst-1,Uid:u1,Namespace:ns3,Attempt:0,}"
+time="2026-11-26T22:00:01.500000000Z" level=error msg="RunPodSandbox for &PodSandboxMetadata{Name:burst-1,Uid:u1,Namespace:ns3,Attempt:0,} failed, error" error="failed to setup network for sandbox"
+time="2026-11-26T22:00:03.000000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:burst-1,Uid:u1,Namespace:ns3,Attempt:0,}"
+time="2026-11-26T22:00:03.200000000Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:burst-1,Uid:u1,Namespace:ns3,Attempt:0,} returns sandbox id \"` + id + `\""
+`
+	require.NoError(t, os.WriteFile(filepath.Join(c.dir, "logs", "n1-containerd.log"), []byte(log+retried), 0o644))
+	again := c.sandboxRuns("ns3")["burst-1"]
+	require.Equal(t, 1, again.failed)
+	require.Equal(t, 2200*time.Millisecond, again.took())
 
 	at := func(ms int) time.Time { return r.start.Add(time.Duration(ms) * time.Millisecond) }
 	w := &procWatch{done: []cniExec{
