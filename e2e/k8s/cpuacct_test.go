@@ -27,13 +27,14 @@ const clockTicks = 100
 type cpuSnapshot struct {
 	busy  time.Duration      // all CPUs, not idle or iowait
 	procs map[int]procCPU    // by PID
-	exits map[string]exitCPU // nil without taskstats
+	exits map[taskKey]exitCPU // nil without taskstats
 }
 
 type procCPU struct {
 	comm  string
+	ppid  uint32
 	start uint64 // start time, ticks since boot: a PID reused is another process
-	self  time.Duration
+	self  time.Duration // its threads', the exited ones' too
 }
 
 // takeCPUSnapshot reads /proc, and w's exited tasks when w is not nil.
@@ -87,8 +88,8 @@ func takeCPUSnapshot(w *taskWatch) (cpuSnapshot, error) {
 func ticks(n uint64) time.Duration { return time.Duration(n) * time.Second / clockTicks }
 
 // parseProcStat reads a /proc/PID/stat line: the name in parentheses
-// (which may hold spaces and parentheses), then utime and stime (fields
-// 14 and 15) and starttime (22).
+// (which may hold spaces and parentheses), then the parent (field 4),
+// utime and stime (14 and 15) and starttime (22).
 func parseProcStat(b []byte) (procCPU, bool) {
 	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
 	if open < 0 || end < open {
@@ -103,14 +104,15 @@ func parseProcStat(b []byte) (procCPU, bool) {
 		n, _ := strconv.ParseUint(f[k-3], 10, 64)
 		return n
 	}
-	return procCPU{comm: string(b[open+1 : end]), start: num(22), self: ticks(num(14) + num(15))}, true
+	return procCPU{comm: string(b[open+1 : end]), ppid: uint32(num(4)), start: num(22), self: ticks(num(14) + num(15))}, true
 }
 
 // cpuDelta is what was spent between two snapshots: all CPUs' busy time,
 // and by program name the live processes' own time (a process started
-// meanwhile counts whole) plus the exited tasks'. A process that exited
-// meanwhile counts whole too (taskstats sends its whole life); without
-// taskstats it is only in busy.
+// meanwhile counts whole) plus the exited tasks' that were not threads of
+// a process live in either snapshot (those are in its own time already).
+// A process that exited meanwhile counts whole (taskstats sends its whole
+// life); without taskstats it is only in busy.
 type cpuDelta struct {
 	busy  time.Duration
 	byCmd map[string]time.Duration
@@ -120,6 +122,12 @@ type cpuDelta struct {
 
 func diffCPU(a, b cpuSnapshot) cpuDelta {
 	d := cpuDelta{busy: b.busy - a.busy, byCmd: map[string]time.Duration{}, runDelay: map[string]time.Duration{}}
+	live := map[taskKey]bool{}
+	for _, s := range []cpuSnapshot{a, b} {
+		for _, p := range s.procs {
+			live[taskKey{comm: p.comm, ppid: p.ppid}] = true
+		}
+	}
 	for pid, p := range b.procs {
 		was, ok := a.procs[pid]
 		if !ok || was.start != p.start {
@@ -130,10 +138,9 @@ func diffCPU(a, b cpuSnapshot) cpuDelta {
 		}
 	}
 	for k, v := range b.exits {
-		was := a.exits[k]
-		if v.tasks > was.tasks {
-			d.byCmd[k] += v.cpu - was.cpu
-			d.runDelay[k] += v.runDelay - was.runDelay
+		if was := a.exits[k]; v.tasks > was.tasks && !live[k] {
+			d.byCmd[k.comm] += v.cpu - was.cpu
+			d.runDelay[k.comm] += v.runDelay - was.runDelay
 		}
 	}
 	return d

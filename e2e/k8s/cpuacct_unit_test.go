@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"runtime"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ func TestProcStatParse(t *testing.T) {
 	p, ok := parseProcStat([]byte(line))
 	require.True(t, ok)
 	require.Equal(t, "a) b (c)", p.comm)
+	require.Equal(t, uint32(1), p.ppid)
 	require.Equal(t, uint64(98765), p.start)
 	require.Equal(t, 3*time.Second, p.self)
 	_, ok = parseProcStat([]byte("12 (x) S 1"))
@@ -60,4 +62,57 @@ func TestCPUDeltaCountsExitedProcesses(t *testing.T) {
 	}, time.Minute, 10*time.Millisecond, "no exit accounting for kvipam-spin")
 	require.InDelta(t, took.Seconds(), d.byCmd["kvipam-spin"].Seconds(), 0.05+0.1*took.Seconds(), "taskstats against rusage")
 	require.GreaterOrEqual(t, d.busy, d.byCmd["kvipam-spin"]-20*time.Millisecond)
+}
+
+// TestCPUDeltaCountsAThreadOnce (root: taskstats): a thread of a live
+// process that spins and exits is in the process's own time (/proc) and
+// in the kernel's exit accounting (taskstats): counted once.
+func TestCPUDeltaCountsAThreadOnce(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("taskstats registration needs root (CAP_NET_ADMIN)")
+	}
+	w, err := startTaskWatch()
+	if errors.Is(err, unix.ENOENT) {
+		t.Skipf("this kernel has no taskstats (CONFIG_TASKSTATS): %v", err)
+	}
+	require.NoError(t, err)
+	defer w.close()
+	a, err := takeCPUSnapshot(w)
+	require.NoError(t, err)
+	before := w.snapshot()
+	// A goroutine that ends locked to its thread ends the thread too.
+	var spun time.Duration
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		var ts unix.Timespec
+		start := threadCPU(&ts)
+		for threadCPU(&ts)-start < 300*time.Millisecond {
+		}
+		spun = threadCPU(&ts) - start
+		close(done)
+	}()
+	<-done
+	self := ""
+	// Await the thread's exit accounting.
+	require.Eventually(t, func() bool {
+		for k, v := range w.snapshot() {
+			if v.cpu-before[k].cpu >= spun {
+				self = k.comm
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 10*time.Millisecond, "no exit accounting for the spinning thread")
+	b, err := takeCPUSnapshot(w)
+	require.NoError(t, err)
+	d := diffCPU(a, b)
+	require.Equal(t, b.procs[os.Getpid()].comm, self)
+	require.Less(t, d.byCmd[self], spun*3/2, "the thread's %v counted twice: %v", spun, d.byCmd[self])
+	require.GreaterOrEqual(t, d.byCmd[self], spun-20*time.Millisecond)
+}
+
+func threadCPU(ts *unix.Timespec) time.Duration {
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, ts)
+	return time.Duration(ts.Nano())
 }

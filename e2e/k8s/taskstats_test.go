@@ -20,7 +20,16 @@ import (
 // name, that is what each short-lived program of a burst cost (the
 // plugins, iptables, runc), beside what long-lived ones cost (/proc).
 
-// exitCPU is what the exited tasks of one name spent.
+// taskKey names the tasks that exit: their name and their parent
+// process. A thread's parent is its process's parent, so the threads of a
+// live process have the key the process itself has (procCPU's comm and
+// ppid), and are counted with it, not again.
+type taskKey struct {
+	comm string
+	ppid uint32
+}
+
+// exitCPU is what the exited tasks of one key spent.
 type exitCPU struct {
 	tasks    int
 	cpu      time.Duration // on a CPU
@@ -30,7 +39,7 @@ type exitCPU struct {
 type taskWatch struct {
 	fd     int
 	mu     sync.Mutex
-	byComm map[string]exitCPU
+	byKey  map[taskKey]exitCPU
 	stop   chan struct{}
 	closed chan struct{}
 }
@@ -52,6 +61,7 @@ const (
 	tsCPURunVirtual    = 72 // sum_exec_runtime, ns
 	tsComm             = 80
 	tsCommLen          = 32
+	tsPPID             = 132
 	tsUtime, tsStime   = 152, 160 // us
 	tsMinLen           = 168
 	nlmsgHdrLen        = 16
@@ -86,7 +96,7 @@ func startTaskWatch() (*taskWatch, error) {
 	}
 	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	w := &taskWatch{fd: fd, byComm: map[string]exitCPU{}, stop: make(chan struct{}), closed: make(chan struct{})}
+	w := &taskWatch{fd: fd, byKey: map[taskKey]exitCPU{}, stop: make(chan struct{}), closed: make(chan struct{})}
 	go w.loop(family)
 	return w, nil
 }
@@ -97,12 +107,12 @@ func (w *taskWatch) close() {
 	unix.Close(w.fd)
 }
 
-// snapshot is the exited tasks' accounting so far, by name.
-func (w *taskWatch) snapshot() map[string]exitCPU {
+// snapshot is the exited tasks' accounting so far.
+func (w *taskWatch) snapshot() map[taskKey]exitCPU {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make(map[string]exitCPU, len(w.byComm))
-	for k, v := range w.byComm {
+	out := make(map[taskKey]exitCPU, len(w.byKey))
+	for k, v := range w.byKey {
 		out[k] = v
 	}
 	return out
@@ -150,29 +160,29 @@ func (w *taskWatch) message(attrs []byte) {
 			if in.typ != taskstatsTypeStats || len(in.data) < tsMinLen {
 				continue
 			}
-			comm, cpu, delay := parseTaskstats(in.data)
+			k, cpu, delay := parseTaskstats(in.data)
 			w.mu.Lock()
-			e := w.byComm[comm]
+			e := w.byKey[k]
 			e.tasks++
 			e.cpu += cpu
 			e.runDelay += delay
-			w.byComm[comm] = e
+			w.byKey[k] = e
 			w.mu.Unlock()
 		}
 	}
 }
 
-// parseTaskstats reads a struct taskstats: the task's name, its CPU time
-// (sum_exec_runtime, or user plus system time where the scheduler's is
-// not kept) and its wait on a run queue.
-func parseTaskstats(s []byte) (string, time.Duration, time.Duration) {
+// parseTaskstats reads a struct taskstats: the task's name and parent,
+// its CPU time (sum_exec_runtime, or user plus system time where the
+// scheduler's is not kept) and its wait on a run queue.
+func parseTaskstats(s []byte) (taskKey, time.Duration, time.Duration) {
 	le := binary.LittleEndian
 	comm, _, _ := bytes.Cut(s[tsComm:tsComm+tsCommLen], []byte{0})
 	cpu := time.Duration(le.Uint64(s[tsCPURunVirtual:]))
 	if cpu == 0 {
 		cpu = time.Duration(le.Uint64(s[tsUtime:])+le.Uint64(s[tsStime:])) * time.Microsecond
 	}
-	return string(comm), cpu, time.Duration(le.Uint64(s[tsCPUDelayTotal:]))
+	return taskKey{comm: string(comm), ppid: le.Uint32(s[tsPPID:])}, cpu, time.Duration(le.Uint64(s[tsCPUDelayTotal:]))
 }
 
 type nlAttr struct {
