@@ -25,15 +25,15 @@ import (
 const clockTicks = 100
 
 type cpuSnapshot struct {
-	busy  time.Duration      // all CPUs, not idle or iowait
-	procs map[int]procCPU    // by PID
+	busy  time.Duration       // all CPUs, not idle or iowait
+	procs map[int]procCPU     // by PID
 	exits map[taskKey]exitCPU // nil without taskstats
 }
 
 type procCPU struct {
 	comm  string
 	ppid  uint32
-	start uint64 // start time, ticks since boot: a PID reused is another process
+	start uint64        // start time, ticks since boot: a PID reused is another process
 	self  time.Duration // its threads', the exited ones' too
 }
 
