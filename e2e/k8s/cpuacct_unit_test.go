@@ -31,15 +31,7 @@ func TestProcStatParse(t *testing.T) {
 // taskstats, with about the CPU it took (its own rusage), and the
 // machine's busy time covers it.
 func TestCPUDeltaCountsExitedProcesses(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("taskstats registration needs root (CAP_NET_ADMIN)")
-	}
-	w, err := startTaskWatch()
-	if errors.Is(err, unix.ENOENT) {
-		t.Skipf("this kernel has no taskstats (CONFIG_TASKSTATS): %v", err)
-	}
-	require.NoError(t, err)
-	defer w.close()
+	w := taskWatchT(t)
 	a, err := takeCPUSnapshot(w)
 	require.NoError(t, err)
 	// A copy of sh under a name of its own.
@@ -68,15 +60,7 @@ func TestCPUDeltaCountsExitedProcesses(t *testing.T) {
 // process that spins and exits is in the process's own time (/proc) and
 // in the kernel's exit accounting (taskstats): counted once.
 func TestCPUDeltaCountsAThreadOnce(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("taskstats registration needs root (CAP_NET_ADMIN)")
-	}
-	w, err := startTaskWatch()
-	if errors.Is(err, unix.ENOENT) {
-		t.Skipf("this kernel has no taskstats (CONFIG_TASKSTATS): %v", err)
-	}
-	require.NoError(t, err)
-	defer w.close()
+	w := taskWatchT(t)
 	a, err := takeCPUSnapshot(w)
 	require.NoError(t, err)
 	before := w.snapshot()
@@ -115,4 +99,20 @@ func TestCPUDeltaCountsAThreadOnce(t *testing.T) {
 func threadCPU(ts *unix.Timespec) time.Duration {
 	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, ts)
 	return time.Duration(ts.Nano())
+}
+
+// taskWatchT starts a taskstats listener for t, closed at its end; it
+// skips t when not root or on a kernel without taskstats.
+func taskWatchT(t *testing.T) *taskWatch {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("taskstats registration needs root (CAP_NET_ADMIN)")
+	}
+	w, err := startTaskWatch()
+	if errors.Is(err, unix.ENOENT) {
+		t.Skipf("this kernel has no taskstats (CONFIG_TASKSTATS): %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(w.close)
+	return w
 }

@@ -40,14 +40,12 @@ func (e cniExec) took() time.Duration {
 // and what they run in turn (portmap's iptables). Nothing is added to the plugins or to the
 // runtime: what is timed is the installed chain as the runtime runs it.
 type procWatch struct {
-	fd     int
+	nl     *nlListener
 	offset time.Duration // wall clock minus CLOCK_MONOTONIC
 	mu     sync.Mutex
 	forks  map[uint32]time.Time // processes (not threads) forked, until they exit
 	live   map[uint32]*cniExec
 	done   []cniExec
-	stop   chan struct{}
-	closed chan struct{}
 }
 
 const (
@@ -60,23 +58,12 @@ const (
 )
 
 func startProcWatch() (*procWatch, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_CONNECTOR)
+	l, err := openNetlink(unix.SOCK_DGRAM, unix.NETLINK_CONNECTOR, uint32(os.Getpid()), cnIdxProc)
 	if err != nil {
-		return nil, fmt.Errorf("proc connector socket: %w", err)
-	}
-	// Bursts fork many processes at once: a large receive buffer, so that
-	// the kernel drops no event while this process is descheduled.
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
-	// A netlink socket cannot be shut down: the loop wakes up to see
-	// whether it was closed.
-	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: cnIdxProc, Pid: uint32(os.Getpid())}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("proc connector bind: %w", err)
+		return nil, fmt.Errorf("proc connector: %w", err)
 	}
 	// nlmsghdr, cn_msg{id{idx, val}, seq, ack, len, flags}, op.
-	msg := make([]byte, 16+20+4)
+	msg := make([]byte, nlmsgHdrLen+20+4)
 	le := binary.LittleEndian
 	le.PutUint32(msg[0:], uint32(len(msg)))
 	le.PutUint16(msg[4:], unix.NLMSG_DONE)
@@ -85,57 +72,26 @@ func startProcWatch() (*procWatch, error) {
 	le.PutUint32(msg[20:], cnValProc)
 	le.PutUint16(msg[32:], 4)
 	le.PutUint32(msg[36:], procCnMcastListen)
-	if err := unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
+	if err := unix.Sendto(l.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		l.discard()
 		return nil, fmt.Errorf("proc connector listen: %w", err)
 	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		unix.Close(fd)
+		l.discard()
 		return nil, err
 	}
-	w := &procWatch{fd: fd, offset: time.Duration(time.Now().UnixNano() - ts.Nano()),
-		forks: map[uint32]time.Time{}, live: map[uint32]*cniExec{}, stop: make(chan struct{}), closed: make(chan struct{})}
-	go w.loop()
+	w := &procWatch{nl: l, offset: time.Duration(time.Now().UnixNano() - ts.Nano()),
+		forks: map[uint32]time.Time{}, live: map[uint32]*cniExec{}}
+	l.listen(func(m []byte) {
+		if len(m) >= nlmsgHdrLen+20 {
+			w.event(m[nlmsgHdrLen+20:]) // after the nlmsghdr and the cn_msg
+		}
+	})
 	return w, nil
 }
 
-func (w *procWatch) close() {
-	close(w.stop)
-	<-w.closed
-	unix.Close(w.fd)
-}
-
-func (w *procWatch) loop() {
-	defer close(w.closed)
-	buf := make([]byte, 1<<16)
-	le := binary.LittleEndian
-	for {
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
-		n, _, err := unix.Recvfrom(w.fd, buf, 0)
-		if err == unix.EINTR || err == unix.EAGAIN || err == unix.ENOBUFS {
-			continue // ENOBUFS: events were dropped; the rest still count
-		}
-		if err != nil || n == 0 {
-			return
-		}
-		for b := buf[:n]; len(b) >= 16; {
-			l := int(le.Uint32(b))
-			if l < 16 || l > len(b) {
-				break
-			}
-			w.event(b[16+20 : l])
-			b = b[(l+3)&^3:]
-			if l >= len(buf) {
-				break
-			}
-		}
-	}
-}
+func (w *procWatch) close() { w.nl.close() }
 
 // event is one proc_event: what, cpu, timestamp_ns, then its data.
 func (w *procWatch) event(ev []byte) {

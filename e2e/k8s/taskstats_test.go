@@ -37,11 +37,9 @@ type exitCPU struct {
 }
 
 type taskWatch struct {
-	fd     int
-	mu     sync.Mutex
-	byKey  map[taskKey]exitCPU
-	stop   chan struct{}
-	closed chan struct{}
+	nl    *nlListener
+	mu    sync.Mutex
+	byKey map[taskKey]exitCPU
 }
 
 const (
@@ -64,48 +62,41 @@ const (
 	tsPPID             = 132
 	tsUtime, tsStime   = 152, 160 // us
 	tsMinLen           = 168
-	nlmsgHdrLen        = 16
 	genlHdrLen         = 4
 	nlaHdrLen          = 4
 	nlmsgTypeGenlReply = 0
 )
 
 func startTaskWatch() (*taskWatch, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_GENERIC)
+	l, err := openNetlink(unix.SOCK_RAW, unix.NETLINK_GENERIC, 0, 0)
 	if err != nil {
-		return nil, fmt.Errorf("taskstats socket: %w", err)
+		return nil, fmt.Errorf("taskstats: %w", err)
 	}
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("taskstats bind: %w", err)
-	}
-	family, err := genlFamily(fd, "TASKSTATS")
+	family, err := genlFamily(l, "TASKSTATS")
 	if err != nil {
-		unix.Close(fd)
+		l.discard()
 		return nil, err
 	}
 	cpus, err := os.ReadFile("/sys/devices/system/cpu/possible")
 	if err != nil {
-		unix.Close(fd)
+		l.discard()
 		return nil, err
 	}
-	if err := genlSend(fd, family, taskstatsCmdGet, taskstatsRegisterCPUs, append(bytes.TrimSpace(cpus), 0)); err != nil {
-		unix.Close(fd)
+	if err := genlSend(l.fd, family, taskstatsCmdGet, taskstatsRegisterCPUs, append(bytes.TrimSpace(cpus), 0)); err != nil {
+		l.discard()
 		return nil, fmt.Errorf("taskstats register: %w", err)
 	}
-	tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
-	w := &taskWatch{fd: fd, byKey: map[taskKey]exitCPU{}, stop: make(chan struct{}), closed: make(chan struct{})}
-	go w.loop(family)
+	w := &taskWatch{nl: l, byKey: map[taskKey]exitCPU{}}
+	le := binary.LittleEndian
+	l.listen(func(m []byte) {
+		if le.Uint16(m[4:]) == family && len(m) >= nlmsgHdrLen+genlHdrLen && m[nlmsgHdrLen] == taskstatsCmdNew {
+			w.message(m[nlmsgHdrLen+genlHdrLen:])
+		}
+	})
 	return w, nil
 }
 
-func (w *taskWatch) close() {
-	close(w.stop)
-	<-w.closed
-	unix.Close(w.fd)
-}
+func (w *taskWatch) close() { w.nl.close() }
 
 // snapshot is the exited tasks' accounting so far.
 func (w *taskWatch) snapshot() map[taskKey]exitCPU {
@@ -116,36 +107,6 @@ func (w *taskWatch) snapshot() map[taskKey]exitCPU {
 		out[k] = v
 	}
 	return out
-}
-
-func (w *taskWatch) loop(family uint16) {
-	defer close(w.closed)
-	buf := make([]byte, 1<<16)
-	le := binary.LittleEndian
-	for {
-		select {
-		case <-w.stop:
-			return
-		default:
-		}
-		n, _, err := unix.Recvfrom(w.fd, buf, 0)
-		if err == unix.EINTR || err == unix.EAGAIN || err == unix.ENOBUFS {
-			continue
-		}
-		if err != nil || n == 0 {
-			return
-		}
-		for b := buf[:n]; len(b) >= nlmsgHdrLen; {
-			l := int(le.Uint32(b))
-			if l < nlmsgHdrLen || l > len(b) {
-				break
-			}
-			if le.Uint16(b[4:]) == family && l >= nlmsgHdrLen+genlHdrLen && b[nlmsgHdrLen] == taskstatsCmdNew {
-				w.message(b[nlmsgHdrLen+genlHdrLen : l])
-			}
-			b = b[min((l+3)&^3, len(b)):]
-		}
-	}
 }
 
 // message is one TASKSTATS_CMD_NEW: a task's (AGGR_PID) accounting, and
@@ -222,12 +183,12 @@ func genlSend(fd int, family uint16, cmd uint8, attr uint16, val []byte) error {
 }
 
 // genlFamily resolves a generic netlink family's ID by name.
-func genlFamily(fd int, name string) (uint16, error) {
-	if err := genlSend(fd, genlIDCtrl, ctrlCmdGetFamily, ctrlAttrFamilyName, append([]byte(name), 0)); err != nil {
+func genlFamily(l *nlListener, name string) (uint16, error) {
+	if err := genlSend(l.fd, genlIDCtrl, ctrlCmdGetFamily, ctrlAttrFamilyName, append([]byte(name), 0)); err != nil {
 		return 0, fmt.Errorf("genl family %s: %w", name, err)
 	}
 	buf := make([]byte, 1<<16)
-	n, _, err := unix.Recvfrom(fd, buf, 0)
+	n, err := l.recv(buf)
 	if err != nil {
 		return 0, fmt.Errorf("genl family %s: %w", name, err)
 	}
