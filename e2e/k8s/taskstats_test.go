@@ -16,9 +16,10 @@ import (
 // A plugin exec lives a few ms and is gone before /proc can be read. The
 // kernel's taskstats (generic netlink, family TASKSTATS) sends, for every
 // task (thread) that exits on the CPUs registered for, its accounting:
-// its name, its CPU time, and how long it waited on a run queue. Summed by
-// name, that is what each short-lived program of a burst cost (the
-// plugins, iptables, runc), beside what long-lived ones cost (/proc).
+// its name and parent, its CPU time, and how long it waited on a run
+// queue. Summed by name, that is what each short-lived program of a burst
+// cost (the plugins, iptables, runc), beside what long-lived ones cost
+// (/proc).
 
 // taskKey names the tasks that exit: their name and their parent
 // process. A thread's parent is its process's parent, so the threads of a
@@ -53,18 +54,17 @@ const (
 	taskstatsTypeStats    = 3
 	taskstatsTypeAggrPID  = 4
 
-	// struct taskstats (linux/taskstats.h, version 13 here; these fields
-	// have kept their offsets since version 1).
-	tsCPUDelayTotal    = 24
-	tsCPURunVirtual    = 72 // sum_exec_runtime, ns
-	tsComm             = 80
-	tsCommLen          = 32
-	tsPPID             = 132
-	tsUtime, tsStime   = 152, 160 // us
-	tsMinLen           = 168
-	genlHdrLen         = 4
-	nlaHdrLen          = 4
-	nlmsgTypeGenlReply = 0
+	// struct taskstats (linux/taskstats.h, version 13 here). The kernel
+	// only appends to it, so a field keeps its offset.
+	tsCPUDelayTotal  = 24
+	tsCPURunVirtual  = 72 // sum_exec_runtime, ns
+	tsComm           = 80
+	tsCommLen        = 32
+	tsPPID           = 132
+	tsUtime, tsStime = 152, 160 // us
+	tsMinLen         = 168
+	genlHdrLen       = 4
+	nlaHdrLen        = 4
 )
 
 func startTaskWatch() (*taskWatch, error) {
