@@ -109,10 +109,12 @@ func parseProcStat(b []byte) (procCPU, bool) {
 
 // cpuDelta is what was spent between two snapshots: all CPUs' busy time,
 // and by program name the live processes' own time (a process started
-// meanwhile counts whole) plus the exited tasks' that were not threads of
-// a process live in either snapshot (those are in its own time already).
-// A process that exited meanwhile counts whole (taskstats sends its whole
-// life); without taskstats it is only in busy.
+// meanwhile counts whole) plus the exited tasks' whose name and parent no
+// process in either snapshot has (those are its threads, in its own time
+// already). So a process that started and ended meanwhile counts whole
+// (taskstats sends its whole life); one that ended meanwhile but was live
+// at the first snapshot, or that shares its name and parent with a live
+// one, is only in busy, as every ended process is without taskstats.
 type cpuDelta struct {
 	busy  time.Duration
 	byCmd map[string]time.Duration
