@@ -1,8 +1,8 @@
 package k8s
 
 import (
-	"encoding/binary"
 	"fmt"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,8 +16,6 @@ type nlListener struct {
 	stop   chan struct{}
 	closed chan struct{}
 }
-
-const nlmsgHdrLen = 16
 
 // openNetlink opens a netlink socket of protocol proto, bound to port pid
 // (0: the kernel picks) and to the multicast groups.
@@ -40,44 +38,38 @@ func openNetlink(typ, proto int, pid, groups uint32) (*nlListener, error) {
 	return &nlListener{fd: fd, stop: make(chan struct{}), closed: make(chan struct{})}, nil
 }
 
-// recv reads one datagram, waiting through the wake-ups.
-func (l *nlListener) recv(buf []byte) (int, error) {
-	for {
-		n, _, err := unix.Recvfrom(l.fd, buf, 0)
-		if err == unix.EINTR || err == unix.EAGAIN {
-			select {
-			case <-l.stop:
-				return 0, err
-			default:
-				continue
-			}
-		}
-		return n, err
-	}
+// send sends one netlink message to the kernel.
+func (l *nlListener) send(msg []byte) error {
+	return unix.Sendto(l.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
 }
 
 // listen calls each, in a goroutine of its own, with every netlink message
-// (its header included) until close.
-func (l *nlListener) listen(each func(msg []byte)) {
+// until close.
+func (l *nlListener) listen(each func(syscall.NetlinkMessage)) {
 	go func() {
 		defer close(l.closed)
 		buf := make([]byte, 1<<16)
-		le := binary.LittleEndian
 		for {
-			n, err := l.recv(buf)
-			if err == unix.ENOBUFS {
+			n, _, err := unix.Recvfrom(l.fd, buf, 0)
+			switch {
+			case err == unix.EINTR || err == unix.EAGAIN:
+				select {
+				case <-l.stop:
+					return
+				default:
+					continue
+				}
+			case err == unix.ENOBUFS:
 				continue // messages were dropped; the rest still count
-			}
-			if err != nil || n == 0 {
+			case err != nil || n == 0:
 				return
 			}
-			for b := buf[:n]; len(b) >= nlmsgHdrLen; {
-				m := int(le.Uint32(b))
-				if m < nlmsgHdrLen || m > len(b) {
-					break
-				}
-				each(b[:m])
-				b = b[min((m+3)&^3, len(b)):]
+			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+			if err != nil {
+				continue
+			}
+			for _, m := range msgs {
+				each(m)
 			}
 		}
 	}()

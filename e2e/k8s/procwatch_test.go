@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -63,7 +64,7 @@ func startProcWatch() (*procWatch, error) {
 		return nil, fmt.Errorf("proc connector: %w", err)
 	}
 	// nlmsghdr, cn_msg{id{idx, val}, seq, ack, len, flags}, op.
-	msg := make([]byte, nlmsgHdrLen+20+4)
+	msg := make([]byte, unix.SizeofNlMsghdr+20+4)
 	le := binary.LittleEndian
 	le.PutUint32(msg[0:], uint32(len(msg)))
 	le.PutUint16(msg[4:], unix.NLMSG_DONE)
@@ -72,7 +73,7 @@ func startProcWatch() (*procWatch, error) {
 	le.PutUint32(msg[20:], cnValProc)
 	le.PutUint16(msg[32:], 4)
 	le.PutUint32(msg[36:], procCnMcastListen)
-	if err := unix.Sendto(l.fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	if err := l.send(msg); err != nil {
 		l.discard()
 		return nil, fmt.Errorf("proc connector listen: %w", err)
 	}
@@ -83,9 +84,9 @@ func startProcWatch() (*procWatch, error) {
 	}
 	w := &procWatch{nl: l, offset: time.Duration(time.Now().UnixNano() - ts.Nano()),
 		forks: map[uint32]time.Time{}, live: map[uint32]*cniExec{}}
-	l.listen(func(m []byte) {
-		if len(m) >= nlmsgHdrLen+20 {
-			w.event(m[nlmsgHdrLen+20:]) // after the nlmsghdr and the cn_msg
+	l.listen(func(m syscall.NetlinkMessage) {
+		if len(m.Data) >= 20 {
+			w.event(m.Data[20:]) // after the cn_msg
 		}
 	})
 	return w, nil

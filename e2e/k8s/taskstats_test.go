@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,10 +47,6 @@ type taskWatch struct {
 }
 
 const (
-	genlIDCtrl            = 0x10
-	ctrlCmdGetFamily      = 3
-	ctrlAttrFamilyID      = 1
-	ctrlAttrFamilyName    = 2
 	taskstatsCmdGet       = 1
 	taskstatsCmdNew       = 2
 	taskstatsRegisterCPUs = 3 // TASKSTATS_CMD_ATTR_REGISTER_CPUMASK
@@ -63,34 +62,33 @@ const (
 	tsPPID           = 132
 	tsUtime, tsStime = 152, 160 // us
 	tsMinLen         = 168
-	genlHdrLen       = 4
-	nlaHdrLen        = 4
 )
 
 func startTaskWatch() (*taskWatch, error) {
+	family, err := netlink.GenlFamilyGet("TASKSTATS")
+	if err != nil {
+		return nil, fmt.Errorf("taskstats: %w", err)
+	}
+	cpus, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return nil, err
+	}
 	l, err := openNetlink(unix.SOCK_RAW, unix.NETLINK_GENERIC, 0, 0)
 	if err != nil {
 		return nil, fmt.Errorf("taskstats: %w", err)
 	}
-	family, err := genlFamily(l, "TASKSTATS")
-	if err != nil {
-		l.discard()
-		return nil, err
-	}
-	cpus, err := os.ReadFile("/sys/devices/system/cpu/possible")
-	if err != nil {
-		l.discard()
-		return nil, err
-	}
-	if err := genlSend(l.fd, family, taskstatsCmdGet, taskstatsRegisterCPUs, append(bytes.TrimSpace(cpus), 0)); err != nil {
+	// Register this socket for the exits on every CPU.
+	req := nl.NewNetlinkRequest(int(family.ID), 0)
+	req.AddData(&nl.Genlmsg{Command: taskstatsCmdGet, Version: 1})
+	req.AddData(nl.NewRtAttr(taskstatsRegisterCPUs, nl.ZeroTerminated(string(bytes.TrimSpace(cpus)))))
+	if err := l.send(req.Serialize()); err != nil {
 		l.discard()
 		return nil, fmt.Errorf("taskstats register: %w", err)
 	}
 	w := &taskWatch{nl: l, byKey: map[taskKey]exitCPU{}}
-	le := binary.LittleEndian
-	l.listen(func(m []byte) {
-		if le.Uint16(m[4:]) == family && len(m) >= nlmsgHdrLen+genlHdrLen && m[nlmsgHdrLen] == taskstatsCmdNew {
-			w.message(m[nlmsgHdrLen+genlHdrLen:])
+	l.listen(func(m syscall.NetlinkMessage) {
+		if m.Header.Type == family.ID && len(m.Data) >= nl.SizeofGenlmsg && m.Data[0] == taskstatsCmdNew {
+			w.message(m.Data[nl.SizeofGenlmsg:])
 		}
 	})
 	return w, nil
@@ -114,14 +112,14 @@ func (w *taskWatch) snapshot() map[taskKey]exitCPU {
 // counted again.
 func (w *taskWatch) message(attrs []byte) {
 	for _, a := range nlAttrs(attrs) {
-		if a.typ != taskstatsTypeAggrPID {
+		if a.Attr.Type&nl.NLA_TYPE_MASK != taskstatsTypeAggrPID {
 			continue
 		}
-		for _, in := range nlAttrs(a.data) {
-			if in.typ != taskstatsTypeStats || len(in.data) < tsMinLen {
+		for _, in := range nlAttrs(a.Value) {
+			if in.Attr.Type&nl.NLA_TYPE_MASK != taskstatsTypeStats || len(in.Value) < tsMinLen {
 				continue
 			}
-			k, cpu, delay := parseTaskstats(in.data)
+			k, cpu, delay := parseTaskstats(in.Value)
 			w.mu.Lock()
 			e := w.byKey[k]
 			e.tasks++
@@ -131,6 +129,15 @@ func (w *taskWatch) message(attrs []byte) {
 			w.mu.Unlock()
 		}
 	}
+}
+
+// nlAttrs are a message's attributes; none where they do not parse.
+func nlAttrs(b []byte) []syscall.NetlinkRouteAttr {
+	attrs, err := nl.ParseRouteAttr(b)
+	if err != nil {
+		return nil
+	}
+	return attrs
 }
 
 // parseTaskstats reads a struct taskstats: the task's name and parent,
@@ -144,83 +151,4 @@ func parseTaskstats(s []byte) (taskKey, time.Duration, time.Duration) {
 		cpu = time.Duration(le.Uint64(s[tsUtime:])+le.Uint64(s[tsStime:])) * time.Microsecond
 	}
 	return taskKey{comm: string(comm), ppid: le.Uint32(s[tsPPID:])}, cpu, time.Duration(le.Uint64(s[tsCPUDelayTotal:]))
-}
-
-type nlAttr struct {
-	typ  uint16
-	data []byte
-}
-
-func nlAttrs(b []byte) []nlAttr {
-	le := binary.LittleEndian
-	var out []nlAttr
-	for len(b) >= nlaHdrLen {
-		l := int(le.Uint16(b))
-		if l < nlaHdrLen || l > len(b) {
-			break
-		}
-		out = append(out, nlAttr{typ: le.Uint16(b[2:]) &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER), data: b[nlaHdrLen:l]})
-		b = b[min((l+3)&^3, len(b)):]
-	}
-	return out
-}
-
-// genlSend sends a generic netlink request of one attribute.
-func genlSend(fd int, family uint16, cmd uint8, attr uint16, val []byte) error {
-	le := binary.LittleEndian
-	alen := nlaHdrLen + len(val)
-	msg := make([]byte, nlmsgHdrLen+genlHdrLen+(alen+3)&^3)
-	le.PutUint32(msg[0:], uint32(len(msg)))
-	le.PutUint16(msg[4:], family)
-	le.PutUint16(msg[6:], unix.NLM_F_REQUEST)
-	msg[nlmsgHdrLen] = cmd
-	msg[nlmsgHdrLen+1] = 1 // version
-	a := msg[nlmsgHdrLen+genlHdrLen:]
-	le.PutUint16(a, uint16(alen))
-	le.PutUint16(a[2:], attr)
-	copy(a[nlaHdrLen:], val)
-	return unix.Sendto(fd, msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK})
-}
-
-// genlFamily resolves a generic netlink family's ID by name.
-func genlFamily(l *nlListener, name string) (uint16, error) {
-	if err := genlSend(l.fd, genlIDCtrl, ctrlCmdGetFamily, ctrlAttrFamilyName, append([]byte(name), 0)); err != nil {
-		return 0, fmt.Errorf("genl family %s: %w", name, err)
-	}
-	buf := make([]byte, 1<<16)
-	n, err := l.recv(buf)
-	if err != nil {
-		return 0, fmt.Errorf("genl family %s: %w", name, err)
-	}
-	le := binary.LittleEndian
-	b := buf[:n]
-	if len(b) < nlmsgHdrLen+genlHdrLen {
-		return 0, fmt.Errorf("genl family %s: short answer", name)
-	}
-	if le.Uint16(b[4:]) == unix.NLMSG_ERROR {
-		if len(b) >= nlmsgHdrLen+4 {
-			if errno := int32(le.Uint32(b[nlmsgHdrLen:])); errno != 0 {
-				return 0, fmt.Errorf("genl family %s: %w", name, unix.Errno(-errno))
-			}
-		}
-		return 0, fmt.Errorf("genl family %s: an error answer", name)
-	}
-	for _, a := range nlAttrs(b[nlmsgHdrLen+genlHdrLen : min(int(le.Uint32(b)), len(b))]) {
-		if a.typ == ctrlAttrFamilyID && len(a.data) >= 2 {
-			return le.Uint16(a.data), nil
-		}
-	}
-	return 0, fmt.Errorf("genl family %s: no ID in the answer", name)
-}
-
-// exitDelta is what the tasks that exited between two snapshots spent.
-func exitDelta(a, b map[string]exitCPU) map[string]exitCPU {
-	out := map[string]exitCPU{}
-	for k, v := range b {
-		was := a[k]
-		if d := (exitCPU{tasks: v.tasks - was.tasks, cpu: v.cpu - was.cpu, runDelay: v.runDelay - was.runDelay}); d.tasks > 0 {
-			out[k] = d
-		}
-	}
-	return out
 }
