@@ -194,16 +194,9 @@ func (s *cpuStats) top(k, n int) string {
 	if s == nil || s.bursts == 0 {
 		return ""
 	}
-	names := slices.Collect(maps.Keys(s.byCmd))
-	slices.SortFunc(names, func(x, y string) int {
-		if c := cmp.Compare(s.byCmd[y], s.byCmd[x]); c != 0 {
-			return c
-		}
-		return strings.Compare(x, y)
-	})
 	var parts []string
 	var rest float64
-	for i, name := range names {
+	for i, name := range mostFirst(s.byCmd) {
 		v := s.perPod(name, n)
 		switch {
 		case i >= k:
@@ -225,16 +218,13 @@ func (s *cpuStats) top(k, n int) string {
 func (s *cpuStats) aboveFloor(floor *cpuStats, n int) (map[string]float64, float64) {
 	out := map[string]float64{}
 	var sum float64
-	for name := range s.byCmd {
-		out[name] = s.perPod(name, n) - floor.perPod(name, n)
-	}
-	for name := range floor.byCmd {
-		if _, ok := s.byCmd[name]; !ok {
-			out[name] = -floor.perPod(name, n)
+	for _, m := range []map[string]time.Duration{s.byCmd, floor.byCmd} {
+		for name := range m {
+			if _, done := out[name]; !done {
+				out[name] = s.perPod(name, n) - floor.perPod(name, n)
+				sum += out[name]
+			}
 		}
-	}
-	for _, v := range out {
-		sum += v
 	}
 	return out, sum
 }
@@ -242,18 +232,23 @@ func (s *cpuStats) aboveFloor(floor *cpuStats, n int) (map[string]float64, float
 // describeAbove lists the programs whose CPU per pod differs from the
 // floor's by at least 0.5 ms, most first.
 func describeAbove(above map[string]float64) string {
-	names := slices.Collect(maps.Keys(above))
-	slices.SortFunc(names, func(x, y string) int {
-		if c := cmp.Compare(above[y], above[x]); c != 0 {
-			return c
-		}
-		return strings.Compare(x, y)
-	})
 	var parts []string
-	for _, name := range names {
+	for _, name := range mostFirst(above) {
 		if v := above[name]; v >= 0.5 || v <= -0.5 {
 			parts = append(parts, fmt.Sprintf("%s %+.1f", name, v))
 		}
 	}
 	return strings.Join(parts, ", ")
+}
+
+// mostFirst is m's names, the largest value first (ties by name).
+func mostFirst[V cmp.Ordered](m map[string]V) []string {
+	names := slices.Collect(maps.Keys(m))
+	slices.SortFunc(names, func(x, y string) int {
+		if c := cmp.Compare(m[y], m[x]); c != 0 {
+			return c
+		}
+		return strings.Compare(x, y)
+	})
+	return names
 }

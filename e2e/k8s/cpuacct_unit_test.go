@@ -116,3 +116,17 @@ func taskWatchT(t *testing.T) *taskWatch {
 	t.Cleanup(w.close)
 	return w
 }
+
+// TestCPUAboveFloor: a network's CPU per pod less the floor's, for every
+// program either has, most first.
+func TestCPUAboveFloor(t *testing.T) {
+	var net, floor cpuStats
+	net.add(cpuDelta{busy: 4 * time.Second, byCmd: map[string]time.Duration{"a": 2 * time.Second, "b": time.Second}})
+	floor.add(cpuDelta{busy: 2 * time.Second, byCmd: map[string]time.Duration{"a": time.Second, "c": time.Second / 2}})
+	above, sum := net.aboveFloor(&floor, 10)
+	require.Equal(t, map[string]float64{"a": 100, "b": 100, "c": -50}, above)
+	require.InDelta(t, 150, sum, 1e-9)
+	require.Equal(t, "a +100.0, b +100.0, c -50.0", describeAbove(above))
+	require.Equal(t, "a 200.0, b 100.0", net.top(2, 10))
+	require.Equal(t, "a 200.0, others 100.0", net.top(1, 10))
+}
