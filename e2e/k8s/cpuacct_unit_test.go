@@ -64,19 +64,7 @@ func TestCPUDeltaCountsAThreadOnce(t *testing.T) {
 	a, err := takeCPUSnapshot(w)
 	require.NoError(t, err)
 	before := w.snapshot()
-	// A goroutine that ends locked to its thread ends the thread too.
-	var spun time.Duration
-	done := make(chan struct{})
-	go func() {
-		runtime.LockOSThread()
-		var ts unix.Timespec
-		start := threadCPU(&ts)
-		for threadCPU(&ts)-start < 300*time.Millisecond {
-		}
-		spun = threadCPU(&ts) - start
-		close(done)
-	}()
-	<-done
+	spun := spinThreadAndEnd(300 * time.Millisecond)
 	self := ""
 	// Await the thread's exit accounting.
 	require.Eventually(t, func() bool {
@@ -94,6 +82,37 @@ func TestCPUDeltaCountsAThreadOnce(t *testing.T) {
 	require.Equal(t, b.procs[os.Getpid()].comm, self)
 	require.Less(t, d.byCmd[self], spun*3/2, "the thread's %v counted twice: %v", spun, d.byCmd[self])
 	require.GreaterOrEqual(t, d.byCmd[self], spun-20*time.Millisecond)
+}
+
+// spinThreadAndEnd spins a thread of this process for d of its CPU time,
+// then ends the thread, and returns the CPU time spun. A goroutine that
+// ends locked to its thread ends the thread too, unless the thread is the
+// process's main thread, which Go never ends: a goroutine that lands
+// there holds it until the spin is done, so that the next one lands
+// elsewhere.
+func spinThreadAndEnd(d time.Duration) time.Duration {
+	release := make(chan struct{})
+	defer close(release)
+	for {
+		res := make(chan time.Duration, 1) // -1: on the main thread
+		go func() {
+			runtime.LockOSThread()
+			if unix.Gettid() == os.Getpid() {
+				res <- -1
+				<-release
+				runtime.UnlockOSThread()
+				return
+			}
+			var ts unix.Timespec
+			start := threadCPU(&ts)
+			for threadCPU(&ts)-start < d {
+			}
+			res <- threadCPU(&ts) - start
+		}()
+		if spun := <-res; spun >= 0 {
+			return spun
+		}
+	}
 }
 
 func threadCPU(ts *unix.Timespec) time.Duration {
