@@ -64,7 +64,7 @@ STEADY_SECONDS ?= 10
 SWEEP_SECONDS ?= 3
 bench:
 	$(MAKE) bench-run
-	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|AgentRestart|^BenchmarkFill$$|^BenchmarkSteady$$' -benchtime 2000x ./allocator/... ./agent/...
+	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|ClaimCost|AgentRestart|^BenchmarkFill$$|^BenchmarkSteady$$' -benchtime 2000x ./allocator/... ./agent/...
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
@@ -76,6 +76,7 @@ bench-run: build
 		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
 	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
+	run claimcost KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimCost -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/nodealloc/ && \

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/pprof"
 	"syscall"
 	"time"
@@ -20,8 +21,11 @@ import (
 // etcd member processes' (zero when etcd is embedded). Which functions
 // took it, the GC's share among them, is the profiles' to say
 // (profileEnv): the runtime's GC counters move only when a cycle ends.
+// allocated is the bytes this process has allocated on its heap, and
+// gcs its completed GC cycles: the GC's work grows with the first.
 type cpuSample struct {
 	wall, process, etcd time.Duration
+	allocated, gcs      uint64
 }
 
 // sampleCPU reads the counters; etcdCPU is nil when etcd runs in this
@@ -33,6 +37,9 @@ func (f *fleet) sampleCPU() cpuSample {
 		f.b.Fatalf("getrusage: %v", err)
 	}
 	s.process = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	ms := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(ms)
+	s.allocated, s.gcs = ms[0].Value.Uint64(), ms[1].Value.Uint64()
 	if f.etcdCPU != nil {
 		d, err := f.etcdCPU()
 		if err != nil {
@@ -45,7 +52,8 @@ func (f *fleet) sampleCPU() cpuSample {
 
 // sub is the CPU used between earlier and s.
 func (s cpuSample) sub(earlier cpuSample) cpuSample {
-	return cpuSample{wall: s.wall - earlier.wall, process: s.process - earlier.process, etcd: s.etcd - earlier.etcd}
+	return cpuSample{wall: s.wall - earlier.wall, process: s.process - earlier.process, etcd: s.etcd - earlier.etcd,
+		allocated: s.allocated - earlier.allocated, gcs: s.gcs - earlier.gcs}
 }
 
 func (s cpuSample) String() string {

@@ -158,7 +158,8 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // (each a failure: the runtime would retry the pod's sandbox after a
 // back-off), other failures, lost leases, leader elections during the
 // storm, the leader's database size, the CPU seconds of this process and
-// of the etcd members in the storm and in the baseline, the store calls
+// of the etcd members in the storm and in the baseline, this process's
+// heap allocations a node and its GC cycles in each, the store calls
 // by kind (count,
 // calls etcd did not answer in time, p50, p99, the first one's end), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
@@ -283,6 +284,10 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	steps.report(b)
 	b.ReportMetric(stormCPU.process.Seconds(), "process-cpu-s/storm")
 	b.ReportMetric(baseCPU.process.Seconds(), "process-cpu-s/baseline")
+	b.ReportMetric(float64(stormCPU.allocated)/float64(nodes), "process-alloc-B/node/storm")
+	b.ReportMetric(float64(baseCPU.allocated)/float64(nodes), "process-alloc-B/node/baseline")
+	b.ReportMetric(float64(stormCPU.gcs), "gc-cycles/storm")
+	b.ReportMetric(float64(baseCPU.gcs), "gc-cycles/baseline")
 	if f.etcdCPU != nil {
 		b.ReportMetric(stormCPU.etcd.Seconds(), "etcd-cpu-s/storm")
 		b.ReportMetric(baseCPU.etcd.Seconds(), "etcd-cpu-s/baseline")

@@ -89,6 +89,24 @@ func TestStormFigures(t *testing.T) {
 	require.NotContains(t, missing, "scale.claim10000.seconds")
 }
 
+// TestClaimCostFigures: a storm's transactions one kind at a time, each
+// over as many bare creates (BenchmarkClaimCost, output file
+// claimcost.txt).
+func TestClaimCostFigures(t *testing.T) {
+	line := "BenchmarkClaimCost/etcd=cluster3-2   \t       1\t 0.700 s/bare\t 1.050 s/claim-first\t 1.120 s/lost\t 0.980 s/claim\t 0.710 s/bare-again\t 1.1 etcd-cpu-s/bare\t 0 ns/op\n"
+	rs, err := Parse(strings.NewReader(line))
+	require.NoError(t, err)
+	figs, missing := Figures(map[string][]Result{"claimcost": rs})
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	require.InDelta(t, 1.5, byName["scale.claim5000.txn.claim_first_vs_bare"].Ratio, 1e-9)
+	require.InDelta(t, 1.6, byName["scale.claim5000.txn.lost_vs_bare"].Ratio, 1e-9)
+	require.InDelta(t, 1.4, byName["scale.claim5000.txn.claim_vs_bare"].Ratio, 1e-9)
+	require.NotContains(t, missing, "scale.claim5000.txn.lost_vs_bare")
+}
+
 // TestK8sBurstFigures: the Kubernetes bursts' figures (e2e/k8s
 // BenchmarkK8sBurst, output file k8s.txt): at 100 pods, create to Ready
 // p50 and p99, the time above the host-network floor and RunPodSandbox,

@@ -32,7 +32,10 @@ type spec struct {
 
 // The scale figures come from the runs on the 3-member cluster.
 const (
-	stormBench  = "BenchmarkClaimStorm/etcd=cluster3"
+	stormBench = "BenchmarkClaimStorm/etcd=cluster3"
+	// costBench sends a storm's transactions one kind at a time, through
+	// the node's store without an allocator (BenchmarkClaimCost).
+	costBench   = "BenchmarkClaimCost/etcd=cluster3"
 	steadyBench = "BenchmarkSteady/etcd=cluster3"
 )
 
@@ -90,6 +93,9 @@ var specs = []spec{
 	{name: "scale.claim5000.vs_raw", file: "storm", bench: stormBench, value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once, same run; goal: ratio at most 2"},
 	{name: "scale.claim5000.first_ms", file: "storm", bench: stormBench, value: "first-end-ms", baseline: "baseline-first-end-ms", unit: "ms", baselineLabel: "the first bare transaction's end, same run"},
 	{name: "scale.claim5000.etcd_rss_mb", file: "storm", bench: stormBench, value: "etcd-rss-mb", unit: "MB"},
+	{name: "scale.claim5000.txn.claim_first_vs_bare", file: "claimcost", bench: costBench, value: "s/claim-first", baseline: "s/bare", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once; a storm node's winning claim (claim, home, first address) through its store, no allocator"},
+	{name: "scale.claim5000.txn.lost_vs_bare", file: "claimcost", bench: costBench, value: "s/lost", baseline: "s/bare", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once; a storm node's lost claim through its store, no allocator"},
+	{name: "scale.claim5000.txn.claim_vs_bare", file: "claimcost", bench: costBench, value: "s/claim", baseline: "s/bare", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once; a claim and home with no first address, through the store"},
 	{name: "scale.claim10000.seconds", file: "storm10k", bench: stormBench, value: "s/storm", baseline: "s/baseline", unit: "s", baselineLabel: "as many bare create-if-absent transactions at once, 3 members"},
 	{name: "scale.claim10000.try_again", file: "storm10k", bench: stormBench, value: "try-again", unit: "count"},
 	{name: "scale.claim10000.failures", file: "storm10k", bench: stormBench, value: "failures", unit: "count"},
