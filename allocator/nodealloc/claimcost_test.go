@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -57,23 +57,21 @@ func claimCost(b *testing.B, backend string, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	base := p.CIDRs[0].Addr().As4()
-	block := func(k int) netip.Prefix { // the pool's kth /26
-		v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
-		v += uint32(k) << 6
-		return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), 26)
-	}
-	if 2*n > 1<<(26-12) {
-		b.Fatalf("%d nodes need %d blocks of the /12's %d", n, 2*n, 1<<(26-12))
+	cidr, bits := p.CIDRs[0], p.BlockSizeV4
+	if blocks := allocator.BlockCount(cidr, bits); uint64(2*n) > blocks {
+		b.Fatalf("%d nodes need %d blocks of the pool's %d", n, 2*n, blocks)
 	}
 	claim := func(i, k int, first bool) error {
-		bl := block(k)
+		bl, err := allocator.BlockAt(cidr, bits, uint64(k)) // the pool's kth block
+		if err != nil {
+			return err
+		}
 		c := records.Claim{Node: nodeName(i), ClaimedAt: time.Now(), PoolRev: p.Rev}
 		if first {
 			c.First = &records.IPWrite{Pool: f.pool, Block: bl, Addr: bl.Addr().Next(),
 				Record: records.Record{Owner: owner(i), Node: nodeName(i), State: records.StateAllocated, Since: time.Now()}}
 		}
-		_, err := stores[i%len(stores)].Claim(ctx, f.pool, bl, c, sessions[i].ID())
+		_, err = stores[i%len(stores)].Claim(ctx, f.pool, bl, c, sessions[i].ID())
 		return err
 	}
 	kinds := []struct {
