@@ -27,10 +27,7 @@ func TestReportFromBenchOutput(t *testing.T) {
 	require.InDelta(t, 10.32, rs[0].Metrics["kvipam-add-p50-ms"], 1e-9)
 
 	figs, missing := Figures(map[string][]Result{"adddel": rs})
-	byName := map[string]Figure{}
-	for _, f := range figs {
-		byName[f.Name] = f
-	}
+	byName := byNameOf(figs)
 	add := byName["cni.add.p50.default_vs_bridge"]
 	require.InDelta(t, 10.32, add.Value, 1e-9)
 	require.InDelta(t, 11.53, add.Baseline, 1e-9)
@@ -56,13 +53,7 @@ func TestReportFromBenchOutput(t *testing.T) {
 // TestAgentRSS: the agent's resident set with 10,000 allocations stands
 // beside its resident set idle.
 func TestAgentRSS(t *testing.T) {
-	rs, err := Parse(strings.NewReader("BenchmarkAgentRestart-2   	       5	 250133214 ns/op	        41.79 MB/rss-10k	        32.04 MB/rss-idle	         0.2445 s/restart-10k\n"))
-	require.NoError(t, err)
-	figs, _ := Figures(map[string][]Result{"restart": rs})
-	byName := map[string]Figure{}
-	for _, f := range figs {
-		byName[f.Name] = f
-	}
+	byName, _ := figuresFrom(t, map[string]string{"restart": "BenchmarkAgentRestart-2   	       5	 250133214 ns/op	        41.79 MB/rss-10k	        32.04 MB/rss-idle	         0.2445 s/restart-10k\n"})
 	require.InDelta(t, 32.04, byName["agent.rss.idle_mb"].Value, 1e-9)
 	require.InDelta(t, 41.79, byName["agent.rss.10k_mb"].Value, 1e-9)
 	require.InDelta(t, 32.04, byName["agent.rss.10k_mb"].Baseline, 1e-9)
@@ -74,13 +65,7 @@ func TestAgentRSS(t *testing.T) {
 // storm's, from its own output file.
 func TestStormFigures(t *testing.T) {
 	line := "BenchmarkClaimStorm/etcd=cluster3-2   	       1	 2000000000 ns/op	 1.000 s/baseline	 1.800 s/storm	 1.8 x-baseline	 0 try-again	 0 failures	 0 lost-leases	 0 duplicates	 210.5 etcd-rss-mb	 150 first-end-ms	 100 baseline-first-end-ms\n"
-	rs, err := Parse(strings.NewReader(line))
-	require.NoError(t, err)
-	figs, missing := Figures(map[string][]Result{"storm": rs, "storm10k": rs})
-	byName := map[string]Figure{}
-	for _, f := range figs {
-		byName[f.Name] = f
-	}
+	byName, missing := figuresFrom(t, map[string]string{"storm": line, "storm10k": line})
 	require.InDelta(t, 1.8, byName["scale.claim5000.vs_raw"].Ratio, 1e-9)
 	require.Contains(t, byName, "scale.claim5000.try_again")
 	require.InDelta(t, 1.8, byName["scale.claim10000.seconds"].Value, 1e-9)
@@ -94,13 +79,7 @@ func TestStormFigures(t *testing.T) {
 // claimcost.txt).
 func TestClaimCostFigures(t *testing.T) {
 	line := "BenchmarkClaimCost/etcd=cluster3-2   \t       1\t 0.700 s/bare\t 1.050 s/claim-first\t 1.120 s/lost\t 0.980 s/claim\t 0.710 s/bare-again\t 1.1 etcd-cpu-s/bare\t 0 ns/op\n"
-	rs, err := Parse(strings.NewReader(line))
-	require.NoError(t, err)
-	figs, missing := Figures(map[string][]Result{"claimcost": rs})
-	byName := map[string]Figure{}
-	for _, f := range figs {
-		byName[f.Name] = f
-	}
+	byName, missing := figuresFrom(t, map[string]string{"claimcost": line})
 	require.InDelta(t, 1.5, byName["scale.claim5000.txn.claim_first_vs_bare"].Ratio, 1e-9)
 	require.InDelta(t, 1.6, byName["scale.claim5000.txn.lost_vs_bare"].Ratio, 1e-9)
 	require.InDelta(t, 1.4, byName["scale.claim5000.txn.claim_vs_bare"].Ratio, 1e-9)
@@ -122,11 +101,7 @@ func TestK8sBurstFigures(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
 	require.Equal(t, "BenchmarkK8sBurst/burst=100", rs[1].Name)
-	figs, missing := Figures(map[string][]Result{"k8s": rs})
-	byName := map[string]Figure{}
-	for _, f := range figs {
-		byName[f.Name] = f
-	}
+	byName, missing := figuresFrom(t, map[string]string{"k8s": out})
 	for _, n := range []string{"k8s.burst100.ready_p50.kvipam_vs_bridge", "k8s.burst100.ready_p99.kvipam_vs_bridge", "k8s.burst100.netsetup_p50_ms"} {
 		require.Contains(t, byName, n)
 		require.NotContains(t, missing, n)
@@ -157,4 +132,26 @@ func keys(m map[string]any) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// figuresFrom is the report's figures by name, and the names missing,
+// from go test -bench output by output file name.
+func figuresFrom(t *testing.T, outs map[string]string) (map[string]Figure, []string) {
+	t.Helper()
+	results := map[string][]Result{}
+	for file, out := range outs {
+		rs, err := Parse(strings.NewReader(out))
+		require.NoError(t, err)
+		results[file] = rs
+	}
+	figs, missing := Figures(results)
+	return byNameOf(figs), missing
+}
+
+func byNameOf(figs []Figure) map[string]Figure {
+	byName := map[string]Figure{}
+	for _, f := range figs {
+		byName[f.Name] = f
+	}
+	return byName
 }
