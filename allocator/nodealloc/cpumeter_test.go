@@ -65,7 +65,8 @@ func (s cpuSample) String() string {
 // the leading etcd member during its first and its last group there
 // (etcd-first-group.pprof, etcd-last-group.pprof), and this process's
 // (fleet-first-group.pprof, fleet-last-group.pprof), to read with go
-// tool pprof. Only on the member processes (etcd=cluster3).
+// tool pprof. Only on the member processes (etcd=cluster3 and
+// etcd=cluster3-ownhttp).
 const profileEnv = "KVIPAM_FILL_PROFILE"
 
 // groupProfile is the profiles of one fill group.
@@ -123,7 +124,7 @@ func leaderProfile(ctx context.Context, c *cluster.Cluster, d time.Duration) ([]
 		return nil, err
 	}
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: d + 30*time.Second}
-	u := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", c.Endpoints()[l], int(d.Seconds()))
+	u := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", c.HTTPEndpoints()[l], int(d.Seconds()))
 	resp, err := hc.Get(u)
 	if err != nil {
 		return nil, err

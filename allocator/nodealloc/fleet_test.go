@@ -36,8 +36,14 @@ const (
 	etcdEmbed = "embed"
 	// etcdCluster3 is three member processes on loopback with mutual TLS
 	// (e2e/cluster): every write is replicated to a quorum, as in a
-	// cluster. The default.
+	// cluster. The default. Their gRPC goes through Go's HTTP/2 handler
+	// on the port their HTTP endpoints share, as in kubeadm's etcd.
 	etcdCluster3 = "cluster3"
+	// etcdCluster3OwnHTTP is the same with the HTTP endpoints on a
+	// listener of their own (cluster.Options.OwnHTTPListener), so that
+	// grpc-go serves the client URL itself, as etcd advises for
+	// production.
+	etcdCluster3OwnHTTP = "cluster3-ownhttp"
 )
 
 // scaleBackends are the etcds KVIPAM_SCALE_ETCD names (default cluster3).
@@ -45,10 +51,10 @@ func scaleBackends(b *testing.B) []string {
 	var out []string
 	for _, s := range strings.Split(cmp.Or(os.Getenv("KVIPAM_SCALE_ETCD"), etcdCluster3), ",") {
 		switch s = strings.TrimSpace(s); s {
-		case etcdEmbed, etcdCluster3:
+		case etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP:
 			out = append(out, s)
 		default:
-			b.Fatalf("KVIPAM_SCALE_ETCD: %q is neither %s nor %s", s, etcdEmbed, etcdCluster3)
+			b.Fatalf("KVIPAM_SCALE_ETCD: %q is none of %s, %s and %s", s, etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP)
 		}
 	}
 	return out
@@ -110,12 +116,12 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 		f.status = func(ctx context.Context) (*clientv3.StatusResponse, error) {
 			return f.clis[0].Status(ctx, e.Endpoints()[0])
 		}
-	case etcdCluster3:
+	case etcdCluster3, etcdCluster3OwnHTTP:
 		flags := clusterFlags
 		if os.Getenv(profileEnv) != "" {
 			flags = append(slices.Clone(flags), "--enable-pprof")
 		}
-		c := cluster.Start(b, cluster.Options{Members: 3, Flags: flags})
+		c := cluster.Start(b, cluster.Options{Members: 3, Flags: flags, OwnHTTPListener: backend == etcdCluster3OwnHTTP})
 		for i := range f.clis {
 			f.clis[i] = c.Client(b, "kvipam")
 		}

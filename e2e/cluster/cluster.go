@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -45,6 +46,13 @@ type Options struct {
 	StartTimeout time.Duration
 	// Flags are extra etcd flags appended to every member's command line.
 	Flags []string
+	// OwnHTTPListener gives each member's HTTP endpoints (/health,
+	// /metrics, /version, /debug/pprof) a listener of their own
+	// (--listen-client-http-urls, HTTPEndpoints). The client URL then
+	// serves only gRPC, and grpc-go serves it itself; without it, as in
+	// kubeadm's etcd, gRPC goes through Go's HTTP/2 handler on the port
+	// the HTTP endpoints share, which etcd warns is not for production.
+	OwnHTTPListener bool
 }
 
 // withDefaults fills the zero fields.
@@ -151,6 +159,14 @@ func (c *Cluster) newMember(i int, logDir, dataDir string) (*member, error) {
 	if err != nil {
 		return nil, err
 	}
+	var httpURL string
+	if c.opts.OwnHTTPListener {
+		httpPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		httpURL = fmt.Sprintf("https://127.0.0.1:%d", httpPort)
+	}
 	certs, err := c.pki.member(name)
 	if err != nil {
 		return nil, err
@@ -164,6 +180,7 @@ func (c *Cluster) newMember(i int, logDir, dataDir string) (*member, error) {
 		bin:       c.bin,
 		clientURL: fmt.Sprintf("https://127.0.0.1:%d", clientPort),
 		peerURL:   fmt.Sprintf("https://127.0.0.1:%d", peerPort),
+		httpURL:   httpURL,
 		dataDir:   filepath.Join(dataDir, name),
 		logPath:   filepath.Join(logDir, name+".log"),
 		certs:     certs,
@@ -201,6 +218,9 @@ func (c *Cluster) args(m *member, initialCluster, token string) []string {
 		"--log-format", "console",
 		"--log-outputs", "stderr",
 	}
+	if m.httpURL != "" {
+		args = append(args, "--listen-client-http-urls", m.httpURL)
+	}
 	return append(args, c.opts.Flags...)
 }
 
@@ -212,6 +232,17 @@ func (c *Cluster) Endpoints() []string {
 	eps := make([]string, len(c.members))
 	for i, m := range c.members {
 		eps[i] = m.clientURL
+	}
+	return eps
+}
+
+// HTTPEndpoints are every member's URL for its HTTP endpoints (/health,
+// /metrics, /debug/pprof), in member order: the client URL unless
+// Options.OwnHTTPListener gave them their own.
+func (c *Cluster) HTTPEndpoints() []string {
+	eps := make([]string, len(c.members))
+	for i, m := range c.members {
+		eps[i] = cmp.Or(m.httpURL, m.clientURL)
 	}
 	return eps
 }

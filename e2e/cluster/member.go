@@ -23,6 +23,7 @@ type member struct {
 	bin                string
 	args               []string
 	clientURL, peerURL string
+	httpURL            string // the HTTP endpoints' own URL; empty when they share clientURL
 	dataDir, logPath   string
 	certs              ClientFiles // the member's own certificate
 	statusTLS          *tls.Config // how the harness asks it for its status
