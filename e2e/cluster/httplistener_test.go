@@ -25,12 +25,12 @@ func TestClusterOwnHTTPListener(t *testing.T) {
 
 	files, err := c.ClientConfig(cluster.RootUser)
 	require.NoError(t, err)
-	cli, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: c.Endpoints(), CAFile: files.CAFile, CertFile: files.CertFile, KeyFile: files.KeyFile}, "/kvipam/v1/health")
+	cli, err := kvstore.Connect(ctx, kvstore.Config{Endpoints: c.Endpoints(), CAFile: files.CAFile, CertFile: files.CertFile, KeyFile: files.KeyFile}, "/own-http-listener/health")
 	require.NoError(t, err)
 	defer cli.Close()
-	_, err = cli.Put(ctx, "/kvipam/x", "through grpc-go's own server")
+	_, err = cli.Put(ctx, "/own-http-listener/x", "through grpc-go's own server")
 	require.NoError(t, err)
-	got, err := cli.Get(ctx, "/kvipam/x")
+	got, err := cli.Get(ctx, "/own-http-listener/x")
 	require.NoError(t, err)
 	require.Len(t, got.Kvs, 1)
 
