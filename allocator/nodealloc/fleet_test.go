@@ -44,6 +44,11 @@ const (
 	// grpc-go serves the client URL itself, as etcd advises for
 	// production.
 	etcdCluster3OwnHTTP = "cluster3-ownhttp"
+	// etcdCluster3Auth is cluster3 with authentication on, the nodes'
+	// user holding a role (not root) on every key, as operations.md has
+	// kvipam's user hold one on its prefix: etcd then checks the user's
+	// permission for every compare and operation of a transaction.
+	etcdCluster3Auth = "cluster3-auth"
 )
 
 // scaleBackends are the etcds KVIPAM_SCALE_ETCD names (default cluster3).
@@ -51,10 +56,10 @@ func scaleBackends(b *testing.B) []string {
 	var out []string
 	for _, s := range strings.Split(cmp.Or(os.Getenv("KVIPAM_SCALE_ETCD"), etcdCluster3), ",") {
 		switch s = strings.TrimSpace(s); s {
-		case etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP:
+		case etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP, etcdCluster3Auth:
 			out = append(out, s)
 		default:
-			b.Fatalf("KVIPAM_SCALE_ETCD: %q is none of %s, %s and %s", s, etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP)
+			b.Fatalf("KVIPAM_SCALE_ETCD: %q is none of %s, %s, %s and %s", s, etcdEmbed, etcdCluster3, etcdCluster3OwnHTTP, etcdCluster3Auth)
 		}
 	}
 	return out
@@ -116,12 +121,23 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 		f.status = func(ctx context.Context) (*clientv3.StatusResponse, error) {
 			return f.clis[0].Status(ctx, e.Endpoints()[0])
 		}
-	case etcdCluster3, etcdCluster3OwnHTTP:
+	case etcdCluster3, etcdCluster3OwnHTTP, etcdCluster3Auth:
 		flags := clusterFlags
 		if os.Getenv(profileEnv) != "" {
 			flags = append(slices.Clone(flags), "--enable-pprof")
 		}
 		c := cluster.Start(b, cluster.Options{Members: 3, Flags: flags, OwnHTTPListener: backend == etcdCluster3OwnHTTP})
+		if backend == etcdCluster3Auth {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			err := c.EnableAuth(ctx)
+			if err == nil {
+				err = c.AddUser(ctx, "kvipam", "", cluster.Role{Name: "fleet", Prefix: "/"})
+			}
+			cancel()
+			if err != nil {
+				b.Fatalf("etcd auth: %v", err)
+			}
+		}
 		for i := range f.clis {
 			f.clis[i] = c.Client(b, "kvipam")
 		}

@@ -142,7 +142,7 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // the agent's, 15) and sharing 16 clients, start at once on a /12 pool of
 // /26 blocks (16,384 blocks) and each allocates one address, so each
 // claims a block; on each etcd of KVIPAM_SCALE_ETCD (sub-benchmarks
-// etcd=cluster3, the default, etcd=cluster3-ownhttp and etcd=embed). Each etcd request is
+// etcd=<name>, scaleBackends; etcd=cluster3 the default). Each etcd request is
 // bounded by KVIPAM_CALL_TIMEOUT (default the agent's, 1 s), and each
 // Allocate by KVIPAM_STORM_REQUEST_TIMEOUT (default 9 s: what the agent
 // gives a request from a plugin with the default agentTimeout of 10 s,

@@ -14,8 +14,8 @@ import (
 )
 
 // BenchmarkSteady is issue 20's steady phase on a filled store, on each
-// etcd of KVIPAM_SCALE_ETCD (sub-benchmarks etcd=cluster3, the default,
-// etcd=cluster3-ownhttp and etcd=embed):
+// etcd of KVIPAM_SCALE_ETCD (sub-benchmarks etcd=<name>, scaleBackends;
+// etcd=cluster3 the default):
 //
 //   - the fill of BenchmarkFill: KVIPAM_FILL_NODES node allocators
 //     (default 5,000) x KVIPAM_FILL_ADDRS addresses (default 30), reported
