@@ -65,10 +65,15 @@ func scaleBackends(b *testing.B) []string {
 	return out
 }
 
-// forEachBackend runs f as the sub-benchmark etcd=<backend> of each.
+// forEachBackend runs f b.N times as the sub-benchmark etcd=<backend> of
+// each.
 func forEachBackend(b *testing.B, f func(b *testing.B, backend string)) {
 	for _, be := range scaleBackends(b) {
-		b.Run("etcd="+be, func(b *testing.B) { f(b, be) })
+		b.Run("etcd="+be, func(b *testing.B) {
+			for range b.N {
+				f(b, be)
+			}
+		})
 	}
 }
 

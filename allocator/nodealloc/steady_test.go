@@ -63,53 +63,51 @@ func BenchmarkSteady(b *testing.B) {
 		b.Fatalf("KVIPAM_STEADY_RATE %d, KVIPAM_SWEEP_RATES %v: rates are positive", rate, rates)
 	}
 	forEachBackend(b, func(b *testing.B, backend string) {
-		for range b.N {
-			b.StopTimer()
-			ctx := context.Background()
-			f := newFleet(b, backend, "steady")
-			term := f.term(ctx)
-			r := f.fill(ctx, nodes, addrs)
-			b.ReportMetric(r.times[0].Seconds(), "s/first-group")
-			b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
-			b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
-			r.reportRaw(b)
-			r.reportCPU(b)
-			b.ReportMetric(float64(r.failed), "fill-failures")
+		b.StopTimer()
+		ctx := context.Background()
+		f := newFleet(b, backend, "steady")
+		term := f.term(ctx)
+		r := f.fill(ctx, nodes, addrs)
+		b.ReportMetric(r.times[0].Seconds(), "s/first-group")
+		b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
+		b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
+		r.reportRaw(b)
+		r.reportCPU(b)
+		b.ReportMetric(float64(r.failed), "fill-failures")
 
-			g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
-			al, raw := g.run(ctx, rate, secs)
-			b.Logf("%d/s for %v each: allocation p50 %.2f ms p99 %.2f ms (%d); raw p50 %.2f ms p99 %.2f ms (%d)",
-				rate, secs, ms(quantile(al, 0.5)), ms(quantile(al, 0.99)), len(al), ms(quantile(raw, 0.5)), ms(quantile(raw, 0.99)), len(raw))
-			b.ReportMetric(ms(quantile(al, 0.5)), "alloc-p50-ms")
-			b.ReportMetric(ms(quantile(al, 0.99)), "alloc-p99-ms")
-			b.ReportMetric(ms(quantile(raw, 0.5)), "raw-p50-ms")
-			b.ReportMetric(ms(quantile(raw, 0.99)), "raw-p99-ms")
-			b.ReportMetric(float64(quantile(al, 0.99))/float64(quantile(raw, 0.99)), "x-raw-p99")
-			b.ReportMetric(float64(g.failed.Swap(0)), "steady-failures")
+		g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
+		al, raw := g.run(ctx, rate, secs)
+		b.Logf("%d/s for %v each: allocation p50 %.2f ms p99 %.2f ms (%d); raw p50 %.2f ms p99 %.2f ms (%d)",
+			rate, secs, ms(quantile(al, 0.5)), ms(quantile(al, 0.99)), len(al), ms(quantile(raw, 0.5)), ms(quantile(raw, 0.99)), len(raw))
+		b.ReportMetric(ms(quantile(al, 0.5)), "alloc-p50-ms")
+		b.ReportMetric(ms(quantile(al, 0.99)), "alloc-p99-ms")
+		b.ReportMetric(ms(quantile(raw, 0.5)), "raw-p50-ms")
+		b.ReportMetric(ms(quantile(raw, 0.99)), "raw-p99-ms")
+		b.ReportMetric(float64(quantile(al, 0.99))/float64(quantile(raw, 0.99)), "x-raw-p99")
+		b.ReportMetric(float64(g.failed.Swap(0)), "steady-failures")
 
-			if !slices.Equal(rates, []int{0}) {
-				b.ReportMetric(float64(g.sweep(ctx, b, rates, sweepSecs)), "max-rate-under-50ms")
-			}
+		if !slices.Equal(rates, []int{0}) {
+			b.ReportMetric(float64(g.sweep(ctx, b, rates, sweepSecs)), "max-rate-under-50ms")
+		}
 
-			st, err := f.status(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(float64(st.DbSize)/1e6, "db-size-mb")
-			b.ReportMetric(float64(st.DbSizeInUse)/1e6, "db-in-use-mb")
+		st, err := f.status(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(st.DbSize)/1e6, "db-size-mb")
+		b.ReportMetric(float64(st.DbSizeInUse)/1e6, "db-in-use-mb")
 
-			med, worst := f.restartCost(ctx, r.als, restarts)
-			b.ReportMetric(ms(med), "restart-ms")
-			b.ReportMetric(ms(worst), "restart-max-ms")
-			b.ReportMetric(float64(f.restoreRetries.Load()), "start-retries")
+		med, worst := f.restartCost(ctx, r.als, restarts)
+		b.ReportMetric(ms(med), "restart-ms")
+		b.ReportMetric(ms(worst), "restart-max-ms")
+		b.ReportMetric(float64(f.restoreRetries.Load()), "start-retries")
 
-			b.ReportMetric(float64(f.term(ctx)-term), "elections")
-			dups, missing := f.audit(ctx, append(r.answers, g.answers...))
-			b.ReportMetric(float64(dups), "duplicates")
-			b.ReportMetric(float64(missing), "missing")
-			if dups > 0 {
-				b.Fatalf("%d duplicates read back from etcd", dups)
-			}
+		b.ReportMetric(float64(f.term(ctx)-term), "elections")
+		dups, missing := f.audit(ctx, append(r.answers, g.answers...))
+		b.ReportMetric(float64(dups), "duplicates")
+		b.ReportMetric(float64(missing), "missing")
+		if dups > 0 {
+			b.Fatalf("%d duplicates read back from etcd", dups)
 		}
 	})
 }
