@@ -68,12 +68,7 @@ func BenchmarkSteady(b *testing.B) {
 		f := newFleet(b, backend, "steady")
 		term := f.term(ctx)
 		r := f.fill(ctx, nodes, addrs)
-		b.ReportMetric(r.times[0].Seconds(), "s/first-group")
-		b.ReportMetric(r.times[len(r.times)-1].Seconds(), "s/last-group")
-		b.ReportMetric(float64(r.times[len(r.times)-1])/float64(r.times[0]), "x-first")
-		r.reportRaw(b)
-		r.reportCPU(b)
-		b.ReportMetric(float64(r.failed), "fill-failures")
+		r.report(b, "fill-failures")
 
 		g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
 		al, raw := g.run(ctx, rate, secs)
