@@ -72,9 +72,9 @@ func TestVXLANOverlay(t *testing.T) {
 	require.Equal(t, map[string]string{vtepLinkLocal("b").String(): vtepMAC("b").String()}, neighbours(t, h, l, netlink.FAMILY_V6))
 
 	// Again, as a restarted agent does: no netlink change at all.
-	changes := watchChanges(t, n)
+	changes := watchChanges(t, n, h)
 	require.NoError(t, v.program(h, want()))
-	require.Empty(t, changes(h), "programming the same state again changes nothing")
+	require.Empty(t, changes(), "programming the same state again changes nothing")
 	l2, err := h.LinkByName(vxlanDevice)
 	require.NoError(t, err)
 	require.Equal(t, l.Attrs().Index, l2.Attrs().Index, "the same device")
@@ -110,11 +110,13 @@ func neighbours(t *testing.T, h *netlink.Handle, l netlink.Link, family int) map
 	return out
 }
 
-// watchChanges subscribes to route, link and neighbour changes in n; the
+// watchChanges lets the kernel finish its own work in n (h's namespace),
+// then subscribes to route, link and neighbour changes there; the
 // function it returns makes a marker change, waits for its event, and
 // returns what came before it.
-func watchChanges(t *testing.T, n interface{ Fd() uintptr }) func(h *netlink.Handle) []string {
+func watchChanges(t *testing.T, n interface{ Fd() uintptr }, h *netlink.Handle) func() []string {
 	t.Helper()
+	nstest.Settle(t, h)
 	nsh := netns.NsHandle(n.Fd())
 	done := make(chan struct{})
 	t.Cleanup(func() { close(done) })
@@ -124,7 +126,7 @@ func watchChanges(t *testing.T, n interface{ Fd() uintptr }) func(h *netlink.Han
 	require.NoError(t, netlink.RouteSubscribeWithOptions(routes, done, netlink.RouteSubscribeOptions{Namespace: &nsh}))
 	require.NoError(t, netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{Namespace: &nsh}))
 	require.NoError(t, netlink.NeighSubscribeWithOptions(neighs, done, netlink.NeighSubscribeOptions{Namespace: &nsh}))
-	return func(h *netlink.Handle) []string {
+	return func() []string {
 		marker := &netlink.Route{Dst: &net.IPNet{IP: net.IPv4(192, 0, 2, 99), Mask: net.CIDRMask(32, 32)}, Type: unix.RTN_BLACKHOLE}
 		require.NoError(t, h.RouteAdd(marker))
 		var seen []string
@@ -223,7 +225,7 @@ func TestVXLANOverlayIPv6Underlay(t *testing.T) {
 	require.Empty(t, neighbours(t, h, l, netlink.FAMILY_V4))
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
 
-	changes := watchChanges(t, n)
+	changes := watchChanges(t, n, h)
 	require.NoError(t, v.program(h, want()))
-	require.Empty(t, changes(h), "programming the same state again changes nothing")
+	require.Empty(t, changes(), "programming the same state again changes nothing")
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
@@ -135,4 +136,70 @@ func Underlay(tb testing.TB, a, b ns.NetNS) {
 			tb.Fatalf("underlay up: %v", err)
 		}
 	}
+}
+
+// Settle waits until the kernel has finished its own work on the links
+// and addresses in h's namespace: every link with carrier has its
+// operational state, no address on a running link is tentative, and
+// each address that is not has its local route. The kernel does all
+// three from work queues, after LinkSetUp or AddrAdd (IFA_F_NODAD too)
+// has returned, so a test that watches netlink for changes it did not
+// make settles first. (A tentative address on a link without carrier
+// waits for the carrier, not for the kernel: it is left out.)
+func Settle(tb testing.TB, h *netlink.Handle) {
+	tb.Helper()
+	for {
+		pending, err := unsettled(h)
+		if err != nil {
+			tb.Fatalf("settle: %v", err)
+		}
+		if pending == "" {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// unsettled names an address the kernel is still working on, or is "".
+func unsettled(h *netlink.Handle) (string, error) {
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return "", fmt.Errorf("list addresses: %w", err)
+	}
+	local, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_LOCAL}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return "", fmt.Errorf("list local routes: %w", err)
+	}
+	have := map[string]bool{}
+	for _, r := range local {
+		if r.Dst != nil {
+			have[r.Dst.IP.String()] = true
+		}
+	}
+	links, err := h.LinkList()
+	if err != nil {
+		return "", fmt.Errorf("list links: %w", err)
+	}
+	running := map[int]bool{}
+	for _, l := range links {
+		flags := l.Attrs().RawFlags
+		if flags&unix.IFF_UP != 0 && flags&unix.IFF_LOWER_UP != 0 && flags&unix.IFF_RUNNING == 0 {
+			// Carrier, but linkwatch has yet to set the operational
+			// state; addrconf starts on the link only then.
+			return l.Attrs().Name + " (operational state pending)", nil
+		}
+		running[l.Attrs().Index] = flags&unix.IFF_RUNNING != 0
+	}
+	for _, a := range addrs {
+		if a.Flags&unix.IFA_F_TENTATIVE != 0 {
+			if running[a.LinkIndex] {
+				return a.IPNet.String() + " (tentative)", nil
+			}
+			continue
+		}
+		if !have[a.IP.String()] {
+			return a.IPNet.String() + " (no local route)", nil
+		}
+	}
+	return "", nil
 }
