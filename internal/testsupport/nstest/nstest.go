@@ -191,6 +191,9 @@ func unsettled(h *netlink.Handle) (string, error) {
 		running[l.Attrs().Index] = flags&unix.IFF_RUNNING != 0
 	}
 	for _, a := range addrs {
+		if a.Flags&unix.IFA_F_DADFAILED != 0 {
+			continue // the kernel is done with it: it will never be used
+		}
 		if a.Flags&unix.IFA_F_TENTATIVE != 0 {
 			if running[a.LinkIndex] {
 				return a.IPNet.String() + " (tentative)", nil
