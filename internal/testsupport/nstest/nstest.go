@@ -160,7 +160,8 @@ func Settle(tb testing.TB, h *netlink.Handle) {
 	}
 }
 
-// unsettled names an address the kernel is still working on, or is "".
+// unsettled names a link or an address the kernel is still working on,
+// or is "".
 func unsettled(h *netlink.Handle) (string, error) {
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {

@@ -8,9 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSettle: right after a veth pair comes up its link-local addresses
-// are tentative (DAD runs for a second or so); after Settle none is, and
-// every address, an IFA_F_NODAD one too, has its local route.
+// TestSettle: right after a veth pair comes up the kernel is still at
+// work on it (its operational state pending, then its link-local
+// addresses tentative while DAD runs, a second or so); after Settle both
+// ends have their link-local address, none is tentative, and every
+// address, an IFA_F_NODAD one too, has its local route.
 func TestSettle(t *testing.T) {
 	n := NewNS(t)
 	h := Handle(t, n)
