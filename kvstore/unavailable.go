@@ -19,6 +19,13 @@ import (
 // allocator's callers test for it without knowing etcd or gRPC.
 var ErrUnavailable = retry.ErrUnavailable
 
+// ErrRefused marks, beside ErrUnavailable, a request etcd refused before
+// proposing it: "too many requests" (its applied index too far behind
+// its committed one) or a proposal its raft node dropped (no leader).
+// Nothing of it was applied. etcd's client retries a write only when it
+// was never sent, so no earlier attempt of the same call applied either.
+var ErrRefused = retry.ErrRefused
+
 // Unavailable wraps err with ErrUnavailable if it is such a transport
 // failure, keeping err in the chain; any other error (a refused compare,
 // permission denied, a bad request) is returned as it is. It is the one
@@ -27,7 +34,29 @@ func Unavailable(err error) error {
 	if err == nil || errors.Is(err, ErrUnavailable) || !transient(err) {
 		return err
 	}
+	if refused(err) {
+		return fmt.Errorf("%w (%w: %w)", err, ErrUnavailable, ErrRefused)
+	}
 	return fmt.Errorf("%w (%w)", err, ErrUnavailable)
+}
+
+// refused reports whether err is etcd's refusal of a request before it
+// was proposed (ErrRefused).
+func refused(err error) bool {
+	if errors.Is(err, rpctypes.ErrTooManyRequests) {
+		return true
+	}
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if s, ok := status.FromError(e); ok {
+			switch s.Code() {
+			case codes.ResourceExhausted:
+				return strings.Contains(s.Message(), rpctypes.ErrTooManyRequests.Error())
+			case codes.Unknown:
+				return strings.Contains(s.Message(), errProposalDropped)
+			}
+		}
+	}
+	return false
 }
 
 // errProposalDropped is raft's refusal of a write sent to a member that

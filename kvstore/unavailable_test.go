@@ -61,3 +61,31 @@ func TestUnavailableClassifies(t *testing.T) {
 	}
 	require.NoError(t, kvstore.Unavailable(nil))
 }
+
+// TestUnavailableTellsRefused: of the errors that say "try again", those
+// etcd gives a request it refused before proposing it also wrap
+// ErrRefused (nothing applied); a timeout, whose write may have landed,
+// does not.
+func TestUnavailableTellsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{rpctypes.ErrTooManyRequests, true},
+		{rpctypes.ErrGRPCRequestTooManyRequests, true},
+		{status.Error(codes.Unknown, "raft proposal dropped"), true},
+		{rpctypes.ErrTimeout, false},
+		{rpctypes.ErrGRPCTimeout, false},
+		{rpctypes.ErrNoLeader, false},
+		{rpctypes.ErrNotLeader, false},
+		{status.Error(codes.Unavailable, "connection refused"), false},
+		{fmt.Errorf("txn: %w", context.DeadlineExceeded), false},
+	} {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			err := kvstore.Unavailable(fmt.Errorf("op: %w", tc.err))
+			require.ErrorIs(t, err, kvstore.ErrUnavailable)
+			require.Equal(t, tc.want, errors.Is(err, kvstore.ErrRefused))
+			require.ErrorIs(t, err, tc.err, "the original error stays in the chain")
+		})
+	}
+}

@@ -118,10 +118,11 @@ func (a *Allocator) confirmBatchOnce(ctx context.Context, owners []records.Owner
 		switch {
 		case err == nil:
 			out[i].Allocations, out[i].Err = a.finishConfirm(o, plans[i])
-		case len(owners) > 1 && !outcomeUnknown(err):
-			// Nothing was written: each owner on its own. One whose
-			// reservation the refusal showed gone (dropped from the
-			// cache) is told so, as Confirm would.
+		case len(owners) > 1 && !outcomeUnknown(err) && !errors.Is(err, records.ErrRefused):
+			// Nothing was written, and not for etcd's load (which a
+			// transaction per owner would only add to): each owner on
+			// its own. One whose reservation the refusal showed gone
+			// (dropped from the cache) is told so, as Confirm would.
 			out[i].Allocations, out[i].Err = a.confirmAlone(ctx, o)
 			if errors.Is(out[i].Err, records.ErrNotFound) && len(plans[i].writes) > 0 {
 				out[i].Err = fmt.Errorf("confirm %s: %w: %w", o.Key(), records.ErrReservationGone, err)

@@ -260,6 +260,10 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, 
 				return al, nil, nil
 			}
 			return nil, nil, err
+		case err != nil:
+			// Refused before it was applied (etcd's load): nothing
+			// written; the next pass tries again.
+			return nil, nil, err
 		}
 		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: time.Now()}
 		ps.settleAt(addr, al, time.Time{}, a.cfg.Node)

@@ -59,6 +59,48 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 	require.Empty(t, holdersOf(t, a.cli), "nothing is left in etcd for the gone pod")
 }
 
+// TestReassertRefusedWriteIsNotRestored: Reassert's write back of a lost
+// allocation is refused by a loaded etcd ("too many requests"): nothing
+// was written, so the address is not reported restored, nor believed
+// held, until a later pass writes it.
+func TestReassertRefusedWriteIsNotRestored(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := owner(1)
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: o})
+	require.NoError(t, err)
+	x := res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
+	require.NoError(t, err)
+
+	cli := etcdtest.Client(t, e)
+	h := newHookStore(etcdstore.New(cli, etcdstore.Options{}))
+	sess, err := kvstore.NewSession(ctx, cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	held := []nodealloc.HeldAddr{{Owner: o, Addr: x.Addr}}
+	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h,
+		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
+	require.NoError(t, err)
+	require.NoError(t, n.Restore(ctx, sess))
+
+	h.Before("WriteIPs", failTimes(1, errTooMany("WriteIPs")))
+	restored, _, err := n.Reassert(ctx, held)
+	require.ErrorIs(t, err, records.ErrUnavailable, "the refusal is told")
+	for _, al := range restored {
+		require.NotEqual(t, x.Addr, al.Addr, "a refused write restored nothing")
+	}
+	require.NotContains(t, holdersOf(t, a.cli), x.Addr)
+
+	restored, conflicts, err := n.Reassert(ctx, held)
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 1)
+	require.Equal(t, x.Addr, restored[0].Addr)
+	require.Equal(t, o.Key(), holdersOf(t, a.cli)[x.Addr].Owner.Key(), "x is written back by the next pass")
+}
+
 // TestReassertKeepsStickyIdentity: etcd lost a sticky pod's allocation
 // and its binding. Reassert writes both back, the record with its
 // identity, so the pod's DEL keeps the address for the identity (it is

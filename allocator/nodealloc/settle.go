@@ -24,10 +24,11 @@ import (
 // address indexed under its new owner, whoever was cached there before.
 
 // outcomeUnknown reports whether a failed write may have been applied.
-// Conflicts (failed compares, a reservation lease etcd no longer has) are
-// refusals: nothing was written.
+// Conflicts (failed compares, a reservation lease etcd no longer has) and
+// writes the store refused before acting on them (records.ErrRefused:
+// etcd's "too many requests") wrote nothing.
 func outcomeUnknown(err error) bool {
-	return err != nil && !errors.Is(err, records.ErrConflict)
+	return err != nil && !errors.Is(err, records.ErrConflict) && !errors.Is(err, records.ErrRefused)
 }
 
 // park records a call of unknown outcome that wrote or deleted refs for

@@ -318,6 +318,10 @@ var (
 	// store did not answer, including a write whose outcome could not be
 	// read back yet: try again.
 	ErrUnavailable = retry.ErrUnavailable
+	// ErrRefused marks, beside ErrUnavailable, a store call that applied
+	// nothing: the store refused it before acting on it. A write refused
+	// so has a known outcome, and is not read back.
+	ErrRefused = retry.ErrRefused
 	// ErrConflict marks a lost race in the store; retry.Do retries it.
 	ErrConflict = retry.ErrConflict
 )

@@ -23,6 +23,12 @@ var ErrConflict = errors.New("conflict")
 // deadline of the caller's context.
 var ErrUnavailable = errors.New("store unavailable, try again")
 
+// ErrRefused marks a request the store refused before acting on it
+// (etcd's "too many requests", a proposal raft dropped): nothing of it
+// was applied, so a write refused so has a known outcome. It always comes
+// with ErrUnavailable: try again.
+var ErrRefused = errors.New("refused before it was applied")
+
 // Policy bounds Do. The zero value uses Default.
 type Policy struct {
 	// Attempts bounds the tries; Unlimited leaves only ctx to end them,
