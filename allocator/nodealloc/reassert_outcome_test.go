@@ -24,29 +24,12 @@ import (
 // and a second Reassert pass changes nothing.
 func TestReassertAnswerLostIsTracked(t *testing.T) {
 	ctx := context.Background()
-	e := startEtcd(t, onePool)
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
-	o := owner(1)
-	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: o})
-	require.NoError(t, err)
-	x := res.Allocations[0]
-	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
-	require.NoError(t, err)
-
-	// The agent restarts: its cache comes from etcd, its endpoint holds x.
-	cli := etcdtest.Client(t, e)
-	h := newHookStore(etcdstore.New(cli, etcdstore.Options{}))
-	sess, err := kvstore.NewSession(ctx, cli, 30)
-	require.NoError(t, err)
-	t.Cleanup(sess.Close)
+	a, n, h, x := restartAfterLoss(t)
+	o := x.Owner
 	held := []nodealloc.HeldAddr{{Owner: o, Addr: x.Addr}}
-	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h,
-		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
-	require.NoError(t, err)
-	require.NoError(t, n.Restore(ctx, sess))
 
 	h.After("WriteIPs", commitThenFail(1))
-	_, _, err = n.Reassert(ctx, held) // an error is fair: its answer was lost
+	_, _, err := n.Reassert(ctx, held) // an error is fair: its answer was lost
 	t.Logf("first pass: %v", err)
 	_, conflicts, err := n.Reassert(ctx, held)
 	require.NoError(t, err)
@@ -65,25 +48,9 @@ func TestReassertAnswerLostIsTracked(t *testing.T) {
 // held, until a later pass writes it.
 func TestReassertRefusedWriteIsNotRestored(t *testing.T) {
 	ctx := context.Background()
-	e := startEtcd(t, onePool)
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
-	o := owner(1)
-	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: o})
-	require.NoError(t, err)
-	x := res.Allocations[0]
-	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr)) // lost in a restore
-	require.NoError(t, err)
-
-	cli := etcdtest.Client(t, e)
-	h := newHookStore(etcdstore.New(cli, etcdstore.Options{}))
-	sess, err := kvstore.NewSession(ctx, cli, 30)
-	require.NoError(t, err)
-	t.Cleanup(sess.Close)
+	a, n, h, x := restartAfterLoss(t)
+	o := x.Owner
 	held := []nodealloc.HeldAddr{{Owner: o, Addr: x.Addr}}
-	n, err := nodealloc.New(nodealloc.Config{Node: "a", Store: h,
-		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
-	require.NoError(t, err)
-	require.NoError(t, n.Restore(ctx, sess))
 
 	h.Before("WriteIPs", failTimes(1, errTooMany("WriteIPs")))
 	restored, _, err := n.Reassert(ctx, held)
@@ -99,6 +66,32 @@ func TestReassertRefusedWriteIsNotRestored(t *testing.T) {
 	require.Len(t, restored, 1)
 	require.Equal(t, x.Addr, restored[0].Addr)
 	require.Equal(t, o.Key(), holdersOf(t, a.cli)[x.Addr].Owner.Key(), "x is written back by the next pass")
+}
+
+// restartAfterLoss allocates an address x for owner(1) on node a, loses
+// its key (as an etcd restored from an older snapshot does), and restarts
+// the node: a new allocator n on hooked store h, restored from etcd, its
+// endpoint holding x. That is what Reassert meets.
+func restartAfterLoss(t *testing.T) (a *testNode, n *nodealloc.Allocator, h *hookStore, x records.Allocation) {
+	t.Helper()
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a = startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	res, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(1)})
+	require.NoError(t, err)
+	x = res.Allocations[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", x.Block, x.Addr))
+	require.NoError(t, err)
+	cli := etcdtest.Client(t, e)
+	h = newHookStore(etcdstore.New(cli, etcdstore.Options{}))
+	sess, err := kvstore.NewSession(ctx, cli, 30)
+	require.NoError(t, err)
+	t.Cleanup(sess.Close)
+	n, err = nodealloc.New(nodealloc.Config{Node: "a", Store: h,
+		Held: func() []netip.Addr { return []netip.Addr{x.Addr} }})
+	require.NoError(t, err)
+	require.NoError(t, n.Restore(ctx, sess))
+	return a, n, h, x
 }
 
 // TestReassertKeepsStickyIdentity: etcd lost a sticky pod's allocation
