@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // keptAddr is an address of an own block kept for a sticky identity.
@@ -168,16 +169,21 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 
 // dropIfStale drops b if the container it names holds none of its
 // addresses as cur shows them (staleBinding), guarded by what was read
-// at refs. A binding that changed meanwhile is someone else's: left.
+// at refs. A binding that changed meanwhile is left to the identity's
+// next pod, or to the next sweep.
 func (a *Allocator) dropIfStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
+	if err := a.dropStale(ctx, ps, b, refs, cur); err != nil && !errors.Is(err, records.ErrConflict) {
+		return err
+	}
+	return nil
+}
+
+// dropStale is dropIfStale that returns a lost race (records.ErrConflict).
+func (a *Allocator) dropStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
 	if !staleBinding(b, cur) {
 		return nil
 	}
-	err := a.cfg.Store.DropStaleBinding(ctx, b, refs, cur)
-	switch {
-	case errors.Is(err, records.ErrConflict):
-		return nil
-	case err != nil:
+	if err := a.cfg.Store.DropStaleBinding(ctx, b, refs, cur); err != nil {
 		return err
 	}
 	a.log.Info("dropped a sticky binding whose container holds none of its addresses", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key())
@@ -185,20 +191,26 @@ func (a *Allocator) dropIfStale(ctx context.Context, ps *poolState, b records.Bi
 }
 
 // dropBindingOf drops identity id's binding if it names owner o, is not
-// kept, and o holds none of its addresses (dropIfStale).
+// kept, and o holds none of its addresses (dropStale). A drop that loses
+// a race is read again: the binding may have moved on to another pod
+// (then it is not o's to drop), or only one of its addresses changed
+// while it still names o, which a DEL must not leave behind.
 func (a *Allocator) dropBindingOf(ctx context.Context, ps *poolState, id string, o records.Owner) error {
-	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
-	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
-		return err
-	}
-	refs, cur, err := a.readBound(ctx, ps, b)
-	switch {
-	case errors.Is(err, records.ErrBadRequest):
-		return nil // it names an address out of the pool now: left to kvipamctl check
-	case err != nil:
-		return err
-	}
-	if err := a.dropIfStale(ctx, ps, b, refs, cur); err != nil {
+	err := retry.Do(ctx, retry.Default, func(ctx context.Context) error {
+		b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
+		if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
+			return err
+		}
+		refs, cur, err := a.readBound(ctx, ps, b)
+		switch {
+		case errors.Is(err, records.ErrBadRequest):
+			return nil // it names an address out of the pool now: left to kvipamctl check
+		case err != nil:
+			return err
+		}
+		return a.dropStale(ctx, ps, b, refs, cur)
+	})
+	if err != nil {
 		return fmt.Errorf("release %s: drop the binding of sticky identity %s: %w", o.Key(), id, err)
 	}
 	return nil
