@@ -170,7 +170,7 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 // dropIfStale drops b if the container it names holds none of its
 // addresses as cur shows them (staleBinding), guarded by what was read
 // at refs. A binding that changed meanwhile is left to the identity's
-// next pod, or to the next sweep.
+// next pod, or to the sweep of the node's next restore.
 func (a *Allocator) dropIfStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
 	if err := a.dropStale(ctx, ps, b, refs, cur); err != nil && !errors.Is(err, records.ErrConflict) {
 		return err

@@ -275,6 +275,17 @@ func lapsedReservation(t *testing.T, a *testNode, o records.Owner) records.Alloc
 	return x
 }
 
+// lapsedOnHooked starts node a on a hooked store h and lapses sticky pod
+// o's reservation (lapsedReservation).
+func lapsedOnHooked(t *testing.T) (a *testNode, h *hookStore, o records.Owner) {
+	t.Helper()
+	e := startEtcd(t, onePool)
+	a = startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
+	o = stickyPod("web-0", 1)
+	lapsedReservation(t, a, o)
+	return a, h, o
+}
+
 // TestStickyReleaseAfterLapseDropsBinding: a sticky pod's ADD reserved
 // its address and bound the identity, and the reservation lapsed before
 // the confirm (its lease ended). The pod's DEL finds the address gone
@@ -286,11 +297,7 @@ func TestStickyReleaseAfterLapseDropsBinding(t *testing.T) {
 	for _, how := range []string{"answered", "not sent", "outcome unknown"} {
 		t.Run(how, func(t *testing.T) {
 			ctx := context.Background()
-			e := startEtcd(t, onePool)
-			var h *hookStore
-			a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
-			o := stickyPod("web-0", 1)
-			lapsedReservation(t, a, o)
+			a, h, o := lapsedOnHooked(t)
 			var calls atomic.Int32
 			switch how {
 			case "not sent":
@@ -394,11 +401,7 @@ func TestStickyDelAfterConfirmFoundReservationGone(t *testing.T) {
 	for _, race := range []bool{false, true} {
 		t.Run(fmt.Sprintf("drop lost a race %v", race), func(t *testing.T) {
 			ctx := context.Background()
-			e := startEtcd(t, onePool)
-			var h *hookStore
-			a := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
-			o := stickyPod("web-0", 1)
-			lapsedReservation(t, a, o)
+			a, h, o := lapsedOnHooked(t)
 			_, err := a.alloc.Confirm(ctx, o)
 			require.ErrorIs(t, err, records.ErrReservationGone)
 			if race {
