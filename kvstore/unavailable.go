@@ -31,32 +31,16 @@ var ErrRefused = retry.ErrRefused
 // permission denied, a bad request) is returned as it is. It is the one
 // place where gRPC codes are read.
 func Unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) || !transient(err) {
+	if err == nil || errors.Is(err, ErrUnavailable) {
 		return err
 	}
-	if refused(err) {
+	switch transient, refused := classify(err); {
+	case refused:
 		return fmt.Errorf("%w (%w: %w)", err, ErrUnavailable, ErrRefused)
+	case transient:
+		return fmt.Errorf("%w (%w)", err, ErrUnavailable)
 	}
-	return fmt.Errorf("%w (%w)", err, ErrUnavailable)
-}
-
-// refused reports whether err is etcd's refusal of a request before it
-// was proposed (ErrRefused).
-func refused(err error) bool {
-	if errors.Is(err, rpctypes.ErrTooManyRequests) {
-		return true
-	}
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if s, ok := status.FromError(e); ok {
-			switch s.Code() {
-			case codes.ResourceExhausted:
-				return strings.Contains(s.Message(), rpctypes.ErrTooManyRequests.Error())
-			case codes.Unknown:
-				return strings.Contains(s.Message(), errProposalDropped)
-			}
-		}
-	}
-	return false
+	return err
 }
 
 // errProposalDropped is raft's refusal of a write sent to a member that
@@ -64,18 +48,23 @@ func refused(err error) bool {
 // as codes.Unknown with this message, so only the message tells it apart.
 const errProposalDropped = "raft proposal dropped"
 
-func transient(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) ||
+// classify says whether err is a try-again failure (transient) and, if
+// so, whether etcd refused the request before proposing it (refused:
+// ErrRefused, "too many requests" or a dropped proposal).
+func classify(err error) (transient, refused bool) {
+	switch {
+	// etcd's back-pressure: too many proposals in flight.
+	case errors.Is(err, rpctypes.ErrTooManyRequests):
+		return true, true
+	case errors.Is(err, context.DeadlineExceeded),
 		// A lease request that reached a member that has just lost its
 		// leadership; the next one finds the new leader.
-		errors.Is(err, rpctypes.ErrNotLeader) ||
-		// etcd's back-pressure: too many proposals in flight.
-		errors.Is(err, rpctypes.ErrTooManyRequests) {
-		return true
+		errors.Is(err, rpctypes.ErrNotLeader):
+		return true, false
 	}
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
-		return transientCode(ee.Code())
+		return transientCode(ee.Code()), false
 	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		s, ok := status.FromError(e)
@@ -85,15 +74,17 @@ func transient(err error) bool {
 		// Codes etcd shares between try-again and lasting errors.
 		switch s.Code() {
 		case codes.Unknown:
-			return strings.Contains(s.Message(), errProposalDropped)
+			dropped := strings.Contains(s.Message(), errProposalDropped)
+			return dropped, dropped
 		case codes.ResourceExhausted:
-			return strings.Contains(s.Message(), rpctypes.ErrTooManyRequests.Error())
+			busy := strings.Contains(s.Message(), rpctypes.ErrTooManyRequests.Error())
+			return busy, busy
 		case codes.FailedPrecondition:
-			return strings.Contains(s.Message(), rpctypes.ErrNotLeader.Error())
+			return strings.Contains(s.Message(), rpctypes.ErrNotLeader.Error()), false
 		}
-		return transientCode(s.Code())
+		return transientCode(s.Code()), false
 	}
-	return false
+	return false, false
 }
 
 func transientCode(c codes.Code) bool {
