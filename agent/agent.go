@@ -163,7 +163,7 @@ func (a *Agent) start(ctx context.Context) error {
 	if hist == 0 {
 		hist = -1 // the store's way to say: no history
 	}
-	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout})
+	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout.Duration})
 	seedPools(ctx, a.store, a.cfg.Pools, a.log.Named("pools"))
 	bootID := readBootID()
 	var err error
@@ -323,16 +323,20 @@ func (a *Agent) maintain(ctx context.Context) {
 	wg.Wait()
 }
 
+// openEtcd connects to the cluster's etcd, or starts the embedded one
+// when the configuration asks for it by name (Validate has made sure it
+// says one or the other: there is no fallback to an etcd of our own).
 func (a *Agent) openEtcd(ctx context.Context) error {
-	cfg := a.cfg.Etcd
-	if len(cfg.Endpoints) == 0 {
-		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbedConfig{Dir: filepath.Join(a.cfg.StateDir, "etcd"), ClientURL: a.cfg.EmbeddedListen})
+	cfg := a.cfg.Etcd.Client()
+	if a.cfg.Etcd.Embedded {
+		dir := filepath.Join(a.cfg.StateDir, "etcd")
+		e, err := kvstore.StartEmbedded(ctx, kvstore.EmbedConfig{Dir: dir, ClientURL: a.cfg.EmbeddedListen})
 		if err != nil {
 			return err
 		}
 		a.embedded = e
-		cfg = e.Config()
-		a.log.Info("started embedded etcd", "endpoints", cfg.Endpoints, "dir", filepath.Join(a.cfg.StateDir, "etcd"))
+		cfg.Endpoints = e.Endpoints()
+		a.log.Info("started the embedded etcd, as the configuration asks (etcd.embedded)", "endpoints", cfg.Endpoints, "dir", dir)
 	}
 	cli, err := kvstore.Connect(ctx, cfg, etcdstore.HealthKey())
 	if err != nil {

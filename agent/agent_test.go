@@ -54,7 +54,7 @@ func testConfig(t testing.TB, e *kvstore.Embedded) Config {
 	c.Node = "node-1"
 	c.StateDir = t.TempDir()
 	c.Socket = socketPath(t)
-	c.Etcd = e.Config()
+	c.Etcd = EtcdConfig{Endpoints: e.Endpoints()}
 	c.Pools = []allocator.Pool{testPool}
 	c.MetricsAddr = ""
 	c.Datapath = DatapathRoutes

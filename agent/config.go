@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/internal/foundation/configfile"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -30,10 +32,12 @@ const (
 // file, KVIPAM_* environment variables and flags, and passes it down;
 // nothing reads globals.
 type Config struct {
-	Node     string         `json:"node"`
-	Etcd     kvstore.Config `json:"etcd"`
-	StateDir string         `json:"stateDir"`
-	Socket   string         `json:"socket"`
+	Node string `json:"node"`
+	// Etcd says which etcd the agent uses: the cluster's (endpoints), or
+	// an embedded one asked for by name (embedded); never neither.
+	Etcd     EtcdConfig `json:"etcd"`
+	StateDir string     `json:"stateDir"`
+	Socket   string     `json:"socket"`
 	// Pools seed etcd: each is created there if etcd has no pool of its
 	// name, and otherwise changes nothing (invariant 8: pools live in
 	// etcd). The node serves every pool etcd holds whose node selector
@@ -80,8 +84,9 @@ type Config struct {
 	// default: the global unicast addresses of the netns.
 	NodeAddresses []string `json:"nodeAddresses"`
 	// EmbeddedListen is the client URL of the embedded etcd (default a
-	// loopback port). Giving it a node address lets a small lab cluster's
-	// other agents use this node's embedded etcd.
+	// loopback port), only with Etcd.Embedded. Giving it a node address
+	// lets a small lab cluster's other agents use this node's embedded
+	// etcd.
 	EmbeddedListen string `json:"embeddedListen"`
 	// HistoryRetention is how long a record of an ended ownership interval
 	// (IP history) lives in etcd; 0 turns history off.
@@ -117,28 +122,25 @@ type VXLANConfig struct {
 	Underlay string `json:"underlay"`
 }
 
-// Duration is a time.Duration that reads "15s" from YAML and JSON.
+// Duration is a time.Duration that the configuration file writes as the
+// flags do ("15s"); a bare number other than 0 is refused.
 type Duration struct{ time.Duration }
 
-// UnmarshalJSON accepts a Go duration string.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	s := strings.Trim(string(b), `"`)
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
-	}
-	d.Duration = v
-	return nil
+// UnmarshalJSON reads a Go duration string (configfile.DecodeDuration).
+func (d *Duration) UnmarshalJSON(b []byte) (err error) {
+	d.Duration, err = configfile.DecodeDuration(b)
+	return err
 }
 
 // MarshalJSON writes a Go duration string.
-func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
 // DefaultConfig is the configuration with nothing set.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
 		Node:           host,
+		Etcd:           EtcdConfig{DialTimeout: Duration{kvstore.DefaultDialTimeout}, CallTimeout: Duration{kvstore.DefaultCallTimeout}},
 		StateDir:       "/var/lib/kvipam",
 		Socket:         "/run/kvipam/agent.sock",
 		LeaseTTL:       Duration{15 * time.Second},
@@ -260,10 +262,8 @@ func (c *Config) Validate() error {
 			bad("node-address: %q is not an IP address", s)
 		}
 	}
-	if c.Etcd.Endpoints != nil {
-		if err := c.Etcd.Validate(); err != nil {
-			bad("etcd: %w", err)
-		}
+	if err := c.Etcd.validate(c.EmbeddedListen); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -74,7 +74,7 @@ func TestLostEndpointsReported(t *testing.T) {
 			u, err := url.Parse(e.Endpoints()[0])
 			require.NoError(t, err)
 			proxy := newCutProxy(t, u.Host)
-			cfg.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+			cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
 			cfg.LeaseTTL = Duration{2 * time.Second}
 			cfg.RequestTimeout = Duration{time.Second}
 			ta := startAgent(t, cfg, Options{Logger: warnLog(logs)})

@@ -14,7 +14,6 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
-	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -49,7 +48,7 @@ func TestPartitionedAgent(t *testing.T) {
 	small := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/26")}}
 	cfgA := testConfig(t, e)
 	cfgA.Node, cfgA.Pools = "node-a", []allocator.Pool{small}
-	cfgA.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+	cfgA.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
 	cfgA.LeaseTTL = Duration{2 * time.Second}
 	cfgA.RequestTimeout = Duration{time.Second}
 	a := startAgent(t, cfgA, Options{})
@@ -117,7 +116,7 @@ func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
 	require.NoError(t, err)
 	proxy := newCutProxy(t, u.Host)
 	cfg := testConfig(t, e)
-	cfg.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+	cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
 	cfg.LeaseTTL = Duration{2 * time.Second}
 	cfg.RequestTimeout = Duration{time.Second}
 	a := startAgent(t, cfg, Options{})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -20,22 +19,24 @@ import (
 	"go.uber.org/zap"
 )
 
-// Config says how to reach etcd. An empty Endpoints list means "use the
-// embedded etcd"; that choice is the caller's (see Embedded).
+// Config says how to reach etcd: Endpoints name at least one member
+// (Validate). It is no file format: the agent's configuration has its own
+// etcd section (agent.EtcdConfig), read strictly, and an embedded etcd is
+// reached by its own Config (Embedded.Config).
 type Config struct {
-	Endpoints   []string      `json:"endpoints,omitempty" yaml:"endpoints,omitempty"`
-	DialTimeout time.Duration `json:"dialTimeout,omitempty" yaml:"dialTimeout,omitempty"`
+	Endpoints   []string
+	DialTimeout time.Duration
 	// CallTimeout bounds each request (zero: DefaultCallTimeout). The
 	// kvstore client does not apply it; stores built on the client do
 	// (WithCallTimeout).
-	CallTimeout time.Duration `json:"callTimeout,omitempty" yaml:"callTimeout,omitempty"`
+	CallTimeout time.Duration
 	// CertFile and KeyFile are the client certificate; CAFile verifies the
 	// server. Any of them set turns TLS on.
-	CertFile string `json:"certFile,omitempty" yaml:"certFile,omitempty"`
-	KeyFile  string `json:"keyFile,omitempty" yaml:"keyFile,omitempty"`
-	CAFile   string `json:"caFile,omitempty" yaml:"caFile,omitempty"`
-	Username string `json:"username,omitempty" yaml:"username,omitempty"`
-	Password string `json:"password,omitempty" yaml:"password,omitempty"`
+	CertFile string
+	KeyFile  string
+	CAFile   string
+	Username string
+	Password string
 }
 
 // DefaultDialTimeout bounds the first connection when Config leaves it zero.
@@ -202,31 +203,4 @@ func probeEndpoint(ctx context.Context, endpoint string, tc *tls.Config, haveCer
 	default:
 		return fmt.Sprintf("%s: %v", endpoint, err)
 	}
-}
-
-// UnmarshalJSON reads dialTimeout as a Go duration string ("5s"), as
-// configuration files write it, or as nanoseconds.
-func (c *Config) UnmarshalJSON(b []byte) error {
-	type plain Config
-	var aux struct {
-		plain
-		DialTimeout json.RawMessage `json:"dialTimeout,omitempty"`
-	}
-	if err := json.Unmarshal(b, &aux); err != nil {
-		return err
-	}
-	*c = Config(aux.plain)
-	if len(aux.DialTimeout) == 0 {
-		return nil
-	}
-	var s string
-	if err := json.Unmarshal(aux.DialTimeout, &s); err == nil {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			return fmt.Errorf("dialTimeout %q: %w", s, err)
-		}
-		c.DialTimeout = d
-		return nil
-	}
-	return json.Unmarshal(aux.DialTimeout, &c.DialTimeout)
 }

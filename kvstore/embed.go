@@ -13,8 +13,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// EmbedConfig configures the single-node etcd that kvipam runs in-process
-// when no endpoints are given.
+// EmbedConfig configures the single-node etcd that kvipam runs in-process:
+// the agent's when its configuration asks for it by name (etcd.embedded),
+// the demo's, and tests'.
 type EmbedConfig struct {
 	// Dir holds etcd's data; it survives restarts, so state is kept.
 	Dir string

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvipam/kvipam/internal/foundation/configfile"
 )
 
 // Config is the speaker's part of the agent configuration (the bgp: key
@@ -66,21 +68,14 @@ type Peer struct {
 	Nodes []string `json:"nodes"`
 }
 
-// Duration is a time.Duration that reads "15s".
+// Duration is a time.Duration written as the flags take it ("90s"); a
+// bare number other than 0 is refused.
 type Duration struct{ time.Duration }
 
-// UnmarshalJSON accepts a Go duration string.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration: want a string such as \"90s\": %w", err)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
-	}
-	d.Duration = v
-	return nil
+// UnmarshalJSON reads a Go duration string (configfile.DecodeDuration).
+func (d *Duration) UnmarshalJSON(b []byte) (err error) {
+	d.Duration, err = configfile.DecodeDuration(b)
+	return err
 }
 
 // MarshalJSON writes a Go duration string.

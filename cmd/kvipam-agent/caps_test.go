@@ -67,7 +67,7 @@ func TestAgentRunsWithManifestCapabilities(t *testing.T) {
 			set += ",+" + c
 		}
 		args := []string{"--net=" + node.Path(), "setpriv", "--bounding-set=" + set, "--inh-caps=" + set, "--",
-			agentBin, "--node", "cap-node", "--state-dir", t.TempDir(), "--socket", socket,
+			agentBin, "--node", "cap-node", "--etcd-embedded", "--state-dir", t.TempDir(), "--socket", socket,
 			"--pool", "default=10.94.0.0/24", "--block-size-v4", "28", "--datapath", "bpf", "--bpf-pin-dir", pins,
 			"--metrics-addr", "", "--mtu", "1500", "--routing", "none"}
 		cmd := exec.Command("nsenter", args...)

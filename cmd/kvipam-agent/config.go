@@ -8,11 +8,9 @@ import (
 	"os"
 	"strings"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/kvipam/kvipam/agent"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/internal/foundation/configfile"
 )
 
 // loadConfig builds a Config from args (without the program name) and an
@@ -32,14 +30,15 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.StringVar(&configFile, "config", "", "YAML configuration file")
 	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	fs.StringVar(&c.Node, "node", c.Node, "node name (default: hostname)")
-	fs.StringVar(&endpoints, "etcd-endpoints", "", "etcd endpoints, comma-separated; empty runs an embedded etcd in <state-dir>/etcd")
+	fs.StringVar(&endpoints, "etcd-endpoints", "", "the cluster's etcd endpoints, comma-separated (this or --etcd-embedded)")
+	fs.BoolVar(&c.Etcd.Embedded, "etcd-embedded", c.Etcd.Embedded, "run an embedded single-member etcd of this node's own in <state-dir>/etcd instead of the cluster's (this or --etcd-endpoints)")
 	fs.StringVar(&c.Etcd.CAFile, "etcd-cacert", "", "etcd CA file")
 	fs.StringVar(&c.Etcd.CertFile, "etcd-cert", "", "etcd client certificate")
 	fs.StringVar(&c.Etcd.KeyFile, "etcd-key", "", "etcd client key")
 	fs.StringVar(&c.Etcd.Username, "etcd-user", "", "etcd user")
 	fs.StringVar(&c.Etcd.Password, "etcd-password", "", "etcd password")
-	fs.DurationVar(&c.Etcd.DialTimeout, "etcd-dial-timeout", kvstore.DefaultDialTimeout, "etcd dial timeout")
-	fs.DurationVar(&c.Etcd.CallTimeout, "etcd-call-timeout", kvstore.DefaultCallTimeout, "abandon one etcd request not answered in this time and retry it (a leader lost, a member gone); the outcome of an abandoned write is read back")
+	fs.DurationVar(&c.Etcd.DialTimeout.Duration, "etcd-dial-timeout", c.Etcd.DialTimeout.Duration, "etcd dial timeout")
+	fs.DurationVar(&c.Etcd.CallTimeout.Duration, "etcd-call-timeout", c.Etcd.CallTimeout.Duration, "abandon one etcd request not answered in this time and retry it (a leader lost, a member gone); the outcome of an abandoned write is read back")
 	fs.StringVar(&c.StateDir, "state-dir", c.StateDir, "node-local state: endpoint records, embedded etcd data")
 	fs.StringVar(&c.Socket, "socket", c.Socket, "unix socket of the API")
 	fs.Var(&pools, "pool", "pool NAME=CIDR[,CIDR...] to create in etcd if etcd has no pool of that name (repeatable); etcd's spec always wins")
@@ -66,7 +65,7 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
 	var nodeAddrs string
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
-	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd, e.g. http://10.0.0.1:2379 (default: a loopback port)")
+	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd (--etcd-embedded), e.g. http://10.0.0.1:2379 (default: a loopback port)")
 	fs.DurationVar(&c.HistoryRetention.Duration, "history-retention", c.HistoryRetention.Duration, "how long etcd keeps a record of each ended address ownership (kvipamctl ip history); 0 turns it off")
 	fs.StringVar(&c.Routing, "routing", c.Routing, "how pods reach other nodes' pods: host-gw (nodes on one L2 segment), vxlan (an overlay), bgp (blocks announced to the routers of the config file's bgp section) or none (the network routes pod blocks)")
 	fs.IntVar(&c.VXLAN.VNI, "vxlan-vni", c.VXLAN.VNI, "VXLAN network identifier of routing vxlan (the same on every node)")
@@ -91,7 +90,7 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 		if err != nil {
 			return c, fmt.Errorf("read config: %w", err)
 		}
-		if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		if err := configfile.Unmarshal(data, &c); err != nil {
 			return c, fmt.Errorf("config %s: %w", configFile, err)
 		}
 		if len(c.Etcd.Endpoints) > 0 {

@@ -69,6 +69,9 @@ func TestLoadErrors(t *testing.T) {
 		{"two errors at once", []string{"--pool", "p=10.0.0.0/16", "--mtu", "10", "--datapath", "x"}, nil, "mtu: 10"},
 		{"stray argument", []string{"--pool", "p=10.0.0.0/16", "extra"}, nil, "unexpected arguments"},
 		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
+		{"embedded with a certificate", []string{"--etcd-embedded", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"}, nil, "the embedded etcd takes none"},
+		{"no etcd", []string{"--pool", "p=10.0.0.0/16"}, nil, "no endpoints, and no embedded etcd asked for"},
+		{"both etcds", []string{"--etcd-endpoints", "http://e:2379"}, map[string]string{"KVIPAM_ETCD_EMBEDDED": "true"}, "both endpoints (http://e:2379) and embedded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := loadConfig(tc.args, env(tc.env))
@@ -88,15 +91,15 @@ func TestShippedConfigLoads(t *testing.T) {
 // Node labels come from --node-labels, KVIPAM_NODE_LABELS or nodeLabels
 // in the file; no pool is needed.
 func TestNodeLabels(t *testing.T) {
-	c, err := loadConfig([]string{"--node", "n1", "--node-labels", "rack=r1, zone=a"}, env(nil))
+	c, err := loadConfig([]string{"--node", "n1", "--etcd-embedded", "--node-labels", "rack=r1, zone=a"}, env(nil))
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"rack": "r1", "zone": "a"}, c.NodeLabels)
 	require.Empty(t, c.Pools)
-	c, err = loadConfig([]string{"--node", "n1"}, env(map[string]string{"KVIPAM_NODE_LABELS": "gpu="}))
+	c, err = loadConfig([]string{"--node", "n1"}, env(map[string]string{"KVIPAM_NODE_LABELS": "gpu=", "KVIPAM_ETCD_EMBEDDED": "true"}))
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"gpu": ""}, c.NodeLabels)
 	file := filepath.Join(t.TempDir(), "agent.yaml")
-	require.NoError(t, os.WriteFile(file, []byte("node: n1\nnodeLabels: {rack: r2}\npools:\n- {name: r2, cidrs: [10.9.0.0/24], blockSizeV4: 28, nodeSelector: rack=r2}\n"), 0o600))
+	require.NoError(t, os.WriteFile(file, []byte("node: n1\netcd: {embedded: true}\nnodeLabels: {rack: r2}\npools:\n- {name: r2, cidrs: [10.9.0.0/24], blockSizeV4: 28, nodeSelector: rack=r2}\n"), 0o600))
 	c, err = loadConfig([]string{"--config", file}, env(nil))
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"rack": "r2"}, c.NodeLabels)
@@ -118,6 +121,7 @@ func TestBGPConfig(t *testing.T) {
 	}
 	good := write("good.yaml", `
 node: n1
+etcd: {endpoints: ["http://10.0.0.1:2379"]}
 routing: bgp
 pools: [{name: default, cidrs: ["10.244.0.0/16"], blockSizeV4: 26}]
 bgp:
@@ -149,7 +153,7 @@ bgp:
   - {address: 10.0.0.1, asn: 65000, multihop: 2}
 `)
 	_, err = loadConfig([]string{"--config", unknown}, env(nil))
-	require.ErrorContains(t, err, `unknown field "multihop"`)
+	require.ErrorContains(t, err, `bgp.peers[0].multihop: unknown key`)
 
 	for _, tc := range []struct{ name, body, want string }{
 		{"no-routing", "bgp: {asn: 65001, peers: [{address: 10.0.0.1, asn: 65000}]}\n", `routing is "host-gw"`},
@@ -165,4 +169,55 @@ bgp:
 		}
 		require.ErrorContains(t, err, tc.want, tc.name)
 	}
+}
+
+// TestEtcdSectionUnknownKeyRefused: a misspelt key is refused at every
+// depth of the file, the etcd section's included (issue 43: `endpoint:`
+// for `endpoints:` was ignored, and the agent ran a private etcd), naming
+// the key by its path and the key it was probably meant to be. Durations
+// are written as the flags take them.
+func TestEtcdSectionUnknownKeyRefused(t *testing.T) {
+	dir := t.TempDir()
+	load := func(body string) (error, time.Duration, time.Duration) {
+		t.Helper()
+		f := filepath.Join(dir, "agent.yaml")
+		require.NoError(t, os.WriteFile(f, []byte("node: n1\n"+body), 0o600))
+		c, err := loadConfig([]string{"--config", f}, env(nil))
+		return err, c.Etcd.CallTimeout.Duration, c.Etcd.DialTimeout.Duration
+	}
+	for _, tc := range []struct{ name, body, path, suggest string }{
+		{"etcd endpoint", "etcd: {endpoint: [\"http://10.0.0.1:2379\"]}\n", "etcd.endpoint", "endpoints"},
+		{"etcd case", "etcd: {endpoints: [\"http://10.0.0.1:2379\"], calltimeout: 1s}\n", "etcd.calltimeout", "callTimeout"},
+		{"top level flag name", "etcd: {embedded: true}\nlease-ttl: 20s\n", "lease-ttl", "leaseTTL"},
+		{"top level in the wrong section", "etcd: {embedded: true}\nendpoints: [\"http://10.0.0.1:2379\"]\n", "endpoints", "etcd.endpoints"},
+		{"vxlan", "etcd: {embedded: true}\nvxlan: {vnii: 7}\n", "vxlan.vnii", "vni"},
+		{"pool", "etcd: {embedded: true}\npools: [{name: p, cidr: [10.0.0.0/16]}]\n", "pools[0].cidr", "cidrs"},
+		{"reserved range", "etcd: {embedded: true}\npools: [{name: p, cidrs: [10.0.0.0/16], reserved: [{rage: 10.0.0.1}]}]\n", "pools[0].reserved[0].rage", "range"},
+		{"bgp peer", "etcd: {embedded: true}\nrouting: bgp\nbgp: {asn: 65001, peers: [{address: 10.0.0.1, asn: 65000}, {adress: 10.0.0.2, asn: 65000}]}\n", "bgp.peers[1].adress", "address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err, _, _ := load(tc.body)
+			require.Error(t, err)
+			require.ErrorContains(t, err, tc.path+": unknown key")
+			require.ErrorContains(t, err, "did you mean "+tc.suggest+"?")
+		})
+	}
+	t.Run("two unknown keys at once", func(t *testing.T) {
+		err, _, _ := load("etcd: {endpoint: [\"http://10.0.0.1:2379\"], dialtimeout: 5s}\nmttu: 1400\n")
+		require.ErrorContains(t, err, "etcd.endpoint: unknown key")
+		require.ErrorContains(t, err, "etcd.dialtimeout: unknown key")
+		require.ErrorContains(t, err, "mttu: unknown key (did you mean mtu?)")
+	})
+	t.Run("durations as the flags write them", func(t *testing.T) {
+		err, call, dial := load("etcd: {endpoints: [\"http://10.0.0.1:2379\"], callTimeout: 1s, dialTimeout: 5s}\n")
+		require.NoError(t, err)
+		require.Equal(t, time.Second, call)
+		require.Equal(t, 5*time.Second, dial)
+		err, _, _ = load("etcd: {endpoints: [\"http://10.0.0.1:2379\"], callTimeout: 1}\n")
+		require.ErrorContains(t, err, "etcd.callTimeout: 1 has no unit")
+		err, _, _ = load("etcd: {endpoints: [\"http://10.0.0.1:2379\"]}\nleaseTTL: 20\n")
+		require.ErrorContains(t, err, "leaseTTL: 20 has no unit")
+		err, _, _ = load("etcd: {endpoints: [\"http://10.0.0.1:2379\"]}\nbgp: {peers: [{holdTime: 9}]}\n")
+		require.ErrorContains(t, err, "bgp.peers[0].holdTime: 9 has no unit")
+	})
 }

@@ -149,7 +149,7 @@ func TestHealth(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	cfg := agent.DefaultConfig()
-	cfg.Node, cfg.StateDir, cfg.Socket, cfg.Etcd = "node-h", t.TempDir(), filepath.Join(sockDir, "agent.sock"), e.Config()
+	cfg.Node, cfg.StateDir, cfg.Socket, cfg.Etcd = "node-h", t.TempDir(), filepath.Join(sockDir, "agent.sock"), agent.EtcdConfig{Endpoints: e.Endpoints()}
 	cfg.Pools = []allocator.Pool{{Name: "default", BlockSizeV4: 28, CIDRs: mustPrefixes("10.92.0.0/24")}}
 	cfg.MetricsAddr, cfg.Datapath, cfg.MTU, cfg.Routing = "", agent.DatapathRoutes, 1500, agent.RoutingNone
 	cfg.NetNS = nstest.NewNS(t).Path()

@@ -211,3 +211,108 @@ func (l *testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestEmbeddedEtcdOnlyWhenAsked: the agent never runs an etcd of its own
+// unless its configuration asks for one by name (invariant 9). Without
+// endpoints and without embedded, or with the etcd section misspelt, it
+// exits with status 2 naming both ways to say which etcd, having created
+// no etcd data dir and served no socket; asked for by name, it runs the
+// embedded etcd and says so in its status.
+func TestEmbeddedEtcdOnlyWhenAsked(t *testing.T) {
+	host := nstest.NewNS(t) // the agent manages pod interfaces there, never the host's
+	agentIn := func(t *testing.T, extra ...string) (args []string, state, socket string) {
+		sockDir, err := os.MkdirTemp("", "kvipam-sock-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(sockDir) })
+		state, socket = t.TempDir(), filepath.Join(sockDir, "agent.sock")
+		args = append([]string{"--netns", host.Path(), "--node", "node-e", "--state-dir", state, "--socket", socket,
+			"--pool", "default=10.94.0.0/24", "--block-size-v4", "28", "--datapath", "routes", "--metrics-addr", "",
+			"--mtu", "1500", "--routing", "none"}, extra...)
+		return args, state, socket
+	}
+	writeConfig := func(t *testing.T, body string) string {
+		f := filepath.Join(t.TempDir(), "agent.yaml")
+		require.NoError(t, os.WriteFile(f, []byte(body), 0o600))
+		return f
+	}
+	// refused runs the agent and awaits the first of: its exit, or an
+	// etcd data dir or socket appearing (then it started an etcd of its
+	// own: the bug).
+	refused := func(t *testing.T, args []string, env []string, state, socket string) string {
+		cmd := exec.Command(buildAgent(t), args...)
+		cmd.Env = append(os.Environ(), env...)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case err := <-done:
+				done <- err // for the cleanup
+				var ee *exec.ExitError
+				require.ErrorAs(t, err, &ee, out.String())
+				require.Equal(t, 2, ee.ExitCode(), out.String())
+				require.NoDirExists(t, filepath.Join(state, "etcd"), "a refused configuration creates no etcd data")
+				require.NoFileExists(t, socket)
+				return out.String()
+			case <-tick.C:
+				for _, p := range []string{filepath.Join(state, "etcd"), socket} {
+					if _, err := os.Stat(p); err == nil {
+						t.Fatalf("the agent created %s: it runs an etcd of its own that nobody asked for\n%s", p, out.String())
+					}
+				}
+			}
+		}
+	}
+
+	t.Run("no endpoints and no embedded", func(t *testing.T) {
+		args, state, socket := agentIn(t)
+		out := refused(t, args, nil, state, socket)
+		for _, want := range []string{"no endpoints", "--etcd-endpoints", "--etcd-embedded", "etcd.embedded: true"} {
+			require.Contains(t, out, want)
+		}
+	})
+	t.Run("misspelt endpoints", func(t *testing.T) {
+		args, state, socket := agentIn(t, "--config", writeConfig(t, "etcd:\n  endpoint: [\"http://127.0.0.1:2379\"]\n"))
+		out := refused(t, args, nil, state, socket)
+		require.Contains(t, out, "etcd.endpoint: unknown key (did you mean endpoints?)")
+	})
+	t.Run("endpoints and embedded", func(t *testing.T) {
+		args, state, socket := agentIn(t, "--etcd-endpoints", "http://127.0.0.1:2379")
+		out := refused(t, args, []string{"KVIPAM_ETCD_EMBEDDED=true"}, state, socket)
+		require.Contains(t, out, "both")
+	})
+	t.Run("embedded listen without embedded", func(t *testing.T) {
+		args, state, socket := agentIn(t, "--etcd-endpoints", "http://127.0.0.1:2379", "--embedded-etcd-listen", "http://127.0.0.1:0")
+		out := refused(t, args, nil, state, socket)
+		require.Contains(t, out, "embedded-etcd-listen")
+	})
+	t.Run("asked for by name", func(t *testing.T) {
+		args, state, socket := agentIn(t, "--config", writeConfig(t, "etcd: {embedded: true}\n"))
+		cmd := exec.Command(buildAgent(t), args...)
+		cmd.Stderr = &testLog{t: t}
+		require.NoError(t, cmd.Start())
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGTERM); <-done })
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		go func() {
+			select {
+			case <-done:
+				cancel() // it exited: stop waiting
+			case <-ctx.Done():
+			}
+		}()
+		c := client.New(socket, 5*time.Second)
+		require.NoError(t, c.WaitReady(ctx))
+		st, err := c.Status(context.Background())
+		require.NoError(t, err)
+		require.True(t, st.Etcd.Embedded, "the status says the etcd is the embedded one")
+		require.DirExists(t, filepath.Join(state, "etcd"))
+	})
+}

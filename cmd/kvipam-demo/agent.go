@@ -18,8 +18,8 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// runAgent starts kvipam-agent's daemon in this process on its embedded
-// etcd, allocates through its socket as the CNI plugin would, and shows
+// runAgent starts kvipam-agent's daemon in this process on an embedded
+// etcd it asks for by name, allocates through its socket as the CNI plugin would, and shows
 // what landed in etcd.
 func runAgent(ctx context.Context, w io.Writer) error {
 	dir, err := os.MkdirTemp("", "kvipam-demo-agent-")
@@ -29,6 +29,9 @@ func runAgent(ctx context.Context, w io.Writer) error {
 	defer os.RemoveAll(dir)
 	cfg := agent.DefaultConfig()
 	cfg.Node = "demo-node"
+	// An agent runs an etcd of its own only when asked for it by name: a
+	// configuration that names no etcd is refused (invariant 9).
+	cfg.Etcd.Embedded = true
 	cfg.StateDir = dir
 	cfg.Socket = filepath.Join(dir, "agent.sock")
 	cfg.MetricsAddr = ""
@@ -41,7 +44,9 @@ func runAgent(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	step(w, "start kvipam-agent --node demo-node --pool default=10.244.0.0/16,fd00:244::/64 (embedded etcd in %s)", filepath.Join(dir, "etcd"))
+	step(w, "start kvipam-agent --node demo-node --etcd-embedded --pool default=10.244.0.0/16,fd00:244::/64")
+	fmt.Fprintf(w, "  the embedded etcd in %s runs because --etcd-embedded asks for it by name;\n"+
+		"  an agent whose configuration names no etcd (or misspells etcd.endpoints) refuses to start\n", filepath.Join(dir, "etcd"))
 	actx, stop := context.WithCancel(ctx)
 	ready := make(chan struct{})
 	done := make(chan error, 1)
