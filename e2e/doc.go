@@ -2,8 +2,9 @@
 // real kvipam, kvipam-ipam and kvipam-agent binaries, and the
 // containernetworking plugins, invoked through libcni (and cnitool, from a
 // script) in network namespaces the tests create. Each simulated node is a
-// scratch "host" namespace running its own kvipam-agent with an embedded
-// etcd; nothing touches the real host's links, routes, sysctls or
+// scratch "host" namespace running its own kvipam-agent, with an embedded
+// etcd asked for by name (--etcd-embedded) unless the test gives an etcd
+// cluster; nothing touches the real host's links, routes, sysctls or
 // /var/lib/cni.
 //
 // The CRI tests (cri_test.go) drive a private containerd through the CRI,

@@ -299,13 +299,17 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 		if s.metrics != "" {
 			extra = append(extra, "--metrics-addr", s.metrics)
 		}
+		// The first node runs the embedded etcd (startAgent asks for it by
+		// name) on its underlay address; the others use it.
+		o := agentOpts{pools: []string{bgpPool}, blockV4: 27}
 		if i == 0 {
 			etcd = "http://" + b.v4.String() + ":2379"
 			extra = append(extra, "--embedded-etcd-listen", etcd)
 		} else {
-			extra = append(extra, "--etcd-endpoints", etcd)
+			o.etcdURL = etcd
 		}
-		n.startAgent(agentOpts{pools: []string{bgpPool}, blockV4: 27, extra: extra})
+		o.extra = extra
+		n.startAgent(o)
 		b.l = n.kvipamList("kv", "1.0.0", "")
 		f.nodes = append(f.nodes, b)
 	}

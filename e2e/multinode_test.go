@@ -20,7 +20,7 @@ func TestTwoNodes(t *testing.T) {
 	const pool = "default=10.1.0.0/16"
 	const etcd = "http://10.254.0.1:2379" // node a's namespace is fresh: the port is free
 	a.startAgent(agentOpts{pools: []string{pool}, extra: []string{"--embedded-etcd-listen", etcd, "--node-address", "10.254.0.1"}})
-	b.startAgent(agentOpts{pools: []string{pool}, extra: []string{"--etcd-endpoints", etcd, "--node-address", "10.254.0.2"}})
+	b.startAgent(agentOpts{pools: []string{pool}, etcdURL: etcd, extra: []string{"--node-address", "10.254.0.2"}})
 
 	la, lb := a.kvipamList("kv", "1.0.0", ""), b.kvipamList("kv", "1.0.0", "")
 	pa, pb := newPod(t, "pa"), newPod(t, "pb")

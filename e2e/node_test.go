@@ -33,7 +33,8 @@ var (
 )
 
 // node is one simulated node: a host network namespace, with its own
-// kvipam-agent (and embedded etcd) and libcni configured like a runtime's.
+// kvipam-agent (with an embedded etcd asked for by name, unless the test
+// gives an etcd) and libcni configured like a runtime's.
 type node struct {
 	t        testing.TB
 	name     string
@@ -64,7 +65,7 @@ type agentOpts struct {
 	// extra are more agent flags.
 	extra []string
 	// etcd, if set, is the etcd cluster (member processes on the test
-	// host's loopback) the agent uses instead of an embedded one. Such an
+	// host's loopback) the agent uses. Such an
 	// agent runs in the test's own namespace, where that loopback is, and
 	// manages the node namespace through --netns; its plugins still run in
 	// the node namespace and reach it over its unix socket.
@@ -72,6 +73,11 @@ type agentOpts struct {
 	// etcdEndpoints, if set, replace the cluster's endpoints (proxies in
 	// front of its members, which a test can cut).
 	etcdEndpoints []string
+	// etcdURL, if set, is another node's embedded etcd (plain http) that
+	// the agent uses. An agent given neither etcd nor etcdURL asks for an
+	// embedded etcd of its own by name (--etcd-embedded): the agent never
+	// runs one unasked.
+	etcdURL string
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -149,7 +155,12 @@ func (n *node) startAgent(o agentOpts) {
 	}
 	args = append(args, o.extra...)
 	in := n.host
-	if o.etcd != nil {
+	switch {
+	case o.etcdURL != "":
+		args = append(args, "--etcd-endpoints", o.etcdURL)
+	case o.etcd == nil:
+		args = append(args, "--etcd-embedded")
+	default:
 		f, err := o.etcd.ClientConfig(cluster.RootUser)
 		require.NoError(t, err)
 		endpoints := o.etcd.Endpoints()
