@@ -336,7 +336,7 @@ func (a *Agent) openEtcd(ctx context.Context) error {
 		}
 		a.embedded = e
 		cfg.Endpoints = e.Endpoints()
-		a.log.Info("started the embedded etcd, as the configuration asks (etcd.embedded)", "endpoints", cfg.Endpoints, "dir", dir)
+		a.log.Info("started embedded etcd", "endpoints", cfg.Endpoints, "dir", dir, "because", "the configuration asks for it (etcd.embedded)")
 	}
 	cli, err := kvstore.Connect(ctx, cfg, etcdstore.HealthKey())
 	if err != nil {
