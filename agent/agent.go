@@ -7,6 +7,7 @@ package agent
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,6 +34,10 @@ import (
 type Options struct {
 	Logger  hclog.Logger
 	Version string
+	// BootID is the boot ID the agent runs under; empty: the kernel's
+	// (/proc/sys/kernel/random/boot_id). Tests set it to stand for
+	// another machine.
+	BootID string
 }
 
 // Agent is one node's daemon: the composition root that builds the parts
@@ -58,6 +63,7 @@ type Agent struct {
 	lease     *leaseKeeper
 	probe     *etcdProbe
 	recorder  *nodeRecorder
+	name      *nameGuard
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
@@ -80,6 +86,9 @@ func New(cfg Config, o Options) (*Agent, error) {
 	if o.Version == "" {
 		o.Version = "dev"
 	}
+	if o.BootID == "" {
+		o.BootID = readBootID()
+	}
 	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
 	a.m = newMetrics()
 	a.exhausted.errors = a.m.exhausted
@@ -95,6 +104,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 		return err
 	}
 	defer a.shutdown()
+	a.name.serving.Store(true)
 
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
@@ -102,7 +112,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
-		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }}
+		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.watch(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
@@ -164,11 +174,9 @@ func (a *Agent) start(ctx context.Context) error {
 		hist = -1 // the store's way to say: no history
 	}
 	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout.Duration})
-	seedPools(ctx, a.store, a.cfg.Pools, a.log.Named("pools"))
-	bootID := readBootID()
 	var err error
 	a.alloc, err = nodealloc.New(nodealloc.Config{
-		Node: a.cfg.Node, BootID: bootID, Labels: a.cfg.NodeLabels, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
+		Node: a.cfg.Node, BootID: a.opts.BootID, Labels: a.cfg.NodeLabels, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
 		Store: instrumentedStore{Store: a.store, m: a.m},
 		Held: func() []netip.Addr {
 			if a.endpoints == nil {
@@ -180,6 +188,13 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The node's name first: another agent holding it refuses the start
+	// before anything else is written.
+	sess, err := a.takeName(ctx)
+	if err != nil {
+		return err
+	}
+	seedPools(ctx, a.store, a.cfg.Pools, a.log.Named("pools"))
 	a.batch = newGroupCommit(batchFunc[nodealloc.Request, nodealloc.Outcome](a.alloc.AllocateBatch), a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
 	a.batch.sizes = a.m.batch
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {
@@ -202,15 +217,10 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		a.log.Warn("some endpoint records could not be read", "error", err)
 	}
-	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: bootID, version: a.opts.Version, addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels}
 	if a.cfg.Routing == RoutingBGP {
-		if err := a.startBGP(ctx, bootID); err != nil {
+		if err := a.startBGP(ctx, a.opts.BootID); err != nil {
 			return err
 		}
-	}
-	a.lease = &leaseKeeper{
-		leases: nodeLeases{cli: a.cli, ttl: int64(a.cfg.LeaseTTL.Seconds()), recorder: a.recorder}, alloc: a.alloc, timeout: a.cfg.RequestTimeout.Duration,
-		held: a.m.leaseHeld, log: a.log,
 	}
 	nl, err := openNetlink(a.cfg.NetNS)
 	if err != nil {
@@ -233,7 +243,7 @@ func (a *Agent) start(ctx context.Context) error {
 	// leaseRenewed and etcdBack).
 	a.lease.renewed = a.endpoints
 	a.probe = &etcdProbe{store: a.store, log: a.log, back: a.endpoints}
-	a.ready = &readiness{probe: a.probe, lease: a.lease}
+	a.ready = &readiness{name: a.name, probe: a.probe, lease: a.lease}
 	a.bindings = newNSBindings()
 	a.rec = &reconciler{
 		endpoints: a.endpoints, links: a.dp, lapses: a.alloc,
@@ -244,36 +254,11 @@ func (a *Agent) start(ctx context.Context) error {
 		allocs: a.alloc, releaser: a.endpoints, grace: a.cfg.GCGrace.Duration,
 		released: a.m.gcReleased.WithLabelValues("gc_request"), log: a.log,
 	}
-	sess, err := a.lease.ensure(ctx)
-	if err != nil {
-		return err
-	}
 	if err := a.restore(ctx, sess); err != nil {
 		a.log.Error("restore failed; serving not-ready and retrying", "error", err)
 		a.ready.restoreDone(err)
 	}
 	return nil
-}
-
-// nodeLeases grants the node's leases: each a new session whose node
-// record is written on it.
-type nodeLeases struct {
-	cli      *clientv3.Client
-	ttl      int64
-	recorder *nodeRecorder
-}
-
-// grant takes a new node lease and writes the node record on it.
-func (l nodeLeases) grant(ctx context.Context) (*kvstore.Session, error) {
-	sess, err := kvstore.NewSession(ctx, l.cli, l.ttl)
-	if err != nil {
-		return nil, err
-	}
-	if err := l.recorder.write(ctx, sess.ID()); err != nil {
-		sess.Close()
-		return nil, err
-	}
-	return sess, nil
 }
 
 // restore rebuilds the allocator's cache on sess, then the endpoints: the
@@ -309,6 +294,9 @@ func (a *Agent) maintain(ctx context.Context) {
 			err = a.restore(rctx, sess)
 		}
 		cancel()
+		if errors.Is(err, etcdstore.ErrNodeTaken) {
+			return // another agent holds the name: nothing to restore for (identity.go)
+		}
 		if err == nil {
 			a.log.Info("restore succeeded; agent ready", "node", a.cfg.Node)
 			break
@@ -366,7 +354,7 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 		garbage: a.gc, owners: a.alloc,
 	}
 	st := statusReporter{node: a.cfg.Node, version: a.opts.Version, datapath: a.dp.Name(), embedded: a.embedded != nil, etcd: a.cli,
-		ready: a.ready, probe: a.probe, lease: a.lease, usage: a.alloc, exhausted: a.exhausted}
+		ready: a.ready, probe: a.probe, lease: a.lease, name: a.name, usage: a.alloc, exhausted: a.exhausted}
 	if a.speaker != nil {
 		st.bgp = a.speaker
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -96,7 +98,16 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		sess.Close()
 		b := backoff.NewExponentialBackOff()
 		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 5*time.Second, 0
-		for !k.renew(ctx) {
+		for {
+			err := k.renew(ctx)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, etcdstore.ErrNodeTaken) {
+				// Another agent holds the node's name: no new lease and
+				// no restore, ever (identity.go).
+				return
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -106,25 +117,25 @@ func (k *leaseKeeper) run(ctx context.Context) {
 	}
 }
 
-func (k *leaseKeeper) renew(ctx context.Context) bool {
+func (k *leaseKeeper) renew(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
 	sess, err := k.leases.grant(rctx)
 	if err != nil {
 		k.log.Debug("renew lease", "error", err)
-		return false
+		return err
 	}
 	if err := k.alloc.Restore(rctx, sess); err != nil {
 		k.log.Warn("re-claim blocks on the new lease", "error", err)
 		sess.Close()
-		return false
+		return err
 	}
 	k.set(sess)
 	k.log.Info("node lease re-established; blocks re-claimed", "lease", sess.ID())
 	if k.renewed != nil {
 		k.renewed.leaseRenewed(rctx)
 	}
-	return true
+	return nil
 }
 
 // close ends the lease keeper's hold without revoking: claims live out

@@ -18,6 +18,7 @@ type metrics struct {
 	conflicts  *prometheus.CounterVec
 	batch      prometheus.Histogram
 	leaseHeld  prometheus.Gauge
+	nameTaken  prometheus.Gauge
 	lostEPs    prometheus.Gauge
 	reasserted prometheus.Counter
 	gcReleased *prometheus.CounterVec
@@ -42,6 +43,10 @@ func newMetrics() *metrics {
 		leaseHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvipam_lease_held", Help: "1 while the node holds its etcd lease.",
 		}),
+		nameTaken: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvipam_node_name_conflict",
+			Help: "1 once another agent (another boot ID or node addresses) was found holding this node's name: the agent then serves no new ADDs until it is restarted.",
+		}),
 		lostEPs: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvipam_endpoints_lost",
 			Help: "Endpoints found since the agent started whose owner no longer held their addresses after a restore: the node's blocks were freed while it was away.",
@@ -60,7 +65,7 @@ func newMetrics() *metrics {
 			Name: "kvipam_pool_exhaustion_errors_total", Help: "ADDs refused because the pool had no free address (none to claim or borrow).",
 		}, []string{"pool", "family"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted)
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.nameTaken, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted)
 	return m
 }
 

@@ -7,22 +7,54 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/kvstore"
 )
 
+// nodeLeases grants the node's leases: each a new session whose node
+// record is written on it.
+type nodeLeases struct {
+	cli      *clientv3.Client
+	ttl      int64
+	recorder *nodeRecorder
+}
+
+// grant takes a new node lease and writes the node record on it.
+func (l nodeLeases) grant(ctx context.Context) (*kvstore.Session, error) {
+	sess, err := kvstore.NewSession(ctx, l.cli, l.ttl)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.recorder.write(ctx, sess.ID()); err != nil {
+		sess.Close()
+		return nil, err
+	}
+	return sess, nil
+}
+
 // nodeRecorder writes this node's record on the node lease: what other
-// nodes route to (its addresses), who it is (boot ID, version), and the
-// endpoints it found lost, which kvipamctl check reports. It is safe for
-// concurrent use.
+// nodes route to (its addresses), who it is (boot ID, version, when it
+// started), and the endpoints it found lost, which kvipamctl check
+// reports. Every write of the record is fenced (etcdstore.WriteNode): a
+// write refused because another agent holds the node's name is told to
+// the name guard, and once it is, nothing more is written (identity.go).
+// It is safe for concurrent use.
 type nodeRecorder struct {
 	store interface {
-		PutNode(ctx context.Context, rec etcdstore.NodeRecord, lease int64) error
+		WriteNode(ctx context.Context, rec etcdstore.NodeRecord, lease int64) error
+	}
+	name interface {
+		err() error
+		seen(err error)
 	}
 	node    string
 	bootID  string
 	version string
 	addrs   []string
 	labels  map[string]string
+	started time.Time
 
 	mu   sync.Mutex
 	lost []etcdstore.LostEndpoint
@@ -31,15 +63,25 @@ type nodeRecorder struct {
 	unwritten bool
 }
 
-// write puts the record on lease.
+// incarnation is the record without a lease and lost endpoints: who
+// this agent is.
+func (r *nodeRecorder) incarnation() etcdstore.NodeRecord {
+	return etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs, Labels: r.labels, StartedAt: r.started}
+}
+
+// write puts the record on lease, unless another agent holds the name.
 func (r *nodeRecorder) write(ctx context.Context, lease int64) error {
+	if err := r.name.err(); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	lost, was := slices.Clone(r.lost), r.unwritten
 	r.unwritten = false
 	r.mu.Unlock()
-	rec := etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs, Labels: r.labels,
-		StartedAt: time.Now().UTC(), Lease: lease, LostEndpoints: lost}
-	err := r.store.PutNode(ctx, rec, lease)
+	rec := r.incarnation()
+	rec.Lease, rec.LostEndpoints = lease, lost
+	err := r.store.WriteNode(ctx, rec, lease)
+	r.name.seen(err)
 	if err != nil && was {
 		r.mu.Lock()
 		r.unwritten = true

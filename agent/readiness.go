@@ -14,10 +14,11 @@ type readinessState interface {
 	isRestored() bool
 }
 
-// readiness is whether the agent can serve, and why not: its state
-// restored (or why the last restore failed), etcd reachable, the node
-// lease held. It is safe for concurrent use.
+// readiness is whether the agent can serve, and why not: the node's name
+// its own, its state restored (or why the last restore failed), etcd
+// reachable, the node lease held. It is safe for concurrent use.
 type readiness struct {
+	name  interface{ err() error }
 	probe interface{ lastErr() error }
 	lease interface{ live() bool }
 
@@ -29,8 +30,12 @@ type readiness struct {
 
 var _ readinessState = (*readiness)(nil)
 
-// readyErr reports whether the agent can allocate now, and why not.
+// readyErr reports whether the agent can allocate now, and why not. A
+// name taken by another agent comes first: it does not pass by itself.
 func (r *readiness) readyErr() error {
+	if err := r.name.err(); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	restored, restoreErr := r.restored, r.restoreErr
 	r.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -76,7 +77,7 @@ func route[Req, Resp any](s *apiServer, n need, status int, in input[Req], check
 			return
 		}
 		if err := s.check(n); err != nil {
-			s.writeError(w, r, tryAgain(err))
+			s.writeError(w, r, unready(err))
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.budget(r))
@@ -201,6 +202,16 @@ func badField(field, msg string) *api.Error {
 
 func tryAgain(err error) *api.Error {
 	return &api.Error{Status: http.StatusServiceUnavailable, Code: api.CodeTryAgain, Message: err.Error()}
+}
+
+// unready maps why the agent cannot serve a request now: try again,
+// unless another agent holds the node's name, which does not pass by
+// itself (only a restart of this agent, once the names are fixed, does).
+func unready(err error) *api.Error {
+	if errors.Is(err, etcdstore.ErrNodeTaken) {
+		return &api.Error{Status: http.StatusConflict, Code: api.CodeNameTaken, Message: err.Error()}
+	}
+	return tryAgain(err)
 }
 
 // apiError maps a domain, allocator or etcd error to an API error. It is

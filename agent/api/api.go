@@ -42,7 +42,8 @@ const HeaderTimeout = "Kvipam-Timeout-Ms"
 const MaxBodyBytes = 1 << 20
 
 // Error codes. CNI plugins map CodeTryAgain to CNI error 11 and
-// CodeExhausted/CodeInUse to plugin-specific codes.
+// CodeExhausted/CodeInUse/CodeDisabled/CodeNameTaken to plugin-specific
+// codes.
 const (
 	CodeBadRequest = "bad_request" // 400: a field is wrong; Field names it
 	CodeNotFound   = "not_found"   // 404
@@ -52,6 +53,10 @@ const (
 	CodeTooLarge   = "too_large"   // 413
 	CodeTryAgain   = "try_again"   // 503: etcd or the lease is unavailable; retry later
 	CodeInternal   = "internal"    // 500
+	// CodeNameTaken (409): another agent (another boot ID or node
+	// addresses) holds this node's name; this one serves no new ADDs
+	// until it is restarted. The message names both agents.
+	CodeNameTaken = "node_name_taken"
 )
 
 // Error is the body of every non-2xx answer.
@@ -272,6 +277,29 @@ type Status struct {
 	Message  string       `json:"message,omitempty"`
 	// BGP is the speaker's state with routing bgp.
 	BGP *BGPStatus `json:"bgp,omitempty"`
+	// NameTaken is set once another agent (another boot ID or node
+	// addresses) was found holding this node's name: this agent then
+	// serves no new ADDs and claims nothing until it is restarted.
+	NameTaken *NameTaken `json:"nameTaken,omitempty"`
+}
+
+// NameTaken says who holds this node's name instead of this agent, and
+// since when this agent knows it.
+type NameTaken struct {
+	Since  time.Time   `json:"since"`
+	Holder Incarnation `json:"holder"`
+	Self   Incarnation `json:"self"`
+}
+
+// Incarnation is one agent under a node name: its machine's boot ID and
+// its node addresses, which tell two agents apart, with its version, when
+// it started and the etcd lease its node record is on.
+type Incarnation struct {
+	BootID    string    `json:"bootID"`
+	Addresses []string  `json:"addresses"`
+	Version   string    `json:"version,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+	Lease     int64     `json:"lease,omitempty"`
 }
 
 // BGPStatus is the node's BGP speaker: its AS, the prefixes it announces

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -84,18 +82,6 @@ func (ip LostIP) Holder() string {
 	default:
 		return ip.HeldBy + " on " + ip.HeldByNode
 	}
-}
-
-// PutNode writes the node record on lease.
-func (s *Store) PutNode(ctx context.Context, r NodeRecord, lease int64) error {
-	val, err := kvstore.EncodeJSON(r)
-	if err != nil {
-		return err
-	}
-	if _, err := s.kv.Put(ctx, NodeKey(r.Name), val, clientv3.WithLease(clientv3.LeaseID(lease))); err != nil {
-		return fmt.Errorf("write node record %s: %w", r.Name, kvstore.Unavailable(err))
-	}
-	return nil
 }
 
 // ListNodes reads the live nodes' records (a node's record goes with its

@@ -69,6 +69,22 @@ func (s *Store) WatchNodes(ctx context.Context, h Handler[NodeInfo]) error {
 	}})
 }
 
+// WatchNode follows one node's record as WatchNodes follows them all,
+// each record as etcd holds it (its Lease the lease its key is on). An
+// unreadable record is skipped; a deleted one names only the node.
+func (s *Store) WatchNode(ctx context.Context, node string, h Handler[NodeRecord]) error {
+	key := NodeKey(node)
+	// The watch is of key as a prefix (the one kind follow has): the
+	// records of nodes whose names key prefixes are dropped.
+	return s.follow(ctx, key, decoded[NodeRecord]{h: h,
+		decode: func(kv *mvccpb.KeyValue) (NodeRecord, bool) {
+			r, err := heldNode(kv)
+			return r, err == nil && string(kv.Key) == key
+		},
+		fromKey: func(k string) (NodeRecord, bool) { return NodeRecord{Name: node}, k == key },
+	})
+}
+
 // follow lists prefix and watches it from the list's revision, again and
 // again until ctx ends; a failed list is retried after a second.
 func (s *Store) follow(ctx context.Context, prefix string, h kvstore.WatchHandler) error {

@@ -107,7 +107,7 @@ func TestWatchNodes(t *testing.T) {
 		t.Helper()
 		lease, err := cli.Grant(ctx, 60)
 		require.NoError(t, err)
-		require.NoError(t, st.PutNode(ctx, etcdstore.NodeRecord{Name: name, Addresses: addrs, Lease: int64(lease.ID)}, int64(lease.ID)))
+		require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: name, Addresses: addrs, Lease: int64(lease.ID)}, int64(lease.ID)))
 		return lease.ID
 	}
 	put("node-a", "192.0.2.1", "2001:db8::1")
@@ -123,4 +123,43 @@ func TestWatchNodes(t *testing.T) {
 	_, err := cli.Revoke(ctx, lease)
 	require.NoError(t, err)
 	require.Equal(t, deleteNode("node-b"), r.next(t))
+}
+
+// nodeRecords is a Handler of whole node records (WatchNode).
+type nodeRecords struct{ r recorder }
+
+type (
+	resetRecords []etcdstore.NodeRecord
+	putRecord    etcdstore.NodeRecord
+)
+
+func (n nodeRecords) Reset(x []etcdstore.NodeRecord) { n.r <- resetRecords(x) }
+func (n nodeRecords) Put(x etcdstore.NodeRecord)     { n.r <- putRecord(x) }
+func (n nodeRecords) Delete(x etcdstore.NodeRecord)  { n.r <- deleteNode(x.Name) }
+
+// TestWatchNode: one node's record, whole, with the lease its key is on;
+// the records of nodes whose names start with its name are not its own.
+func TestWatchNode(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	st := etcdstore.New(cli, etcdstore.Options{})
+	put := func(name, boot string) etcdstore.NodeRecord {
+		t.Helper()
+		lease, err := cli.Grant(ctx, 60)
+		require.NoError(t, err)
+		r := etcdstore.NodeRecord{Name: name, BootID: boot, Addresses: []string{"192.0.2.1"}, Lease: int64(lease.ID)}
+		require.NoError(t, st.WriteNode(ctx, r, int64(lease.ID)))
+		return r
+	}
+	n1 := put("node-1", "a")
+	put("node-10", "b")
+
+	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchNode(ctx, "node-1", nodeRecords{r}) })
+	require.Equal(t, resetRecords{n1}, r.next(t))
+	put("node-11", "c")
+	_, err := cli.Revoke(ctx, clientv3.LeaseID(n1.Lease))
+	require.NoError(t, err)
+	require.Equal(t, deleteNode("node-1"), r.next(t), "node-11's record is not node-1's")
+	again := put("node-1", "a")
+	require.Equal(t, putRecord(again), r.next(t))
 }

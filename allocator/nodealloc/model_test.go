@@ -652,7 +652,7 @@ func (r *modelRun) recover(n *mNode, force bool) {
 			// The agent's node record, on its lease: an operator's
 			// commands refuse a node that has one.
 			rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
-			if err := etcdstore.New(r.check, etcdstore.Options{}).PutNode(r.ctx, rec, int64(sess.ID())); err != nil {
+			if err := etcdstore.New(r.check, etcdstore.Options{}).WriteNode(r.ctx, rec, int64(sess.ID())); err != nil {
 				r.fail("node record of %s: %v", n.name, err)
 				return
 			}

@@ -60,7 +60,7 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 	}
 	tb.Cleanup(sess.Close)
 	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels}
-	if err := st.PutNode(ctx, rec, sess.ID()); err != nil {
+	if err := st.WriteNode(ctx, rec, sess.ID()); err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
 	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: st, Labels: o.Labels})
