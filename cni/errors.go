@@ -21,6 +21,12 @@ const (
 	// ErrCodePoolDisabled: the pool is disabled (being drained) and
 	// hands out no new address.
 	ErrCodePoolDisabled uint = 102
+	// ErrCodeNodeNameTaken: another kvipam agent (another machine, or
+	// other node addresses) holds this node's name, so this node's agent
+	// serves no new ADDs until it is restarted. It does not pass by
+	// itself, so it is not "try again later". The message names both
+	// agents.
+	ErrCodeNodeNameTaken uint = 103
 )
 
 // STATUS codes of CNI 1.1.
@@ -52,7 +58,9 @@ func withCode(code uint, err error) error {
 //   - a code given with withCode, or a *types.Error's own;
 //   - 11 (try again later) when the agent is unreachable, or answers that
 //     etcd or its lease is unavailable;
-//   - 100 when the pool is exhausted, 101 when a requested IP is in use;
+//   - 100 when the pool is exhausted, 101 when a requested IP is in use,
+//     102 when the pool is disabled, 103 when another agent holds the
+//     node's name;
 //   - 7 when the agent refuses the request as bad (it comes from the
 //     configuration or CNI_ARGS);
 //   - 999 otherwise.
@@ -79,6 +87,8 @@ func Code(err error) uint {
 			return ErrCodeAddressInUse
 		case api.CodeDisabled:
 			return ErrCodePoolDisabled
+		case api.CodeNameTaken:
+			return ErrCodeNodeNameTaken
 		case api.CodeBadRequest:
 			return types.ErrInvalidNetworkConfig
 		}
@@ -105,6 +115,8 @@ func ToCNIError(err error) *types.Error {
 		e.Details = "the message says whether addresses come free by themselves; otherwise add a cidr (kvipamctl pool add-cidr) or free addresses; see kvipamctl pool show"
 	case ErrCodePoolDisabled:
 		e.Details = "an operator disabled the pool (kvipamctl pool enable turns it back on); choose another pool"
+	case ErrCodeNodeNameTaken:
+		e.Details = "two kvipam agents run under one node name; node names must be unique: give one a name of its own (kvipam-agent --node), then restart this node's agent (docs/operations.md)"
 	}
 	return e
 }

@@ -25,6 +25,7 @@ func TestToCNIError(t *testing.T) {
 		{"exhausted", fmt.Errorf("allocate for c1/eth0: %w", exhausted), ErrCodePoolExhausted, "pool default exhausted (ipv4): 64 of 64 blocks claimed"},
 		{"ip in use", &api.Error{Code: api.CodeInUse, Message: "10.1.0.7 is held by c9/eth0"}, ErrCodeAddressInUse, "10.1.0.7 is held by c9/eth0"},
 		{"bad request", &api.Error{Code: api.CodeBadRequest, Message: `pool "x" is not served by node n1`, Field: "pool"}, types.ErrInvalidNetworkConfig, `pool "x" is not served`},
+		{"node name taken", &api.Error{Code: api.CodeNameTaken, Message: `node name "n1" is held by another agent`, Status: 409}, ErrCodeNodeNameTaken, "held by another agent"},
 		{"agent internal", &api.Error{Code: api.CodeInternal, Message: "program datapath: boom"}, types.ErrInternal, "program datapath: boom"},
 		{"netlink", errors.New("create veth kv1: file exists"), types.ErrInternal, "create veth kv1"},
 		{"coded wins over wrapped", withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("x: %w", client.ErrUnreachable)), types.ErrInvalidNetworkConfig, "x:"},

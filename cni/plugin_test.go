@@ -316,6 +316,11 @@ func TestPluginStatus(t *testing.T) {
 			f.status.Ready = false
 		}, wantCode: ErrCodeNotAvailable, wantMsg: "cannot reach etcd: context deadline exceeded"},
 		{name: "lease lost", prepare: func(f *fakeAgent) { f.status.Lease.State = "lost"; f.status.Ready = false }, wantCode: ErrCodeNotAvailable, wantMsg: "lost its etcd lease"},
+		{name: "node name taken", prepare: func(f *fakeAgent) {
+			f.status.Ready, f.status.Lease.State = false, "lost"
+			f.status.NameTaken = &api.NameTaken{Holder: api.Incarnation{BootID: "b"}, Self: api.Incarnation{BootID: "a"}}
+			f.status.Message = `node name "n1" is held by another agent`
+		}, wantCode: ErrCodeNotAvailable, wantMsg: `serves no new pods: node name "n1" is held by another agent`},
 		{name: "pool exhausted", prepare: func(f *fakeAgent) {
 			f.status.Pools[0].Exhausted, f.status.Pools[0].Used, f.status.Pools[0].Free = true, 64, 0
 		}, wantCode: ErrCodeNotAvailable, wantMsg: "pool default exhausted (ipv4) on node n1: 64 of 64"},

@@ -11,8 +11,9 @@ import (
 
 // checkStatus is STATUS for both plugins: nil when an ADD could succeed
 // now, else code 50 (plugin not available) naming the reason: the agent
-// is unreachable or not ready, etcd is unreachable, the node lost its
-// lease, or the configured pool is exhausted on this node. CNI 1.1
+// is unreachable or not ready, another agent holds the node's name, etcd
+// is unreachable, the node lost its lease, or the configured pool is
+// exhausted on this node. CNI 1.1
 // reserves 51 for "and existing containers may have limited
 // connectivity", which none of these implies: running pods keep their
 // routes while the agent or etcd is down.
@@ -22,6 +23,8 @@ func checkStatus(ctx context.Context, ag Agent, c *Config) error {
 		return withCode(ErrCodeNotAvailable, fmt.Errorf("kvipam agent at %s is not available: %w", c.Socket, err))
 	}
 	switch {
+	case st.NameTaken != nil:
+		return withCode(ErrCodeNotAvailable, fmt.Errorf("kvipam agent on node %s serves no new pods: %s", st.Node, st.Message))
 	case !st.Etcd.Reachable:
 		return withCode(ErrCodeNotAvailable, fmt.Errorf("kvipam agent on node %s cannot reach etcd: %s", st.Node, st.Etcd.Error))
 	case st.Lease.State != "" && st.Lease.State != "held":

@@ -57,11 +57,16 @@ func IPs(s *Snapshot, f IPFilter) ([]IP, error) {
 // NodeRow is one line of the node list: a node known from its record (it is
 // alive) or from the claims, homes and allocations naming it.
 type NodeRow struct {
-	Node   string `json:"node"`
-	Alive  bool   `json:"alive"`
-	Claims int    `json:"claims"`
-	Homes  int    `json:"homes"`
-	IPs    int    `json:"ips"`
+	Node  string `json:"node"`
+	Alive bool   `json:"alive"`
+	// BootID, Addresses and Version are the live agent's, from its node
+	// record: which machine holds the name (a node name has one agent).
+	BootID    string   `json:"bootID,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+	Version   string   `json:"version,omitempty"`
+	Claims    int      `json:"claims"`
+	Homes     int      `json:"homes"`
+	IPs       int      `json:"ips"`
 }
 
 // Nodes lists every node the snapshot mentions, sorted by name. A node with
@@ -77,8 +82,9 @@ func Nodes(s *Snapshot) []NodeRow {
 		}
 		return r
 	}
-	for n := range s.Nodes {
-		get(n).Alive = true
+	for n, rec := range s.Nodes {
+		r := get(n)
+		r.Alive, r.BootID, r.Addresses, r.Version = true, rec.BootID, rec.Addresses, rec.Version
 	}
 	for _, c := range s.Claims {
 		get(c.Node).Claims++

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,6 +32,13 @@ func (a *app) agentCmd() *cobra.Command {
 			return a.render(a.stdout, st, func(w io.Writer) {
 				row(w, "NODE", "READY", "ETCD", "LEASE", "DATAPATH", "MESSAGE")
 				row(w, st.Node, st.Ready, st.Etcd.Reachable, st.Lease.State, st.Datapath, st.Message)
+				if nt := st.NameTaken; nt != nil {
+					// Another agent holds the node's name: both agents.
+					row(w)
+					row(w, "NAME-TAKEN-SINCE", "AGENT", "BOOT-ID", "ADDRESSES", "VERSION", "STARTED", "LEASE")
+					row(w, nt.Since, "holder", nt.Holder.BootID, strings.Join(nt.Holder.Addresses, ","), nt.Holder.Version, nt.Holder.StartedAt, leaseText(nt.Holder.Lease))
+					row(w, "", "this", nt.Self.BootID, strings.Join(nt.Self.Addresses, ","), nt.Self.Version, nt.Self.StartedAt, leaseText(nt.Self.Lease))
+				}
 				row(w)
 				row(w, "POOL", "FAMILY", "BLOCKS", "CAPACITY", "USED", "RESERVED", "FREE", "EXHAUSTED")
 				for _, p := range st.Pools {
@@ -49,6 +58,14 @@ func (a *app) agentCmd() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// leaseText is an etcd lease ID as etcdctl takes it (hex), "" for none.
+func leaseText(id int64) string {
+	if id == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%x", id)
 }
 
 func (a *app) endpointCmd() *cobra.Command {

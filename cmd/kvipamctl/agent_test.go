@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,11 +10,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/agent"
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 )
 
@@ -63,4 +66,25 @@ func TestAgentCommands(t *testing.T) {
 	code, _, errs := h.run("endpoint", "list", "--socket", filepath.Join(dir, "nope.sock"))
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "unreachable")
+
+	// node list says which machine holds the name.
+	out = h.ok("node", "list")
+	require.Contains(t, out, "BOOT-ID")
+	require.Contains(t, out, st.Version)
+
+	// Another agent's record written over this one's, without the fence
+	// (as an older version writes it): the agent stops serving and its
+	// status shows both agents.
+	l, err := h.cli.Grant(ctx, 60)
+	require.NoError(t, err)
+	h.put(etcdstore.NodeKey("ctl-node"), etcdstore.NodeRecord{Name: "ctl-node", BootID: "other-boot", Addresses: []string{"192.0.2.9"},
+		Version: "v-other", StartedAt: time.Now().UTC()}, clientv3.WithLease(l.ID))
+	require.Eventually(t, func() bool {
+		st, err := c.Status(ctx)
+		return err == nil && st.NameTaken != nil
+	}, 10*time.Second, 20*time.Millisecond)
+	out = h.ok("agent", "status", "--socket", cfg.Socket)
+	for _, want := range []string{"NAME-TAKEN-SINCE", "holder", "other-boot", "192.0.2.9", "v-other", fmt.Sprintf("%x", l.ID), "must be unique"} {
+		require.Contains(t, out, want)
+	}
 }

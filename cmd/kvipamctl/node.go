@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -65,9 +66,9 @@ func (a *app) nodeList(ctx context.Context, w io.Writer) error {
 	}
 	rows := inspect.Nodes(s)
 	return a.render(w, rows, func(tw io.Writer) {
-		row(tw, "NODE", "ALIVE", "CLAIMS", "HOMES", "IPS")
+		row(tw, "NODE", "ALIVE", "BOOT-ID", "ADDRESSES", "VERSION", "CLAIMS", "HOMES", "IPS")
 		for _, r := range rows {
-			row(tw, r.Node, r.Alive, r.Claims, r.Homes, r.IPs)
+			row(tw, r.Node, r.Alive, r.BootID, strings.Join(r.Addresses, ","), r.Version, r.Claims, r.Homes, r.IPs)
 		}
 	})
 }
