@@ -316,3 +316,37 @@ func TestEmbeddedEtcdOnlyWhenAsked(t *testing.T) {
 		require.DirExists(t, filepath.Join(state, "etcd"))
 	})
 }
+
+// TestDuplicateNodeNameExits: an agent process started under the name of
+// a running one, with other node addresses (a clone), exits with status 1
+// and says why, naming both agents; the running one stays ready.
+func TestDuplicateNodeNameExits(t *testing.T) {
+	host := nstest.NewNS(t)
+	e := etcdtest.Start(t)
+	sockDir, err := os.MkdirTemp("", "kvipam-sock-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	args := func(name, addr string) []string {
+		return []string{"--netns", host.Path(), "--node", "node-d", "--node-address", addr,
+			"--state-dir", filepath.Join(t.TempDir(), name), "--socket", filepath.Join(sockDir, name+".sock"),
+			"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--pool", "default=10.92.0.0/24",
+			"--block-size-v4", "28", "--datapath", "routes", "--metrics-addr", "", "--mtu", "1500", "--routing", "none"}
+	}
+	first := exec.Command(buildAgent(t), args("first", "192.0.2.1")...)
+	first.Stderr = &testLog{t: t}
+	require.NoError(t, first.Start())
+	t.Cleanup(func() { _ = first.Process.Signal(syscall.SIGTERM); _, _ = first.Process.Wait() })
+	c := client.New(filepath.Join(sockDir, "first.sock"), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitReady(ctx))
+
+	out, code := runAgent(t, args("second", "192.0.2.2"), nil)
+	require.Equal(t, 1, code, out)
+	for _, want := range []string{"refusing to start", `node name \"node-d\" is held by another agent`, "192.0.2.1", "192.0.2.2", "must be unique", "--node"} {
+		require.Contains(t, out, want)
+	}
+	st, err := c.Status(ctx)
+	require.NoError(t, err)
+	require.True(t, st.Ready, st.Message)
+}
