@@ -24,12 +24,13 @@ const (
 
 // wantAlerts are the alerts the rules must define, with their severity.
 var wantAlerts = map[string]string{
-	"KvipamPoolNearlyFull": "warning",
-	"KvipamPoolFull":       "critical",
-	"KvipamOrphanedBlocks": "warning",
-	"KvipamNodeLeaseLost":  "critical",
-	"KvipamLeakCandidates": "warning",
-	"KvipamBGPPeerDown":    "critical",
+	"KvipamPoolNearlyFull":   "warning",
+	"KvipamPoolFull":         "critical",
+	"KvipamOrphanedBlocks":   "warning",
+	"KvipamNodeLeaseLost":    "critical",
+	"KvipamNodeNameConflict": "critical",
+	"KvipamLeakCandidates":   "warning",
+	"KvipamBGPPeerDown":      "critical",
 }
 
 const fullnessRecord = "kvipam:pool_fullness:ratio"
