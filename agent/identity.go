@@ -144,7 +144,9 @@ func (g *nameGuard) status() *api.NameTaken {
 	inc := func(r etcdstore.NodeRecord) api.Incarnation {
 		return api.Incarnation{BootID: r.BootID, Addresses: r.Addresses, Version: r.Version, StartedAt: r.StartedAt, Lease: r.Lease}
 	}
-	return &api.NameTaken{Since: g.since, Holder: inc(g.taken.Holder), Self: inc(g.taken.Mine)}
+	self := inc(g.taken.Mine)
+	self.Lease = 0 // this agent holds no lease any more
+	return &api.NameTaken{Since: g.since, Holder: inc(g.taken.Holder), Self: self}
 }
 
 // watch follows the node's record until ctx ends: a record of another

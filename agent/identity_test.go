@@ -87,6 +87,12 @@ func TestDuplicateNodeNameRefused(t *testing.T) {
 		held = append(held, r.IPs...)
 	}
 	before := etcdState(t, cli)
+	leases := func() []clientv3.LeaseStatus {
+		resp, err := cli.Leases(ctx)
+		require.NoError(t, err)
+		return resp.Leases
+	}
+	leasesBefore := leases()
 	recA, ok := nodeRecord(t, cli, cfgA.Node)
 	require.True(t, ok)
 
@@ -112,6 +118,7 @@ func TestDuplicateNodeNameRefused(t *testing.T) {
 				require.Contains(t, msg, want)
 			}
 			require.Equal(t, before, etcdState(t, cli), "the refused agent wrote nothing")
+			require.ElementsMatch(t, leasesBefore, leases(), "and left no lease behind")
 			require.NoFileExists(t, cfgB.Socket)
 			st, err := a.c.Status(ctx)
 			require.NoError(t, err)

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"slices"
 	"sync"
@@ -28,6 +29,15 @@ func (l nodeLeases) grant(ctx context.Context) (*kvstore.Session, error) {
 		return nil, err
 	}
 	if err := l.recorder.write(ctx, sess.ID()); err != nil {
+		if errors.Is(err, etcdstore.ErrNodeTaken) {
+			// Nothing is on the lease, and no write will be: end it now
+			// rather than leave one behind per refused attempt. Bounded
+			// by the TTL, after which it ends anyway.
+			rctx, cancel := context.WithTimeout(ctx, time.Duration(l.ttl)*time.Second)
+			defer cancel()
+			_ = sess.Revoke(rctx)
+			return nil, err
+		}
 		sess.Close()
 		return nil, err
 	}

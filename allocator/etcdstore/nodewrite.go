@@ -36,9 +36,13 @@ type NodeTakenError struct {
 }
 
 func (e *NodeTakenError) Error() string {
-	return fmt.Sprintf("node name %q is held by another agent (%s, version %s, started %s, its node record on lease %x, "+
-		"which lives while that agent keeps it alive); this agent is %s: node names must be unique",
-		e.Holder.Name, e.Holder.incarnation(), orNone(e.Holder.Version), e.Holder.StartedAt.Format(time.RFC3339), e.Holder.Lease,
+	lease := fmt.Sprintf("its node record on lease %x, which lives while that agent keeps it alive", e.Holder.Lease)
+	if e.Holder.Lease == 0 {
+		// Not an agent's: agents write the record on their lease.
+		lease = fmt.Sprintf("its node record on no lease, so it never expires: if no agent runs under the name, delete %s", NodeKey(e.Holder.Name))
+	}
+	return fmt.Sprintf("node name %q is held by another agent (%s, version %s, started %s, %s); this agent is %s: node names must be unique",
+		e.Holder.Name, e.Holder.incarnation(), orNone(e.Holder.Version), e.Holder.StartedAt.Format(time.RFC3339), lease,
 		e.Mine.incarnation())
 }
 

@@ -221,6 +221,13 @@ func TestWriteNodeFenced(t *testing.T) {
 		require.Equal(t, l, lease)
 	})
 
+	t.Run("a record on no lease, written by hand", func(t *testing.T) {
+		blindPut(other("n9"), 0)
+		err := st.WriteNode(ctx, mine("n9"), grant())
+		require.ErrorIs(t, err, etcdstore.ErrNodeTaken)
+		require.Contains(t, err.Error(), "on no lease, so it never expires: if no agent runs under the name, delete "+etcdstore.NodeKey("n9"))
+	})
+
 	t.Run("lease gone", func(t *testing.T) {
 		l := grant()
 		_, err := cli.Revoke(ctx, clientv3.LeaseID(l))
