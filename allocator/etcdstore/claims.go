@@ -28,6 +28,34 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]records.BlockInf
 	return blockInfos(pool, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), nil
 }
 
+// GetBlocks implements allocator.Store: the claims and homes of blocks,
+// read as GetIPs reads allocations (one transaction for up to maxTxnOps
+// keys). It is how a claim whose outcome is unknown is settled.
+func (s *Store) GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	keys := make([]string, 0, 2*len(blocks))
+	for _, b := range blocks {
+		keys = append(keys, ClaimKey(pool, b), HomeKey(pool, b))
+	}
+	got, _, err := s.getKeys(ctx, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read %d blocks of pool %s: %w", len(blocks), pool, err)
+	}
+	var claims, homes []*mvccpb.KeyValue
+	for i := range blocks {
+		if kv := got[keys[2*i]]; kv != nil {
+			claims = append(claims, kv)
+		}
+		if kv := got[keys[2*i+1]]; kv != nil {
+			homes = append(homes, kv)
+		}
+	}
+	out := map[netip.Prefix]records.BlockInfo{}
+	for _, bi := range blockInfos(pool, claims, homes) {
+		out[bi.Block] = bi
+	}
+	return out, nil
+}
+
 // blockInfos joins a pool's claims and block homes by block. Lent
 // addresses' homes, one level deeper, are not blocks and are skipped.
 func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []records.BlockInfo {

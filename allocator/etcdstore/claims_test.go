@@ -73,3 +73,29 @@ func TestClaimWithReservationLeases(t *testing.T) {
 	require.ErrorIs(t, err, records.ErrLeaseLost)
 	require.NotErrorIs(t, err, records.ErrConflict)
 }
+
+// TestGetBlocks reads back the claims and homes of the blocks named, as
+// ListBlocks lists them; a block with neither is absent.
+func TestGetBlocks(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	st := etcdstore.New(cli, etcdstore.Options{})
+	p, err := st.EnsurePool(ctx, allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, BlockSizeV4: 28})
+	require.NoError(t, err)
+	l, err := cli.Grant(ctx, 60)
+	require.NoError(t, err)
+	b1, b2 := netip.MustParsePrefix("10.0.0.0/28"), netip.MustParsePrefix("10.0.0.16/28")
+	res, err := st.Claim(ctx, "p", b1, records.Claim{Node: "n1", ClaimedAt: time.Now().UTC(), PoolRev: p.Rev}, int64(l.ID))
+	require.NoError(t, err)
+	got, err := st.GetBlocks(ctx, "p", []netip.Prefix{b1, b2})
+	require.NoError(t, err)
+	require.Len(t, got, 1, "an unclaimed block without a home is absent")
+	bi := got[b1]
+	require.True(t, bi.Owned("n1"))
+	require.Equal(t, res.Rev, bi.ClaimRev)
+	require.Equal(t, int64(l.ID), bi.ClaimLease)
+	require.Equal(t, "n1", bi.Home.Node)
+	all, err := st.ListBlocks(ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, all, []records.BlockInfo{bi}, "as ListBlocks has it")
+}

@@ -119,9 +119,16 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 			return nil, a.adoptBlock(ctx, ps, b, ce.ClaimRev)
 		}
 		ps.noteOther(b, ce.ClaimedBy, ce.NonEmpty)
+		if ce.ClaimedBy != "" {
+			delete(ps.claimsUnknown, b) // another's: an earlier claim did not land
+		}
 		return nil, err
 	}
 	if err != nil {
+		if outcomeUnknown(err) {
+			// Read back with the parked addresses (settleClaims).
+			ps.claimsUnknown[b] = true
+		}
 		if w != nil && outcomeUnknown(err) {
 			a.park(ps, w.Record.Owner.Key(), "claim with first address", records.IPRef{Pool: w.Pool, Block: b, Addr: w.Addr})
 		}
@@ -130,6 +137,7 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 	ob.claimRev = res.Rev
 	ps.own[b] = ob
 	delete(ps.others, b)
+	delete(ps.claimsUnknown, b)
 	a.log.Info("claimed block", "pool", ps.pool.Name, "block", b, "rev", res.Rev)
 	if w == nil {
 		return nil, nil

@@ -141,6 +141,14 @@ func (h *hookStore) ListBlocks(ctx context.Context, pool string) ([]records.Bloc
 	return out, h.post(ctx, "ListBlocks", err)
 }
 
+func (h *hookStore) GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	if err := h.pre(ctx, "GetBlocks"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.GetBlocks(ctx, pool, blocks)
+	return out, h.post(ctx, "GetBlocks", err)
+}
+
 func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (records.WriteResult, error) {
 	h.see("Claim", b)
 	if err := h.pre(ctx, "Claim"); err != nil {

@@ -355,7 +355,7 @@ func (r *modelRun) addOwner(o records.Owner, node int, identity string) *mOwner 
 func (r *modelRun) hookUp(n *mNode) {
 	var kind string // the kind of the write in flight (one goroutine)
 	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
-	reads := []string{"ListBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListBindings", "ListLent"}
+	reads := []string{"ListBlocks", "GetBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListBindings", "ListLent"}
 	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding") {
 		write := !slices.Contains(reads, op)
 		n.hook.Before(op, func(ctx context.Context) error {

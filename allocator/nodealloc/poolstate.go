@@ -32,6 +32,11 @@ type poolState struct {
 	// stay marked in the bitmap, so no one else gets them, until a read
 	// of etcd settles them (see outcome.go).
 	unknown map[netip.Addr]pending
+	// claimsUnknown are blocks whose claim transaction has an unknown
+	// outcome; the claim is read back with the parked addresses
+	// (settleClaims): held by this node on its lease, the block is
+	// adopted, else the entry is dropped.
+	claimsUnknown map[netip.Prefix]bool
 	// lent are addresses of own blocks that other nodes hold (borrowed,
 	// borrow.go), by holder; they stay marked in the bitmaps.
 	lent map[netip.Addr]string
@@ -88,7 +93,8 @@ func newPoolState(p allocator.Pool) *poolState {
 		planned: map[netip.Addr]bool{},
 		kept:    map[netip.Addr]keptAddr{},
 
-		checkBinding: map[string]string{},
+		checkBinding:  map[string]string{},
+		claimsUnknown: map[netip.Prefix]bool{},
 	}
 }
 

@@ -150,6 +150,7 @@ func (a *Allocator) adoptBlock(ctx context.Context, ps *poolState, block netip.P
 		return err
 	}
 	delete(ps.others, block)
+	delete(ps.claimsUnknown, block)
 	return nil
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -58,8 +60,9 @@ func refsOf(als []*records.Allocation) []records.IPRef {
 }
 
 // settlePending reads back every parked call's addresses, in one round
-// trip, and rebuilds the cache at each from what etcd holds. If etcd
-// cannot be read the calls stay parked and the error wraps ErrUnavailable.
+// trip, and rebuilds the cache at each from what etcd holds; then the
+// claims of unknown outcome (settleClaims). If etcd cannot be read the
+// calls stay parked and the error wraps ErrUnavailable.
 func (a *Allocator) settlePending(ctx context.Context) error {
 	var refs []records.IPRef
 	for _, ps := range a.pools {
@@ -67,13 +70,55 @@ func (a *Allocator) settlePending(ctx context.Context) error {
 			refs = append(refs, p.ref)
 		}
 	}
-	if len(refs) == 0 {
-		return nil
+	if len(refs) > 0 {
+		if err := a.readBack(ctx, refs); err != nil {
+			return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", records.ErrUnavailable, len(refs), err)
+		}
 	}
-	if err := a.readBack(ctx, refs); err != nil {
-		return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", records.ErrUnavailable, len(refs), err)
-	}
+	a.settleClaims(ctx)
 	return nil
+}
+
+// settleClaims reads back the claims of unknown outcome
+// (poolState.claimsUnknown), as a parked address is read back: a claim
+// held by this node on its current lease is adopted (its block's
+// allocations read, the first address a claim carried among them), so
+// the node writes into the block, gives it back when it empties, and
+// does not keep it until a restart; a block claimed by nobody, or by
+// another node, is dropped from the set. Without this a claim whose
+// first address was read back, and its owner answered from it, was
+// adopted only if the walk came back to its block. No owner waits on a
+// claim, so an error is only logged: the claim stays unknown and the
+// next settle reads it again. A block adopted empty (its first address
+// released meanwhile) goes back as a release would have given it.
+func (a *Allocator) settleClaims(ctx context.Context) {
+	for _, ps := range a.pools {
+		if len(ps.claimsUnknown) == 0 {
+			continue
+		}
+		blocks := slices.Collect(maps.Keys(ps.claimsUnknown))
+		got, err := a.cfg.Store.GetBlocks(ctx, ps.pool.Name, blocks)
+		if err != nil {
+			a.log.Warn("read back claims of unknown outcome; trying again at the next settle", "pool", ps.pool.Name, "blocks", len(blocks), "error", err)
+			continue
+		}
+		for _, b := range blocks {
+			info := got[b]
+			if _, mine := ps.own[b]; mine || !info.Owned(a.cfg.Node) || info.ClaimLease != a.lease.ID() {
+				delete(ps.claimsUnknown, b)
+				if !mine && info.Claim != nil && !info.Owned(a.cfg.Node) {
+					ps.noteOther(b, info.Claim.Node, false)
+				}
+				continue
+			}
+			a.log.Info("adopting own claim whose answer was lost", "pool", ps.pool.Name, "block", b, "rev", info.ClaimRev)
+			if err := a.adoptBlock(ctx, ps, b, info.ClaimRev); err != nil {
+				a.log.Warn("adopt own claim whose answer was lost; trying again at the next settle", "pool", ps.pool.Name, "block", b, "error", err)
+				continue
+			}
+			a.maybeUnclaim(ctx, ps, b)
+		}
+	}
 }
 
 // readBack reads refs from etcd, with the expiry of their leases, and

@@ -201,6 +201,10 @@ type Claims interface {
 	// ListBlocks returns every block of the pool that has a claim or a home,
 	// read at one revision.
 	ListBlocks(ctx context.Context, pool string) ([]BlockInfo, error)
+	// GetBlocks reads the claims and homes of blocks; a block with
+	// neither is absent from the map. It is how a claim whose outcome is
+	// unknown (a timeout, a lost connection) is resolved.
+	GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]BlockInfo, error)
 	// Claim takes a block that is unclaimed and empty, on the given lease,
 	// and makes node its home, writing c.First with it if set; the result
 	// has the claim's revision, and when c.First's reservation lapses. A
