@@ -176,7 +176,7 @@ func (a *Agent) start(ctx context.Context) error {
 	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout.Duration})
 	var err error
 	a.alloc, err = nodealloc.New(nodealloc.Config{
-		Node: a.cfg.Node, BootID: a.opts.BootID, Labels: a.cfg.NodeLabels, Logger: a.log, ReuseCooldown: a.cfg.ReuseCooldown.Duration,
+		Node: a.cfg.Node, BootID: a.opts.BootID, Labels: a.cfg.NodeLabels, Logger: a.log,
 		Store: instrumentedStore{Store: a.store, m: a.m},
 		Held: func() []netip.Addr {
 			if a.endpoints == nil {

@@ -55,12 +55,12 @@ type Config struct {
 	Datapath       string            `json:"datapath"`
 	MTU            int               `json:"mtu"`
 	GCGrace        Duration          `json:"gcGrace"`
-	// ReuseCooldown keeps a released address from being handed out again
-	// for this long, unless nothing else in the node's blocks is free.
-	ReuseCooldown Duration `json:"reuseCooldown"`
-	GCInterval    Duration `json:"gcInterval"`
-	DelQueueDir   string   `json:"delQueueDir"`
-	LogLevel      string   `json:"logLevel"`
+	// ReuseCooldown is refused (ErrReuseCooldownMoved): the reuse
+	// cooldown is a pool's setting in etcd (invariant 8).
+	ReuseCooldown movedToPool `json:"reuseCooldown,omitzero"`
+	GCInterval    Duration    `json:"gcInterval"`
+	DelQueueDir   string      `json:"delQueueDir"`
+	LogLevel      string      `json:"logLevel"`
 	// RequestTimeout bounds the etcd work of one API request.
 	RequestTimeout Duration `json:"requestTimeout"`
 	// MaxBatch bounds how many allocations share one etcd transaction.
@@ -135,6 +135,18 @@ func (d *Duration) UnmarshalJSON(b []byte) (err error) {
 // MarshalJSON writes a Go duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
+// ErrReuseCooldownMoved refuses an agent given a reuse cooldown (the
+// reuseCooldown key, --reuse-cooldown, KVIPAM_REUSE_COOLDOWN): every node
+// must use the same one, so it is the pool's setting in etcd.
+var ErrReuseCooldownMoved = errors.New("reuse-cooldown is no longer an agent setting: every node must use the same, so it is each pool's, in etcd (kvipamctl pool set-cooldown POOL DURATION; kvipamctl pool show POOL shows it; a pool this agent seeds may carry reuseCooldown)")
+
+// movedToPool is an agent key that became a pool's setting: giving it is
+// an error that says so.
+type movedToPool struct{}
+
+// UnmarshalJSON refuses the key.
+func (movedToPool) UnmarshalJSON([]byte) error { return ErrReuseCooldownMoved }
+
 // DefaultConfig is the configuration with nothing set.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
@@ -148,7 +160,6 @@ func DefaultConfig() Config {
 		MetricsAddr:    "127.0.0.1:9464",
 		Datapath:       DatapathAuto,
 		GCGrace:        Duration{5 * time.Minute},
-		ReuseCooldown:  Duration{30 * time.Second},
 		GCInterval:     Duration{30 * time.Second},
 		LogLevel:       "info",
 		RequestTimeout: Duration{5 * time.Second},
@@ -238,9 +249,6 @@ func (c *Config) Validate() error {
 	}
 	if c.MTU != 0 && (c.MTU < 576 || c.MTU > 65535) {
 		bad("mtu: %d out of range 576-65535 (0 = detect)", c.MTU)
-	}
-	if c.ReuseCooldown.Duration < 0 {
-		bad("reuse-cooldown: must not be negative")
 	}
 	if c.GCGrace.Duration < 0 || c.GCInterval.Duration <= 0 {
 		bad("gc-grace/gc-interval: must be positive")

@@ -19,10 +19,10 @@ type poolSeeder interface {
 // seedPools creates each configured pool that etcd lacks. Pools live in
 // etcd (invariant 8): a configured pool that etcd already has changes
 // nothing there, and a difference (an operator added or removed a cidr,
-// reserved a range, disabled it, gave it a selector) is logged once as a
-// warning. Nothing here stops the agent: a pool that cannot be seeded (it
-// overlaps another, etcd did not answer) is logged, and the agent serves
-// what etcd holds.
+// reserved a range, disabled it, gave it a selector or a reuse cooldown)
+// is logged once as a warning. Nothing here stops the agent: a pool that
+// cannot be seeded (it overlaps another, etcd did not answer) is logged,
+// and the agent serves what etcd holds.
 func seedPools(ctx context.Context, st poolSeeder, pools []allocator.Pool, log hclog.Logger) {
 	for _, p := range pools {
 		stored, created, err := st.SeedPool(ctx, p)
@@ -51,6 +51,9 @@ func describePool(p allocator.Pool) string {
 	s := fmt.Sprintf("cidrs %v, blocks /%d /%d, %d reserved ranges", p.CIDRs, p.BlockSizeV4, p.BlockSizeV6, len(p.Reserved))
 	if p.NodeSelector != "" {
 		s += ", node selector " + p.NodeSelector
+	}
+	if p.ReuseCooldown != nil {
+		s += ", reuse cooldown " + p.ReuseCooldown.String()
 	}
 	if p.Disabled {
 		s += ", disabled"

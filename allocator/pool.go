@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 var (
@@ -55,6 +56,11 @@ type Pool struct {
 	// from the pool by their labels (Selector: "rack=r1"); empty: every
 	// node. A node it no longer chooses keeps what it holds there.
 	NodeSelector string `json:"nodeSelector,omitempty"`
+	// ReuseCooldown is how long a released address is not handed out
+	// again, unless nothing else in a node's blocks is free: every node
+	// holds to it, in its own blocks and in the addresses it borrows
+	// (cooldown.go). nil: DefaultReuseCooldown; 0: reuse at once.
+	ReuseCooldown *Duration `json:"reuseCooldown,omitempty"`
 	// Rev is the etcd revision the spec was read at (not stored): block
 	// claims are fenced by it, so no node claims a block under a spec an
 	// operator has since changed (a CIDR removed, the pool deleted).
@@ -94,6 +100,11 @@ func (p Pool) validate() error {
 	}
 	if _, err := ParseSelector(p.NodeSelector); err != nil {
 		return fmt.Errorf("%w: nodeSelector: %w", ErrInvalidPool, err)
+	}
+	if p.ReuseCooldown != nil {
+		if err := ValidateCooldown(time.Duration(*p.ReuseCooldown)); err != nil {
+			return err
+		}
 	}
 	if len(p.CIDRs) == 0 {
 		return fmt.Errorf("%w: no cidrs", ErrInvalidPool)

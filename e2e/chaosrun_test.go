@@ -193,8 +193,8 @@ func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host in
 	require.NoError(t, unix.Mount("tmpfs", cn.state, "tmpfs", 0, "size=16m"))
 	t.Cleanup(func() { _ = unix.Unmount(cn.state, unix.MNT_DETACH) })
 	// 14 addresses in blocks of 4: nodes borrow across blocks.
-	n.startAgent(agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, etcdEndpoints: endpoints, reservationTTL: 10 * time.Second,
-		extra: []string{"--node-address", addr.String(), "--lease-ttl", "5s", "--reuse-cooldown", "0s"}})
+	n.startAgent(agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, etcdEndpoints: endpoints, reservationTTL: 10 * time.Second, reuseAtOnce: true,
+		extra: []string{"--node-address", addr.String(), "--lease-ttl", "5s"}})
 	cn.routedNode = routedNode{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)}
 	return cn
 }

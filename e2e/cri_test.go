@@ -390,7 +390,7 @@ func TestCRIStickyAnnotation(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	n := newNode(t, "crs")
-	n.startAgent(agentOpts{pools: []string{"default=10.16.0.0/28"}, extra: []string{"--block-size-v4", "28", "--reuse-cooldown", "0s"}})
+	n.startAgent(agentOpts{pools: []string{"default=10.16.0.0/28"}, blockV4: 28, reuseAtOnce: true})
 	conflist := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"kvipam","plugins":[{"type":"kvipam","agentSocket":%q,"delQueueDir":%q,"agentTimeout":"10s","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}`,
 		n.socket, n.queue)
 	c := startContainerd(t, n, conflist)

@@ -78,6 +78,33 @@ type agentOpts struct {
 	// embedded etcd of its own by name (--etcd-embedded): the agent never
 	// runs one unasked.
 	etcdURL string
+	// reuseAtOnce seeds the pools with a reuse cooldown of 0 (a pool
+	// setting, which the --pool flag cannot carry: the pools go in a
+	// configuration file instead).
+	reuseAtOnce bool
+}
+
+// poolsConfig writes an agent configuration file that seeds o's pools
+// (NAME=CIDR[,CIDR...], blocks of o.blockV4 and /120) with a reuse
+// cooldown of 0, and returns its path.
+func (n *node) poolsConfig(o agentOpts) string {
+	n.t.Helper()
+	var b strings.Builder
+	b.WriteString("pools:\n")
+	for _, p := range o.pools {
+		name, cidrs, ok := strings.Cut(p, "=")
+		require.True(n.t, ok, "pool %q", p)
+		fmt.Fprintf(&b, "- name: %s\n  cidrs: [%s]\n  reuseCooldown: 0s\n", name, cidrs)
+		if strings.Contains(cidrs, ".") {
+			fmt.Fprintf(&b, "  blockSizeV4: %d\n", o.blockV4)
+		}
+		if strings.Contains(cidrs, ":") {
+			b.WriteString("  blockSizeV6: 120\n")
+		}
+	}
+	path := filepath.Join(n.dir, "pools.yaml")
+	require.NoError(n.t, os.WriteFile(path, []byte(b.String()), 0o600))
+	return path
 }
 
 // newNode makes a node namespace: lo up with hostAddrV4 and hostAddrV6, an
@@ -147,8 +174,12 @@ func (n *node) startAgent(o agentOpts) {
 		"--datapath", o.datapath, "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
 		"--del-queue-dir", o.queue, "--log-level", "debug",
 	}
-	for _, p := range o.pools {
-		args = append(args, "--pool", p)
+	if o.reuseAtOnce {
+		args = append(args, "--config", n.poolsConfig(o))
+	} else {
+		for _, p := range o.pools {
+			args = append(args, "--pool", p)
+		}
 	}
 	if o.gcInterval > 0 {
 		args = append(args, "--gc-interval", o.gcInterval.String())

@@ -22,7 +22,7 @@ import (
 //
 // An existing pool keeps what operators set with kvipamctl: p's reserved
 // ranges are added to the stored ones, its disabled flag stays, and so
-// does its node selector unless p gives one.
+// do its node selector and reuse cooldown unless p gives them.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -131,6 +131,9 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 	if p.NodeSelector == "" {
 		p.NodeSelector = stored.NodeSelector
 	}
+	if p.ReuseCooldown == nil {
+		p.ReuseCooldown = stored.ReuseCooldown
+	}
 	res := slices.Clone(stored.Reserved)
 	for _, r := range p.Reserved {
 		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
@@ -143,7 +146,14 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 
 func poolEqual(a, b allocator.Pool) bool {
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && a.NodeSelector == b.NodeSelector
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && a.NodeSelector == b.NodeSelector &&
+		sameCooldown(a.ReuseCooldown, b.ReuseCooldown)
+}
+
+// sameCooldown reports whether two pools' cooldown settings are the same:
+// both unset (the default), or both set to one duration.
+func sameCooldown(a, b *allocator.Duration) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
 
 // GetPool implements allocator.Store.

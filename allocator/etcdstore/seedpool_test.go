@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -71,4 +72,34 @@ func TestSeedPool(t *testing.T) {
 		e1, e2 := <-errs, <-errs
 		require.True(t, (e1 == nil) != (e2 == nil), "round %d: exactly one of two overlapping seeds lands (%v, %v)", round, e1, e2)
 	}
+}
+
+// TestSeedPoolCooldown: an agent's configured pool may carry its reuse
+// cooldown, which seeds a pool etcd lacks and never overrides an
+// operator's; pool create again without one keeps the stored one.
+func TestSeedPoolCooldown(t *testing.T) {
+	ctx := context.Background()
+	st := etcdstore.New(etcdtest.Client(t, etcdtest.Start(t)), etcdstore.Options{})
+	p := allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, BlockSizeV4: 28, ReuseCooldown: allocator.DurationOf(45 * time.Second)}
+	got, created, err := st.SeedPool(ctx, p)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, 45*time.Second, got.Cooldown())
+
+	changed, err := st.UpdatePool(ctx, "p", func(q *allocator.Pool) error { q.ReuseCooldown = allocator.DurationOf(0); return nil })
+	require.NoError(t, err)
+	got, created, err = st.SeedPool(ctx, p)
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Equal(t, changed.Rev, got.Rev, "nothing written")
+	require.Zero(t, got.Cooldown(), "the operator's cooldown stays")
+	require.False(t, etcdstore.SamePoolSpec(got, p), "the caller sees the difference")
+
+	plain := p
+	plain.ReuseCooldown = nil
+	got, err = st.EnsurePool(ctx, plain)
+	require.NoError(t, err)
+	require.Zero(t, got.Cooldown(), "pool create without a cooldown keeps the stored one")
+	_, err = st.UpdatePool(ctx, "p", func(q *allocator.Pool) error { q.ReuseCooldown = allocator.DurationOf(2 * time.Hour); return nil })
+	require.ErrorIs(t, err, allocator.ErrInvalidPool)
 }

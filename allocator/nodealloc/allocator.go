@@ -59,10 +59,6 @@ type Config struct {
 	// them (etcd restored from an older snapshot) until Reassert has
 	// settled them.
 	Held func() []netip.Addr
-	// ReuseCooldown keeps a released address from being handed out again
-	// for this long unless nothing else in the node's blocks is free
-	// (cooldown.go). Zero: reuse at once.
-	ReuseCooldown time.Duration
 }
 
 // Allocator hands out IPs from the blocks one node owns, claiming

@@ -175,10 +175,11 @@ const (
 // lender picks a free address of family f in another node's block: in
 // the fullest block, an address that depends on the owner, so that nodes
 // borrowing at once seldom pick the same one. With a reuse cooldown it
-// skips addresses released less than the cooldown ago (the lender's
-// cooldown lives in its memory; the release times come from IP history),
-// and takes the one released longest ago only when every candidate is
-// cooling, as the lender itself does.
+// skips addresses released less than the cooldown ago (the pool's, which
+// is the lender's too; the lender's cooling addresses live in its memory,
+// so the release times come from IP history), and takes the one released
+// longest ago only when every candidate is cooling, as the lender itself
+// does.
 func (a *Allocator) lender(ctx context.Context, ps *poolState, f allocator.Family, snap records.PoolSnapshot, o records.Owner) (netip.Prefix, netip.Addr, bool) {
 	cands := ps.lendables(a.cfg.Node, a.heldSet(), f, snap)
 	if len(cands) == 0 {
@@ -187,11 +188,12 @@ func (a *Allocator) lender(ctx context.Context, ps *poolState, f allocator.Famil
 	h := fnv.New64a()
 	h.Write([]byte(a.cfg.Node + "\x00" + o.Key()))
 	seed := h.Sum64()
-	if a.cfg.ReuseCooldown <= 0 {
+	cooldown := ps.pool.Cooldown()
+	if cooldown <= 0 {
 		c := cands[0]
 		return c.b, c.free[seed%uint64(len(c.free))], true
 	}
-	cutoff := a.cfg.Now().Add(-a.cfg.ReuseCooldown)
+	cutoff := a.cfg.Now().Add(-cooldown)
 	var oldest netip.Addr
 	var oldestBlock netip.Prefix
 	var oldestAt time.Time

@@ -153,9 +153,11 @@ func TestBorrowRacesOwner(t *testing.T) {
 // free; when nothing else is, it takes the one released longest ago.
 func TestBorrowRespectsCooldown(t *testing.T) {
 	ctx := context.Background()
-	e := startEtcd(t, onePool) // one /28 block: 14 usable addresses
-	a := startNode(t, e, "a", []string{"one"}, nodeOpts{cooldown: time.Hour})
-	b := startNode(t, e, "b", []string{"one"}, nodeOpts{cooldown: time.Hour})
+	p := onePool // one /28 block: 14 usable addresses
+	p.ReuseCooldown = allocator.DurationOf(time.Hour)
+	e := startEtcd(t, p)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
 	for i := range 6 {
 		_, err := a.alloc.Allocate(ctx, nodealloc.Request{Pool: "one", Owner: owner(i)})
 		require.NoError(t, err)

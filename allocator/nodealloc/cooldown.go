@@ -9,10 +9,11 @@ import (
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
-// Reuse cooldown. A released address is not handed out again for
-// Config.ReuseCooldown, so that what others still remember of its
-// last pod (a DNS cache, a peer's conntrack entry, a late packet) does
-// not reach the next one. Next-fit already walks a block before it comes
+// Reuse cooldown. A released address is not handed out again for the
+// pool's cooldown (allocator.Pool.Cooldown: a pool setting in etcd, the
+// same for every node, which follows an operator's change), so that what
+// others still remember of its last pod (a DNS cache, a peer's conntrack
+// entry, a late packet) does not reach the next one. Next-fit already walks a block before it comes
 // back to an address; the cooldown holds when the block is nearly full.
 // It yields when nothing else in the node's blocks is free: the oldest
 // released address is handed out rather than more of the pool taken.

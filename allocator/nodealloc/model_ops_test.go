@@ -190,8 +190,8 @@ func (r *modelRun) opOperator(n *mNode) {
 // opPool changes the pool as an operator does, its write faulted like
 // any other, and gives every node the spec etcd then holds (the agents
 // follow the pool key): disable or enable it, reserve an address or clear
-// the reservations, select nodes, add the extra cidr or remove it
-// (refused while anything is in it). A change lands whole or not at all:
+// the reservations, select nodes, set the reuse cooldown, add the extra
+// cidr or remove it (refused while anything is in it). A change lands whole or not at all:
 // etcd holds the old spec or the new one, the new one only if the change
 // may have landed.
 func (r *modelRun) opPool() {
@@ -199,11 +199,20 @@ func (r *modelRun) opPool() {
 	st := r.operatorStore(kindPoolChange, r.pool.Name)
 	var change func(p *allocator.Pool) error
 	what := ""
-	k := r.rng.IntN(4)
+	k := r.rng.IntN(5)
 	if r.spec.Disabled {
 		k = 0 // a drain lasts until the next pool change
 	}
 	switch {
+	case k == 4:
+		// kvipamctl pool set-cooldown: the default, reuse at once, a
+		// cooldown that ends within a run and one that does not.
+		d := []*allocator.Duration{nil, allocator.DurationOf(0), allocator.DurationOf(200 * time.Millisecond), allocator.DurationOf(time.Hour)}[r.rng.IntN(4)]
+		what = "set-cooldown " + fmt.Sprint(d)
+		if d == nil {
+			what = "set-cooldown default"
+		}
+		change = func(p *allocator.Pool) error { p.ReuseCooldown = d; return nil }
 	case k == 3:
 		// A node selector that leaves one node out (the node keeps what
 		// it holds, takes nothing new), or every node again.
@@ -382,6 +391,7 @@ func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
 func (r *modelRun) opSeed(n *mNode) {
 	seed := r.spec
 	seed.Reserved, seed.Disabled, seed.NodeSelector = nil, !r.spec.Disabled, "rack=nowhere"
+	seed.ReuseCooldown = allocator.DurationOf((r.spec.Cooldown() + time.Second) % allocator.MaxReuseCooldown)
 	r.op = "seed"
 	got, created, err := n.hook.SeedPool(r.ctx, seed)
 	r.logf("%s seed pool (differs from etcd's): created %v, %v", n.name, created, err)
@@ -391,7 +401,8 @@ func (r *modelRun) opSeed(n *mNode) {
 	}
 	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
 	require.NoError(r.t, gerr)
-	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) {
+	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) ||
+		!reflect.DeepEqual(cur.ReuseCooldown, r.spec.ReuseCooldown) {
 		r.fail("seeding pool %s changed etcd's spec: %+v, was %+v", r.pool.Name, cur, r.spec)
 	}
 	if err == nil && (got.Disabled != r.spec.Disabled || got.NodeSelector != r.spec.NodeSelector) {

@@ -36,8 +36,6 @@ type nodeOpts struct {
 	// wrap, if set, puts a wrapper (a hookStore) between the allocator
 	// and the real store.
 	wrap func(records.Store) records.Store
-	// cooldown is the reuse cooldown (Config.ReuseCooldown).
-	cooldown time.Duration
 	// held is what the node's endpoints use (Config.Held).
 	held func() []netip.Addr
 	// labels are the node's labels (Config.Labels).
@@ -59,7 +57,7 @@ func startNode(t testing.TB, e *kvstore.Embedded, name string, pools []string, o
 	if o.wrap != nil {
 		use = o.wrap(st)
 	}
-	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, ReuseCooldown: o.cooldown, Held: o.held, Labels: o.labels})
+	al, err := nodealloc.New(nodealloc.Config{Node: name, Store: use, Held: o.held, Labels: o.labels})
 	require.NoError(t, err)
 	require.NoError(t, al.Restore(ctx, sess))
 	for _, p := range pools { // the node serves every pool in etcd

@@ -164,7 +164,7 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
-		ps.dropReleased(al, a.cfg.ReuseCooldown > 0, time.Now())
+		ps.dropReleased(al, ps.pool.Cooldown() > 0, time.Now())
 		a.logEnded(al, "released")
 	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than

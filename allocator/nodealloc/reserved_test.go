@@ -154,9 +154,9 @@ func TestExhaustionOrphanedIsTemporary(t *testing.T) {
 // oldest released one is, rather than more of the pool.
 func TestReuseCooldown(t *testing.T) {
 	ctx := context.Background()
-	p := allocator.Pool{Name: "cool", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.83.0.0/28")}, BlockSizeV4: 28}
+	p := allocator.Pool{Name: "cool", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.83.0.0/28")}, BlockSizeV4: 28, ReuseCooldown: allocator.DurationOf(time.Hour)}
 	e := startEtcd(t, p)
-	n := startNode(t, e, "n", []string{"cool"}, nodeOpts{cooldown: time.Hour})
+	n := startNode(t, e, "n", []string{"cool"}, nodeOpts{})
 	addr := func(i int) netip.Addr {
 		res, err := n.alloc.Allocate(ctx, nodealloc.Request{Pool: "cool", Owner: owner(i)})
 		require.NoError(t, err)

@@ -202,7 +202,7 @@ func (a *Allocator) settleAddr(ps *poolState, addr netip.Addr, cur *records.Allo
 	_, ob := ps.ownBlockOf(addr)
 	switch {
 	case ob == nil || ps.planned[addr]:
-	case dropped != nil && a.cfg.ReuseCooldown > 0:
+	case dropped != nil && ps.pool.Cooldown() > 0:
 		ps.coolAt(addr, time.Now())
 	case dropped != nil || ps.cool.at[addr].IsZero() && !a.held(addr):
 		ob.ba.Unmark(addr)

@@ -60,7 +60,7 @@ func (r *tightRun) start() {
 	var wg sync.WaitGroup
 	for i := range r.nodes {
 		wg.Go(func() {
-			r.nodes[i] = startNode(r.t, r.e, fmt.Sprintf("tight-%02d", i), []string{r.pool}, nodeOpts{cooldown: 30 * time.Second})
+			r.nodes[i] = startNode(r.t, r.e, fmt.Sprintf("tight-%02d", i), []string{r.pool}, nodeOpts{} /* the pool's default reuse cooldown, 30 s */)
 		})
 	}
 	wg.Wait()

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -114,8 +115,8 @@ func (a *Allocator) Usage() []Usage {
 
 // UpdatePool takes a new or changed pool spec (the agent follows the
 // pools in etcd): a pool created since Restore is served from then on;
-// reservations, the disabled flag, the node selector and new cidrs apply
-// at once. A spec older than the one held is ignored.
+// reservations, the disabled flag, the node selector, the reuse cooldown
+// and new cidrs apply at once. A spec older than the one held is ignored.
 func (a *Allocator) UpdatePool(p allocator.Pool) {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
@@ -133,8 +134,10 @@ func (a *Allocator) UpdatePool(p allocator.Pool) {
 		return
 	}
 	ps.setPool(p)
+	// A shorter cooldown frees at once what has cooled long enough.
+	ps.thaw(time.Now().Add(-p.Cooldown()))
 	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs),
-		"node_selector", p.NodeSelector, "selected", p.Selects(a.labels))
+		"node_selector", p.NodeSelector, "selected", p.Selects(a.labels), "reuse_cooldown", p.Cooldown())
 }
 
 // Pools returns the specs of every pool the allocator knows (all of

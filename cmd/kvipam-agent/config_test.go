@@ -27,7 +27,7 @@ pools:
   reserved:
   - {range: 10.244.0.1-10.244.0.9, reason: routers}
   - {range: "fd00:244::/120"}
-reuseCooldown: 45s
+  reuseCooldown: 45s
 `), 0o600))
 
 	c, err := loadConfig([]string{"--config", file}, env(nil))
@@ -40,7 +40,7 @@ reuseCooldown: 45s
 	require.Equal(t, "10.244.0.1-10.244.0.9", c.Pools[0].Reserved[0].Range.String())
 	require.Equal(t, "routers", c.Pools[0].Reserved[0].Reason)
 	require.Equal(t, "fd00:244::/120", c.Pools[0].Reserved[1].Range.String())
-	require.Equal(t, 45*time.Second, c.ReuseCooldown.Duration)
+	require.Equal(t, 45*time.Second, c.Pools[0].Cooldown(), "a seeded pool may carry its reuse cooldown")
 
 	c, err = loadConfig([]string{"--config", file, "--node", "from-flag"}, env(map[string]string{"KVIPAM_NODE": "from-env", "KVIPAM_MTU": "9000"}))
 	require.NoError(t, err)
@@ -56,6 +56,8 @@ func TestLoadErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
 	require.NoError(t, os.WriteFile(bad, []byte("nodee: typo\n"), 0o600))
+	moved := filepath.Join(dir, "moved.yaml")
+	require.NoError(t, os.WriteFile(moved, []byte("reuseCooldown: 45s\n"), 0o600))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -68,6 +70,9 @@ func TestLoadErrors(t *testing.T) {
 		{"bad env", nil, map[string]string{"KVIPAM_MTU": "big"}, "KVIPAM_MTU"},
 		{"two errors at once", []string{"--pool", "p=10.0.0.0/16", "--mtu", "10", "--datapath", "x"}, nil, "mtu: 10"},
 		{"stray argument", []string{"--pool", "p=10.0.0.0/16", "extra"}, nil, "unexpected arguments"},
+		{"reuse-cooldown flag", []string{"--reuse-cooldown", "0s"}, nil, "kvipamctl pool set-cooldown"},
+		{"reuse-cooldown env", nil, map[string]string{"KVIPAM_REUSE_COOLDOWN": "0s"}, "KVIPAM_REUSE_COOLDOWN=\"0s\": reuse-cooldown is no longer an agent setting"},
+		{"reuse-cooldown key", []string{"--config", moved}, nil, "reuse-cooldown is no longer an agent setting"},
 		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
 		{"embedded with a certificate", []string{"--etcd-embedded", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"}, nil, "the embedded etcd takes none"},
 		{"no etcd", []string{"--pool", "p=10.0.0.0/16"}, nil, "no endpoints, and no embedded etcd asked for"},

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -30,8 +31,9 @@ func (a *app) poolCmd() *cobra.Command {
 	var cidrs []string
 	var v4, v6 int
 	var selector string
+	var cooldown time.Duration
 	create := &cobra.Command{
-		Use:   "create NAME --cidr CIDR [--cidr CIDR]... [--node-selector SELECTOR]",
+		Use:   "create NAME --cidr CIDR [--cidr CIDR]... [--node-selector SELECTOR] [--reuse-cooldown DURATION]",
 		Short: "Create a pool, or add CIDRs to an existing one",
 		Long: `Create a pool. Running it again with the same spec is a no-op; with more
 CIDRs it adds them. Block sizes and existing CIDRs cannot change, since
@@ -40,7 +42,12 @@ claims and allocation keys name blocks of the first size.
 --node-selector chooses the nodes that take blocks from the pool by their
 labels (an agent's --node-labels), as Kubernetes equality selectors are
 written: "rack=r1", "zone=a,gpu", "rack!=r3", "!spot". Without it the
-pool serves every node; pool select changes it later.`,
+pool serves every node; pool select changes it later.
+
+--reuse-cooldown is how long a released address is not handed out again
+while another is free, by every node alike (default 30s; 0 reuses at
+once); pool set-cooldown changes it later. Running create again without
+it keeps the pool's.`,
 		Example: "  kvipamctl pool create default --cidr 10.42.0.0/16 --cidr fd00:42::/64\n  kvipamctl pool create rack-r1 --cidr 10.50.0.0/20 --node-selector rack=r1",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -51,11 +58,16 @@ pool serves every node; pool select changes it later.`,
 			if cmd.Flags().Changed("block-size-v6") {
 				bs6 = v6
 			}
-			return a.poolCreate(cmd.Context(), a.stdout, allocator.Pool{Name: args[0], NodeSelector: selector}, cidrs, bs4, bs6)
+			p := allocator.Pool{Name: args[0], NodeSelector: selector}
+			if cmd.Flags().Changed("reuse-cooldown") {
+				p.ReuseCooldown = allocator.DurationOf(cooldown)
+			}
+			return a.poolCreate(cmd.Context(), a.stdout, p, cidrs, bs4, bs6)
 		},
 	}
 	create.Flags().StringVar(&selector, "node-selector", "", "labels of the nodes the pool serves (rack=r1,zone=a); default every node")
 	create.Flags().StringArrayVar(&cidrs, "cidr", nil, "a CIDR of the pool, IPv4 or IPv6; repeat for more")
+	create.Flags().DurationVar(&cooldown, "reuse-cooldown", allocator.DefaultReuseCooldown, "how long a released address is not handed out again while another is free, on every node (0: reuse at once)")
 	create.Flags().IntVar(&v4, "block-size-v4", defaultBlockV4, "prefix length of IPv4 blocks")
 	create.Flags().IntVar(&v6, "block-size-v6", defaultBlockV6, "prefix length of IPv6 blocks")
 	_ = create.MarkFlagRequired("cidr")
@@ -106,8 +118,8 @@ func (a *app) poolCreate(ctx context.Context, w io.Writer, p allocator.Pool, cid
 	}
 	a.warnUnserved(got, serving, "")
 	return a.render(w, got, func(tw io.Writer) {
-		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6", "NODE-SELECTOR")
-		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6), selectorCell(got.NodeSelector))
+		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6", "NODE-SELECTOR", "REUSE-COOLDOWN")
+		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6), selectorCell(got.NodeSelector), cooldownCell(got))
 	})
 }
 
@@ -131,6 +143,17 @@ func (a *app) warnUnserved(p allocator.Pool, serving []string, what string) {
 	}
 	fmt.Fprintf(a.stderr, "kvipamctl: warning: no live node serves pool %s (node selector %s)%s; kvipamctl pool show %s lists the nodes it serves\n",
 		p.Name, selectorCell(p.NodeSelector), what, p.Name)
+}
+
+// cooldownCell is a pool's reuse cooldown as pool show prints it.
+func cooldownCell(p allocator.Pool) string {
+	switch {
+	case p.ReuseCooldown == nil:
+		return p.Cooldown().String() + " (default)"
+	case p.Cooldown() == 0:
+		return "0s (reuse at once)"
+	}
+	return p.Cooldown().String()
 }
 
 // selectorCell is a node selector as pool show prints it.
@@ -189,8 +212,11 @@ type poolDetail struct {
 	Revision int64          `json:"revision"`
 	// Nodes are the live nodes the pool serves now: those whose labels
 	// its node selector chooses (none while it is disabled).
-	Nodes []string            `json:"nodes"`
-	Usage []inspect.PoolUsage `json:"usage"`
+	Nodes []string `json:"nodes"`
+	// ReuseCooldown is the pool's reuse cooldown, the default when its
+	// spec sets none ("30s").
+	ReuseCooldown string              `json:"reuseCooldown"`
+	Usage         []inspect.PoolUsage `json:"usage"`
 	// Exhausted says, per family with no free address, what an ADD is
 	// told: why, and whether it is temporary.
 	Exhausted map[string]string `json:"exhausted,omitempty"`
@@ -211,7 +237,8 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	for _, n := range s.Nodes {
 		live = append(live, n.NodeRecord)
 	}
-	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name), Nodes: etcdstore.ServingNodes(p.Pool, live)}
+	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name), Nodes: etcdstore.ServingNodes(p.Pool, live),
+		ReuseCooldown: p.Cooldown().String()}
 	for _, b := range s.Bindings {
 		if b.Pool == name {
 			d.Sticky = append(d.Sticky, b)
@@ -251,6 +278,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			nodes = "none: a pod that asks for this pool fails"
 		}
 		row(tw, "Serving nodes:", nodes)
+		row(tw, "Cooldown:", cooldownCell(p.Pool))
 		for _, r := range p.Reserved {
 			row(tw, "Reserved:", r.Range.String(), r.Reason)
 		}

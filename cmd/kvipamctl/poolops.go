@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -145,6 +146,39 @@ every node. Agents follow the change without a restart.`,
 			return a.selectNodes(cmd.Context(), args[0], s)
 		},
 	}
+	cooldown := &cobra.Command{
+		Use:   "set-cooldown POOL DURATION|default",
+		Short: "Set how long a released address of a pool is not handed out again",
+		Long: `Set the pool's reuse cooldown: a released address is not handed out
+again for this long while another address is free, by every node alike,
+in its own blocks and when it borrows from another node's; when nothing
+else is free the address released longest ago is. 0 reuses at once;
+"default" goes back to the default (30s); at most 1h. Agents follow the
+change without a restart. What to choose: docs/operations.md.`,
+		Example: "  kvipamctl pool set-cooldown default 130s\n  kvipamctl pool set-cooldown batch 0\n  kvipamctl pool set-cooldown default default",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var d *allocator.Duration
+			if args[1] != "default" {
+				v, err := time.ParseDuration(strings.TrimSpace(args[1]))
+				if err != nil {
+					return fmt.Errorf("parse cooldown %q: want a duration such as 130s or 2m, 0, or default: %w", args[1], err)
+				}
+				if err := allocator.ValidateCooldown(v); err != nil {
+					return err
+				}
+				d = allocator.DurationOf(v)
+			}
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
+				p, err := s.UpdatePool(cmd.Context(), args[0], func(p *allocator.Pool) error { p.ReuseCooldown = d; return nil })
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "pool %s: reuse cooldown %s (revision %d)\n", p.Name, cooldownCell(p), p.Rev)
+				return nil
+			})
+		},
+	}
 	del := &cobra.Command{
 		Use:   "delete POOL",
 		Short: "Delete a pool; refused while anything in it is allocated, claimed or bound",
@@ -159,7 +193,7 @@ every node. Agents follow the change without a restart.`,
 			})
 		},
 	}
-	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, del}
+	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, del}
 }
 
 // selectNodes sets the pool's node selector and says which live nodes
