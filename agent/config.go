@@ -13,7 +13,7 @@ import (
 	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
-	"github.com/kvipam/kvipam/internal/foundation/configfile"
+	"github.com/kvipam/kvipam/internal/foundation/duration"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -126,9 +126,9 @@ type VXLANConfig struct {
 // flags do ("15s"); a bare number other than 0 is refused.
 type Duration struct{ time.Duration }
 
-// UnmarshalJSON reads a Go duration string (configfile.DecodeDuration).
+// UnmarshalJSON reads a Go duration string (duration.Decode).
 func (d *Duration) UnmarshalJSON(b []byte) (err error) {
-	d.Duration, err = configfile.DecodeDuration(b)
+	d.Duration, err = duration.Decode(b)
 	return err
 }
 

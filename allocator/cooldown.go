@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvipam/kvipam/internal/foundation/configfile"
+	"github.com/kvipam/kvipam/internal/foundation/duration"
 )
 
 // Reuse cooldown. A released address of a pool is not handed out again
@@ -41,9 +41,9 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // UnmarshalJSON reads a Go duration string such as "30s" or "2m", or 0,
 // as an agent's configuration file writes durations
-// (configfile.DecodeDuration).
+// (duration.Decode).
 func (d *Duration) UnmarshalJSON(b []byte) error {
-	v, err := configfile.DecodeDuration(b)
+	v, err := duration.Decode(b)
 	if err != nil {
 		return err
 	}

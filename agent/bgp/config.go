@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvipam/kvipam/internal/foundation/configfile"
+	"github.com/kvipam/kvipam/internal/foundation/duration"
 )
 
 // Config is the speaker's part of the agent configuration (the bgp: key
@@ -72,9 +72,9 @@ type Peer struct {
 // bare number other than 0 is refused.
 type Duration struct{ time.Duration }
 
-// UnmarshalJSON reads a Go duration string (configfile.DecodeDuration).
+// UnmarshalJSON reads a Go duration string (duration.Decode).
 func (d *Duration) UnmarshalJSON(b []byte) (err error) {
-	d.Duration, err = configfile.DecodeDuration(b)
+	d.Duration, err = duration.Decode(b)
 	return err
 }
 

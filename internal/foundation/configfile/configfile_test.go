@@ -8,18 +8,20 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/internal/foundation/duration"
 )
 
-type duration struct{ time.Duration }
+type dur struct{ time.Duration }
 
-func (d *duration) UnmarshalJSON(b []byte) (err error) {
-	d.Duration, err = DecodeDuration(b)
+func (d *dur) UnmarshalJSON(b []byte) (err error) {
+	d.Duration, err = duration.Decode(b)
 	return err
 }
 
 type inner struct {
 	Endpoints []string `json:"endpoints"`
-	Timeout   duration `json:"timeout"`
+	Timeout   dur      `json:"timeout"`
 }
 
 type item struct {
@@ -101,16 +103,4 @@ func TestKeys(t *testing.T) {
 		"items", "items[].name", "items[].cidrs", "items[].tags", "items[].tags[].endpoints", "items[].tags[].timeout",
 		"labels", "ptr", "ptr.endpoints", "ptr.timeout",
 	}, paths)
-}
-
-func TestDecodeDuration(t *testing.T) {
-	for in, want := range map[string]time.Duration{`"1s"`: time.Second, `"1m30s"`: 90 * time.Second, `0`: 0, `"0"`: 0} {
-		d, err := DecodeDuration([]byte(in))
-		require.NoError(t, err, in)
-		require.Equal(t, want, d, in)
-	}
-	for _, in := range []string{`1`, `1.5`, `true`, `"1"`, `{}`} {
-		_, err := DecodeDuration([]byte(in))
-		require.Error(t, err, in)
-	}
 }

@@ -1,4 +1,7 @@
-package configfile
+// Package duration reads a duration from a configuration value (a file, a
+// pool spec in etcd) as the flags take it. It imports nothing of kvipam
+// and no decoder, so the pure allocator can use it.
+package duration
 
 import (
 	"encoding/json"
@@ -7,13 +10,13 @@ import (
 	"time"
 )
 
-// DecodeDuration reads a duration from the JSON value b as a configuration
+// Decode reads a duration from the JSON value b as a configuration
 // file writes it, as the flags take it: a Go duration string ("1s",
 // "500ms", "2m30s"), or the number 0. Any other bare number is refused,
 // since it names no unit ("callTimeout: 1" could be a second or a
 // nanosecond). A configuration's Duration type calls it from its
 // UnmarshalJSON.
-func DecodeDuration(b []byte) (time.Duration, error) {
+func Decode(b []byte) (time.Duration, error) {
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		if n, nerr := strconv.ParseFloat(string(b), 64); nerr == nil {
