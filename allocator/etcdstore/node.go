@@ -27,6 +27,10 @@ type NodeRecord struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	StartedAt time.Time         `json:"startedAt"`
 	Lease     int64             `json:"lease"`
+	// Revision is the revision the record was last written at, as etcd
+	// holds it (not stored): set by the readers that give Lease as the
+	// lease the key is on (ReadNode, WatchNode, NodeTakenError's Holder).
+	Revision int64 `json:"-"`
 	// LostEndpoints are the endpoints this agent found, since it started,
 	// whose owner no longer held their addresses after a restore: the
 	// node's blocks were freed while it was away. kvipamctl check reports

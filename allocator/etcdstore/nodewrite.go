@@ -42,8 +42,8 @@ func (e *NodeTakenError) Error() string {
 		lease = fmt.Sprintf("its node record on no lease, so it never expires: if no agent runs under the name, delete %s", NodeKey(e.Holder.Name))
 	}
 	return fmt.Sprintf("node name %q is held by another agent (%s, version %s, started %s, %s); this agent is %s: node names must be unique",
-		e.Holder.Name, e.Holder.incarnation(), orNone(e.Holder.Version), e.Holder.StartedAt.Format(time.RFC3339), lease,
-		e.Mine.incarnation())
+		e.Holder.Name, e.Holder.Incarnation(), orNone(e.Holder.Version), e.Holder.StartedAt.Format(time.RFC3339), lease,
+		e.Mine.Incarnation())
 }
 
 // Unwrap makes a NodeTakenError an ErrNodeTaken.
@@ -63,8 +63,8 @@ func (r NodeRecord) SameIncarnation(o NodeRecord) bool {
 	return r.BootID == o.BootID && slices.Equal(a, b)
 }
 
-// incarnation names r's incarnation for people.
-func (r NodeRecord) incarnation() string {
+// Incarnation names r's incarnation for people: its boot ID and addresses.
+func (r NodeRecord) Incarnation() string {
 	addrs := "no addresses"
 	if len(r.Addresses) > 0 {
 		addrs = "addresses " + strings.Join(r.Addresses, ",")
@@ -152,12 +152,55 @@ func (s *Store) settleNode(ctx context.Context, r NodeRecord, val string, lease 
 }
 
 // heldNode decodes a node record as etcd holds it, its Lease the lease
-// the key is on (what keeps it alive).
+// the key is on (what keeps it alive) and its Revision the key's.
 func heldNode(kv *mvccpb.KeyValue) (NodeRecord, error) {
 	v, err := kvstore.Decode[NodeRecord](kv)
 	if err != nil {
 		return NodeRecord{}, err
 	}
-	v.Value.Lease = kv.Lease
+	v.Value.Lease, v.Value.Revision = kv.Lease, kv.ModRevision
 	return v.Value, nil
+}
+
+// ReadNode reads node's record as etcd holds it (heldNode); ok is false
+// when there is none.
+func (s *Store) ReadNode(ctx context.Context, node string) (r NodeRecord, ok bool, err error) {
+	resp, err := s.kv.Get(ctx, NodeKey(node))
+	if err != nil {
+		return NodeRecord{}, false, fmt.Errorf("read node record %s: %w", node, kvstore.Unavailable(err))
+	}
+	if len(resp.Kvs) == 0 {
+		return NodeRecord{}, false, nil
+	}
+	r, err = heldNode(resp.Kvs[0])
+	if err != nil {
+		return NodeRecord{}, false, fmt.Errorf("read node record %s: %w", node, err)
+	}
+	return r, true, nil
+}
+
+// LeaseTTL is what etcd says of a lease at one moment.
+type LeaseTTL struct {
+	// Found is false once etcd no longer has the lease (it expired or
+	// was revoked, and the keys on it went with it).
+	Found bool
+	// Remaining is the lease's time to live in whole seconds, truncated
+	// as etcd reports it; 0 or less for a lease etcd has let expire but
+	// not yet revoked. Granted is the TTL it was granted with.
+	Remaining, Granted int64
+	// Term is the raft term of the member that answered. A new leader
+	// refreshes every lease's time to live (etcd extends leases across
+	// a leader change), so readings of two terms do not compare.
+	Term uint64
+}
+
+// ReadLeaseTTL asks etcd for lease's remaining time to live.
+func (s *Store) ReadLeaseTTL(ctx context.Context, lease int64) (LeaseTTL, error) {
+	resp, err := s.leases.TimeToLive(ctx, clientv3.LeaseID(lease))
+	if err != nil {
+		return LeaseTTL{}, fmt.Errorf("read lease %x: %w", lease, kvstore.Unavailable(err))
+	}
+	// etcd answers a lease it does not have with TTL -1 and no granted
+	// TTL; every lease it has was granted one of at least a second.
+	return LeaseTTL{Found: resp.GrantedTTL > 0, Remaining: resp.TTL, Granted: resp.GrantedTTL, Term: resp.GetRaftTerm()}, nil
 }

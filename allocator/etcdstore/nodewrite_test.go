@@ -140,6 +140,7 @@ func TestWriteNodeFenced(t *testing.T) {
 			require.ErrorAs(t, err, &te)
 			require.Equal(t, "boot-a", te.Holder.BootID)
 			require.Equal(t, l2, te.Holder.Lease, "the lease the holder's key is on")
+			require.Equal(t, rev, te.Holder.Revision, "and its revision")
 			require.Equal(t, o, te.Mine)
 			require.Contains(t, err.Error(), "must be unique")
 			_, lease, after, _ := held("n1")
@@ -245,4 +246,44 @@ func TestWriteNodeFenced(t *testing.T) {
 		require.Equal(t, rev, after)
 		require.Equal(t, live, lease)
 	})
+}
+
+// TestReadNodeAndLease: a node record as etcd holds it (the lease its key
+// is on, its revision), and its lease's remaining TTL, truncated to whole
+// seconds, until etcd no longer has it.
+func TestReadNodeAndLease(t *testing.T) {
+	ctx := context.Background()
+	cli := etcdtest.Client(t, etcdtest.Start(t))
+	st := etcdstore.New(cli, etcdstore.Options{})
+	_, ok, err := st.ReadNode(ctx, "n1")
+	require.NoError(t, err)
+	require.False(t, ok)
+
+	l, err := cli.Grant(ctx, 30)
+	require.NoError(t, err)
+	r := etcdstore.NodeRecord{Name: "n1", BootID: "boot-a", Addresses: []string{"192.0.2.1"}, Lease: int64(l.ID)}
+	require.NoError(t, st.WriteNode(ctx, r, int64(l.ID)))
+	resp, err := cli.Get(ctx, etcdstore.NodeKey("n1"))
+	require.NoError(t, err)
+	got, ok, err := st.ReadNode(ctx, "n1")
+	require.NoError(t, err)
+	require.True(t, ok)
+	r.Revision = resp.Kvs[0].ModRevision
+	require.Equal(t, r, got)
+
+	ttl, err := st.ReadLeaseTTL(ctx, int64(l.ID))
+	require.NoError(t, err)
+	require.True(t, ttl.Found)
+	require.Equal(t, int64(30), ttl.Granted)
+	require.True(t, ttl.Remaining > 0 && ttl.Remaining < 30, "remaining %d of 30: truncated, below the TTL granted", ttl.Remaining)
+	require.NotZero(t, ttl.Term)
+
+	_, err = cli.Revoke(ctx, l.ID)
+	require.NoError(t, err)
+	ttl, err = st.ReadLeaseTTL(ctx, int64(l.ID))
+	require.NoError(t, err)
+	require.False(t, ttl.Found)
+	_, ok, err = st.ReadNode(ctx, "n1")
+	require.NoError(t, err)
+	require.False(t, ok, "the record went with its lease")
 }

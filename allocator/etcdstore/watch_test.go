@@ -137,8 +137,9 @@ func (n nodeRecords) Reset(x []etcdstore.NodeRecord) { n.r <- resetRecords(x) }
 func (n nodeRecords) Put(x etcdstore.NodeRecord)     { n.r <- putRecord(x) }
 func (n nodeRecords) Delete(x etcdstore.NodeRecord)  { n.r <- deleteNode(x.Name) }
 
-// TestWatchNode: one node's record, whole, with the lease its key is on;
-// the records of nodes whose names start with its name are not its own.
+// TestWatchNode: one node's record, whole, with the lease its key is on
+// and its revision; the records of nodes whose names start with its name
+// are not its own.
 func TestWatchNode(t *testing.T) {
 	ctx := context.Background()
 	cli := etcdtest.Client(t, etcdtest.Start(t))
@@ -149,6 +150,9 @@ func TestWatchNode(t *testing.T) {
 		require.NoError(t, err)
 		r := etcdstore.NodeRecord{Name: name, BootID: boot, Addresses: []string{"192.0.2.1"}, Lease: int64(lease.ID)}
 		require.NoError(t, st.WriteNode(ctx, r, int64(lease.ID)))
+		resp, err := cli.Get(ctx, etcdstore.NodeKey(name))
+		require.NoError(t, err)
+		r.Revision = resp.Kvs[0].ModRevision
 		return r
 	}
 	n1 := put("node-1", "a")
