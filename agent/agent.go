@@ -104,7 +104,6 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 		return err
 	}
 	defer a.shutdown()
-	a.name.serving.Store(true)
 
 	var wg sync.WaitGroup
 	bg, stop := context.WithCancel(ctx)
@@ -112,7 +111,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
-		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.watch(ctx, a.store) }}
+		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) }}
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)
@@ -288,14 +287,21 @@ func (a *Agent) maintain(ctx context.Context) {
 			return
 		case <-time.After(b.NextBackOff()):
 		}
+		// Nothing is restored while another incarnation's record is
+		// contested, nor ever once another agent holds the name
+		// (identity.go).
+		if err := a.name.settle(ctx); err != nil {
+			return
+		}
 		rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
 		sess, err := a.lease.ensure(rctx)
 		if err == nil {
 			err = a.restore(rctx, sess)
 		}
 		cancel()
-		if errors.Is(err, etcdstore.ErrNodeTaken) {
-			return // another agent holds the name: nothing to restore for (identity.go)
+		if errors.Is(err, etcdstore.ErrNodeTaken) || errors.Is(err, errNameContested) {
+			b.Reset() // the name guard decides
+			continue
 		}
 		if err == nil {
 			a.log.Info("restore succeeded; agent ready", "node", a.cfg.Node)

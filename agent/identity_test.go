@@ -143,10 +143,12 @@ func TestDuplicateNodeNameRefused(t *testing.T) {
 }
 
 // TestNodeRecordTakenStopsServing: an agent finds its node record held by
-// another incarnation of its name: another agent started under the name
-// while this one was cut off from etcd past its lease, or an agent that
-// writes its record without a fence (an older version) overwrote it. It
-// then stops serving new ADDs: readiness false naming both agents, the
+// another incarnation of its name, on a lease an agent keeps alive:
+// another agent started under the name while this one was cut off from
+// etcd past its lease, or an agent that writes its record without a fence
+// (an older version) overwrote it. Once it has seen that lease renewed
+// (TestEtcdRestoreRevivedRecordNotTaken has one nobody renews), it stops
+// serving new ADDs: readiness false naming both agents, the
 // kvipam_node_name_conflict gauge, one ERROR line, the status API, and
 // ADDs refused with node_name_taken; DELs go on. It never re-claims the
 // node's blocks, not even once the other agent is gone: it stays so until
@@ -185,9 +187,19 @@ func TestNodeRecordTakenStopsServing(t *testing.T) {
 			}
 		}},
 		{"record overwritten without a fence", func(t *testing.T, e *kvstore.Embedded, a *testAgent, _ *cutProxy) (int64, func()) {
+			// An agent of an older version, which writes its record
+			// without the fence, on its lease, which it keeps alive.
 			cli := etcdtest.Client(t, e)
-			l, err := cli.Grant(context.Background(), 60)
+			l, err := cli.Grant(context.Background(), 3)
 			require.NoError(t, err)
+			kctx, stop := context.WithCancel(context.Background())
+			t.Cleanup(stop)
+			alive, err := cli.KeepAlive(kctx, l.ID)
+			require.NoError(t, err)
+			go func() {
+				for range alive {
+				}
+			}()
 			rec := etcdstore.NodeRecord{Name: a.a.cfg.Node, BootID: "boot-b", Version: "v-b", Addresses: []string{"192.0.2.2"},
 				StartedAt: time.Now().UTC(), Lease: int64(l.ID)}
 			val, err := json.Marshal(rec)
@@ -195,6 +207,7 @@ func TestNodeRecordTakenStopsServing(t *testing.T) {
 			_, err = cli.Put(context.Background(), etcdstore.NodeKey(rec.Name), string(val), clientv3.WithLease(l.ID))
 			require.NoError(t, err)
 			return int64(l.ID), func() {
+				stop()
 				_, err := cli.Revoke(context.Background(), l.ID)
 				require.NoError(t, err)
 			}

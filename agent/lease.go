@@ -33,12 +33,21 @@ type leaseKeeper struct {
 	// blocks re-claimed (pods whose addresses went elsewhere meanwhile
 	// are reported then).
 	renewed interface{ leaseRenewed(ctx context.Context) }
+	// name says whether the node's name may be taken: a new lease waits
+	// while another incarnation's record is contested, and none is
+	// taken once the name is another agent's (identity.go).
+	name interface {
+		settle(ctx context.Context) error
+	}
 	timeout time.Duration
 	held    prometheus.Gauge
 	log     hclog.Logger
 
 	mu   sync.Mutex
 	sess *kvstore.Session
+	// retaking is set while a lease is given up to take the node's
+	// name back on a new one (retake).
+	retaking bool
 }
 
 // session is the current lease, nil while none is held.
@@ -51,6 +60,9 @@ func (k *leaseKeeper) session() *kvstore.Session {
 func (k *leaseKeeper) set(s *kvstore.Session) {
 	k.mu.Lock()
 	k.sess = s
+	if s != nil {
+		k.retaking = false // the name is taken back
+	}
 	k.mu.Unlock()
 	held := 0.0
 	if s != nil {
@@ -93,20 +105,32 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			return
 		case <-sess.Done():
 		}
-		k.log.Warn("node lease lost; allocations answer try-again until it is re-established", "lease", sess.ID())
+		k.mu.Lock()
+		retaking := k.retaking
+		k.retaking = false
+		k.mu.Unlock()
+		if retaking {
+			k.log.Info("node lease given up to take the node's name back on a new one", "lease", sess.ID())
+		} else {
+			k.log.Warn("node lease lost; allocations answer try-again until it is re-established", "lease", sess.ID())
+		}
 		k.set(nil)
 		sess.Close()
 		b := backoff.NewExponentialBackOff()
 		b.InitialInterval, b.MaxInterval, b.MaxElapsedTime = 200*time.Millisecond, 5*time.Second, 0
 		for {
+			// No lease while another incarnation's record is contested,
+			// and none ever once another agent holds the name.
+			if err := k.name.settle(ctx); err != nil {
+				return
+			}
 			err := k.renew(ctx)
 			if err == nil {
 				break
 			}
-			if errors.Is(err, etcdstore.ErrNodeTaken) {
-				// Another agent holds the node's name: no new lease and
-				// no restore, ever (identity.go).
-				return
+			if errors.Is(err, etcdstore.ErrNodeTaken) || errors.Is(err, errNameContested) {
+				b.Reset() // the name guard decides; settle waits for it
+				continue
 			}
 			select {
 			case <-ctx.Done():
@@ -114,6 +138,21 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			case <-time.After(b.NextBackOff()):
 			}
 		}
+	}
+}
+
+// retake gives up a live lease without revoking it, so that run takes
+// the node's name back on a new one as after any lost lease: its record
+// written, its blocks re-claimed (from the old lease too) and its
+// endpoints checked. Without a live lease, run is already on its way.
+func (k *leaseKeeper) retake() {
+	k.mu.Lock()
+	s := k.sess
+	live := s != nil && !s.Lost()
+	k.retaking = live
+	k.mu.Unlock()
+	if live {
+		s.Close()
 	}
 }
 

@@ -29,7 +29,7 @@ func (l nodeLeases) grant(ctx context.Context) (*kvstore.Session, error) {
 		return nil, err
 	}
 	if err := l.recorder.write(ctx, sess.ID()); err != nil {
-		if errors.Is(err, etcdstore.ErrNodeTaken) {
+		if errors.Is(err, etcdstore.ErrNodeTaken) || errors.Is(err, errNameContested) {
 			// Nothing is on the lease, and no write will be: end it now
 			// rather than leave one behind per refused attempt. Bounded
 			// by the TTL, after which it ends anyway.

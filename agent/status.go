@@ -18,9 +18,11 @@ type statusReporter struct {
 	ready                   readinessState
 	probe                   interface{ lastErr() error }
 	lease                   interface{ session() *kvstore.Session }
-	name                    interface{ status() *api.NameTaken }
-	usage                   interface{ Usage() []nodealloc.Usage }
-	exhausted               *exhaustion
+	name                    interface {
+		status() (*api.NameTaken, *api.NameContested)
+	}
+	usage     interface{ Usage() []nodealloc.Usage }
+	exhausted *exhaustion
 	// bgp, with routing bgp only, is the speaker's state.
 	bgp interface {
 		Status(ctx context.Context) bgp.Status
@@ -35,7 +37,7 @@ func (r statusReporter) status() api.Status {
 		st.Message = err.Error()
 	}
 	st.Restored = r.ready.isRestored()
-	st.NameTaken = r.name.status()
+	st.NameTaken, st.NameContested = r.name.status()
 	etcdErr := r.probe.lastErr()
 	st.Etcd = api.EtcdStatus{Reachable: etcdErr == nil, Embedded: r.embedded, Endpoints: r.etcd.Endpoints()}
 	if etcdErr != nil {

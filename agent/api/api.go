@@ -281,6 +281,20 @@ type Status struct {
 	// addresses) was found holding this node's name: this agent then
 	// serves no new ADDs and claims nothing until it is restarted.
 	NameTaken *NameTaken `json:"nameTaken,omitempty"`
+	// NameContested is set while another incarnation's node record
+	// (another boot ID or node addresses) is on a lease this agent has
+	// not yet seen renewed: it serves no new ADDs (try again) until the
+	// lease is renewed (the name is taken: NameTaken) or ends unrenewed
+	// (the agent takes its name back), at most the lease TTL and a
+	// second.
+	NameContested *NameContested `json:"nameContested,omitempty"`
+}
+
+// NameContested says whose node record this agent waits on, and since
+// when.
+type NameContested struct {
+	Since  time.Time   `json:"since"`
+	Holder Incarnation `json:"holder"`
 }
 
 // NameTaken says who holds this node's name instead of this agent, and

@@ -39,6 +39,13 @@ func (a *app) agentCmd() *cobra.Command {
 					row(w, nt.Since, "holder", nt.Holder.BootID, strings.Join(nt.Holder.Addresses, ","), nt.Holder.Version, nt.Holder.StartedAt, leaseText(nt.Holder.Lease))
 					row(w, "", "this", nt.Self.BootID, strings.Join(nt.Self.Addresses, ","), nt.Self.Version, nt.Self.StartedAt, leaseText(nt.Self.Lease))
 				}
+				if nc := st.NameContested; nc != nil {
+					// Another incarnation's record, on a lease not yet
+					// seen renewed: the agent waits to see.
+					row(w)
+					row(w, "NAME-CONTESTED-SINCE", "RECORD", "BOOT-ID", "ADDRESSES", "VERSION", "STARTED", "LEASE")
+					row(w, nc.Since, "holder", nc.Holder.BootID, strings.Join(nc.Holder.Addresses, ","), nc.Holder.Version, nc.Holder.StartedAt, leaseText(nc.Holder.Lease))
+				}
 				row(w)
 				row(w, "POOL", "FAMILY", "BLOCKS", "CAPACITY", "USED", "RESERVED", "FREE", "EXHAUSTED")
 				for _, p := range st.Pools {

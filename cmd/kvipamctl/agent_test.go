@@ -73,12 +73,30 @@ func TestAgentCommands(t *testing.T) {
 	require.Contains(t, out, st.Version)
 
 	// Another agent's record written over this one's, without the fence
-	// (as an older version writes it): the agent stops serving and its
-	// status shows both agents.
+	// (as an older version writes it): the agent waits to see whether its
+	// lease is renewed, and its status shows the record it waits on.
 	l, err := h.cli.Grant(ctx, 60)
 	require.NoError(t, err)
 	h.put(etcdstore.NodeKey("ctl-node"), etcdstore.NodeRecord{Name: "ctl-node", BootID: "other-boot", Addresses: []string{"192.0.2.9"},
 		Version: "v-other", StartedAt: time.Now().UTC()}, clientv3.WithLease(l.ID))
+	require.Eventually(t, func() bool {
+		st, err := c.Status(ctx)
+		return err == nil && st.NameContested != nil
+	}, 10*time.Second, 20*time.Millisecond)
+	out = h.ok("agent", "status", "--socket", cfg.Socket)
+	for _, want := range []string{"NAME-CONTESTED-SINCE", "holder", "other-boot", "192.0.2.9", "v-other", fmt.Sprintf("%x", l.ID),
+		"waiting to see whether an agent keeps it alive"} {
+		require.Contains(t, out, want)
+	}
+	// The other agent renews its lease, once it has counted down by more
+	// than etcd's whole seconds hide: the agent stops serving and its
+	// status shows both agents.
+	require.Eventually(t, func() bool {
+		ttl, err := h.cli.TimeToLive(ctx, l.ID)
+		return err == nil && ttl.TTL <= 57
+	}, 30*time.Second, 100*time.Millisecond)
+	_, err = h.cli.KeepAliveOnce(ctx, l.ID)
+	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		st, err := c.Status(ctx)
 		return err == nil && st.NameTaken != nil
