@@ -199,11 +199,13 @@ func TestBGPWithdraw(t *testing.T) {
 	a.pods, a.ips = nil, nil
 	w := watchNetlink(t, f.r.ns)
 	var out []byte
+	// From before the command: the agent may give the block back, and the
+	// router delete its route, before kvipamctl has returned.
+	disabled := time.Now()
 	require.NoError(t, a.n.do(func() (err error) {
 		out, err = exec.Command(a.n.bin+"/kvipamctl", "pool", "disable", "default", "--endpoints", "http://"+a.v4.String()+":2379").CombinedOutput()
 		return err
 	}), "%s", out)
-	disabled := time.Now()
 	waitFor(t, 30*time.Second, "FRR to withdraw the given-back block "+blk.String(), func() bool {
 		_, ok := f.frr.nextHops("ipv4")[blk]
 		return !ok
@@ -214,7 +216,7 @@ func TestBGPWithdraw(t *testing.T) {
 		deleted, ok = w.first(disabled, "route delete "+blk.String()+" ")
 		return ok
 	})
-	t.Logf("block %s given back: the router deleted its route %s after kvipamctl pool disable returned", blk, deleted.Sub(disabled).Round(time.Millisecond))
+	t.Logf("block %s given back: the router deleted its route %s after kvipamctl pool disable began", blk, deleted.Sub(disabled).Round(time.Millisecond))
 	require.Len(t, a.n.poolStatus("default", "ipv4").Blocks, 0)
 
 	// b3 dies.

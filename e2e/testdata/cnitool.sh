@@ -48,7 +48,7 @@ ip netns exec "$node" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forward
 
 step "start kvipam-agent in $node"
 sock=$WORK/agent.sock
-ip netns exec "$node" "$BIN/kvipam-agent" --node "$node" --state-dir "$WORK/state" --socket "$sock" \
+ip netns exec "$node" "$BIN/kvipam-agent" --node "$node" --etcd-embedded --state-dir "$WORK/state" --socket "$sock" \
 	--pool default=10.4.0.0/16,fd00:4::/64 --datapath routes --metrics-addr '' \
 	--del-queue-dir "$WORK/del-queue" >"$WORK/agent.log" 2>&1 &
 agent_pid=$!
