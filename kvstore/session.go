@@ -2,9 +2,12 @@ package kvstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -12,49 +15,115 @@ import (
 // Keys written with the session's lease (node record, block claims) vanish
 // when the process is gone for longer than the TTL.
 //
-// Done is closed when the lease is lost: the keepalive stream ended because
-// etcd expired or revoked the lease, or because etcd was unreachable for
-// longer than the TTL, or because Close was called. A lost session is never
-// revived; the owner grants a new one and re-establishes its keys.
-// Session is safe for concurrent use.
+// The session knows until when etcd keeps the lease at the least
+// (HeldUntil): etcd renews a lease to a full TTL when it handles a
+// keepalive, which is after the keepalive was sent, so the send time of
+// the last keepalive etcd answered, plus the TTL, comes no later than etcd
+// can expire the lease (a leader change only extends leases). Done is
+// closed at that time if no later keepalive was answered by then, when
+// etcd says the lease is gone (revoked or expired), or on Close: a lost
+// session is one the process can no longer prove it holds, and it says so
+// before etcd can give its keys away. etcd's own client keeps a lease
+// alive until the last answer's arrival plus the TTL, later than etcd may
+// expire it, and checks that once a second; the session keeps its own
+// keepalives to know the send times.
+//
+// A lost session is never revived; the owner grants a new one and
+// re-establishes its keys. Session is safe for concurrent use.
 type Session struct {
-	cli    *clientv3.Client
-	id     clientv3.LeaseID
-	ttl    int64
-	cancel context.CancelFunc
-	done   chan struct{}
-	once   sync.Once
+	cli     *clientv3.Client
+	id      clientv3.LeaseID
+	ttl     int64
+	cancel  context.CancelFunc
+	stopped chan struct{} // the keepalive loop ended
+	done    chan struct{}
+	once    sync.Once
+
+	mu      sync.Mutex
+	until   time.Time     // etcd keeps the lease at least until then
+	moved   chan struct{} // closed when until moves or the session is lost
+	expires *time.Timer   // closes done at until
 }
 
+// keepaliveRetry is how soon a keepalive that failed is sent again.
+const keepaliveRetry = 500 * time.Millisecond
+
 // NewSession grants a lease of ttlSeconds and keeps it alive in the
-// background. ctx bounds only the grant. An etcd that does not answer makes
-// the error wrap ErrUnavailable.
+// background: a keepalive every third of the TTL, each abandoned and sent
+// again if it is not answered within a third of the TTL. ctx bounds only
+// the grant. An etcd that does not answer makes the error wrap
+// ErrUnavailable.
 func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*Session, error) {
 	if ttlSeconds < 1 {
 		return nil, fmt.Errorf("kvstore: lease ttl %ds must be at least 1s", ttlSeconds)
 	}
+	sent := time.Now()
 	resp, err := cli.Grant(ctx, ttlSeconds)
 	if err != nil {
 		return nil, fmt.Errorf("grant lease: %w", Unavailable(err))
 	}
 	kctx, cancel := context.WithCancel(context.Background())
-	ch, err := cli.KeepAlive(kctx, resp.ID)
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("keep lease %x alive: %w", resp.ID, Unavailable(err))
-	}
-	s := &Session{cli: cli, id: resp.ID, ttl: resp.TTL, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer s.markDone()
-		for range ch {
-			// Each response is a renewal; the channel closes when the
-			// lease is gone or kctx ends.
-		}
-	}()
+	s := &Session{cli: cli, id: resp.ID, ttl: resp.TTL, cancel: cancel, stopped: make(chan struct{}), done: make(chan struct{}),
+		until: sent.Add(seconds(resp.TTL)), moved: make(chan struct{})}
+	s.expires = time.AfterFunc(time.Until(s.until), s.markDone)
+	go s.keepAlive(kctx)
 	return s, nil
 }
 
-func (s *Session) markDone() { s.once.Do(func() { close(s.done) }) }
+func seconds(n int64) time.Duration { return time.Duration(n) * time.Second }
+
+// keepAlive renews the lease until ctx ends or the lease is lost.
+func (s *Session) keepAlive(ctx context.Context) {
+	defer close(s.stopped)
+	every := seconds(s.ttl) / 3
+	wait := every
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.done:
+			return
+		case <-time.After(wait):
+		}
+		sent := time.Now()
+		actx, cancel := context.WithTimeout(ctx, every)
+		resp, err := s.cli.KeepAliveOnce(actx, s.id)
+		cancel()
+		switch {
+		case err == nil:
+			s.extend(sent.Add(seconds(resp.TTL)))
+			wait = every
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			s.markDone() // etcd expired or revoked it
+			return
+		default:
+			wait = keepaliveRetry // unanswered: try again soon, until done
+		}
+	}
+}
+
+// extend moves HeldUntil to until, if later, unless the session is lost.
+func (s *Session) extend(until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.Lost() || !until.After(s.until) {
+		return
+	}
+	s.until = until
+	s.expires.Reset(time.Until(until))
+	close(s.moved)
+	s.moved = make(chan struct{})
+}
+
+func (s *Session) markDone() {
+	s.once.Do(func() {
+		close(s.done)
+		s.mu.Lock()
+		close(s.moved)
+		s.moved = make(chan struct{})
+		s.mu.Unlock()
+	})
+}
 
 // Lease is the session's lease ID, to attach keys with clientv3.WithLease.
 func (s *Session) Lease() clientv3.LeaseID { return s.id }
@@ -75,17 +144,30 @@ func (s *Session) Lost() bool {
 	}
 }
 
+// HeldUntil is the time until which etcd keeps the lease at the least
+// (zero once the session is lost), and a channel closed when that time
+// moves on (a keepalive was answered) or the session is lost.
+func (s *Session) HeldUntil() (time.Time, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.Lost() {
+		return time.Time{}, s.moved
+	}
+	return s.until, s.moved
+}
+
 // Close stops the keepalive without revoking the lease: keys on it live out
 // their TTL, so a process that restarts quickly can take them over.
 func (s *Session) Close() {
 	s.cancel()
-	<-s.done
+	<-s.stopped
+	s.expires.Stop()
+	s.markDone()
 }
 
 // Revoke ends the lease at once, deleting every key attached to it.
 func (s *Session) Revoke(ctx context.Context) error {
-	s.cancel()
-	<-s.done
+	s.Close()
 	if _, err := s.cli.Revoke(ctx, s.id); err != nil {
 		return fmt.Errorf("revoke lease %x: %w", s.id, Unavailable(err))
 	}
