@@ -117,7 +117,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 		tasks = append(tasks, a.peers.run)
 	}
 	if a.speaker != nil {
-		tasks = append(tasks, newBGPAnnouncer(a.cfg.Node, a.recorder.addrs, a.store, a.speaker, a.log.Named("bgp")).run)
+		src := bgpSources{homes: a.store, lease: a.lease, held: a.alloc}
+		tasks = append(tasks, newBGPAnnouncer(a.cfg.Node, a.recorder.addrs, src, a.speaker, a.speaker.RestartTime(), a.log.Named("bgp")).run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)

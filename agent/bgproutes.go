@@ -7,10 +7,14 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/bgp"
+	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/kvstore"
 )
 
 // announcer is what routing bgp needs of a BGP speaker (bgp.Speaker):
@@ -19,30 +23,96 @@ type announcer interface {
 	Sync(ctx context.Context, want []bgp.Route) error
 }
 
-// bgpAnnouncer follows the block homes, as the peer router does, and has
-// the speaker announce the homes this node holds: each block it claimed
-// (one prefix) and each address it borrowed (a /32 or /128), with this
-// node's address of the family as next hop. A home that moves to another
-// node (a block given back and claimed elsewhere, a claim lost with the
-// node's lease and taken over) is withdrawn. It announces nothing until
-// the first full list is in: a restarted agent's first set is complete,
-// so the routers, which kept its routes (graceful restart), see nothing
-// change.
+// nodeLease is the node's lease as the announcer follows it
+// (leaseKeeper): the lease the node's blocks are held on now, nil while
+// none is, and a channel closed when that changes.
+type nodeLease interface {
+	current() (*kvstore.Session, <-chan struct{})
+}
+
+// holdings is what the node holds (nodealloc.Allocator): its blocks, per
+// pool and family, and its allocations, the borrowed ones among them;
+// nothing sure until Restore has re-claimed them on the current lease. Its
+// calls may wait on etcd (a restore holds the allocator's lock), so the
+// announcer reads it off its loop.
+type holdings interface {
+	Restored() bool
+	Usage() []nodealloc.Usage
+	Allocations() []records.Allocation
+}
+
+// bgpSources are what the announcer follows: the block homes in etcd,
+// the node's lease, and what the node holds on it.
+type bgpSources struct {
+	homes homeSource
+	lease nodeLease
+	held  holdings
+}
+
+// bgpAnnouncer has the speaker announce what this node holds, each block
+// it claimed (one prefix) and each address it borrowed (a /32 or /128)
+// with this node's address of the family as next hop, while it can prove
+// that it holds them, and nothing else (design invariant 10).
+//
+// A prefix is announced while three sources agree: the block homes in
+// etcd (a watch; a home carries no lease) name this node; the allocator
+// holds it on the current lease (after a lost lease, what Restore
+// re-claimed on the new one: a block another node took meanwhile is not
+// announced again, however late the watch of homes catches up); and etcd
+// keeps that lease, provably, for at least the horizon more
+// (kvstore.Session.HeldUntil). The horizon is the graceful-restart time,
+// how long routers keep the routes of an agent that is gone: so they drop
+// them before etcd can expire its lease and give its blocks to another
+// node. A node cut off from etcd withdraws everything, over its live
+// sessions, when HeldUntil comes within the horizon, and announces again
+// once a new lease is granted and its blocks re-claimed on it.
+//
+// It announces nothing, and the speaker peers with no router, until the
+// homes are listed and a proven lease holds the re-claimed blocks: a
+// restarted agent's first set is complete, so the routers, which kept its
+// routes (graceful restart), see nothing change.
 type bgpAnnouncer struct {
 	node     string
-	source   homeSource
+	src      bgpSources
 	speaker  announcer
+	horizon  time.Duration
 	nextHop4 netip.Addr
 	nextHop6 netip.Addr
 	log      hclog.Logger
 
-	homes homesMirror // block or lent address -> home node
-	loop  syncLoop
+	homes   homesMirror   // block or lent address -> home node
+	refresh chan struct{} // wakes the reader of holdings
+	held    heldSnapshot
+	loop    syncLoop
+	// The loop's own: whether the speaker has had a set (and peered),
+	// and whether the last pass found no proven lease.
+	peered, fenced bool
 }
 
-func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker announcer, log hclog.Logger) *bgpAnnouncer {
-	a := &bgpAnnouncer{node: node, source: source, speaker: speaker, log: log, loop: newSyncLoop("bgp announcements", log)}
-	a.homes.kick = a.loop.kick
+// heldSnapshot is the last read of what the node holds, with the lease
+// it was read on. It is safe for concurrent use.
+type heldSnapshot struct {
+	mu       sync.Mutex
+	sess     *kvstore.Session
+	prefixes map[netip.Prefix]bool
+}
+
+func (h *heldSnapshot) set(sess *kvstore.Session, prefixes map[netip.Prefix]bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sess, h.prefixes = sess, prefixes
+}
+
+func (h *heldSnapshot) get() (*kvstore.Session, map[netip.Prefix]bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sess, h.prefixes
+}
+
+func newBGPAnnouncer(node string, addrs []string, src bgpSources, speaker announcer, horizon time.Duration, log hclog.Logger) *bgpAnnouncer {
+	a := &bgpAnnouncer{node: node, src: src, speaker: speaker, horizon: horizon, log: log,
+		refresh: make(chan struct{}, 1), loop: newSyncLoop("bgp announcements", log)}
+	a.homes.kick = a.refresh
 	for _, s := range addrs {
 		ad, err := netip.ParseAddr(s)
 		if err != nil {
@@ -60,39 +130,136 @@ func newBGPAnnouncer(node string, addrs []string, source homeSource, speaker ann
 
 func (a *bgpAnnouncer) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.source.WatchHomes(ctx, &a.homes) })
+	wg.Go(func() { _ = a.src.homes.WatchHomes(ctx, &a.homes) })
+	wg.Go(func() { a.followLease(ctx) })
+	wg.Go(func() { a.readHoldings(ctx) })
 	defer wg.Wait()
 	a.loop.run(ctx, func() (bool, error) {
-		want, ok := a.desired()
-		if !ok {
+		want, known := a.desired()
+		if !known {
 			return false, nil
 		}
+		a.peered = true
 		return true, a.speaker.Sync(ctx, want)
 	})
 }
 
-// desired is this node's homes with their next hops; false until the
-// first list is in.
-func (a *bgpAnnouncer) desired() ([]bgp.Route, bool) {
-	homes, listed := a.homes.homes.snapshot()
-	if !listed {
+// followLease wakes the loop, and the reader of holdings, whenever what
+// the lease proves may have changed: the keeper holds another lease, a
+// keepalive moved HeldUntil, the lease was lost, or HeldUntil came within
+// the horizon. It never waits on etcd or the allocator, so a withdrawal
+// is never late for want of them.
+func (a *bgpAnnouncer) followLease(ctx context.Context) {
+	horizon := time.NewTimer(time.Hour)
+	defer horizon.Stop()
+	for {
+		sess, changed := a.src.lease.current()
+		var moved <-chan struct{}
+		horizon.Stop()
+		if sess != nil {
+			var until time.Time
+			until, moved = sess.HeldUntil()
+			if d := time.Until(until) - a.horizon; d > 0 {
+				horizon.Reset(d)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-moved: // closed on loss too
+		case <-horizon.C:
+		}
+		kick(a.refresh)
+		a.loop.changed()
+	}
+}
+
+// readHoldings reads what the node holds whenever homes or the lease may
+// have changed, and wakes the loop with it.
+func (a *bgpAnnouncer) readHoldings(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.refresh:
+		}
+		sess, prefixes := a.readHeld()
+		a.held.set(sess, prefixes)
+		a.loop.changed()
+	}
+}
+
+// readHeld is every block and borrowed address the node holds on its
+// current lease, and that lease; nil while none is held or the blocks
+// are not re-claimed on it yet.
+func (a *bgpAnnouncer) readHeld() (*kvstore.Session, map[netip.Prefix]bool) {
+	sess, _ := a.src.lease.current()
+	if sess == nil || !a.src.held.Restored() {
+		return nil, nil
+	}
+	out := map[netip.Prefix]bool{}
+	for _, u := range a.src.held.Usage() {
+		for _, b := range u.Blocks {
+			out[b] = true
+		}
+	}
+	for _, al := range a.src.held.Allocations() {
+		if al.Borrowed {
+			out[netip.PrefixFrom(al.Addr, al.Addr.BitLen())] = true
+		}
+	}
+	if again, _ := a.src.lease.current(); again != sess {
+		return nil, nil // another lease meanwhile: followLease asks again
+	}
+	return sess, out
+}
+
+// proven is what the node holds on a lease etcd keeps for at least the
+// horizon more; false while it holds none such.
+func (a *bgpAnnouncer) proven() (map[netip.Prefix]bool, bool) {
+	sess, _ := a.src.lease.current()
+	if sess == nil {
 		return nil, false
 	}
-	var out []bgp.Route
+	until, _ := sess.HeldUntil()
+	readOn, held := a.held.get()
+	if readOn != sess || time.Until(until) <= a.horizon {
+		return nil, false
+	}
+	return held, true
+}
+
+// desired is this node's homes that it holds on a proven lease, with
+// their next hops: none while the lease is not proven. known is false
+// until the homes are listed and, before the speaker's first set, while
+// the lease is not proven.
+func (a *bgpAnnouncer) desired() (routes []bgp.Route, known bool) {
+	homes, listed := a.homes.homes.snapshot()
+	held, proven := a.proven()
+	if !listed || (!proven && !a.peered) {
+		return nil, false
+	}
+	if proven == a.fenced {
+		a.fenced = !proven
+		if a.fenced {
+			a.log.Warn("bgp announcements withdrawn: the node lease is not proven for the graceful-restart time", "restart_time", a.horizon)
+		} else if a.peered {
+			a.log.Info("node lease proven again: announcing what the node holds on it")
+		}
+	}
 	for p, node := range homes {
-		if node != a.node {
+		if node != a.node || !held[p] {
 			continue
 		}
 		nh := a.nextHop6
 		if p.Addr().Is4() {
 			nh = a.nextHop4
 		}
-		out = append(out, bgp.Route{Prefix: p, NextHop: nh})
+		routes = append(routes, bgp.Route{Prefix: p, NextHop: nh})
 	}
-	return out, true
+	return routes, true
 }
-
-func (a *bgpAnnouncer) changed() { a.loop.changed() }
 
 // bgpRestarting reports whether this boot's agent ran the speaker before
 // (its boot ID is in stateDir): the node's forwarding state then survived,
@@ -108,10 +275,12 @@ func bgpRestarting(stateDir, bootID string) bool {
 }
 
 // startBGP starts the BGP speaker of routing bgp; it peers once the
-// announcer has the node's homes. The agent never stops it: stopping
-// would send each router a Cease, and routers withdraw a node's routes on
-// a Cease; the sessions end with the process instead, a TCP close that a
-// graceful-restart helper answers by keeping them (docs/routing.md).
+// announcer has the node's homes on a proven lease. Its graceful-restart
+// time defaults to the longest the lease allows (bgp.MaxRestartTime).
+// The agent never stops it: stopping would send each router a Cease, and
+// routers withdraw a node's routes on a Cease; the sessions end with the
+// process instead, a TCP close that a graceful-restart helper answers by
+// keeping them (docs/routing.md).
 func (a *Agent) startBGP(ctx context.Context, bootID string) error {
 	var rid netip.Addr
 	for _, s := range a.recorder.addrs {
@@ -120,7 +289,11 @@ func (a *Agent) startBGP(ctx context.Context, bootID string) error {
 			break
 		}
 	}
-	sp, err := bgp.Start(ctx, a.cfg.BGP, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
+	cfg := a.cfg.BGP
+	if cfg.RestartTime.Duration == 0 {
+		cfg.RestartTime.Duration = bgp.MaxRestartTime(a.cfg.LeaseTTL.Duration)
+	}
+	sp, err := bgp.Start(ctx, cfg, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
 		Logger: a.log.Named("bgp")})
 	if err != nil {
 		return err

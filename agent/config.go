@@ -233,6 +233,9 @@ func (c *Config) Validate() error {
 		if err := c.BGP.Validate(); err != nil {
 			errs = append(errs, err)
 		}
+		if rt, most := c.BGP.RestartTime.Duration, bgp.MaxRestartTime(c.LeaseTTL.Duration); rt > most {
+			bad("bgp.restartTime: %s is more than %s, half the lease TTL (%s): routers would keep a gone node's routes after etcd may have given its blocks to another node", rt, most, c.LeaseTTL)
+		}
 	default:
 		bad("routing: %q is not host-gw, vxlan, bgp or none", c.Routing)
 	}

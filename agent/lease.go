@@ -43,8 +43,9 @@ type leaseKeeper struct {
 	held    prometheus.Gauge
 	log     hclog.Logger
 
-	mu   sync.Mutex
-	sess *kvstore.Session
+	mu      sync.Mutex
+	sess    *kvstore.Session
+	changed chan struct{} // closed and replaced when sess changes
 	// retaking is set while a lease is given up to take the node's
 	// name back on a new one (retake).
 	retaking bool
@@ -52,9 +53,21 @@ type leaseKeeper struct {
 
 // session is the current lease, nil while none is held.
 func (k *leaseKeeper) session() *kvstore.Session {
+	s, _ := k.current()
+	return s
+}
+
+// current is the current lease (nil while none is held) and a channel
+// closed when the keeper holds another: a lost lease dropped, or a new
+// one set once the node's blocks are re-claimed on it (the BGP announcer
+// follows it).
+func (k *leaseKeeper) current() (*kvstore.Session, <-chan struct{}) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.sess
+	if k.changed == nil {
+		k.changed = make(chan struct{})
+	}
+	return k.sess, k.changed
 }
 
 func (k *leaseKeeper) set(s *kvstore.Session) {
@@ -63,6 +76,10 @@ func (k *leaseKeeper) set(s *kvstore.Session) {
 	if s != nil {
 		k.retaking = false // the name is taken back
 	}
+	if k.changed != nil {
+		close(k.changed)
+	}
+	k.changed = make(chan struct{})
 	k.mu.Unlock()
 	held := 0.0
 	if s != nil {

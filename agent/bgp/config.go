@@ -38,7 +38,8 @@ type Config struct {
 	// BGP sends no LOCAL_PREF to an external peer). 0 leaves it out.
 	LocalPref uint32 `json:"localPref"`
 	// RestartTime is how long a peer keeps this node's routes after the
-	// session drops, while the agent restarts (RFC 4724); default 120s.
+	// session drops, while the agent restarts (RFC 4724); at most, and by
+	// default, MaxRestartTime of the node's lease TTL (the agent sets it).
 	RestartTime Duration `json:"restartTime"`
 	// Peers are the routers to peer with.
 	Peers []Peer `json:"peers"`
@@ -81,11 +82,20 @@ func (d *Duration) UnmarshalJSON(b []byte) (err error) {
 // MarshalJSON writes a Go duration string.
 func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
 
-// Defaults.
-const (
-	DefaultHoldTime    = 90 * time.Second
-	DefaultRestartTime = 120 * time.Second
-)
+// DefaultHoldTime is a peer's hold time when none is given.
+const DefaultHoldTime = 90 * time.Second
+
+// MaxRestartTime is the longest graceful restart a node whose lease TTL is
+// leaseTTL may ask of its routers: half the TTL, in whole seconds, at
+// least one. The agent announces only while etcd provably keeps its lease
+// for the restart time more, so the routers drop the routes of an agent
+// that is gone before etcd can expire its lease and give its blocks to
+// another node. Keepalives every third of the TTL keep the lease proven
+// for two thirds of it; the sixth between is the margin a slow keepalive
+// has before the node withdraws for nothing.
+func MaxRestartTime(leaseTTL time.Duration) time.Duration {
+	return max(time.Second, (leaseTTL / 2).Truncate(time.Second))
+}
 
 var wellKnownCommunities = map[string]uint32{
 	"no-export":           0xFFFFFF01,
@@ -130,8 +140,8 @@ func (c *Config) Validate() error {
 			bad("communities: %w", err)
 		}
 	}
-	if c.RestartTime.Duration < 0 || c.RestartTime.Duration > 4095*time.Second {
-		bad("restartTime: %s out of range 0-4095s", c.RestartTime)
+	if rt := c.RestartTime.Duration; rt != 0 && (rt < time.Second || rt > 4095*time.Second) {
+		bad("restartTime: %s out of range 1s-4095s (unset: the default)", c.RestartTime)
 	}
 	if len(c.Peers) == 0 {
 		bad("peers: at least one router is needed with routing bgp")

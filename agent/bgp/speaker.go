@@ -75,6 +75,9 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 	if !rid.Is4() {
 		return nil, errors.New("bgp: no router ID: set bgp.routerID, or give the node an IPv4 address (--node-address)")
 	}
+	if cfg.RestartTime.Duration < time.Second {
+		return nil, errors.New("bgp: restartTime: at least 1s (the agent gives MaxRestartTime of its lease TTL)")
+	}
 	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{}}
 	var comms []uint32
 	for _, c := range cfg.Communities {
@@ -103,7 +106,7 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 	}
 	err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
 		Asn: cfg.ASN, RouterId: rid.String(), ListenPort: listen,
-		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(s.restartTime().Seconds())},
+		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(cfg.RestartTime.Seconds())},
 	}})
 	if err != nil {
 		s.srv.Stop()
@@ -121,12 +124,9 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 	return s, nil
 }
 
-func (s *Speaker) restartTime() time.Duration {
-	if s.cfg.RestartTime.Duration > 0 {
-		return s.cfg.RestartTime.Duration
-	}
-	return DefaultRestartTime
-}
+// RestartTime is how long routers keep this node's routes after its
+// sessions drop (graceful restart), as the speaker tells them.
+func (s *Speaker) RestartTime() time.Duration { return s.cfg.RestartTime.Duration }
 
 // Sync makes the announced routes equal want: it announces what is new
 // or has a new next hop and withdraws what is gone. The first Sync then
@@ -296,7 +296,7 @@ func (s *Speaker) peer(p Peer) *api.Peer {
 		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: uint64(hold.Seconds()), KeepaliveInterval: uint64(keep.Seconds()),
 			ConnectRetry: 5}},
 		Transport: &api.Transport{RemotePort: p.Port},
-		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(s.restartTime().Seconds()),
+		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(s.RestartTime().Seconds()),
 			LocalRestarting: s.opts.Restarting},
 		AfiSafis: []*api.AfiSafi{afi(familyV4), afi(familyV6)},
 	}

@@ -94,7 +94,7 @@ func received(t *testing.T, r *server.BgpServer) map[netip.Prefix]string {
 // adds; Status and the metrics show the established peer and the counts.
 func TestBGPSpeakerAnnouncesAndWithdraws(t *testing.T) {
 	r, port := router(t)
-	cfg := Config{ASN: 65001, Peers: []Peer{{Address: "127.0.0.1", ASN: 65000, Port: port, HoldTime: Duration{9 * time.Second}}}}
+	cfg := Config{ASN: 65001, RestartTime: Duration{7 * time.Second}, Peers: []Peer{{Address: "127.0.0.1", ASN: 65000, Port: port, HoldTime: Duration{9 * time.Second}}}}
 	ctx := context.Background()
 	s, err := Start(ctx, cfg, Options{Node: "n1", RouterID: netip.MustParseAddr("127.0.0.1"), Logger: hclog.NewNullLogger()})
 	require.NoError(t, err)

@@ -133,7 +133,7 @@ bgp:
   asn: 65001
   communities: ["65001:100", no-export]
   localPref: 200
-  restartTime: 60s
+  restartTime: 7s
   peers:
   - {address: 10.0.0.1, asn: 65000, password: s3cret, holdTime: 9s, keepaliveTime: 3s, nodes: ["rack1-*"], communities: ["65001:300"], localPref: 300}
   - {address: "fd00::1", asn: 65000}
@@ -166,6 +166,7 @@ bgp:
 		{"no-peers", "routing: bgp\nbgp: {asn: 65001}\n", "bgp: peers: at least one"},
 		{"bad-peer", "routing: bgp\nbgp: {asn: 65001, peers: [{address: router1, asn: 0, holdTime: 1s}]}\n", "peers[0].address"},
 		{"bad-community", "routing: bgp\nbgp: {asn: 65001, communities: [\"70000:1\"], peers: [{address: 10.0.0.1, asn: 65000}]}\n", "community"},
+		{"restart-outlives-lease", "routing: bgp\nbgp: {asn: 65001, restartTime: 60s, peers: [{address: 10.0.0.1, asn: 65000}]}\n", "bgp.restartTime: 1m0s is more than 7s, half the lease TTL"},
 	} {
 		f := write(tc.name+".yaml", "node: n1\npools: [{name: default, cidrs: [\"10.244.0.0/16\"], blockSizeV4: 26}]\n"+tc.body)
 		c, err := loadConfig([]string{"--config", f}, env(nil))
