@@ -95,7 +95,8 @@ bench-run: build
 	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"
 
 # The chaos workload (root): etcd members and agents as processes, faults
-# at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES.
+# at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES,
+# CHAOS_ROUTING (bgp: the agents announce to FRR, and what it heard is checked).
 chaos: build
 	CHAOS_DURATION=$${CHAOS_DURATION:-3m} $(GO) test -count=1 -v -run '^TestChaosRun$$' -timeout 90m ./e2e/
 

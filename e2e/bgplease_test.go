@@ -45,7 +45,11 @@ func TestBGPWithdrawsWhenLeaseLost(t *testing.T) {
 	aBlock := aPrefixes[0]
 	f.waitTables(t)
 
-	poll := pollFRR(t, f, 100*time.Millisecond)
+	names := map[netip.Addr]string{}
+	for _, n := range f.nodes {
+		names[n.v4], names[n.v6] = n.n.name, n.n.name
+	}
+	poll := pollFRR(t, f.frr, names, []string{"ipv4", "ipv6"}, 100*time.Millisecond)
 	w := watchNetlink(t, f.r.ns)
 	before := f.frr.neighbor(a.v4)
 	cut := time.Now()
@@ -196,12 +200,9 @@ type frrPoller struct {
 	polls []chaos.RouterPoll
 }
 
-// pollFRR polls f's router, naming each next hop by its node.
-func pollFRR(t *testing.T, f *bgpFabric, every time.Duration) *frrPoller {
-	names := map[netip.Addr]string{}
-	for _, b := range f.nodes {
-		names[b.v4], names[b.v6] = b.n.name, b.n.name
-	}
+// pollFRR polls f's tables of families, naming each next hop by its
+// node (names).
+func pollFRR(t *testing.T, f *frr, names map[netip.Addr]string, families []string, every time.Duration) *frrPoller {
 	pl := &frrPoller{stopc: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(pl.done)
@@ -211,8 +212,8 @@ func pollFRR(t *testing.T, f *bgpFabric, every time.Duration) *frrPoller {
 			at := time.Now()
 			poll := chaos.RouterPoll{At: at, Announcers: map[netip.Prefix][]string{}}
 			ok := true
-			for _, fam := range []string{"ipv4", "ipv6"} {
-				tbl, err := f.frr.paths(fam)
+			for _, fam := range families {
+				tbl, err := f.paths(fam)
 				if err != nil {
 					ok = false // FRR busy: this poll says nothing
 					break

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -48,15 +49,23 @@ func TestChaosRun(t *testing.T) {
 		nodes, err = strconv.Atoi(s)
 		require.NoError(t, err, "CHAOS_NODES")
 	}
-	t.Logf("chaos: seed=%d duration=%s nodes=%d (replay with CHAOS_SEED=%d)", seed, dur, nodes, seed)
+	routing := chaosRouting(t)
+	t.Logf("chaos: seed=%d duration=%s nodes=%d routing=%q (replay with CHAOS_SEED=%d)", seed, dur, nodes, routing, seed)
 	rng := rand.New(rand.NewPCG(seed, 19))
 
 	c := cluster.Start(t, cluster.Options{})
 	rec := chaos.Record(context.Background(), c.Client(t, cluster.RootUser))
 	r := newRouter(t)
+	var fabric *chaosBGP
+	if routing == "bgp" {
+		fabric = startChaosBGP(t, r, nodes)
+	}
 	members := make([]*chaosNode, nodes)
 	for i := range members {
-		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i)
+		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i, fabric)
+	}
+	if fabric != nil {
+		fabric.start(t, members)
 	}
 
 	f := &chaosFaults{t: t, c: c, members: members, rng: rng, cli: c.Client(t, cluster.RootUser)}
@@ -105,6 +114,12 @@ func TestChaosRun(t *testing.T) {
 	ctl := members[0].n.clusterCtl(c)
 	ivs := ipHistory(t, ctl, netip.MustParsePrefix("10.12.0.0/28"))
 	findings = append(findings, chaos.History(ops, ivs, end)...)
+	var bgpFigures string
+	if fabric != nil {
+		var fds []chaos.Finding
+		fds, bgpFigures = fabric.check(t, rec.Backing(), members)
+		findings = append(findings, fds...)
+	}
 	counts := map[string]int{}
 	for _, fd := range findings {
 		counts[fd.Kind]++
@@ -142,7 +157,7 @@ func TestChaosRun(t *testing.T) {
 	for _, n := range f.skipped {
 		skipped += n
 	}
-	t.Logf("chaos: seed=%d ops=%d faults=%d skipped=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, skipped, counts["duplicate"], counts["lost"], counts["leak"])
+	t.Logf("chaos: seed=%d ops=%d faults=%d skipped=%d duplicates=%d lost=%d leaks=%d %s", seed, len(ops), f.total, skipped, counts["duplicate"], counts["lost"], counts["leak"], bgpFigures)
 }
 
 // ipHistory reads the ended ownership intervals of every address of
@@ -175,7 +190,10 @@ type chaosNode struct {
 	state   string
 }
 
-func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int) *chaosNode {
+// joinChaos starts node name at .host of subnet A; with a BGP fabric its
+// agent runs in the node's namespace, its proxies listen there, and it
+// announces to the fabric's router.
+func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int, fabric *chaosBGP) *chaosNode {
 	n := newNode(t, name)
 	addr := r.attach(t, n, "A", host)
 	cn := &chaosNode{state: filepath.Join(n.dir, "state")}
@@ -183,8 +201,14 @@ func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host in
 	for _, ep := range c.Endpoints() {
 		u, err := url.Parse(ep)
 		require.NoError(t, err)
-		p, err := cutproxy.New(u.Host)
-		require.NoError(t, err)
+		var ln net.Listener
+		listen := func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:0"); return err }
+		if fabric != nil {
+			require.NoError(t, n.do(listen)) // a socket keeps the namespace it was made in
+		} else {
+			require.NoError(t, listen())
+		}
+		p := cutproxy.Serve(ln, u.Host)
 		t.Cleanup(p.Close)
 		cn.proxies = append(cn.proxies, p)
 		endpoints = append(endpoints, u.Scheme+"://"+p.Addr())
@@ -193,8 +217,14 @@ func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host in
 	require.NoError(t, unix.Mount("tmpfs", cn.state, "tmpfs", 0, "size=16m"))
 	t.Cleanup(func() { _ = unix.Unmount(cn.state, unix.MNT_DETACH) })
 	// 14 addresses in blocks of 4: nodes borrow across blocks.
-	n.startAgent(agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, etcdEndpoints: endpoints, reservationTTL: 10 * time.Second, reuseAtOnce: true,
-		extra: []string{"--node-address", addr.String(), "--lease-ttl", "5s"}})
+	opts := agentOpts{pools: []string{"chaos=10.12.0.0/28"}, blockV4: 30, etcd: c, etcdEndpoints: endpoints, reservationTTL: 10 * time.Second, reuseAtOnce: true,
+		extra: []string{"--node-address", addr.String(), "--lease-ttl", chaosLeaseTTL.String()}}
+	if fabric != nil {
+		opts.inNode = true
+		opts.extra = append(opts.extra, "--routing", "bgp")
+		opts.bgp = fabric.agentBGP(n, addr)
+	}
+	n.startAgent(opts)
 	cn.routedNode = routedNode{n: n, addr: addr, l: n.kvipamList("kv", "1.0.0", `,"capabilities":{"io.kubernetes.cri.pod-annotations":true}`)}
 	return cn
 }

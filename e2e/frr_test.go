@@ -176,6 +176,35 @@ func (f *frr) neighbor(peer netip.Addr) frrNeighbor {
 // established reports whether FRR's session with peer is established.
 func (f *frr) established(peer netip.Addr) bool { return f.neighbor(peer).State == "Established" }
 
+// frrPeer is a node the router peers with, and its TCP MD5 password.
+type frrPeer struct {
+	addr     netip.Addr
+	password string
+}
+
+// frrConf is FRR's configuration as the top-of-rack router (AS 65000,
+// 10.254.1.1) of nodes (AS 65001) that connect to it, IPv4 and IPv6 over
+// each session; it sends the nodes nothing.
+func frrConf(peers []frrPeer) string {
+	var conf strings.Builder
+	conf.WriteString("frr defaults datacenter\nhostname tor\n!\nrouter bgp 65000\n bgp router-id 10.254.1.1\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n")
+	for _, p := range peers {
+		fmt.Fprintf(&conf, " neighbor %s remote-as 65001\n neighbor %s passive\n", p.addr, p.addr)
+		if p.password != "" {
+			fmt.Fprintf(&conf, " neighbor %s password %s\n", p.addr, p.password)
+		}
+	}
+	for _, fam := range []string{"ipv4", "ipv6"} {
+		fmt.Fprintf(&conf, " address-family %s unicast\n", fam)
+		for _, p := range peers {
+			fmt.Fprintf(&conf, "  neighbor %s activate\n  neighbor %s route-map NODES-OUT out\n", p.addr, p.addr)
+		}
+		conf.WriteString(" exit-address-family\n")
+	}
+	conf.WriteString("!\nroute-map NODES-OUT deny 10\n!\n") // the nodes need no routes: send them none
+	return conf.String()
+}
+
 // bgpNode is a node of the BGP fabric: its agent, CNI list, node
 // addresses and pods.
 type bgpNode struct {
@@ -254,24 +283,11 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 	t.Helper()
 	f := &bgpFabric{r: newRouter(t)}
 	f.r.enable6(t)
-	var conf strings.Builder
-	conf.WriteString("frr defaults datacenter\nhostname tor\n!\nrouter bgp 65000\n bgp router-id 10.254.1.1\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n")
+	var peers []frrPeer
 	for _, s := range specs {
-		addr := netip.MustParseAddr(fmt.Sprintf("%s.%d", subnetPrefix(s.rack), s.host))
-		fmt.Fprintf(&conf, " neighbor %s remote-as 65001\n neighbor %s passive\n", addr, addr)
-		if s.password != "" {
-			fmt.Fprintf(&conf, " neighbor %s password %s\n", addr, s.password)
-		}
+		peers = append(peers, frrPeer{addr: netip.MustParseAddr(fmt.Sprintf("%s.%d", subnetPrefix(s.rack), s.host)), password: s.password})
 	}
-	for _, fam := range []string{"ipv4", "ipv6"} {
-		fmt.Fprintf(&conf, " address-family %s unicast\n", fam)
-		for _, s := range specs {
-			fmt.Fprintf(&conf, "  neighbor %s.%d activate\n  neighbor %s.%d route-map NODES-OUT out\n", subnetPrefix(s.rack), s.host, subnetPrefix(s.rack), s.host)
-		}
-		conf.WriteString(" exit-address-family\n")
-	}
-	conf.WriteString("!\nroute-map NODES-OUT deny 10\n!\n") // the nodes need no routes: send them none
-	f.frr = startFRR(t, f.r.ns, conf.String())
+	f.frr = startFRR(t, f.r.ns, frrConf(peers))
 
 	var etcd string
 	for i, s := range specs {

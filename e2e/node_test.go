@@ -82,28 +82,43 @@ type agentOpts struct {
 	// setting, which the --pool flag cannot carry: the pools go in a
 	// configuration file instead).
 	reuseAtOnce bool
+	// inNode runs an agent of etcd in the node namespace all the same,
+	// as a BGP speaker must (its sessions are the process's): its
+	// etcdEndpoints must listen there.
+	inNode bool
+	// bgp, if set, is the bgp section of the agent's configuration file.
+	bgp map[string]any
 }
 
-// poolsConfig writes an agent configuration file that seeds o's pools
-// (NAME=CIDR[,CIDR...], blocks of o.blockV4 and /120) with a reuse
-// cooldown of 0, and returns its path.
-func (n *node) poolsConfig(o agentOpts) string {
+// configFile writes the agent's configuration file for what flags cannot
+// say: o's pools (NAME=CIDR[,CIDR...], blocks of o.blockV4 and /120) with a
+// reuse cooldown of 0 when o.reuseAtOnce, and o.bgp; it returns its path.
+func (n *node) configFile(o agentOpts) string {
 	n.t.Helper()
-	var b strings.Builder
-	b.WriteString("pools:\n")
-	for _, p := range o.pools {
-		name, cidrs, ok := strings.Cut(p, "=")
-		require.True(n.t, ok, "pool %q", p)
-		fmt.Fprintf(&b, "- name: %s\n  cidrs: [%s]\n  reuseCooldown: 0s\n", name, cidrs)
-		if strings.Contains(cidrs, ".") {
-			fmt.Fprintf(&b, "  blockSizeV4: %d\n", o.blockV4)
+	cfg := map[string]any{}
+	if o.reuseAtOnce {
+		var pools []any
+		for _, p := range o.pools {
+			name, cidrs, ok := strings.Cut(p, "=")
+			require.True(n.t, ok, "pool %q", p)
+			pool := map[string]any{"name": name, "cidrs": strings.Split(cidrs, ","), "reuseCooldown": "0s"}
+			if strings.Contains(cidrs, ".") {
+				pool["blockSizeV4"] = o.blockV4
+			}
+			if strings.Contains(cidrs, ":") {
+				pool["blockSizeV6"] = 120
+			}
+			pools = append(pools, pool)
 		}
-		if strings.Contains(cidrs, ":") {
-			b.WriteString("  blockSizeV6: 120\n")
-		}
+		cfg["pools"] = pools
 	}
-	path := filepath.Join(n.dir, "pools.yaml")
-	require.NoError(n.t, os.WriteFile(path, []byte(b.String()), 0o600))
+	if o.bgp != nil {
+		cfg["bgp"] = o.bgp
+	}
+	b, err := json.Marshal(cfg) // JSON is YAML
+	require.NoError(n.t, err)
+	path := filepath.Join(n.dir, "agent-config.yaml")
+	require.NoError(n.t, os.WriteFile(path, b, 0o600))
 	return path
 }
 
@@ -174,9 +189,10 @@ func (n *node) startAgent(o agentOpts) {
 		"--datapath", o.datapath, "--mtu", "1500", "--metrics-addr", "", "--gc-grace", "0s",
 		"--del-queue-dir", o.queue, "--log-level", "debug",
 	}
-	if o.reuseAtOnce {
-		args = append(args, "--config", n.poolsConfig(o))
-	} else {
+	if o.reuseAtOnce || o.bgp != nil {
+		args = append(args, "--config", n.configFile(o))
+	}
+	if !o.reuseAtOnce {
 		for _, p := range o.pools {
 			args = append(args, "--pool", p)
 		}
@@ -198,9 +214,12 @@ func (n *node) startAgent(o agentOpts) {
 		if o.etcdEndpoints != nil {
 			endpoints = o.etcdEndpoints
 		}
-		args = append(args, "--netns", n.host.Path(), "--etcd-endpoints", strings.Join(endpoints, ","),
+		args = append(args, "--etcd-endpoints", strings.Join(endpoints, ","),
 			"--etcd-cacert", f.CAFile, "--etcd-cert", f.CertFile, "--etcd-key", f.KeyFile)
-		in = nil
+		if !o.inNode {
+			args = append(args, "--netns", n.host.Path())
+			in = nil
+		}
 	}
 	if o.datapath != "routes" {
 		// bpffs is the host's: give each node its own pin directory.

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ type Recorder struct {
 	mu      sync.Mutex
 	changes []Change
 	homes   []HomeChange
+	backing []Backing
 	cancel  context.CancelFunc
 	done    chan struct{}
 	err     error
@@ -62,6 +64,11 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 	if err != nil {
 		return
 	}
+	if b, ok := backingOf(k, ev, seen); ok {
+		r.mu.Lock()
+		r.backing = append(r.backing, b)
+		r.mu.Unlock()
+	}
 	switch {
 	case k.Kind == etcdstore.KeyHome:
 		h := HomeChange{Block: k.Block, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
@@ -98,6 +105,36 @@ func (r *Recorder) Stop() ([]Change, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.changes, r.err
+}
+
+// Backing returns the changes of claims, lent addresses' homes and node
+// records seen (after Stop): what entitles a node to announce a prefix.
+func (r *Recorder) Backing() []Backing {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.backing
+}
+
+// backingOf is the Backing change an event is, if any.
+func backingOf(k etcdstore.Key, ev *clientv3.Event, seen time.Time) (Backing, bool) {
+	b := Backing{Deleted: ev.Type == clientv3.EventTypeDelete, Rev: ev.Kv.ModRevision, Seen: seen}
+	switch k.Kind {
+	case etcdstore.KeyClaim:
+		b.Kind, b.Prefix = BackingClaim, k.Block
+		if v, err := kvstore.Decode[records.Claim](ev.Kv); err == nil {
+			b.Node = v.Value.Node
+		}
+	case etcdstore.KeyLent:
+		b.Kind, b.Prefix = BackingLent, netip.PrefixFrom(k.Addr, k.Addr.BitLen())
+		if v, err := kvstore.Decode[records.Home](ev.Kv); err == nil {
+			b.Node = v.Value.Node
+		}
+	case etcdstore.KeyNode:
+		b.Kind, b.Node = BackingNode, k.Node
+	default:
+		return Backing{}, false
+	}
+	return b, true
 }
 
 // Homes returns the block home changes seen (after Stop).

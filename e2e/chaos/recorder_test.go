@@ -16,9 +16,9 @@ import (
 )
 
 // TestRecorderAgainstEtcd: the recorder sees every allocation change of
-// a real allocator from the first revision; with the workload's ops the
-// checker finds nothing, and finds the allocation an operator deletes by
-// hand under a live owner.
+// a real allocator from the first revision, and the node's record and
+// claim; with the workload's ops the checker finds nothing, and finds the
+// allocation an operator deletes by hand under a live owner.
 func TestRecorderAgainstEtcd(t *testing.T) {
 	ctx := context.Background()
 	e := etcdtest.Start(t)
@@ -59,6 +59,13 @@ func TestRecorderAgainstEtcd(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	changes, err := rec.Stop()
 	require.NoError(t, err)
+	var kinds []string
+	for _, b := range rec.Backing() {
+		if b.Node == "n1" && (b.Kind == BackingNode || b.Prefix == blk) {
+			kinds = append(kinds, b.Kind)
+		}
+	}
+	require.Equal(t, []string{BackingNode, BackingClaim}, kinds, "the node's record and its claim on the block, as backing")
 	final := map[netip.Addr]string{}
 	for _, al := range n.Alloc.Allocations() {
 		final[al.Addr] = al.Owner.Key()

@@ -29,10 +29,18 @@ func New(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	return Serve(ln, target), nil
+}
+
+// Serve forwards what ln accepts to target. The listener may be in
+// another network namespace than the one target is reached from (a
+// socket keeps the namespace it was made in): a process in a node's
+// namespace then reaches an etcd on the test host's loopback.
+func Serve(ln net.Listener, target string) *Proxy {
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
 	p.flow = sync.NewCond(&p.mu)
 	go p.serve()
-	return p, nil
+	return p
 }
 
 func (p *Proxy) serve() {
