@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +24,11 @@ import (
 // FRR drops them, over the live session, within the lease TTL of the
 // cut's start (the time is logged). Once etcd has expired the lease, node
 // f1 claims f3's empty IPv4 block (a pod asking for an address in it) and
-// announces it. From a poll of FRR's tables every 100 ms through all of
-// it, no prefix ever had two announcers. Healed, f3 takes a new lease and
-// announces exactly what it holds again: not the block f1 took.
+// announces it. The router's kernel deleted its route to the block (FRR
+// had no path left) before it added f1's, and a poll of FRR's tables
+// every 100 ms through all of it never saw two announcers of a prefix.
+// Healed, f3 takes a new lease and announces exactly what it holds again:
+// not the block f1 took.
 func TestBGPWithdrawsWhenLeaseLost(t *testing.T) {
 	f := newBGPFabric(t, []bgpNodeSpec{{name: "f1", rack: "A", host: 11}, {name: "f3", rack: "B", host: 13}})
 	b, a := f.nodes[0], f.nodes[1] // f1 runs the embedded etcd; f3 is cut off from it
@@ -84,6 +87,7 @@ func TestBGPWithdrawsWhenLeaseLost(t *testing.T) {
 	require.Equal(t, inspect.BlockClaimed, row.State)
 	require.Equal(t, "f1", row.Node, "f1 claimed the block f3 lost")
 	waitFor(t, 30*time.Second, "FRR to route "+aBlock.String()+" via f1", func() bool { return f.frr.announcedBy(aBlock, b.v4) })
+	announced := time.Now()
 	t.Logf("etcd expired f3's claims %s after the cut; f1 claimed and announced %s", expired.Round(time.Millisecond), aBlock)
 
 	// Healed: f3 takes a new lease and announces what it holds then.
@@ -93,12 +97,33 @@ func TestBGPWithdrawsWhenLeaseLost(t *testing.T) {
 	require.True(t, f.frr.announcedBy(aBlock, b.v4))
 	require.False(t, f.frr.announcedBy(aBlock, a.v4), "f3 does not announce the block f1 took")
 
+	// The router's kernel, watched through netlink: after the cut its
+	// route to the block was deleted (FRR had no path left to it) before
+	// it was added again (f1's): never both.
+	var seq []string
+	for _, e := range w.between(cut, time.Now()) {
+		if strings.Contains(e, " route ") && strings.Contains(e, " "+aBlock.String()+" ") {
+			seq = append(seq, e)
+		}
+	}
+	t.Logf("the router's kernel routes to %s after the cut:\n%s", aBlock, strings.Join(seq, "\n"))
+	require.True(t, len(seq) >= 2 && strings.Contains(seq[0], "route delete "+aBlock.String()+" via "+a.v4.String()+" ") &&
+		strings.Contains(seq[1], "route add "+aBlock.String()+" via "+b.v4.String()+" "), "f3's route deleted (no path left) before f1's was added")
+	for _, e := range seq[1:] {
+		require.NotContains(t, e, "via "+a.v4.String()+" ", "never via f3 again")
+	}
+
 	polls := poll.stop()
-	require.Greater(t, len(polls), 100, "FRR polled all along")
+	require.True(t, len(polls) > 1 && polls[0].At.Before(cut) && polls[len(polls)-1].At.After(announced), "FRR polled from before the cut to after f1 announced")
+	var gap time.Duration
+	for i := 1; i < len(polls); i++ {
+		gap = max(gap, polls[i].At.Sub(polls[i-1].At))
+	}
 	for _, fd := range chaos.DoubleAnnounced(polls, 0) {
 		t.Errorf("%s", fd)
 	}
-	t.Logf("%d polls of FRR's tables over %s: no prefix had two announcers", len(polls), polls[len(polls)-1].At.Sub(polls[0].At).Round(time.Second))
+	t.Logf("%d polls of FRR's tables over %s (at most %s apart): no prefix had two announcers", len(polls),
+		polls[len(polls)-1].At.Sub(polls[0].At).Round(time.Second), gap.Round(time.Millisecond))
 }
 
 // cutFromEtcd drops every packet to and from etcd's port in n's
