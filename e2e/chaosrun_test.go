@@ -157,7 +157,11 @@ func TestChaosRun(t *testing.T) {
 	for _, n := range f.skipped {
 		skipped += n
 	}
-	t.Logf("chaos: seed=%d ops=%d faults=%d skipped=%d duplicates=%d lost=%d leaks=%d %s", seed, len(ops), f.total, skipped, counts["duplicate"], counts["lost"], counts["leak"], bgpFigures)
+	summary := fmt.Sprintf("chaos: seed=%d ops=%d faults=%d skipped=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, skipped, counts["duplicate"], counts["lost"], counts["leak"])
+	if bgpFigures != "" {
+		summary += " " + bgpFigures
+	}
+	t.Logf("%s", summary)
 }
 
 // ipHistory reads the ended ownership intervals of every address of
