@@ -49,7 +49,7 @@ func TestBGPLeaseLostWithdraws(t *testing.T) {
 	require.NoError(t, err)
 	proxy := newCutProxy(t, u.Host)
 	cfg := testConfig(t, e)
-	cfg.Etcd = kvstore.Config{Endpoints: []string{proxy.endpoint()}, DialTimeout: time.Second}
+	cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
 	cfg.LeaseTTL = Duration{3 * time.Second}
 	cfg.RequestTimeout = Duration{time.Second}
 	ta := startAgent(t, cfg, Options{})
