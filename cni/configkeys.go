@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/kvipam/kvipam/internal/foundation/suggest"
 )
 
 // specKeys are the keys of a plugin's configuration that the CNI spec
@@ -40,45 +42,10 @@ func checkKeys(obj map[string]json.RawMessage, known []string, where string) err
 	}
 	slices.Sort(unknown) // the same message for the same configuration
 	k := unknown[0]
-	if near := nearestKey(k, known); near != "" {
+	if near := suggest.Closest(k, known); near != "" {
 		return invalidConf("%sunknown key %q: did you mean %q?", where, k, near)
 	}
 	return invalidConf("%sunknown key %q (known: %s)", where, k, strings.Join(known, ", "))
-}
-
-// nearestKey is the known key closest to k by edit distance, ignoring
-// case, or "" when none is close enough to be the key k misspells: at
-// most a third of k's letters differ (and always at least one may).
-func nearestKey(k string, known []string) string {
-	best, bestDist := "", max(1, len(k)/3)+1
-	for _, c := range known {
-		if d := levenshtein(strings.ToLower(k), strings.ToLower(c)); d < bestDist {
-			best, bestDist = c, d
-		}
-	}
-	return best
-}
-
-// levenshtein is the edit distance between a and b (insertions,
-// deletions and substitutions of bytes).
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // jsonKeys lists the JSON keys of struct type t, with those of its

@@ -25,6 +25,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/kvipam/kvipam/internal/foundation/suggest"
 )
 
 // Unmarshal decodes the YAML document data into v, a pointer to a
@@ -128,12 +130,12 @@ func (c *checker) suggest(k string, t reflect.Type) string {
 	for _, f := range fields(t) {
 		names = append(names, f.name)
 	}
-	if best := closest(k, names); best != "" {
+	if best := suggest.Closest(k, names); best != "" {
 		return " (did you mean " + best + "?)"
 	}
 	var elsewhere []string
 	for _, key := range Keys(c.root) {
-		if normalize(lastSegment(key.Path)) == normalize(k) {
+		if suggest.Same(lastSegment(key.Path), k) {
 			elsewhere = append(elsewhere, key.Path)
 		}
 	}
