@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"net/netip"
-	"net/url"
 	"testing"
 	"time"
 
@@ -45,13 +44,8 @@ func runAnnouncer(t *testing.T, node string, src bgpSources, horizon time.Durati
 func TestBGPLeaseLostWithdraws(t *testing.T) {
 	ctx := context.Background()
 	e := etcdtest.Start(t)
-	u, err := url.Parse(e.Endpoints()[0])
-	require.NoError(t, err)
-	proxy := newCutProxy(t, u.Host)
 	cfg := testConfig(t, e)
-	cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
-	cfg.LeaseTTL = Duration{3 * time.Second}
-	cfg.RequestTimeout = Duration{time.Second}
+	proxy := behindCutProxy(t, e, &cfg, 3*time.Second)
 	ta := startAgent(t, cfg, Options{})
 	r, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true})
 	require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -217,14 +216,9 @@ func TestNodeRecordTakenStopsServing(t *testing.T) {
 			ctx := context.Background()
 			e := etcdtest.Start(t)
 			cli := etcdtest.Client(t, e)
-			u, err := url.Parse(e.Endpoints()[0])
-			require.NoError(t, err)
-			proxy := newCutProxy(t, u.Host)
 			cfg := testConfig(t, e)
 			cfg.NodeAddresses = []string{"192.0.2.1"}
-			cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
-			cfg.LeaseTTL = Duration{2 * time.Second}
-			cfg.RequestTimeout = Duration{time.Second}
+			proxy := behindCutProxy(t, e, &cfg, 2*time.Second)
 			var logs syncBuffer
 			opts := Options{BootID: "boot-a", Version: "v-a", Logger: warnLog(&logs)}
 			a := startAgent(t, cfg, opts)
@@ -239,6 +233,7 @@ func TestNodeRecordTakenStopsServing(t *testing.T) {
 
 			// Readiness, the status API, the gauge, one ERROR line.
 			var st *api.Status
+			var err error
 			require.Eventually(t, func() bool {
 				st, err = a.c.Status(ctx)
 				return err == nil && st.NameTaken != nil

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/netip"
-	"net/url"
 	"regexp"
 	"sync"
 	"testing"
@@ -71,12 +70,7 @@ func TestLostEndpointsReported(t *testing.T) {
 			return startAgent(t, cfg, Options{Logger: warnLog(logs)})
 		}},
 		{"partition heals", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncBuffer, taken func()) *testAgent {
-			u, err := url.Parse(e.Endpoints()[0])
-			require.NoError(t, err)
-			proxy := newCutProxy(t, u.Host)
-			cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
-			cfg.LeaseTTL = Duration{2 * time.Second}
-			cfg.RequestTimeout = Duration{time.Second}
+			proxy := behindCutProxy(t, e, &cfg, 2*time.Second)
 			ta := startAgent(t, cfg, Options{Logger: warnLog(logs)})
 			withEndpoint(t, ta)
 			lease := ta.a.lease.session()

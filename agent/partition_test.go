@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
+	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -33,6 +34,20 @@ func (p *cutProxy) heal() { p.Heal() }
 
 func (p *cutProxy) endpoint() string { return "http://" + p.Addr() }
 
+// behindCutProxy points cfg at e through a proxy the test can cut, with a
+// lease of ttl and a request timeout of a second, so that a partition
+// outlives the lease quickly; it returns the proxy.
+func behindCutProxy(t testing.TB, e *kvstore.Embedded, cfg *Config, ttl time.Duration) *cutProxy {
+	t.Helper()
+	u, err := url.Parse(e.Endpoints()[0])
+	require.NoError(t, err)
+	proxy := newCutProxy(t, u.Host)
+	cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
+	cfg.LeaseTTL = Duration{ttl}
+	cfg.RequestTimeout = Duration{time.Second}
+	return proxy
+}
+
 // TestPartitionedAgent cuts one agent off etcd for longer than its lease
 // while another keeps working (flannel's duplicate-subnet failure): the
 // other agent cannot take the cut-off agent's blocks that hold pods, and
@@ -41,16 +56,10 @@ func (p *cutProxy) endpoint() string { return "http://" + p.Addr() }
 func TestPartitionedAgent(t *testing.T) {
 	ctx := context.Background()
 	e := etcdtest.Start(t)
-	u, err := url.Parse(e.Endpoints()[0])
-	require.NoError(t, err)
-	proxy := newCutProxy(t, u.Host)
-
 	small := allocator.Pool{Name: "default", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.79.0.0/26")}}
 	cfgA := testConfig(t, e)
 	cfgA.Node, cfgA.Pools = "node-a", []allocator.Pool{small}
-	cfgA.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
-	cfgA.LeaseTTL = Duration{2 * time.Second}
-	cfgA.RequestTimeout = Duration{time.Second}
+	proxy := behindCutProxy(t, e, &cfgA, 2*time.Second)
 	a := startAgent(t, cfgA, Options{})
 	var held []api.IPConfig
 	for i := range 20 { // two blocks of node-a hold pods
@@ -91,7 +100,7 @@ func TestPartitionedAgent(t *testing.T) {
 		}
 		require.False(t, heldByA[r.IPs[0].Block], "node-b allocated %s inside cut-off node-a's block", r.IPs[0].Address)
 	}
-	_, err = a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(50)})
+	_, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(50)})
 	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code, "the cut-off agent refuses to allocate")
 
 	proxy.heal()
@@ -112,13 +121,8 @@ func TestPartitionedAgent(t *testing.T) {
 func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
 	ctx := context.Background()
 	e := etcdtest.Start(t)
-	u, err := url.Parse(e.Endpoints()[0])
-	require.NoError(t, err)
-	proxy := newCutProxy(t, u.Host)
 	cfg := testConfig(t, e)
-	cfg.Etcd = EtcdConfig{Endpoints: []string{proxy.endpoint()}, DialTimeout: Duration{time.Second}}
-	cfg.LeaseTTL = Duration{2 * time.Second}
-	cfg.RequestTimeout = Duration{time.Second}
+	proxy := behindCutProxy(t, e, &cfg, 2*time.Second)
 	a := startAgent(t, cfg, Options{})
 	for i := range 2 {
 		_, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})
@@ -127,7 +131,7 @@ func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
 
 	lease := a.a.lease.session()
 	proxy.partition()
-	_, err = a.c.Release(ctx, owner(1))
+	_, err := a.c.Release(ctx, owner(1))
 	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code, "the cut-off agent cannot release")
 	require.NoError(t, delqueue.Enqueue(cfg.delQueueDir(), owner(1))) // what the plugin does then
 	<-lease.Done()                                                    // past the lease, as in the chaos run
