@@ -202,7 +202,10 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: no pool named, and node %s has no default pool: it is served by no pool, or by several (none or several of them chosen by a node selector); set defaultPool, or name a pool", pod, h.node)}
 	case !h.known(out.Pool):
 		return out, &FieldError{Field: field, Msg: fmt.Sprintf("pod %s: pool %q (from %s) is not served by node %s: etcd has no such pool (kvipamctl pool list)", pod, out.Pool, from, h.node)}
-	case ok && held == "" && !p.Selects(h.labels):
+	case ok && held == "" && req.Sticky == "" && !p.Selects(h.labels):
+		// A sticky request goes on to the allocator, which refuses it
+		// too (records.ErrNodeNotSelected), naming the addresses the
+		// identity has in the pool, if any.
 		labels := allocator.FormatLabels(h.labels)
 		if labels == "" {
 			labels = "none"

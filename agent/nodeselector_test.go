@@ -113,3 +113,43 @@ func TestPoolNodeSelector(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, claims("shared", "node-2"), "and gives its emptied block back")
 }
+
+// TestStickyNextPodOnAnotherRack: a StatefulSet pod's next pod, scheduled
+// on a node of another rack, does not take its kept address over (CNI
+// error 7, as for any pool the node does not serve), and the error names
+// the identity, its address, the pool, its selector and the node; the
+// next pod on the identity's rack gets the address.
+func TestStickyNextPodOnAnotherRack(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	st := etcdstore.New(etcdtest.Client(t, e), etcdstore.Options{})
+	_, err := st.EnsurePool(ctx, allocator.Pool{Name: "rack-r1", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/24")}, NodeSelector: "rack=r1"})
+	require.NoError(t, err)
+	nodeCfg := func(name, rack string) Config {
+		c := testConfig(t, e)
+		c.Node, c.Pools, c.NodeLabels = name, nil, map[string]string{"rack": rack}
+		return c
+	}
+	n1 := startAgent(t, nodeCfg("node-1", "r1"), Options{})
+	n2 := startAgent(t, nodeCfg("node-2", "r2"), Options{})
+	n3 := startAgent(t, nodeCfg("node-3", "r1"), Options{})
+
+	web := owner(30)
+	kept, err := n1.c.Allocate(ctx, api.AllocateRequest{Owner: web, Permanent: true, Sticky: "10m", PodPool: "rack-r1"})
+	require.NoError(t, err)
+	x := kept.IPs[0].Address.Addr()
+	_, err = n1.c.Release(ctx, web)
+	require.NoError(t, err)
+	next := web
+	next.ContainerID = "ctr-web-next"
+	_, err = n2.c.Allocate(ctx, api.AllocateRequest{Owner: next, Permanent: true, Sticky: "10m", PodPool: "rack-r1"})
+	ae := apiErr(t, err)
+	require.Equal(t, http.StatusBadRequest, ae.Status)
+	require.Equal(t, uint(7), cni.Code(ae))
+	require.Contains(t, ae.Message, "sticky identity ns/pod-30 has ["+x.String()+"] in pool rack-r1 (kept for it until")
+	require.Contains(t, ae.Message, `which serves only nodes matching "rack=r1"; node node-2 (labels rack=r2) cannot take them over`)
+
+	got, err := n3.c.Allocate(ctx, api.AllocateRequest{Owner: next, Permanent: true, Sticky: "10m", PodPool: "rack-r1"})
+	require.NoError(t, err, "the same pod on the identity's rack")
+	require.Equal(t, x, got.IPs[0].Address.Addr())
+}

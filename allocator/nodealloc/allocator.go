@@ -157,10 +157,25 @@ func (a *Allocator) draining(ps *poolState) bool { return ps.pool.Disabled || !a
 // notSelected is the error of a request for a pool that does not choose
 // this node, naming the pool, its selector and the node's labels.
 func (a *Allocator) notSelected(ps *poolState) error {
-	labels := allocator.FormatLabels(a.labels)
-	if labels == "" {
-		labels = "none"
-	}
 	return fmt.Errorf("%w: pool %s serves only nodes matching %q; node %s (labels %s) takes no new address there (kvipamctl pool show %s lists the nodes it serves)",
-		records.ErrNodeNotSelected, ps.pool.Name, ps.pool.NodeSelector, a.cfg.Node, labels, ps.pool.Name)
+		records.ErrNodeNotSelected, ps.pool.Name, ps.pool.NodeSelector, a.cfg.Node, a.labelText(), ps.pool.Name)
+}
+
+// takeoverNotSelected is the error of a sticky identity's pod on a node
+// ps's selector leaves out: b's addresses stay where they are.
+func (a *Allocator) takeoverNotSelected(ps *poolState, b records.Binding) error {
+	where := fmt.Sprintf("held by its pod %s/%s on node %s", b.Owner.Namespace, b.Owner.Pod, b.Node)
+	if b.Kept() {
+		where = "kept for it until " + b.Since.Add(b.Window()).UTC().Format(time.RFC3339)
+	}
+	return fmt.Errorf("%w: sticky identity %s has %v in pool %s (%s), which serves only nodes matching %q; node %s (labels %s) cannot take them over: run the identity's pods on nodes the selector chooses (kvipamctl pool show %s lists them)",
+		records.ErrNodeNotSelected, b.Identity, b.Addrs, ps.pool.Name, where, ps.pool.NodeSelector, a.cfg.Node, a.labelText(), ps.pool.Name)
+}
+
+// labelText is the node's labels for an error message.
+func (a *Allocator) labelText() string {
+	if labels := allocator.FormatLabels(a.labels); labels != "" {
+		return labels
+	}
+	return "none"
 }

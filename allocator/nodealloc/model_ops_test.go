@@ -367,19 +367,22 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 }
 
 // checkNew checks an address the model is about to tell an owner that did
-// not hold it: the pool must hand out no new address while disabled, none
-// of a reservation unless asked for by name, and none outside its cidrs.
+// not hold it: the pool must hand out none outside its cidrs, none on a
+// node its selector leaves out (a sticky identity's own address taken
+// over neither: the selector binds it too), and, unless it is such a
+// takeover, none while disabled and none of a reservation unless asked
+// for by name.
 func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
-	if takeover {
-		return // the identity's own address
-	}
 	switch {
 	case !slices.ContainsFunc(r.spec.CIDRs, func(c netip.Prefix) bool { return c.Contains(a) }):
 		r.fail("%s was handed %s, outside the pool's cidrs %v", mo.o.Key(), a, r.spec.CIDRs)
+	case !r.spec.Selects(map[string]string{"node": r.nodes[mo.node].name}):
+		r.fail("%s was handed %s on %s, which the pool's selector %q leaves out (a takeover of its identity's: %v)", mo.o.Key(), a, r.nodes[mo.node].name, r.spec.NodeSelector, takeover)
+	case takeover:
+		// The identity's own address: taken back in a disabled pool, or
+		// in a range reserved since, it is not a new one.
 	case r.spec.Disabled:
 		r.fail("%s was handed %s while the pool is disabled", mo.o.Key(), a)
-	case !r.spec.Selects(map[string]string{"node": r.nodes[mo.node].name}):
-		r.fail("%s was handed %s on %s, which the pool's selector %q leaves out", mo.o.Key(), a, r.nodes[mo.node].name, r.spec.NodeSelector)
 	case !static && slices.ContainsFunc(r.spec.Reserved, func(x allocator.Reservation) bool { return x.Range.Contains(a) }):
 		r.fail("%s was handed %s, which is reserved, without asking for it", mo.o.Key(), a)
 	}

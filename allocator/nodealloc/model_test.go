@@ -688,7 +688,7 @@ func (r *modelRun) after(n *mNode, err error) {
 // holds for the owner exactly what it held before.
 func refusal(err error) bool {
 	for _, e := range []error{records.ErrBadRequest, records.ErrIPInUse, records.ErrNotOwned, records.ErrExhausted,
-		records.ErrNotFound, records.ErrIdentityInUse, records.ErrPoolDisabled} {
+		records.ErrNotFound, records.ErrIdentityInUse, records.ErrPoolDisabled, records.ErrNodeNotSelected} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -1095,12 +1095,15 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	r.tally("sticky allocate", err)
 	if err != nil && !refusal(err) {
 		// A takeover may have landed: the identity's other containers
-		// may hold less than they were told.
+		// may hold less than they were told. And a binding may have
+		// landed with addresses nobody was told: they are the
+		// identity's, for its next pods to take over (checkNew).
 		for _, k := range r.order {
 			if other := r.owners[k]; other.identity == mo.identity {
 				other.unsure = true
 			}
 		}
+		r.learnIdentity(mo.identity)
 	}
 	r.answer(mo, res, err)
 	if err == nil {
@@ -1435,6 +1438,22 @@ func (r *modelRun) noteIdentity(id string, a netip.Addr) {
 		r.idAddrs[id] = map[netip.Addr]bool{}
 	}
 	r.idAddrs[id][a] = true
+}
+
+// learnIdentity notes the addresses etcd's binding of sticky identity id
+// names as the identity's, after a write of unknown outcome: the binding
+// may have landed with addresses no answer told.
+func (r *modelRun) learnIdentity(id string) {
+	resp, err := r.check.Get(r.ctx, etcdstore.BindingKey(r.pool.Name, id))
+	require.NoError(r.t, err)
+	if len(resp.Kvs) == 0 {
+		return
+	}
+	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
+	require.NoError(r.t, err)
+	for _, a := range v.Value.Addrs {
+		r.noteIdentity(id, a)
+	}
 }
 
 // released records that mo's DEL succeeded, sent at from, answered out: a

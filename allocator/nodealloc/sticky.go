@@ -63,6 +63,13 @@ func (a *Allocator) planSticky(ctx context.Context, ps *poolState, r Request, pe
 		return nil, fmt.Errorf("%w: %s is held by pod %s/%s (%s on node %s); two live pods cannot share one identity",
 			records.ErrIdentityInUse, r.Sticky.Identity, b.Owner.Namespace, b.Owner.Pod, b.Owner.Key(), b.Node)
 	}
+	if !a.selected(ps) {
+		// The selector binds the identity too: its addresses are routed
+		// where the pool's nodes are (a rack's BGP filters), so a pod
+		// elsewhere neither borrows nor takes them over. They stay as
+		// they are, for its next pod on a node the selector chooses.
+		return nil, a.takeoverNotSelected(ps, b)
+	}
 	if ps.pool.Disabled {
 		// Taking kept addresses back is not handing out new ones.
 		a.log.Debug("sticky identity takes its addresses back in a disabled pool", "identity", b.Identity)
