@@ -125,6 +125,17 @@ func staleBinding(b records.Binding, cur map[netip.Addr]records.Allocation) bool
 	return true
 }
 
+// sweepBudget bounds how long a restore's sweep (sweepBindings) tries
+// again what etcd refused or did not answer: the node serves nothing
+// meanwhile, and a binding the sweep leaves is dropped by the DEL that
+// names its identity, or replaced by the identity's next pod.
+const sweepBudget = 2 * time.Second
+
+// sweepRetry is the sweep's pace: a lost race, a refusal and a failure
+// of unknown outcome are each tried again, from a fresh read, until
+// sweepBudget ends.
+var sweepRetry = retry.Policy{Unavailable: true}
+
 // sweepBindings drops the bindings of ps that name a container of this
 // node holding none of their addresses: a reservation that lapsed, or
 // whose ADD failed, while the node restarted or lost its lease, so that
@@ -132,11 +143,20 @@ func staleBinding(b records.Binding, cur map[netip.Addr]records.Allocation) bool
 // (a binding of an identity that never comes back would stay for ever).
 // A binding one of whose addresses an endpoint of this node uses
 // (Config.Held) stays: its pod runs, and Reassert writes back what etcd
-// lost of it. Restore calls it, with no request in flight on the node. A
-// binding it cannot check or drop now is left to the identity's next pod,
-// which replaces it (planSticky).
+// lost of it. Restore calls it, with no request in flight on the node.
+// What etcd refuses ("too many requests"), does not answer, or changes
+// meanwhile is tried again from a fresh read, for sweepBudget; a binding
+// it still cannot check or drop is left to the DEL that names its
+// identity, or to the identity's next pod, which replaces it
+// (planSticky).
 func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
-	bs, err := a.cfg.Store.ListBindings(ctx, ps.pool.Name)
+	ctx, cancel := context.WithTimeout(ctx, sweepBudget)
+	defer cancel()
+	var bs []records.Binding
+	err := retry.Do(ctx, sweepRetry, func(ctx context.Context) (err error) {
+		bs, err = a.cfg.Store.ListBindings(ctx, ps.pool.Name)
+		return err
+	})
 	if err != nil {
 		a.log.Warn("cannot list sticky bindings to drop stale ones", "pool", ps.pool.Name, "error", err)
 		return
@@ -147,7 +167,7 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 	var all []records.IPRef
 	held := a.heldSet()
 	for _, b := range bs {
-		if b.Node != a.cfg.Node || b.Kept() || slices.ContainsFunc(b.Addrs, func(x netip.Addr) bool { return held[x] }) {
+		if b.Node != a.cfg.Node || b.Kept() || heldAny(b, held) {
 			continue
 		}
 		for _, addr := range b.Addrs {
@@ -162,30 +182,40 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *poolState) {
 	if len(mine) == 0 {
 		return
 	}
-	cur, err := a.cfg.Store.GetIPs(ctx, all)
+	var cur map[netip.Addr]records.Allocation
+	err = retry.Do(ctx, sweepRetry, func(ctx context.Context) (err error) {
+		cur, err = a.cfg.Store.GetIPs(ctx, all)
+		return err
+	})
 	if err != nil {
 		a.log.Warn("cannot read sticky bindings' addresses to drop stale ones", "pool", ps.pool.Name, "error", err)
 		return
 	}
 	for _, b := range mine {
-		if err := a.dropIfStale(ctx, ps, b, refs[b.Identity], cur); err != nil {
-			a.log.Warn("stale sticky binding left to the identity's next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
+		again := false
+		err := retry.Do(ctx, sweepRetry, func(ctx context.Context) error {
+			if again {
+				return a.dropStillStale(ctx, ps, b.Identity, b.Owner, held)
+			}
+			again = true
+			return a.dropStale(ctx, ps, b, refs[b.Identity], cur)
+		})
+		if err != nil {
+			a.log.Warn("stale sticky binding left to the DEL that names its identity, or to its next pod", "pool", ps.pool.Name, "identity", b.Identity, "owner", b.Owner.Key(), "error", err)
 		}
 	}
 }
 
-// dropIfStale drops b if the container it names holds none of its
-// addresses as cur shows them (staleBinding), guarded by what was read
-// at refs. A binding that changed meanwhile is left to the identity's
-// next pod, or to the sweep of the node's next restore.
-func (a *Allocator) dropIfStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
-	if err := a.dropStale(ctx, ps, b, refs, cur); err != nil && !errors.Is(err, records.ErrConflict) {
-		return err
-	}
-	return nil
+// heldAny reports whether an endpoint of this node uses one of b's
+// addresses (held: Allocator.heldSet).
+func heldAny(b records.Binding, held map[netip.Addr]bool) bool {
+	return slices.ContainsFunc(b.Addrs, func(x netip.Addr) bool { return held[x] })
 }
 
-// dropStale is dropIfStale that returns a lost race (records.ErrConflict).
+// dropStale drops b if the container it names holds none of its
+// addresses as cur shows them (staleBinding), guarded by what was read
+// at refs; a binding that changed meanwhile is a lost race
+// (records.ErrConflict).
 func (a *Allocator) dropStale(ctx context.Context, ps *poolState, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
 	if !staleBinding(b, cur) {
 		return nil
@@ -197,26 +227,33 @@ func (a *Allocator) dropStale(ctx context.Context, ps *poolState, b records.Bind
 	return nil
 }
 
+// dropStillStale reads identity id's binding again and drops it if it
+// still names owner o, is not kept, uses none of the addresses in held,
+// and o holds none of its addresses (dropStale). A drop that lost a race
+// or whose outcome is unknown is tried again this way: the binding may
+// have moved on to another pod (then it is not o's to drop), or gone
+// (the drop landed), or only one of its addresses changed while it
+// still names o, which must not be left behind.
+func (a *Allocator) dropStillStale(ctx context.Context, ps *poolState, id string, o records.Owner, held map[netip.Addr]bool) error {
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
+	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() || heldAny(b, held) {
+		return err
+	}
+	refs, cur, err := a.readBound(ctx, ps, b)
+	switch {
+	case errors.Is(err, records.ErrBadRequest):
+		return nil // it names an address out of the pool now: left to kvipamctl check
+	case err != nil:
+		return err
+	}
+	return a.dropStale(ctx, ps, b, refs, cur)
+}
+
 // dropBindingOf drops identity id's binding if it names owner o, is not
-// kept, and o holds none of its addresses (dropStale). A drop that loses
-// a race is read again: the binding may have moved on to another pod
-// (then it is not o's to drop), or only one of its addresses changed
-// while it still names o, which a DEL must not leave behind.
+// kept, and o holds none of its addresses (dropStillStale), for o's DEL;
+// a drop that loses a race is read again.
 func (a *Allocator) dropBindingOf(ctx context.Context, ps *poolState, id string, o records.Owner) error {
-	err := retry.Do(ctx, retry.Default, func(ctx context.Context) error {
-		b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, id)
-		if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
-			return err
-		}
-		refs, cur, err := a.readBound(ctx, ps, b)
-		switch {
-		case errors.Is(err, records.ErrBadRequest):
-			return nil // it names an address out of the pool now: left to kvipamctl check
-		case err != nil:
-			return err
-		}
-		return a.dropStale(ctx, ps, b, refs, cur)
-	})
+	err := retry.Do(ctx, retry.Default, func(ctx context.Context) error { return a.dropStillStale(ctx, ps, id, o, nil) })
 	if err != nil {
 		return fmt.Errorf("release %s: drop the binding of sticky identity %s: %w", o.Key(), id, err)
 	}

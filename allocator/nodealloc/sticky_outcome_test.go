@@ -3,6 +3,7 @@ package nodealloc_test
 import (
 	"context"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -264,4 +265,38 @@ func TestStickyBindingAloneNotAnswered(t *testing.T) {
 			require.Equal(t, []netip.Addr{res.Allocations[0].Addr}, b.Addrs)
 		})
 	}
+}
+
+// TestRestoreSweepRetriesRefusedDrop: a sticky reservation lapsed while
+// its node restarted, so the restore's sweep drops the binding that names
+// the container, which holds nothing. etcd refuses that drop for load
+// ("too many requests", nothing written), then answers a second one past
+// the call timeout without applying it: the sweep tries again from a
+// fresh read of the binding, and the binding is gone when the restore
+// ends.
+func TestRestoreSweepRetriesRefusedDrop(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	o := stickyPod("web-0", 1)
+	lapsedReservation(t, a, o)
+
+	var calls atomic.Int32
+	a2 := startNode(t, e, "a", []string{"one"}, nodeOpts{wrap: func(s records.Store) records.Store { // the agent restarted
+		h := newHookStore(s)
+		h.Before("DropStaleBinding", func(context.Context) error {
+			switch calls.Add(1) {
+			case 1:
+				return errTooMany("DropStaleBinding")
+			case 2:
+				return errTimedOut("DropStaleBinding")
+			}
+			return nil
+		})
+		return h
+	}})
+	require.EqualValues(t, 3, calls.Load(), "refused, unanswered, dropped")
+	_, ok, err := a2.store.GetBinding(ctx, "one", "ns/web-0")
+	require.NoError(t, err)
+	require.False(t, ok, "the restore's sweep dropped the binding")
 }
