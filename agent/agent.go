@@ -73,6 +73,14 @@ type Agent struct {
 	podMTU    int
 
 	ready *readiness
+	// testStore, set by a test before Run, wraps the allocator's store.
+	testStore storeWrapper
+}
+
+// storeWrapper puts a layer between the allocator and etcd: a test puts
+// etcd's refusals there (Agent.testStore).
+type storeWrapper interface {
+	wrap(records.Store) records.Store
 }
 
 // New checks cfg and prepares an agent; Run starts it.
@@ -174,10 +182,14 @@ func (a *Agent) start(ctx context.Context) error {
 		hist = -1 // the store's way to say: no history
 	}
 	a.store = etcdstore.New(a.cli, etcdstore.Options{ReservationTTL: a.cfg.ReservationTTL.Duration, HistoryRetention: hist, CallTimeout: a.cfg.Etcd.CallTimeout.Duration})
+	var store records.Store = instrumentedStore{Store: a.store, m: a.m}
+	if a.testStore != nil {
+		store = a.testStore.wrap(store)
+	}
 	var err error
 	a.alloc, err = nodealloc.New(nodealloc.Config{
 		Node: a.cfg.Node, BootID: a.opts.BootID, Labels: a.cfg.NodeLabels, Logger: a.log,
-		Store: instrumentedStore{Store: a.store, m: a.m},
+		Store: store,
 		Held: func() []netip.Addr {
 			if a.endpoints == nil {
 				return nil

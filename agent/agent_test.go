@@ -69,6 +69,14 @@ func startAgent(t testing.TB, cfg Config, o Options) *testAgent {
 	t.Helper()
 	a, err := New(cfg, o)
 	require.NoError(t, err)
+	return runAgent(t, a)
+}
+
+// runAgent runs a, which New built and the test may have changed since,
+// until the test ends.
+func runAgent(t testing.TB, a *Agent) *testAgent {
+	t.Helper()
+	cfg := a.cfg
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)

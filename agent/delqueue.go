@@ -20,7 +20,7 @@ func (m *endpointManager) drain(ctx context.Context) error {
 				return nil
 			}
 		}
-		ips, _, err := m.release(ctx, e.Owner, "")
+		ips, _, err := m.release(ctx, e.Owner, "", "")
 		if err == nil {
 			m.log.Info("applied queued DEL", "owner", e.Owner.Key(), "released", ips)
 		}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -178,8 +179,9 @@ func (m *endpointManager) deleteLocked(ctx context.Context, o api.Owner) error {
 // hostIf, when set, is the attachment's host veth (DEL): it is retired
 // before anything is released, and the endpoint on it is retired with it
 // (the datapath drops its traffic) rather than torn down; the reaper
-// deletes both later. It returns what became of hostIf.
-func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error) {
+// deletes both later. identity, if set, is the sticky identity the DEL
+// names (identityFor). It returns what became of hostIf.
+func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf, identity string) ([]string, string, error) {
 	// The veth is the kernel's, not the manager's: it is retired outside
 	// the lock, so that concurrent DELs' netlink work overlaps.
 	var state string
@@ -195,14 +197,39 @@ func (m *endpointManager) release(ctx context.Context, o api.Owner, hostIf strin
 		}
 	}
 	defer m.lockOwner(o)()
-	ep, _ := m.records.get(o) // its identity, before the retire removes it
+	ep, _ := m.records.get(o)
+	identity, err := m.identityFor(o, cmp.Or(ep.StickyIdentity, identity)) // before the retire removes the record
+	if err != nil {
+		return nil, state, err
+	}
 	if ifindex != 0 {
 		if err := m.retireLocked(ctx, o, hostIf, ifindex); err != nil {
 			return nil, state, err
 		}
 	}
-	ips, err := m.releaseLocked(ctx, o, ep.StickyIdentity)
+	ips, err := m.releaseLocked(ctx, o, identity)
 	return ips, state, err
+}
+
+// identityFor is the sticky identity o's release names: named (its
+// endpoint's, else the DEL's), else the one an earlier release of o that
+// has not landed was noted under. It is noted durably before anything of
+// o is removed (endpointRecords.noteReleasing), so that a release that
+// fails, and an agent that restarts, do not lose it: the runtime's retry
+// still names it to the allocator, which drops a binding naming the
+// container when the cache knows nothing of it.
+func (m *endpointManager) identityFor(o api.Owner, named string) (string, error) {
+	id := named
+	if id == "" {
+		var err error
+		if id, err = m.records.releasingAs(o); err != nil {
+			m.log.Warn("cannot read the note of an earlier release; releasing without it", "owner", o.Key(), "error", err)
+		}
+	}
+	if id == "" {
+		return "", nil
+	}
+	return id, m.records.noteReleasing(o, id)
 }
 
 // retireLocked retires o's endpoint if it is the one on the retired veth
@@ -224,8 +251,9 @@ func (m *endpointManager) retireLocked(ctx context.Context, o api.Owner, hostIf 
 }
 
 // releaseLocked tears o's endpoint down and frees its addresses. identity
-// is the sticky identity the endpoint was added under, if any: the
-// allocator drops a binding naming o even if it knows nothing of o.
+// is the sticky identity the release names, if any (identityFor, which
+// noted it): the allocator drops a binding naming o even if it knows
+// nothing of o. The note goes once the release has landed.
 func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner, identity string) ([]string, error) {
 	if err := m.deleteLocked(ctx, o); err != nil {
 		return nil, err
@@ -237,6 +265,11 @@ func (m *endpointManager) releaseLocked(ctx context.Context, o api.Owner, identi
 	}
 	if len(rel) > 0 && m.freed != nil {
 		m.freed.clear()
+	}
+	if err == nil && identity != "" {
+		if rerr := m.records.released(o); rerr != nil {
+			m.log.Warn("release landed; its note stays (harmless: it names the identity to a later DEL of the same container)", "owner", o.Key(), "error", rerr)
+		}
 	}
 	return out, err
 }
@@ -251,7 +284,11 @@ func (m *endpointManager) releaseEndpoint(ctx context.Context, ep api.Endpoint) 
 	if !ok || cur.ID != ep.ID || !cur.Created.Equal(ep.Created) {
 		return nil, false, nil
 	}
-	ips, err = m.releaseLocked(ctx, ep.Owner, ep.StickyIdentity)
+	identity, err := m.identityFor(ep.Owner, ep.StickyIdentity)
+	if err != nil {
+		return nil, true, err
+	}
+	ips, err = m.releaseLocked(ctx, ep.Owner, identity)
 	return ips, true, err
 }
 

@@ -31,7 +31,7 @@ type handlers struct {
 	exhausted *exhaustion
 	endpoints interface {
 		create(ctx context.Context, req api.EndpointRequest) (api.Endpoint, error)
-		release(ctx context.Context, o api.Owner, hostIf string) ([]string, string, error)
+		release(ctx context.Context, o api.Owner, hostIf, identity string) ([]string, string, error)
 		list() []api.Endpoint
 	}
 	counters counterSource
@@ -222,7 +222,7 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 	}
 	out.IPs = req.IPs // decoding refused a malformed one, naming it
 	if req.Sticky != "" {
-		s, err := stickyOf(req)
+		s, err := stickyOf(req.Owner, req.Sticky, req.IPClaim)
 		if err != nil {
 			return out, err
 		}
@@ -249,20 +249,22 @@ func (h *handlers) heldPool(o records.Owner, want string) string {
 	return held
 }
 
-// stickyOf is the sticky identity an allocate request asks for.
-func stickyOf(req api.AllocateRequest) (*records.Sticky, error) {
-	d, err := time.ParseDuration(req.Sticky)
+// stickyOf is the sticky identity a request asks for or names: owner's
+// namespace and its ipClaim, else its pod's name, kept for the window
+// sticky.
+func stickyOf(owner api.Owner, sticky, ipClaim string) (*records.Sticky, error) {
+	d, err := time.ParseDuration(sticky)
 	if err != nil {
-		return nil, &FieldError{Field: "sticky", Msg: fmt.Sprintf("sticky %q is not a duration (e.g. 10m)", req.Sticky)}
+		return nil, &FieldError{Field: "sticky", Msg: fmt.Sprintf("sticky %q is not a duration (e.g. 10m)", sticky)}
 	}
-	name := req.IPClaim
+	name := ipClaim
 	if name == "" {
-		name = req.Owner.Pod
+		name = owner.Pod
 	}
-	if req.Owner.Namespace == "" || name == "" {
+	if owner.Namespace == "" || name == "" {
 		return nil, &FieldError{Field: "sticky", Msg: "a sticky identity needs the pod's namespace and name (K8S_POD_NAMESPACE, K8S_POD_NAME) or an ip-claim"}
 	}
-	s := &records.Sticky{Identity: req.Owner.Namespace + "/" + name, Window: d}
+	s := &records.Sticky{Identity: owner.Namespace + "/" + name, Window: d}
 	if err := s.Validate(); err != nil {
 		return nil, &FieldError{Field: "sticky", Msg: err.Error()}
 	}
@@ -294,7 +296,15 @@ func (h *handlers) allocateResponse(res nodealloc.Result) api.AllocateResponse {
 func checkRelease(req api.ReleaseRequest) error { return validOwner(req.Owner) }
 
 func (h *handlers) release(ctx context.Context, req api.ReleaseRequest) (api.ReleaseResponse, error) {
-	released, hostIf, err := h.endpoints.release(ctx, req.Owner, req.HostIfName)
+	var identity string
+	if req.Sticky != "" {
+		s, err := stickyOf(req.Owner, req.Sticky, req.IPClaim)
+		if err != nil {
+			return api.ReleaseResponse{}, err
+		}
+		identity = s.Identity
+	}
+	released, hostIf, err := h.endpoints.release(ctx, req.Owner, req.HostIfName, identity)
 	if err != nil {
 		return api.ReleaseResponse{}, err
 	}

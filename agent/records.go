@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/internal/foundation/atomicfile"
@@ -28,9 +29,13 @@ type endpointRecords struct {
 	nextID uint32
 }
 
+// releasingDir is the subdirectory of the records' dir that holds the
+// notes of releases that have not landed (noteReleasing).
+const releasingDir = "releasing"
+
 // openEndpointRecords loads every record in dir.
 func openEndpointRecords(dir string) (*endpointRecords, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, releasingDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create endpoint dir: %w", err)
 	}
 	s := &endpointRecords{dir: dir, eps: map[string]api.Endpoint{}, nextID: 1}
@@ -127,4 +132,53 @@ func (s *endpointRecords) addrs() []netip.Addr {
 		out = append(out, ep.IPs...)
 	}
 	return out
+}
+
+// releasing is the note of a release that has not landed: the sticky
+// identity the owner's DEL names (its endpoint's, or the request's).
+type releasing struct {
+	Owner    api.Owner `json:"owner"`
+	Identity string    `json:"identity"`
+	Since    time.Time `json:"since"`
+}
+
+// noteReleasing saves durably that o is released under sticky identity
+// id, before the DEL removes anything of o: until released says its
+// release landed, a DEL of o that names no identity (a retry after the
+// endpoint record went, after a restart) still names id. The note is a
+// file of its own (releasingDir), never read as an endpoint.
+func (s *endpointRecords) noteReleasing(o api.Owner, id string) error {
+	data, err := json.Marshal(releasing{Owner: o, Identity: id, Since: time.Now().UTC()})
+	if err != nil {
+		return fmt.Errorf("encode release note: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(s.dir, releasingDir), filepath.Base(s.file(o)), data, 0o600); err != nil {
+		return fmt.Errorf("save the sticky identity of %s's release: %w", o.Key(), err)
+	}
+	return nil
+}
+
+// releasingAs is the sticky identity an earlier release of o that has not
+// landed was noted under, or "".
+func (s *endpointRecords) releasingAs(o api.Owner) (string, error) {
+	data, err := os.ReadFile(filepath.Join(s.dir, releasingDir, filepath.Base(s.file(o))))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the release note of %s: %w", o.Key(), err)
+	}
+	var r releasing
+	if err := json.Unmarshal(data, &r); err != nil {
+		return "", fmt.Errorf("release note of %s: %w", o.Key(), err)
+	}
+	return r.Identity, nil
+}
+
+// released drops o's release note: its release landed. Absent is fine.
+func (s *endpointRecords) released(o api.Owner) error {
+	if err := os.Remove(filepath.Join(s.dir, releasingDir, filepath.Base(s.file(o)))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the release note of %s: %w", o.Key(), err)
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
 )
@@ -72,4 +73,17 @@ func owner(args *skel.CmdArgs, network string) (api.Owner, error) {
 		return api.Owner{}, err
 	}
 	return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Namespace: a.PodNamespace, Pod: a.PodName, PodUID: a.PodUID, Network: network}, nil
+}
+
+// delOwner is a DEL's owner: the attachment, with the pod's names when
+// CNI_ARGS carries them (a sticky pod's DEL names its identity with
+// them). CNI_ARGS that do not parse are logged, never a failure: a DEL
+// must tear down whatever its ADD set up, and such an ADD set up nothing.
+func delOwner(args *skel.CmdArgs, network string, log hclog.Logger) api.Owner {
+	o, err := owner(args, network)
+	if err != nil {
+		log.Warn("DEL with CNI_ARGS kvipam cannot parse; released without the pod's names", "error", err)
+		return api.Owner{ContainerID: args.ContainerID, IfName: args.IfName, Network: network}
+	}
+	return o
 }

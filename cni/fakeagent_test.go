@@ -105,7 +105,11 @@ func (f *fakeAgent) CreateEndpoint(_ context.Context, req api.EndpointRequest) (
 // it leaves the veth to the plugin.
 func (f *fakeAgent) ReleaseAttachment(_ context.Context, req api.ReleaseRequest) (*api.ReleaseResponse, error) {
 	o := req.Owner
-	f.record("release %s", o.Key())
+	if req.Sticky != "" {
+		f.record("release %s sticky=%s ipClaim=%q ns=%s pod=%s", o.Key(), req.Sticky, req.IPClaim, o.Namespace, o.Pod)
+	} else {
+		f.record("release %s", o.Key())
+	}
 	if f.errRelease != nil {
 		return nil, f.errRelease
 	}

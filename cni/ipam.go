@@ -61,7 +61,7 @@ func (p *IPAM) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	_, err = releaseOrQueue(v.ag, v.c, api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}, "", v.log)
+	_, err = releaseOrQueue(v.ag, v.c, delOwner(args, v.c.Name, v.log), "", v.log)
 	return err
 }
 

@@ -174,7 +174,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	defer v.done()
-	o := api.Owner{ContainerID: args.ContainerID, IfName: args.IfName}
+	o := delOwner(args, v.c.Name, v.log)
 	hostIf := HostVethName(o.ContainerID, o.IfName)
 	queued, err := releaseOrQueue(v.ag, v.c, o, hostIf, v.log)
 	if err != nil {

@@ -394,3 +394,44 @@ func TestIPAM(t *testing.T) {
 	require.ErrorAs(t, p.Funcs().Add(e.args("c2", conf(""))), &te)
 	require.Equal(t, ErrCodePoolExhausted, te.Code)
 }
+
+// TestDelNamesStickyIdentity: the DEL of a sticky pod names its identity
+// to the agent as its ADD did (the pod's annotations and names), with
+// either plugin: kvipam-ipam's agent has no endpoint that would name it,
+// and neither has kvipam's for an ADD that failed before its endpoint
+// (the rollback's DEL names it too). A DEL without the annotation, or
+// without the pod's names, names none.
+func TestDelNamesStickyIdentity(t *testing.T) {
+	ann := func(a string) string {
+		return `,"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{` + a + `}}`
+	}
+	const sticky, claim = `"kvipam.io/sticky":"10m"`, `"kvipam.io/ip-claim":"db-primary"`
+	for _, tc := range []struct {
+		name, ann, args, want string
+	}{
+		{"sticky", sticky, "", `release c1/eth0 sticky=10m0s ipClaim="" ns=default pod=web-0`},
+		{"ip claim", sticky + "," + claim, "", `release c1/eth0 sticky=10m0s ipClaim="db-primary" ns=default pod=web-0`},
+		{"not sticky", "", "", "release c1/eth0"},
+		{"no pod names", sticky, "IgnoreUnknown=1", "release c1/eth0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newPluginEnv(t, false)
+			ipam := &IPAM{e.p.IO}
+			a := e.args("c1", []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"br","type":"bridge","ipam":{"type":"kvipam-ipam","delQueueDir":%q}%s}`, e.queue, ann(tc.ann))))
+			if tc.args != "" {
+				a.Args = tc.args
+			}
+			require.NoError(t, ipam.Funcs().Del(a))
+			require.Equal(t, []string{tc.want}, e.ag.Calls(), "kvipam-ipam")
+
+			e = newPluginEnv(t, true) // kvipam deletes a veth the agent left: in a scratch host netns
+			a = e.args("c1", e.conf(ann(tc.ann)))
+			a.Netns = ""
+			if tc.args != "" {
+				a.Args = tc.args
+			}
+			require.NoError(t, e.run(t, e.p.Funcs().Del, a))
+			require.Equal(t, []string{tc.want}, e.ag.Calls(), "kvipam")
+		})
+	}
+}

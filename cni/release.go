@@ -12,7 +12,11 @@ import (
 	"github.com/kvipam/kvipam/agent/delqueue"
 )
 
-// releaseOrQueue releases an owner's IPs. With hostIf (DEL), the agent
+// releaseOrQueue releases an owner's IPs, naming the pod's sticky
+// identity (the kvipam.io/sticky and kvipam.io/ip-claim annotations of
+// c, with o's namespace and pod) as its ADD did, so that the agent drops
+// a binding naming the container even when it has no endpoint of it (an
+// IPAM-only attachment, an ADD rolled back). With hostIf (DEL), the agent
 // retires that veth before it releases (routes deleted, the datapath
 // drops its traffic) and deletes it in the background; an agent that
 // does not say it did (older than ReleaseRequest.HostIfName) leaves it
@@ -25,7 +29,12 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.L
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
 	owner := api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}
-	res, err := ag.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: owner, HostIfName: hostIf})
+	req := api.ReleaseRequest{Owner: owner, HostIfName: hostIf}
+	if c.Sticky != 0 && o.Namespace != "" && (o.Pod != "" || c.IPClaim != "") {
+		req.Owner.Namespace, req.Owner.Pod = o.Namespace, o.Pod
+		req.Sticky, req.IPClaim = stickyText(c.Sticky), c.IPClaim
+	}
+	res, err := ag.ReleaseAttachment(ctx, req)
 	// deleteVeth deletes the veth here, when the agent did not take it.
 	deleteVeth := func() error {
 		if hostIf == "" {

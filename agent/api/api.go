@@ -142,6 +142,15 @@ type ReleaseRequest struct {
 	// and it is marked for deletion, which the agent does in the
 	// background (many veths in one netlink operation).
 	HostIfName string `json:"hostIfName,omitempty"`
+	// Sticky and IPClaim are what the pod's ADD sent (its kvipam.io/sticky
+	// and kvipam.io/ip-claim annotations), with Owner's namespace and pod:
+	// the sticky identity its addresses follow. The agent names it to the
+	// allocator even when it has no endpoint of the owner (kvipam-ipam's
+	// attachments, an ADD that failed before its endpoint was created), so
+	// that a binding naming the container goes with its DEL, and keeps it
+	// until the release has landed.
+	Sticky  string `json:"sticky,omitempty"`
+	IPClaim string `json:"ipClaim,omitempty"`
 }
 
 // ReleaseResponse lists the addresses released, as text ("10.0.0.5");
