@@ -49,12 +49,32 @@ func (f faultKV) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...cl
 type faultTxn struct {
 	clientv3.Txn
 	f faultKV
+	// writes: the transaction puts or deletes; one that only reads (a
+	// snapshot at one revision) meets a read's faults, not a write's.
+	writes bool
 }
 
-func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn     { t.Txn = t.Txn.If(cs...); return t }
-func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Then(ops...); return t }
-func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn   { t.Txn = t.Txn.Else(ops...); return t }
-func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) { return t.f.commit(t.Txn) }
+func (t *faultTxn) If(cs ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(cs...); return t }
+func (t *faultTxn) Then(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Then(ops...), t.writes || writesAny(ops)
+	return t
+}
+func (t *faultTxn) Else(ops ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Else(ops...), t.writes || writesAny(ops)
+	return t
+}
+func (t *faultTxn) Commit() (*clientv3.TxnResponse, error) {
+	if !t.writes {
+		return t.f.commitRead(t.Txn)
+	}
+	return t.f.commit(t.Txn)
+}
+
+// writesAny reports whether ops put or delete (a nested transaction is
+// taken to).
+func writesAny(ops []clientv3.Op) bool {
+	return slices.ContainsFunc(ops, func(op clientv3.Op) bool { return op.IsPut() || op.IsDelete() || op.IsTxn() })
+}
 
 // The operators' write kinds.
 const (
@@ -64,10 +84,28 @@ const (
 	kindPoolDelete = "pool delete" // with the deleted-pool mark
 )
 
+// commitRead commits a transaction that only reads, failing it as the
+// model fails a node's reads (readFailRate): past the call timeout, or
+// before it was sent.
+func (f faultKV) commitRead(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
+	r := f.r
+	if !r.quiet && r.roll(readFailRate**modelFault) {
+		r.reads++
+		if r.roll(0.5) {
+			return nil, context.DeadlineExceeded
+		}
+		return nil, fmt.Errorf("%s read: %w", f.kind, errInjected)
+	}
+	return txn.Commit()
+}
+
 func (f faultKV) commit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
 	r := f.r
 	r.call = "Txn"
 	r.writes[f.kind]++
+	if r.quiet {
+		return txn.Commit()
+	}
 	if r.inject(f.kind, fHistory) {
 		r.count(f.kind, fHistory)
 		r.revokeHistoryLease()
@@ -113,6 +151,14 @@ func (r *modelRun) operatorStore(kind, pool string) *etcdstore.Store {
 	return etcdstore.New(cli, etcdstore.Options{})
 }
 
+// operatorTries is how many times the model runs an operator's command
+// with faults before etcd calms down: an operator runs a failed command
+// again until it succeeds, and the model checks each try's outcome, but
+// a run that injects many faults in a row must not read as a command
+// that cannot succeed (with the faults tripled, nine tries in a row
+// failed in 3 runs of 32). Without faults the command must succeed.
+const operatorTries = 8
+
 // opOperator stops node n (its agent gone: lease revoked, node record
 // gone), then releases what its pods held as an operator does with the
 // statement that the node is gone: kvipamctl release --owner for each of
@@ -135,7 +181,9 @@ func (r *modelRun) opOperator(n *mNode) {
 		}
 	}
 	run := func(what string, plan func(s *inspect.Snapshot) (inspect.Plan, error)) bool {
+		defer func(q bool) { r.quiet = q }(r.quiet)
 		for try := 0; ; try++ {
+			r.quiet = r.quiet || try >= operatorTries // etcd calms down: then the command must succeed
 			s, err := in.Snapshot(r.ctx)
 			if err == nil {
 				var p inspect.Plan
@@ -148,8 +196,8 @@ func (r *modelRun) opOperator(n *mNode) {
 			if err == nil {
 				return true
 			}
-			if try == 8 {
-				r.fail("operator %s: still failing: %v", what, err)
+			if try == operatorTries+3 {
+				r.fail("operator %s: still failing without faults: %v", what, err)
 				return false
 			}
 		}
@@ -323,7 +371,9 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 		return err == nil, len(resp.Kvs) > 0
 	}
 	retried := func(what string, do func() error, done func() bool) bool {
+		defer func(q bool) { r.quiet = q }(r.quiet)
 		for try := 0; ; try++ {
+			r.quiet = r.quiet || try >= operatorTries // etcd calms down: then the command must be done
 			err := do()
 			r.logf("operator pool %s %s: %v", what, name, err)
 			r.tally("pool "+what, err)
@@ -337,8 +387,8 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 			if done() {
 				return true
 			}
-			if try == 8 {
-				r.fail("operator pool %s %s: still not done: %v", what, name, err)
+			if try == operatorTries+3 {
+				r.fail("operator pool %s %s: still not done without faults: %v", what, name, err)
 				return false
 			}
 		}

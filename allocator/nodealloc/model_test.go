@@ -33,7 +33,7 @@ var (
 	modelSeed     = flag.Uint64("model.seed", 0, "seed of TestModelNodeAllocator's choices and faults; 0 picks one and logs it")
 	modelLogLines = flag.Int("model.log", 40, "operations TestModelNodeAllocator shows before a violation")
 	modelSkip     = flag.String("model.skip", "", "comma-separated operations TestModelNodeAllocator leaves out, to look for one bug while another is known: "+
-		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried)")
+		"sticky (every sticky operation), storeloss (and reassert), pool (pool changes), operator (node remove, release), stickyreserve (sticky reservations), livetakeover (a sticky pod re-created before its DEL), stickyretry (a sticky ADD retried), restart (a restart on a loaded etcd)")
 	modelSpare = flag.String("model.spare", "", "comma-separated write kind=fault cells TestModelNodeAllocator does not inject, "+
 		"e.g. bind/takeover=unknown (faults: unknown, before, race, revoke, history, busy, timedout)")
 	modelDump    = flag.Bool("model.dump", false, "TestModelNodeAllocator logs its last operations even when it passes")
@@ -180,7 +180,14 @@ type modelRun struct {
 	confirming bool                          // the answer being applied is a Confirm's
 	idAddrs    map[string]map[netip.Addr]bool
 	ops        map[string]*[3]int
+	// loaded: etcd refuses writes for load far more often than
+	// faultRates says (opRestart), at loadedBusyRate.
+	loaded bool
 }
+
+// loadedBusyRate is the chance that etcd refuses a write for load ("too
+// many requests") while it is loaded (modelRun.loaded).
+const loadedBusyRate = 0.4
 
 // TestModelNodeAllocator drives three node allocators through every kind
 // of write the allocator has: ordinary allocations (reservations and
@@ -396,7 +403,7 @@ func (r *modelRun) hookUp(n *mNode) {
 				r.count(kind, fRace)
 				return fmt.Errorf("injected lost race in %s: %w", op, records.ErrConflict)
 			}
-			if r.inject(kind, fBusy) {
+			if r.inject(kind, fBusy) || (r.loaded && !spared(kind, fBusy) && r.roll(loadedBusyRate)) {
 				r.count(kind, fBusy)
 				return errTooMany(op)
 			}
@@ -701,8 +708,12 @@ func (r *modelRun) randomStep() {
 	n := r.nodes[r.rng.IntN(len(r.nodes))]
 	r.recover(n, false)
 	switch p := r.rng.IntN(100); {
-	case p < 18:
+	case p < 16:
 		r.opAllocate(n)
+	case p < 18:
+		if !skip("restart") {
+			r.opRestart(n)
+		}
 	case p < 24:
 		r.opBatch(n)
 	case p < 30:
@@ -748,6 +759,31 @@ func (r *modelRun) randomStep() {
 	default:
 		r.opAllocate(n)
 	}
+}
+
+// opRestart restarts a node's agent while etcd is loaded, as when many
+// agents restart at once: its restore, and the sweep of stale sticky
+// bindings in it, meet "too many requests" on two writes in five. It
+// restarts, when there is one, the node of an owner whose DEL failed
+// (the runtime retries that DEL later): the combination that found a
+// retried DEL answering success and leaving a binding that named a
+// container holding nothing (seed 1795803060803679554, -model.faults 3).
+func (r *modelRun) opRestart(n *mNode) {
+	var failed []*mOwner
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.delFail {
+			failed = append(failed, mo)
+		}
+	}
+	if len(failed) > 0 {
+		n = r.nodes[failed[r.rng.IntN(len(failed))].node]
+	}
+	r.logf("%s restarts on a loaded etcd", n.name)
+	r.op = "claim"
+	r.loaded = true
+	r.startAlloc(n)
+	r.loaded = false
+	r.tally("restart", nil)
 }
 
 // ordinary picks an ordinary owner of node n.
@@ -996,15 +1032,12 @@ func (r *modelRun) release(mo *mOwner) {
 	n := r.nodes[mo.node]
 	r.recover(n, false)
 	from := time.Now()
-	// The agent names the identity its endpoint's record has; a retry
-	// finds the record gone, and only the allocator's memory of the
-	// failed DEL (lost with a restart) names it.
-	id := mo.identity
-	if mo.delFail {
-		id = ""
-	}
-	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, id)
-	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), id, mo.told, mo.unsure, addrsOf(out), err)
+	// The agent names the identity its endpoint's record has, or the
+	// DEL's request (both plugins send the pod's annotations); a failed
+	// DEL's is noted on the node's disk until its release lands, so the
+	// runtime's retry names it too, after a restart as well.
+	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, mo.identity)
+	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.identity, mo.told, mo.unsure, addrsOf(out), err)
 	r.tally("release", err)
 	if err != nil {
 		mo.unsure, mo.delFail = true, true
