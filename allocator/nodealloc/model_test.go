@@ -1240,8 +1240,10 @@ const lapseIdentity = "ns/lapse"
 // (its runtime stalled). The reservation is one told already, or of a new
 // ADD on n, two in three of them sticky (the DEL, or a restore, then
 // drops the binding). It waits until etcd has let the reservation go,
-// restarts the node or not, confirms it (the confirm fails, and the node
-// notices the lapse), DELs it or not, and records the lapses of its node.
+// restarts the node on a loaded etcd or not (with a DEL before, which
+// the load may refuse), confirms it (the confirm fails, and the node
+// notices the lapse), DELs it or not (again, if the first failed), and
+// records the lapses of its node.
 func (r *modelRun) opLapse(n *mNode) {
 	pending := func(mo *mOwner) bool { return mo.reserved && !mo.unsure && !mo.delFail && len(mo.told) > 0 }
 	var reserved []*mOwner
@@ -1286,15 +1288,24 @@ func (r *modelRun) opLapse(n *mNode) {
 	r.logf("the reservation of %s (%v) lapsed", mo.o.Key(), mo.told)
 	r.expireReservations()
 	if r.rng.IntN(2) == 0 {
-		// The agent restarted meanwhile: no cache knows the reservation
-		// (the restore's sweep drops a sticky one's binding).
-		r.logf("%s restarts", r.nodes[mo.node].name)
+		// The agent restarted meanwhile, on a loaded etcd: no cache
+		// knows the reservation (the restore's sweep drops a sticky
+		// one's binding, and meets "too many requests"). Its DEL may
+		// have come before, and met them too; the runtime retries it.
+		if r.rng.IntN(2) == 0 {
+			r.loaded = true
+			r.release(mo)
+			r.loaded = false
+		}
+		r.logf("%s restarts on a loaded etcd", r.nodes[mo.node].name)
 		r.op = "claim"
+		r.loaded = true
 		r.startAlloc(r.nodes[mo.node])
+		r.loaded = false
 		r.op = "lapse"
 	}
 	r.confirm(mo)
-	if r.rng.IntN(2) == 0 {
+	if r.rng.IntN(2) == 0 || mo.delFail {
 		r.release(mo)
 	}
 	r.recordLapses(r.nodes[mo.node])
