@@ -44,6 +44,9 @@ func (a *Allocator) plan(ctx context.Context, r Request, pendErr error) (*plan, 
 	if ps.pendingFor(r.Owner.Key()) {
 		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(records.ErrUnavailable, pendErr))
 	}
+	if err := a.reassertOwner(ctx, ps, r.Owner.Key()); err != nil {
+		return nil, err
+	}
 	if r.Sticky != nil {
 		return a.planSticky(ctx, ps, r, pendErr)
 	}

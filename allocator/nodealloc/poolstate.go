@@ -54,6 +54,10 @@ type poolState struct {
 	// the cache forgets it), and those whose DEL named an identity and
 	// failed (ReleaseAs), so that the runtime's retry still checks it.
 	checkBinding map[string]string
+	// unasserted are cached allocations of the node's endpoints whose
+	// records etcd lost and a Reassert could not write back yet: no
+	// record guards them, so their owners' requests wait (reassert.go).
+	unasserted map[netip.Addr]*records.Allocation
 	// walks are the node's block walks, by family (blockwalk.go); a
 	// changed pool starts them again.
 	walks map[allocator.Family]*allocator.BlockWalk
@@ -95,6 +99,7 @@ func newPoolState(p allocator.Pool) *poolState {
 
 		checkBinding:  map[string]string{},
 		claimsUnknown: map[netip.Prefix]bool{},
+		unasserted:    map[netip.Addr]*records.Allocation{},
 	}
 }
 
@@ -153,6 +158,9 @@ func (ps *poolState) forget(al *records.Allocation) {
 	if ps.byAddr[al.Addr] == al {
 		delete(ps.byAddr, al.Addr)
 		delete(ps.expires, al.Addr)
+	}
+	if ps.unasserted[al.Addr] == al {
+		delete(ps.unasserted, al.Addr)
 	}
 }
 

@@ -60,6 +60,12 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 	if err := a.ready(); err != nil {
 		return nil, nil, err
 	}
+	return a.reassert(ctx, held)
+}
+
+// reassert is Reassert, called with allocMu and mu held on a node that
+// is ready.
+func (a *Allocator) reassert(ctx context.Context, held []HeldAddr) (restored []records.Allocation, conflicts []Conflict, err error) {
 	type item struct {
 		h     HeldAddr
 		ps    *poolState
@@ -104,6 +110,7 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 	var known []records.IPRef // the owner's in etcd, not (so) in the cache
 	for _, it := range items {
 		ps, addr := it.ps, it.h.Addr
+		delete(ps.unasserted, addr) // settled below, or marked again
 		if al, ok := cur[addr]; ok {
 			switch c := ps.byAddr[addr]; {
 			case al.Owner.Key() != it.h.Owner.Key():
@@ -135,6 +142,9 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 			}
 		case err != nil:
 			errs = append(errs, fmt.Errorf("reassert %s: %w", addr, err))
+			if old := ps.byAddr[addr]; old != nil && old.Owner.Key() == it.h.Owner.Key() {
+				ps.unasserted[addr] = old
+			}
 		default:
 			restored = append(restored, *al)
 			a.logReasserted(al)
@@ -146,6 +156,44 @@ func (a *Allocator) Reassert(ctx context.Context, held []HeldAddr) (restored []r
 		}
 	}
 	return restored, conflicts, errors.Join(errs...)
+}
+
+// reassertOwner writes back, as Reassert would, the allocations the
+// cache holds for owner key whose records etcd lost and a Reassert could
+// not write back (poolState.unasserted), before a request of the owner
+// is planned: answered from the cache, a retried ADD would be told an
+// address etcd holds for nobody, which another node may hand out. An
+// address that cannot be written back (a conflict) is forgotten, and the
+// request plans anew; one that fails now fails the request (try again).
+func (a *Allocator) reassertOwner(ctx context.Context, ps *poolState, key string) error {
+	var held []HeldAddr
+	for addr, al := range ps.unasserted {
+		if al.Owner.Key() == key {
+			held = append(held, HeldAddr{Owner: al.Owner, Addr: addr, Identity: al.Identity, WindowSeconds: al.WindowSeconds})
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	_, conflicts, err := a.reassert(ctx, held)
+	for _, c := range conflicts {
+		a.log.Warn("an address etcd lost cannot be written back; the owner's request plans anew", "owner", key, "ip", c.Addr, "reason", c.Reason)
+	}
+	if addr, ok := ps.unassertedFor(key); ok {
+		return fmt.Errorf("etcd lost the record of %s's %s, and it cannot be written back now: %w", key, addr, errors.Join(records.ErrUnavailable, err))
+	}
+	return nil
+}
+
+// unassertedFor returns an address the cache holds for owner key whose
+// record etcd lost and a Reassert could not write back yet.
+func (ps *poolState) unassertedFor(key string) (netip.Addr, bool) {
+	for addr, al := range ps.unasserted {
+		if al.Owner.Key() == key {
+			return addr, true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // reassertWindow is the window of a sticky binding written back for a
