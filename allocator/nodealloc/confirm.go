@@ -146,6 +146,11 @@ func (a *Allocator) planConfirm(ctx context.Context, o records.Owner) (confirmPl
 	for _, ps := range a.pools {
 		for _, al := range slices.Clone(ps.byOwner[o.Key()]) {
 			if al.State != records.StateReserved {
+				if ps.unasserted[al.Addr] == al {
+					// etcd lost it: not answered from the cache until a
+					// Reassert (or the owner's next ADD) writes it back.
+					return p, fmt.Errorf("confirm %s: etcd lost the record of %s, and it is not written back yet: %w", o.Key(), al.Addr, records.ErrUnavailable)
+				}
 				if al.Identity != "" {
 					// A later container of its identity may have taken
 					// it over from another node: ask etcd, not the cache.

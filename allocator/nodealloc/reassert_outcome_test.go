@@ -318,7 +318,8 @@ func TestReassertNoSecondAddressOfAFamily(t *testing.T) {
 // refuses the write for load). The cache still holds x for the pod, but
 // no record in etcd guards it: a retried ADD of the pod is not answered
 // from the cache. It writes x back as Reassert would, and is told to try
-// again while that fails; then it gets x, which etcd holds. (The model
+// again while that fails (a confirm, which writes nothing here, too);
+// then it gets x, which etcd holds. (The model
 // test, its faults tripled, found a retried ADD told an address etcd held
 // for nobody: seed 1795802836903262846, timing-dependent.)
 func TestRetriedAddRewritesWhatReassertCouldNot(t *testing.T) {
@@ -346,6 +347,8 @@ func TestRetriedAddRewritesWhatReassertCouldNot(t *testing.T) {
 	_, err = a.alloc.Allocate(ctx, req)
 	require.ErrorIs(t, err, records.ErrUnavailable, "a retried ADD writes x back first, and that is refused too")
 	require.ErrorContains(t, err, "etcd lost the record of "+owner(1).Key()+"'s "+x.Addr.String())
+	_, err = a.alloc.Confirm(ctx, owner(1))
+	require.ErrorIs(t, err, records.ErrUnavailable, "nor is a confirm answered from the cache")
 	refuse.Store(0)
 	_, ok := holdersOf(t, a.cli)[x.Addr]
 	require.False(t, ok)
