@@ -175,6 +175,7 @@ func (a *Allocator) reassertOwner(ctx context.Context, ps *poolState, key string
 	if len(held) == 0 {
 		return nil
 	}
+	slices.SortFunc(held, func(x, y HeldAddr) int { return x.Addr.Compare(y.Addr) }) // a seed replays the same writes
 	_, conflicts, err := a.reassert(ctx, held)
 	for _, c := range conflicts {
 		a.log.Warn("an address etcd lost cannot be written back; the owner's request plans anew", "owner", key, "ip", c.Addr, "reason", c.Reason)
