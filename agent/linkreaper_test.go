@@ -173,22 +173,36 @@ func TestRetiredVethDeletedAtStart(t *testing.T) {
 // nothing of it (nodealloc's TestStickyDelOfLostRecordDropsBinding).
 func TestStickyDelNamesIdentity(t *testing.T) {
 	cfg, h := hostNSConfig(t)
-	ctx := context.Background()
 	ta := startAgent(t, cfg, Options{})
 	const name = "kvret1"
+	o := stickyEndpoint(t, ta, h, name)
+	named := namedIdentities(ta)
+	_, err := ta.c.ReleaseAttachment(context.Background(), api.ReleaseRequest{Owner: o, HostIfName: name})
+	require.NoError(t, err)
+	require.Equal(t, []string{o.Namespace + "/" + o.Pod}, *named)
+}
+
+// stickyEndpoint ADDs pod owner(1), sticky, with its endpoint on a new
+// host veth name in h (a dummy link), and returns its owner.
+func stickyEndpoint(t *testing.T, ta *testAgent, h *netlink.Handle, name string) api.Owner {
+	t.Helper()
+	ctx := context.Background()
 	nstest.AddLink(t, h, name)
 	o := owner(1)
 	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o, Sticky: "10m"})
 	require.NoError(t, err)
 	_, err = ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: name})
 	require.NoError(t, err)
+	return o
+}
 
+// namedIdentities makes ta's endpoint manager note the sticky identity
+// each of its releases names to the allocator, in order.
+func namedIdentities(ta *testAgent) *[]string {
 	var named []string
 	m := ta.a.endpoints
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(_ records.Owner, identity string) { named = append(named, identity) }}
-	m.mu.Unlock()
-	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: o, HostIfName: name})
-	require.NoError(t, err)
-	require.Equal(t, []string{o.Namespace + "/" + o.Pod}, named)
+	return &named
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -167,15 +166,10 @@ func TestFailedStickyDelKeepsIdentity(t *testing.T) {
 	busy := &refusals{}
 	ta := startRefusing(t, cfg, busy)
 	const name = "kvkeep0"
-	nstest.AddLink(t, h, name)
-	o := owner(1)
-	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: o, Sticky: "10m"})
-	require.NoError(t, err)
-	_, err = ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: name})
-	require.NoError(t, err)
+	o := stickyEndpoint(t, ta, h, name)
 
 	busy.refuse(-1)
-	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}, HostIfName: name})
+	_, err := ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}, HostIfName: name})
 	require.Equal(t, api.CodeTryAgain, apiErr(t, err).Code, "%v", err)
 	eps, err := ta.c.Endpoints(ctx)
 	require.NoError(t, err)
@@ -184,15 +178,11 @@ func TestFailedStickyDelKeepsIdentity(t *testing.T) {
 	ta.shutdown()
 	busy.refuse(0)
 	ta = startRefusing(t, cfg, busy) // restarted
-	var named []string
-	m := ta.a.endpoints
-	m.mu.Lock()
-	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(_ records.Owner, identity string) { named = append(named, identity) }}
-	m.mu.Unlock()
+	named := namedIdentities(ta)
 	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}, HostIfName: name})
 	require.NoError(t, err, "the runtime's retried DEL")
-	require.Equal(t, []string{"ns/pod-1"}, named, "the retry names the identity the failed DEL noted")
+	require.Equal(t, []string{"ns/pod-1"}, *named, "the retry names the identity the failed DEL noted")
 	_, err = ta.c.ReleaseAttachment(ctx, api.ReleaseRequest{Owner: api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}})
 	require.NoError(t, err)
-	require.Equal(t, []string{"ns/pod-1", ""}, named, "once it landed, the note is gone")
+	require.Equal(t, []string{"ns/pod-1", ""}, *named, "once it landed, the note is gone")
 }
