@@ -195,7 +195,8 @@ const loadedBusyRate = 0.4
 // confirms, releases, sticky identities (bind, keep at DEL, takeover from
 // a live pod and from a kept record, an earlier container's late DEL,
 // window expiry), re-asserting allocations etcd lost (an etcd restore,
-// in the running allocator or after a restart), recording lapsed
+// in the running allocator or after a restart; an owner's DEL may come
+// before the reassert), recording lapsed
 // reservations, dropping a stale sticky binding at a restore, an
 // operator's release --owner and node remove of a stopped node
 // (model_ops_test.go), and pool changes (disable, reserve,
@@ -1164,7 +1165,8 @@ func (r *modelRun) answer(mo *mOwner, res nodealloc.Result, err error) {
 // opStoreLoss loses some of node n's allocations from etcd, as a restore
 // of an older snapshot does, then re-asserts them as the agent does:
 // after restarting (Restore, with the endpoints' addresses held) or in
-// the running allocator.
+// the running allocator; one of those owners' DEL may come before the
+// reassert (delBeforeReassert).
 func (r *modelRun) opStoreLoss(n *mNode) {
 	var lost []*mOwner
 	for _, k := range r.order {
@@ -1175,7 +1177,6 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	if len(lost) == 0 {
 		return
 	}
-	var held []nodealloc.HeldAddr
 	for _, mo := range lost {
 		for _, a := range mo.told {
 			b, _ := r.pool.BlockFor(a)
@@ -1183,16 +1184,6 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 			require.NoError(r.t, err)
 			_, err = r.check.Delete(r.ctx, etcdstore.LentKey(r.pool.Name, a))
 			require.NoError(r.t, err)
-		}
-	}
-	// The agent re-asserts all its endpoints.
-	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i && mo.hasEndpoint() {
-			for _, a := range mo.told {
-				// The agent's endpoint record keeps the identity (and its
-				// window; the model's are 1-2 s) for a restarted node.
-				held = append(held, nodealloc.HeldAddr{Owner: mo.o, Addr: a, Identity: mo.identity, WindowSeconds: 1})
-			}
 		}
 	}
 	restart := r.rng.IntN(2) == 0
@@ -1205,6 +1196,20 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	if restart {
 		r.op = "claim"
 		r.startAlloc(n)
+	}
+	if r.rng.IntN(2) == 0 {
+		r.delBeforeReassert(lost)
+	}
+	// The agent re-asserts all its endpoints.
+	var held []nodealloc.HeldAddr
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.node == n.i && mo.hasEndpoint() {
+			for _, a := range mo.told {
+				// The agent's endpoint record keeps the identity (and its
+				// window; the model's are 1-2 s) for a restarted node.
+				held = append(held, nodealloc.HeldAddr{Owner: mo.o, Addr: a, Identity: mo.identity, WindowSeconds: 1})
+			}
+		}
 	}
 	r.op = "reassert"
 	for try := 0; ; try++ {
@@ -1223,12 +1228,31 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 		r.after(n, err)
 		if try == 6 {
 			for _, mo := range lost {
-				mo.unsure = true
+				if len(mo.told) > 0 { // not one whose DEL came first
+					mo.unsure = true
+				}
 			}
 			break
 		}
 	}
 	r.after(n, nil)
+}
+
+// delBeforeReassert DELs one of the owners whose records etcd lost, a
+// sticky one if there is one, before the agent re-asserts them: the pod
+// was deleted meanwhile. Its keep finds the records gone (in a running
+// allocator whose cache still holds them; after a restart the cache
+// knows nothing of it), and the binding, which names a container that
+// holds nothing, must go with the DEL (a DEL answering success and
+// leaving it was found by review, as the model had no such step).
+func (r *modelRun) delBeforeReassert(lost []*mOwner) {
+	cands := slices.DeleteFunc(slices.Clone(lost), func(mo *mOwner) bool { return mo.identity == "" })
+	if len(cands) == 0 {
+		cands = lost
+	}
+	mo := cands[r.rng.IntN(len(cands))]
+	mo.unsure = true // etcd holds less than it was told: nothing to keep
+	r.release(mo)
 }
 
 // lapseIdentity is the sticky identity opLapse's new containers have: its

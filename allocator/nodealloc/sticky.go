@@ -323,6 +323,10 @@ func (a *Allocator) planTakeover(ctx context.Context, ps *poolState, r Request, 
 // the identity instead of freeing them. If the identity has moved on (a
 // later pod took the addresses over) there is nothing of this owner to
 // keep: the cache learns who holds them now and the release succeeds.
+// If etcd lost the records (restored from an older snapshot before a
+// reassert wrote them back) the binding still names the owner, who holds
+// none of its addresses: it goes (dropBindingOf), whether the keep was
+// refused for it or its outcome was settled from etcd.
 func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records.Allocation) error {
 	identity := als[0].Identity
 	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.pool.Name, identity)
@@ -339,7 +343,10 @@ func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records
 	end, err := a.cfg.Store.Keep(ctx, b, vals)
 	switch {
 	case errors.Is(err, records.ErrConflict):
-		return a.dropTakenOver(ctx, ps, als)
+		if err := a.dropTakenOver(ctx, ps, als); err != nil {
+			return err
+		}
+		return a.dropBindingOf(ctx, ps, identity, als[0].Owner)
 	case outcomeUnknown(err):
 		a.park(ps, als[0].Owner.Key(), "keep", refsOf(als)...)
 		if serr := a.settlePending(ctx); serr != nil {
@@ -347,6 +354,11 @@ func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records
 		}
 		if still := ps.stillCached(als); still != nil {
 			return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
+		}
+		// Settled: kept (the binding says so), or etcd had lost them
+		// and the binding, which names the owner, goes.
+		if err := a.dropBindingOf(ctx, ps, identity, als[0].Owner); err != nil {
+			return err
 		}
 	case err != nil:
 		return fmt.Errorf("keep %s for sticky identity %s: %w", als[0].Owner.Key(), identity, err)
@@ -377,8 +389,8 @@ func (ps *poolState) stillCached(als []*records.Allocation) *records.Allocation 
 
 // dropTakenOver reads als back from etcd and settles the cache from it:
 // the ones another owner holds now (taken over by a later pod of the
-// identity, or kept) leave the owner; any still this owner's as it was is
-// an error to retry.
+// identity, or kept), or etcd lost, leave the owner; any still this
+// owner's as it was is an error to retry.
 func (a *Allocator) dropTakenOver(ctx context.Context, ps *poolState, als []*records.Allocation) error {
 	if err := a.readBack(ctx, refsOf(als)); err != nil {
 		return err
@@ -387,7 +399,7 @@ func (a *Allocator) dropTakenOver(ctx context.Context, ps *poolState, als []*rec
 		return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, records.ErrConflict)
 	}
 	for _, al := range als {
-		a.log.Info("late release of a sticky address a later pod holds now: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
+		a.log.Info("late release of a sticky address a later pod holds now, or etcd lost: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -457,4 +458,91 @@ func TestStickyDelOfLostRecordDropsBinding(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "a DEL of another container of the identity leaves the binding")
 	require.Equal(t, other.Key(), b.Owner.Key())
+}
+
+// TestStickyDelOfLostRecordsDropsBinding: etcd lost a running sticky
+// pod's records (a restore from an older snapshot) while the binding
+// still names it, and the pod's DEL comes before the agent's reassert,
+// on a node whose cache still holds the records. The keep finds them
+// gone, so nothing is kept; the DEL answers success and drops the
+// binding that names the container, which holds nothing now, guarded by
+// its revision, and the identity's next pod gets a fresh binding. If one
+// of the addresses is another owner's by then (a race), the binding
+// goes as well and nothing of the other owner's is touched; so it does
+// when the keep's answer is lost and its outcome settled from etcd.
+func TestStickyDelOfLostRecordsDropsBinding(t *testing.T) {
+	ctx := context.Background()
+	dual := allocator.Pool{Name: "dual", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.30.0.0/24"), netip.MustParsePrefix("fd00:30::/120")}, BlockSizeV4: 28, BlockSizeV6: 124}
+	req := func(o records.Owner) nodealloc.Request {
+		return nodealloc.Request{Pool: "dual", Owner: o, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Minute}}
+	}
+	for _, tc := range []struct {
+		name           string
+		raced, unknown bool
+	}{{name: "lost"}, {name: "raced", raced: true}, {name: "keep-unknown", unknown: true}} {
+		raced := tc.raced
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEtcd(t, dual)
+			var h *hookStore
+			a := startNode(t, e, "a", []string{"dual"}, nodeOpts{wrap: func(s records.Store) records.Store { h = newHookStore(s); return h }})
+			if tc.unknown { // the keep's answer is lost: settled from etcd
+				h.Before("Keep", func(context.Context) error { return errUnknown })
+			}
+			first := stickyPod("web-0", 1)
+			res, err := a.alloc.Allocate(ctx, req(first))
+			require.NoError(t, err)
+			require.Len(t, res.Allocations, 2)
+			for _, x := range res.Allocations { // lost in an etcd restore
+				_, err = a.cli.Delete(ctx, etcdstore.IPKey("dual", x.Block, x.Addr))
+				require.NoError(t, err)
+			}
+			x := res.Allocations[0]
+			var theirs records.Allocation
+			if raced { // another owner's ADD got x meanwhile
+				claim, err := a.cli.Get(ctx, etcdstore.ClaimKey("dual", x.Block))
+				require.NoError(t, err)
+				require.Len(t, claim.Kvs, 1)
+				_, err = etcdstore.New(a.cli, etcdstore.Options{}).WriteIPs(ctx, []records.IPWrite{{Pool: "dual", Block: x.Block, ClaimRev: claim.Kvs[0].ModRevision,
+					Addr: x.Addr, Record: records.Record{Owner: owner(99), Node: "a", State: records.StateAllocated}}})
+				require.NoError(t, err)
+				theirs = dualHolders(t, a.cli)[x.Addr]
+			}
+
+			_, err = a.alloc.ReleaseAs(ctx, first, "ns/web-0")
+			require.NoError(t, err)
+			_, ok, err := a.store.GetBinding(ctx, "dual", "ns/web-0")
+			require.NoError(t, err)
+			require.False(t, ok, "the DEL drops the binding naming the container, which holds nothing")
+			if raced {
+				now, ok := dualHolders(t, a.cli)[x.Addr]
+				require.True(t, ok)
+				require.Equal(t, theirs.Owner.Key(), now.Owner.Key(), "x is still the other owner's")
+				require.Equal(t, theirs.Rev, now.Rev, "untouched")
+			} else {
+				require.Empty(t, dualHolders(t, a.cli), "nothing kept for the identity")
+			}
+
+			second := stickyPod("web-0", 2)
+			res, err = a.alloc.Allocate(ctx, req(second))
+			require.NoError(t, err)
+			b, ok, err := a.store.GetBinding(ctx, "dual", "ns/web-0")
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, second.Key(), b.Owner.Key(), "the identity's next pod gets a fresh binding")
+			require.ElementsMatch(t, addrsOf(res.Allocations), b.Addrs)
+			if raced {
+				require.NotContains(t, b.Addrs, x.Addr)
+			}
+		})
+	}
+}
+
+// dualHolders is what etcd holds in pool "dual", by address.
+func dualHolders(t *testing.T, cli *clientv3.Client) map[netip.Addr]records.Allocation {
+	t.Helper()
+	out := map[netip.Addr]records.Allocation{}
+	for _, al := range storeIPs(t, cli, "dual") {
+		out[al.Addr] = al
+	}
+	return out
 }
