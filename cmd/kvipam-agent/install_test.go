@@ -119,7 +119,7 @@ func TestUninstallCNI(t *testing.T) {
 	require.Equal(t, 0, runInstall([]string{"--from", from, "--bin-dir", bin, "--conf-dir", conf, "--conflist", conflist}, &out, &errs), errs.String())
 	require.FileExists(t, filepath.Join(conf, "10-kvipam.conflist"))
 
-	args := []string{"--bin-dir", bin, "--conf-dir", conf}
+	args := append([]string{"--bin-dir", bin, "--conf-dir", conf}, scratchNodeState(t)...)
 	out.Reset()
 	require.Equal(t, 0, runUninstall(args, &out, &errs), errs.String())
 	require.Equal(t, 3, strings.Count(out.String(), "removed"), out.String())
@@ -134,6 +134,18 @@ func TestUninstallCNI(t *testing.T) {
 	require.Equal(t, 0, runUninstall(args, &out, &errs), errs.String())
 	require.Equal(t, 3, strings.Count(out.String(), "absent"), "idempotent: %s", out.String())
 	require.Equal(t, 1, runUninstall([]string{"--conflist-name", "../x"}, &out, &errs), "a name, not a path")
+}
+
+// scratchNodeState points an uninstall's removal of routes, the VXLAN
+// device and eBPF pins at a scratch network namespace and a pin directory
+// that does not exist, never at the host's; without root (no namespace)
+// it leaves them out.
+func scratchNodeState(t *testing.T) []string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return []string{"--cni-only"}
+	}
+	return []string{"--netns", nstest.NewNS(t).Path(), "--bpf-pin-dir", filepath.Join(t.TempDir(), "pins")}
 }
 
 // TestHealth: the probe subcommand exits 0 for a ready agent and 1, with

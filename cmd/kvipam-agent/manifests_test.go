@@ -388,7 +388,10 @@ func TestManifestsUninstallRemovesConflist(t *testing.T) {
 	require.NotEmpty(t, spec.InitContainers, "the removal is done before the pod is Ready")
 	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		require.Equal(t, "uninstall-cni", c.Command[1], c.Name)
+		require.Contains(t, c.SecurityContext.Capabilities.Add, corev1.Capability("NET_ADMIN"), "%s removes routes and the VXLAN device", c.Name)
+		require.True(t, slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/sys/fs/bpf" }), "%s sees the host's bpffs", c.Name)
 		args := slices.DeleteFunc(remap(un, c), func(a string) bool { return a == "--wait" })
+		args = append(args, scratchNodeState(t)...)
 		require.Equal(t, 0, runUninstall(args, &out, &errs), "%s: %s", c.Name, errs.String())
 		require.NoFileExists(t, installed, "%s removed the conflist", c.Name)
 		require.NoFileExists(t, filepath.Join(hostDirs["/opt/cni/bin"], "kvipam"))

@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/kvipam/kvipam/agent"
+	"github.com/kvipam/kvipam/bpf"
 )
 
 // uninstall-cni undoes install-cni on a node: it removes the conflist
@@ -19,14 +22,18 @@ import (
 // marks the node NotReady rather than keeping it Ready while every pod's
 // ADD fails), then kvipam's own plugins. The reference plugins install-cni
 // also installs (loopback, portmap, bandwidth) stay: another network on
-// the node may use them. Running it again changes nothing. With --wait it
+// the node may use them. Then, unless --cni-only, what the agent left in
+// the node's network: its routes to other nodes' blocks, the VXLAN device,
+// and its eBPF pins (agent.RemoveRouting, bpf.RemovePins). Running it
+// again changes nothing. With --wait it
 // then waits for SIGTERM, as the main container of the cleanup DaemonSet
 // (deploy/kubernetes/uninstall), whose pods are Ready only once the
 // removal is done.
 
 type uninstallFlags struct {
 	binDir, confDir, conflistName, plugins string
-	wait                                   bool
+	netns, bpfPinDir                       string
+	cniOnly, wait                          bool
 }
 
 func runUninstall(args []string, stdout, stderr io.Writer) int {
@@ -37,6 +44,9 @@ func runUninstall(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.confDir, "conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
 	fs.StringVar(&f.conflistName, "conflist-name", "10-kvipam.conflist", "the file name of the conflist install-cni installed")
 	fs.StringVar(&f.plugins, "plugins", "kvipam,kvipam-ipam", "plugins to remove, comma separated (kvipam's own; not the reference plugins another network may share)")
+	fs.StringVar(&f.netns, "netns", "", "the network namespace whose kvipam routes and VXLAN device go (empty: this process's: the node's with hostNetwork)")
+	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", bpf.DefaultPinDir, "the agent's bpffs pin directory, removed with its pins")
+	fs.BoolVar(&f.cniOnly, "cni-only", false, "remove only the CNI configuration and plugins: leave routes, the VXLAN device and the eBPF pins")
 	fs.BoolVar(&f.wait, "wait", false, "after removing, wait for SIGTERM (a DaemonSet's container)")
 	if code, done := cmd.parse(args); done {
 		return code
@@ -67,6 +77,23 @@ func uninstall(f uninstallFlags, out io.Writer) error {
 		if err := removeFile(f.binDir, p, out); err != nil {
 			return err
 		}
+	}
+	if f.cniOnly {
+		return nil
+	}
+	removed, err := agent.RemoveRouting(f.netns)
+	for _, r := range removed {
+		fmt.Fprintf(out, "%s: removed\n", r)
+	}
+	if err != nil {
+		return fmt.Errorf("remove routing: %w", err)
+	}
+	removed, err = bpf.RemovePins(f.bpfPinDir)
+	for _, r := range removed {
+		fmt.Fprintf(out, "%s: unpinned\n", r)
+	}
+	if err != nil {
+		return fmt.Errorf("remove eBPF pins: %w", err)
 	}
 	return nil
 }
