@@ -106,8 +106,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./cni/
 
+# go build -v names each package as it compiles: on a cold machine the
+# first build takes minutes, and says so rather than stay silent.
 demo:
-	$(GO) run ./cmd/kvipam-demo
+	@echo 'make demo: building kvipam-demo (a cold machine downloads and compiles the modules first: minutes)' >&2
+	$(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN)/kvipam-demo ./cmd/kvipam-demo
+	$(BIN)/kvipam-demo
 
 # The container image as an OCI archive (no daemon, no registry, no shell
 # inside): one index with linux/amd64 and linux/arm64 images, tagged with

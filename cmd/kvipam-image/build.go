@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
 	"strings"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -24,6 +27,9 @@ type options struct {
 	// every image of ref's repository replaced by ref.
 	manifests   []string
 	manifestDir string
+	// progress, if set, hears what is being built and each package as go
+	// build compiles it (go build -v): minutes on a cold machine.
+	progress io.Writer
 }
 
 // binaries are the image's programs: go build targets, in /usr/local/bin.
@@ -71,11 +77,24 @@ func build(o options) (built, error) {
 	var specs []ociimage.Spec
 	for _, arch := range archs {
 		dir := filepath.Join(tmp, arch)
-		args := append([]string{"build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w -buildid= " + o.ldflags), "-o", dir + "/"}, binaries...)
-		cmd := exec.Command("go", args...)
+		args := []string{"build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w -buildid= " + o.ldflags), "-o", dir + "/"}
+		if o.progress != nil {
+			args = append(args, "-v")
+			fmt.Fprintf(o.progress, "kvipam-image: building linux/%s (a cold machine compiles the standard library and every module for it first: minutes; go build -v names each package)\n", arch)
+		}
+		cmd := exec.Command("go", append(args, binaries...)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+arch)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return built{}, fmt.Errorf("go build (%s): %w\n%s", arch, err, out)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if o.progress != nil {
+			cmd.Stdout, cmd.Stderr = io.MultiWriter(&out, o.progress), io.MultiWriter(&out, o.progress)
+		}
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			return built{}, fmt.Errorf("go build (%s): %w\n%s", arch, err, out.Bytes())
+		}
+		if o.progress != nil {
+			fmt.Fprintf(o.progress, "kvipam-image: linux/%s built in %s\n", arch, time.Since(start).Round(time.Second))
 		}
 		spec := ociimage.Spec{Arch: arch, Entrypoint: []string{"/usr/local/bin/kvipam-agent"}, Env: []string{"PATH=/usr/local/bin"}}
 		for _, bin := range binaries {

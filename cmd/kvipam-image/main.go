@@ -45,6 +45,7 @@ func main() {
 			o.archs = append(o.archs, a)
 		}
 	}
+	o.progress = os.Stderr
 	b, err := build(o)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "kvipam-image: %v\n", err)
