@@ -86,15 +86,20 @@ const (
 // Validate reports the first problem that makes p unusable, wrapping
 // ErrInvalidPool. The rules keep every later computation well defined: the
 // name appears in etcd keys, blocks must tile each CIDR exactly and be small
-// enough to hold as a bitmap, and no address may belong to two CIDRs.
-func (p Pool) Validate() error {
-	if err := p.validate(); err != nil {
+// enough to hold as a bitmap, no address may belong to two CIDRs, and no
+// CIDR may overlap a special range (special.go).
+func (p Pool) Validate() error { return p.validateKeeping(nil) }
+
+// validateKeeping is Validate, except that the CIDRs of kept may overlap
+// a special range: they are a stored pool's, written before the rule.
+func (p Pool) validateKeeping(kept []netip.Prefix) error {
+	if err := p.validate(kept); err != nil {
 		return fmt.Errorf("validate pool %q: %w", p.Name, err)
 	}
 	return nil
 }
 
-func (p Pool) validate() error {
+func (p Pool) validate(kept []netip.Prefix) error {
 	if err := validatePoolName(p.Name); err != nil {
 		return err
 	}
@@ -121,6 +126,11 @@ func (p Pool) validate() error {
 			// Addresses from here would be read back as IPv4 by FamilyOf.
 			return fmt.Errorf("%w: cidr %s overlaps the IPv4-mapped IPv6 range %s, whose addresses read as IPv4",
 				ErrInvalidPool, c, mapped)
+		}
+		if !slices.Contains(kept, c) {
+			if err := CheckSpecialRanges(c); err != nil {
+				return err
+			}
 		}
 	}
 	for i, a := range p.CIDRs {
@@ -198,8 +208,12 @@ func (p Pool) validateBlockSize(f Family) error {
 // A block size may go from unset to set when next adds the first CIDR of a
 // family, since no block of that family can exist yet. Growing a CIDR (a /24
 // to its /23) counts as removing the /24; add the other /24 instead.
+//
+// A CIDR of prev that overlaps a special range (a pool written before
+// such ranges were refused) may stay, so that the pool can still be
+// disabled or changed; no such CIDR may be added.
 func CheckPoolUpdate(prev, next Pool) error {
-	if err := next.Validate(); err != nil {
+	if err := next.validateKeeping(prev.CIDRs); err != nil {
 		return fmt.Errorf("check pool update: %w", err)
 	}
 	if prev.Name != next.Name {
