@@ -268,7 +268,9 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		row(tw, "Pool:", p.Name)
 		row(tw, "CIDRs:", joinPrefixes(p.CIDRs))
 		state := poolState(p.Pool)
-		if p.Disabled {
+		if err := p.Validate(); err != nil {
+			state += ": agents serve nothing new from it: " + err.Error()
+		} else if p.Disabled {
 			state += ": hands out no new addresses"
 		}
 		row(tw, "State:", state)
@@ -314,8 +316,14 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	})
 }
 
-// poolState is "enabled" or "disabled" (pool disable: no new addresses).
+// poolState is "enabled", "disabled" (pool disable: no new addresses),
+// or "refused": the spec is invalid (a pool written before a rule that
+// refuses it, such as a special range), and agents hand out nothing new
+// from it.
 func poolState(p allocator.Pool) string {
+	if p.Validate() != nil {
+		return "refused"
+	}
 	if p.Disabled {
 		return "disabled"
 	}
