@@ -11,7 +11,9 @@ import (
 
 // poolWatch hands every pool spec in etcd, new or changed (kvipamctl
 // pool create, reserve, disable, add-cidr, select...), to the allocator,
-// so agents follow etcd without a restart. A deleted pool is served as disabled: nothing new is
+// so agents follow etcd without a restart. An invalid spec goes too: the
+// allocator refuses it with its reason (a pool overlapping a special
+// range, written before such pools were refused). A deleted pool is served as disabled: nothing new is
 // handed out, releases go on.
 type poolWatch struct {
 	alloc poolUpdater
@@ -60,7 +62,7 @@ func (w poolWatch) Put(p allocator.Pool) {
 	w.alloc.UpdatePool(p)
 	if w.ctx != nil {
 		if n := w.alloc.GiveBackEmpty(w.ctx, p.Name); n > 0 {
-			w.log.Info("pool disabled or not for this node: gave its empty blocks back", "pool", p.Name, "blocks", n, "node_selector", p.NodeSelector)
+			w.log.Info("pool disabled, refused or not for this node: gave its empty blocks back", "pool", p.Name, "blocks", n, "node_selector", p.NodeSelector)
 		}
 	}
 }

@@ -50,7 +50,7 @@ func (r statusReporter) status() api.Status {
 	exhausted := r.exhausted.snapshot()
 	for _, u := range r.usage.Usage() {
 		ps := api.PoolStatus{Pool: u.Pool, Family: u.Family.String(), Capacity: u.Capacity, Used: u.Used, Reserved: u.Reserved, Free: u.Free,
-			Borrowed: u.Borrowed, Lent: u.Lent, Size: u.Size, ReservedRanges: u.ReservedRanges, Disabled: u.Disabled}
+			Borrowed: u.Borrowed, Lent: u.Lent, Size: u.Size, ReservedRanges: u.ReservedRanges, Disabled: u.Disabled, Refused: u.Refused}
 		ps.Blocks = append(ps.Blocks, u.Blocks...)
 		ps.ExhaustedReason = exhausted[u.Pool+"/"+u.Family.String()]
 		ps.Exhausted = ps.ExhaustedReason != ""

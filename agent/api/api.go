@@ -381,6 +381,10 @@ type PoolStatus struct {
 	Size           uint64 `json:"size"`
 	ReservedRanges uint64 `json:"reservedRanges"`
 	Disabled       bool   `json:"disabled,omitempty"`
+	// Refused says why the agent refuses the pool's spec from etcd (it
+	// overlaps a special range, or is otherwise invalid): it hands out
+	// nothing new from it; pods keep what they hold, releases go on.
+	Refused string `json:"refused,omitempty"`
 	// Exhausted: the last ADD found no free address in the whole pool;
 	// ExhaustedReason is that error, which says why and whether it is
 	// temporary. A later success or a release clears both.

@@ -177,7 +177,10 @@ func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
 
 // WatchPools lists the pools, then follows the changes until ctx ends,
 // as WatchHomes does. Each pool carries the revision it was written at.
-// A deleted pool names only its Name.
+// A deleted pool names only its Name. A pool is handed on as decoded,
+// valid or not, as ListPools reads it: the node allocator refuses an
+// invalid spec and says why, where skipping it here would read as a
+// deleted pool.
 func (s *Store) WatchPools(ctx context.Context, h Handler[allocator.Pool]) error {
 	return s.follow(ctx, PoolsPrefix(), decoded[allocator.Pool]{h: h, decode: decodePool, fromKey: func(key string) (allocator.Pool, bool) {
 		return allocator.Pool{Name: strings.TrimPrefix(key, PoolsPrefix())}, true
@@ -186,7 +189,7 @@ func (s *Store) WatchPools(ctx context.Context, h Handler[allocator.Pool]) error
 
 func decodePool(kv *mvccpb.KeyValue) (allocator.Pool, bool) {
 	v, err := kvstore.Decode[allocator.Pool](kv)
-	if err != nil || v.Value.Validate() != nil {
+	if err != nil {
 		return allocator.Pool{}, false
 	}
 	v.Value.Rev = kv.ModRevision

@@ -151,8 +151,26 @@ func (a *Allocator) poolState(name string) (*poolState, error) {
 func (a *Allocator) selected(ps *poolState) bool { return ps.pool.Selects(a.labels) }
 
 // draining reports whether the node gives every empty block of ps back:
-// the pool is disabled, or its selector no longer chooses the node.
-func (a *Allocator) draining(ps *poolState) bool { return ps.pool.Disabled || !a.selected(ps) }
+// the pool is disabled or refused, or its selector no longer chooses the
+// node.
+func (a *Allocator) draining(ps *poolState) bool {
+	return ps.pool.Disabled || ps.refused != nil || !a.selected(ps)
+}
+
+// refusedErr is the error of a request for a refused pool, naming why.
+func refusedErr(ps *poolState) error {
+	return fmt.Errorf("%w: pool %s is refused and hands out no addresses: %w (fix or delete it: kvipamctl pool remove-cidr, pool delete)",
+		records.ErrPoolDisabled, ps.pool.Name, ps.refused)
+}
+
+// logRefused reports a refused pool spec at ERROR: an operator must fix
+// or delete it.
+func (a *Allocator) logRefused(ps *poolState) {
+	if ps.refused != nil {
+		a.log.Error("pool refused: its spec in etcd is invalid; it hands out nothing new, pods keep what they hold in it (kvipamctl pool show)",
+			"pool", ps.pool.Name, "rev", ps.pool.Rev, "reason", ps.refused)
+	}
+}
 
 // notSelected is the error of a request for a pool that does not choose
 // this node, naming the pool, its selector and the node's labels.

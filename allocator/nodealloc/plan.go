@@ -74,6 +74,9 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 			p.reused = append(p.reused, al)
 			continue
 		}
+		if ps.refused != nil {
+			return nil, a.abandon(ctx, p, refusedErr(ps))
+		}
 		if ps.pool.Disabled {
 			return nil, a.abandon(ctx, p, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", records.ErrPoolDisabled, ps.pool.Name, ps.pool.Name))
 		}

@@ -17,7 +17,12 @@ import (
 // no I/O. The Allocator's lock guards it.
 type poolState struct {
 	pool allocator.Pool
-	own  map[netip.Prefix]*ownBlock
+	// refused is why pool's spec is invalid (Validate), nil when it is
+	// valid. A pool written to etcd before a rule that refuses it (a
+	// special range) still reaches the node: it hands out nothing new,
+	// and pods keep what they hold in it.
+	refused error
+	own     map[netip.Prefix]*ownBlock
 	// others are blocks the node must not try to claim: claimed by another
 	// node, or orphaned. It is refreshed from the store before each claim.
 	others map[netip.Prefix]otherBlock
@@ -86,6 +91,7 @@ type otherBlock struct {
 func newPoolState(p allocator.Pool) *poolState {
 	return &poolState{
 		pool:    p,
+		refused: p.Validate(),
 		own:     map[netip.Prefix]*ownBlock{},
 		others:  map[netip.Prefix]otherBlock{},
 		walks:   map[allocator.Family]*allocator.BlockWalk{},
@@ -236,6 +242,7 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 // reservations to the own blocks.
 func (ps *poolState) setPool(p allocator.Pool) {
 	ps.pool = p
+	ps.refused = p.Validate()
 	clear(ps.walks)
 	for b, ob := range ps.own {
 		ob.ba.SetReserved(p.ReservedOffsets(b))

@@ -41,6 +41,7 @@ func (a *Allocator) Restore(ctx context.Context, lease Lease) error {
 	pools := map[string]*poolState{}
 	for _, p := range specs {
 		ps := newPoolState(p)
+		a.logRefused(ps)
 		// A re-claim that loses a race (the old lease expired between the
 		// listing and the compare) is retried on a fresh listing.
 		if err := retry.Do(ctx, a.cfg.RestoreRetry, func(ctx context.Context) error { return a.restorePool(ctx, ps) }); err != nil {

@@ -57,9 +57,11 @@ type Usage struct {
 	// one between pods.
 	Sticky, Identities, Kept int
 	// Size and ReservedRanges are the pool's: its addresses of the
-	// family, and those in reserved ranges. Disabled is the pool's flag.
+	// family, and those in reserved ranges. Disabled is the pool's flag;
+	// Refused why the node refuses the pool's spec ("" when it does not).
 	Size, ReservedRanges uint64
 	Disabled             bool
+	Refused              string
 }
 
 // Usage reports per pool and family what this node owns and uses.
@@ -72,6 +74,9 @@ func (a *Allocator) Usage() []Usage {
 		for _, f := range ps.pool.Families() {
 			u := Usage{Pool: name, Family: f, Blocks: ps.sortedOwn(f), Size: ps.pool.Size(f), ReservedRanges: ps.pool.ReservedCount(f),
 				Disabled: ps.pool.Disabled, Cooling: ps.coolingIn(f)}
+			if ps.refused != nil {
+				u.Refused = ps.refused.Error()
+			}
 			for _, b := range u.Blocks {
 				ba := ps.own[b].ba
 				u.Capacity += ba.Capacity() - len(ps.pool.ReservedOffsets(b))
@@ -126,14 +131,23 @@ func (a *Allocator) UpdatePool(p allocator.Pool) {
 	if ps == nil {
 		// New in etcd: the node holds nothing in it, since a pool is
 		// deleted only once nothing is left in it.
-		a.pools[p.Name] = newPoolState(p)
+		ps = newPoolState(p)
+		a.pools[p.Name] = ps
+		if ps.refused != nil {
+			a.logRefused(ps)
+			return
+		}
 		a.log.Info("serving a new pool", "pool", p.Name, "rev", p.Rev, "cidrs", len(p.CIDRs), "node_selector", p.NodeSelector, "selected", p.Selects(a.labels))
 		return
 	}
 	if p.Rev != 0 && p.Rev < ps.pool.Rev {
 		return
 	}
+	was := ps.refused
 	ps.setPool(p)
+	if ps.refused != nil && (was == nil || was.Error() != ps.refused.Error()) {
+		a.logRefused(ps)
+	}
 	// A shorter cooldown frees at once what has cooled long enough.
 	ps.thaw(time.Now().Add(-p.Cooldown()))
 	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs),

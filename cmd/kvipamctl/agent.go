@@ -51,6 +51,7 @@ func (a *app) agentCmd() *cobra.Command {
 				for _, p := range st.Pools {
 					row(w, p.Pool, p.Family, len(p.Blocks), p.Capacity, p.Used, p.Reserved, p.Free, p.Exhausted)
 				}
+				refusedPools(w, st.Pools)
 				if b := st.BGP; b != nil {
 					row(w)
 					row(w, "BGP-ASN", "ANNOUNCED-V4", "ANNOUNCED-V6", "ERROR")
@@ -65,6 +66,22 @@ func (a *app) agentCmd() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// refusedPools lists the pools the agent refuses, once each, with why.
+func refusedPools(w io.Writer, pools []api.PoolStatus) {
+	seen := map[string]bool{}
+	for _, p := range pools {
+		if p.Refused == "" || seen[p.Pool] {
+			continue
+		}
+		if len(seen) == 0 {
+			row(w)
+			row(w, "REFUSED-POOL", "REASON")
+		}
+		seen[p.Pool] = true
+		row(w, p.Pool, p.Refused)
+	}
 }
 
 // leaseText is an etcd lease ID as etcdctl takes it (hex), "" for none.

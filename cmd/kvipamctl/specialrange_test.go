@@ -2,10 +2,12 @@ package main
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
@@ -48,4 +50,24 @@ func TestPoolShowsRefused(t *testing.T) {
 	code, _, errs := h.run("pool", "add-cidr", "legacy", "127.0.0.0/24")
 	require.Equal(t, exitError, code)
 	require.Contains(t, errs, "overlaps 127.0.0.0/8")
+}
+
+// TestAgentStatusNamesRefusedPools: agent status lists each pool the
+// agent refuses once, with the agent's reason.
+func TestAgentStatusNamesRefusedPools(t *testing.T) {
+	var b strings.Builder
+	refusedPools(&b, []api.PoolStatus{
+		{Pool: "default", Family: "ipv4"},
+		{Pool: "legacy", Family: "ipv4", Refused: "validate pool \"legacy\": cidr 169.254.0.0/24 overlaps 169.254.0.0/16"},
+		{Pool: "legacy", Family: "ipv6", Refused: "validate pool \"legacy\": cidr 169.254.0.0/24 overlaps 169.254.0.0/16"},
+	})
+	out := b.String()
+	require.Contains(t, out, "REFUSED-POOL")
+	require.Equal(t, 1, strings.Count(out, "overlaps"), "one line per pool")
+	require.Contains(t, out, "overlaps 169.254.0.0/16")
+	require.NotContains(t, out, "default")
+
+	b.Reset()
+	refusedPools(&b, []api.PoolStatus{{Pool: "default", Family: "ipv4"}})
+	require.Empty(t, b.String(), "no section when nothing is refused")
 }
