@@ -397,6 +397,10 @@ func TestReleaseForce(t *testing.T) {
 	require.True(t, rep.Plan.Force)
 	require.Equal(t, 1, rep.Result.Deleted)
 	require.Equal(t, int64(1), h.count(etcdstore.IPsPrefix("small")))
+	code, _, errs := h.run("release", "--owner", "ctr-0000", "--force", "--dry-run")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, errs, "node n1 is alive", "a forced release of a live node's address says it may come back")
+	require.Contains(t, errs, "writes the allocation back at its next reconciler pass (every gcInterval, 30 s by default)")
 }
 
 func TestNodeRemove(t *testing.T) {

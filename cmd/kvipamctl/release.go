@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -30,7 +32,9 @@ func (a *app) releaseCmd() *cobra.Command {
 since the plan was made.
 
 Addresses of a node whose node record exists (its agent is alive) are
-refused unless --force: the pod may still use them. Addresses of a node
+refused unless --force: the pod may still use them, and while it runs its
+agent writes the allocation back at its next reconciler pass (every
+gcInterval, 30 s by default): delete the pod to free its address. Addresses of a node
 without a node record need your statement that the node is gone, as for
 node remove: a node cut off from etcd for longer than its lease TTL loses
 its node record too, while its pods keep using their addresses, and
@@ -80,13 +84,39 @@ func (a *app) release(ctx context.Context, w io.Writer, r releaseRequest) error 
 		}
 	}
 	return a.planAndApply(ctx, w, r.evidence, r.dryRun, func(s *inspect.Snapshot, ev inspect.Evidence) (inspect.Plan, error) {
+		var p inspect.Plan
+		var err error
 		switch {
 		case r.ip != "":
-			return inspect.PlanReleaseIP(s, r.pool, addr, ev, r.force)
+			p, err = inspect.PlanReleaseIP(s, r.pool, addr, ev, r.force)
 		case r.owner != "":
-			return inspect.PlanReleaseOwner(s, r.owner, r.ifName, ev, r.force)
+			p, err = inspect.PlanReleaseOwner(s, r.owner, r.ifName, ev, r.force)
 		default:
-			return inspect.PlanReleaseNode(s, r.node, ev, r.force)
+			p, err = inspect.PlanReleaseNode(s, r.node, ev, r.force)
 		}
+		if err == nil {
+			a.warnWriteBack(s, p)
+		}
+		return p, err
 	})
+}
+
+// warnWriteBack tells, on stderr, that a forced release of a live node's
+// addresses does not last while their pods run: the node's agent
+// compares its endpoints with etcd at every reconciler pass (gcInterval,
+// 30 s by default; agent/reassert.go) and writes a running pod's missing
+// allocation back. Only deleting the pod frees its address for good.
+func (a *app) warnWriteBack(s *inspect.Snapshot, p inspect.Plan) {
+	var live []string
+	for _, st := range p.Steps {
+		if _, ok := s.Nodes[st.Node]; ok && st.Kind == inspect.StepIP && !slices.Contains(live, st.Node) {
+			live = append(live, st.Node)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	slices.Sort(live)
+	fmt.Fprintf(a.stderr, "kvipamctl: warning: node %s is alive: if a pod there still runs with an address released here, its agent writes the allocation back at its next reconciler pass (every gcInterval, 30 s by default); delete the pod to free the address for good\n",
+		strings.Join(live, ", "))
 }
