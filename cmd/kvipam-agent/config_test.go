@@ -227,3 +227,25 @@ func TestEtcdSectionUnknownKeyRefused(t *testing.T) {
 		require.ErrorContains(t, err, "bgp.peers[0].holdTime: 9 has no unit")
 	})
 }
+
+// TestEtcdEndpointsFromKvipamctlsVariable: the agent reads its etcd
+// endpoints from KVIPAM_ETCD_ENDPOINTS, the variable kvipamctl documents
+// (docs/kvipamctl.md), with the precedence of its other settings: the
+// flag beats the variable, which beats the file.
+func TestEtcdEndpointsFromKvipamctlsVariable(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "agent.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("etcd:\n  endpoints: [\"http://10.0.0.1:2379\"]\n"), 0o600))
+	vars := map[string]string{"KVIPAM_ETCD_ENDPOINTS": "http://10.0.0.2:2379,http://10.0.0.3:2379"}
+
+	c, err := loadConfig([]string{"--pool", "p=10.0.0.0/16"}, env(vars))
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://10.0.0.2:2379", "http://10.0.0.3:2379"}, c.Etcd.Endpoints, "the variable alone")
+
+	c, err = loadConfig([]string{"--config", file}, env(vars))
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://10.0.0.2:2379", "http://10.0.0.3:2379"}, c.Etcd.Endpoints, "the variable beats the file")
+
+	c, err = loadConfig([]string{"--config", file, "--etcd-endpoints", "http://10.0.0.4:2379"}, env(vars))
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://10.0.0.4:2379"}, c.Etcd.Endpoints, "the flag beats the variable")
+}
