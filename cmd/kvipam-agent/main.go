@@ -30,15 +30,17 @@ func run(args []string, getenv func(string) string) int {
 			return runUninstall(args[1:], os.Stdout, os.Stderr)
 		case "health":
 			return runHealth(args[1:], os.Stdout, os.Stderr)
+		case "version":
+			return runVersion(args[1:], os.Stdout, os.Stderr)
 		}
 	}
 	cfg, err := loadConfig(args, getenv)
 	switch {
 	case errors.Is(err, errShowVersion):
-		fmt.Println("kvipam-agent", buildinfo.Read())
+		printVersion(os.Stdout)
 		return 0
 	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | uninstall-cni [flags] | health [--live]\n"+err.Error()[len(flag.ErrHelp.Error()):])
+		fmt.Fprintln(os.Stderr, "usage: kvipam-agent [flags] | install-cni [flags] | uninstall-cni [flags] | health [--live] | version\n"+err.Error()[len(flag.ErrHelp.Error()):])
 		return 0
 	case err != nil:
 		fmt.Fprintf(os.Stderr, "kvipam-agent: configuration: %v\n", err)

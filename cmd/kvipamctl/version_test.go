@@ -77,6 +77,7 @@ func TestKvipamctlUnknownSubcommand(t *testing.T) {
 			{"kvipamctl", []string{"--version"}, nil},
 			{"kvipamctl", []string{"version"}, nil},
 			{"kvipam-agent", []string{"--version"}, nil},
+			{"kvipam-agent", []string{"version"}, nil},
 			{"kvipam", nil, []string{"CNI_COMMAND="}}, // skel prints its about text
 			{"kvipam-ipam", nil, []string{"CNI_COMMAND="}},
 		} {
