@@ -98,7 +98,7 @@ func New(cfg Config, o Options) (*Agent, error) {
 		o.BootID = readBootID()
 	}
 	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
-	a.m = newMetrics()
+	a.m = newMetrics(o.Version)
 	a.exhausted.errors = a.m.exhausted
 	return a, nil
 }

@@ -488,6 +488,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		`kvipam_allocation_batch_size_count 1`,
 		`kvipam_lease_held 1`,
 		`kvipam_api_requests_total{code="200",path="/v1/allocate"} 1`,
+		`,version="dev"} 1`, // kvipam_build_info (TestBuildInfoMetric): Options.Version's default
 	} {
 		require.Contains(t, string(body), want)
 	}

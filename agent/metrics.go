@@ -26,7 +26,8 @@ type metrics struct {
 	exhausted  *prometheus.CounterVec
 }
 
-func newMetrics() *metrics {
+// newMetrics makes the agent's series; version labels kvipam_build_info.
+func newMetrics(version string) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		txn: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -65,7 +66,8 @@ func newMetrics() *metrics {
 			Name: "kvipam_pool_exhaustion_errors_total", Help: "ADDs refused because the pool had no free address (none to claim or borrow).",
 		}, []string{"pool", "family"}),
 	}
-	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.nameTaken, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted)
+	m.reg.MustRegister(m.txn, m.conflicts, m.batch, m.leaseHeld, m.nameTaken, m.lostEPs, m.reasserted, m.gcReleased, m.requests, m.exhausted,
+		buildInfo(version))
 	return m
 }
 
