@@ -61,12 +61,14 @@ type NodeRow struct {
 	Alive bool   `json:"alive"`
 	// BootID, Addresses and Version are the live agent's, from its node
 	// record: which machine holds the name (a node name has one agent).
-	BootID    string   `json:"bootID,omitempty"`
-	Addresses []string `json:"addresses,omitempty"`
-	Version   string   `json:"version,omitempty"`
-	Claims    int      `json:"claims"`
-	Homes     int      `json:"homes"`
-	IPs       int      `json:"ips"`
+	// Labels are its --node-labels, which pools' node selectors choose by.
+	BootID    string            `json:"bootID,omitempty"`
+	Addresses []string          `json:"addresses,omitempty"`
+	Version   string            `json:"version,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Claims    int               `json:"claims"`
+	Homes     int               `json:"homes"`
+	IPs       int               `json:"ips"`
 }
 
 // Nodes lists every node the snapshot mentions, sorted by name. A node with
@@ -84,7 +86,7 @@ func Nodes(s *Snapshot) []NodeRow {
 	}
 	for n, rec := range s.Nodes {
 		r := get(n)
-		r.Alive, r.BootID, r.Addresses, r.Version = true, rec.BootID, rec.Addresses, rec.Version
+		r.Alive, r.BootID, r.Addresses, r.Version, r.Labels = true, rec.BootID, rec.Addresses, rec.Version, rec.Labels
 	}
 	for _, c := range s.Claims {
 		get(c.Node).Claims++

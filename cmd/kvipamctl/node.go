@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,11 +68,21 @@ func (a *app) nodeList(ctx context.Context, w io.Writer) error {
 	}
 	rows := inspect.Nodes(s)
 	return a.render(w, rows, func(tw io.Writer) {
-		row(tw, "NODE", "ALIVE", "BOOT-ID", "ADDRESSES", "VERSION", "CLAIMS", "HOMES", "IPS")
+		row(tw, "NODE", "ALIVE", "BOOT-ID", "ADDRESSES", "VERSION", "LABELS", "CLAIMS", "HOMES", "IPS")
 		for _, r := range rows {
-			row(tw, r.Node, r.Alive, r.BootID, strings.Join(r.Addresses, ","), r.Version, r.Claims, r.Homes, r.IPs)
+			row(tw, r.Node, r.Alive, r.BootID, strings.Join(r.Addresses, ","), r.Version, labelsCell(r.Labels), r.Claims, r.Homes, r.IPs)
 		}
 	})
+}
+
+// labelsCell writes a node's labels as --node-labels takes them, sorted:
+// "rack=r1,zone=a"; "" (a dash) for none.
+func labelsCell(labels map[string]string) string {
+	kv := make([]string, 0, len(labels))
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		kv = append(kv, k+"="+labels[k])
+	}
+	return strings.Join(kv, ",")
 }
 
 // nodeRemoveRequest is what node remove was asked, with the evidence as
