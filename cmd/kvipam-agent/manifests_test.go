@@ -399,3 +399,34 @@ func TestManifestsUninstallRemovesConflist(t *testing.T) {
 	}
 	require.Contains(t, spec.Containers[0].Command, "--wait", "the pod stays up, Ready, until deleted")
 }
+
+// TestManifestsNeedKubernetes130: docs/kubernetes.md states the oldest
+// Kubernetes the manifests need, 1.30, because a container sets
+// securityContext.appArmorProfile (a field of 1.30); and since the
+// default pool is dual-stack, it names both forwarding sysctls.
+func TestManifestsNeedKubernetes130(t *testing.T) {
+	ms := loadManifests(t)
+	doc, err := os.ReadFile("../../docs/kubernetes.md")
+	require.NoError(t, err)
+	apparmor := false
+	for _, ds := range ms.daemonSets {
+		spec := ds.Spec.Template.Spec
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			apparmor = apparmor || c.SecurityContext != nil && c.SecurityContext.AppArmorProfile != nil
+		}
+		apparmor = apparmor || spec.SecurityContext != nil && spec.SecurityContext.AppArmorProfile != nil
+	}
+	require.True(t, apparmor, "the reason for 1.30 is gone: state the new minimum in docs/kubernetes.md and here")
+	require.Contains(t, string(doc), "**Kubernetes 1.30 or later.**")
+
+	cfg, _ := agentConfig(t, ms)
+	fams := map[bool]bool{}
+	for _, p := range cfg.Pools {
+		for _, c := range p.CIDRs {
+			fams[c.Addr().Is4()] = true
+		}
+	}
+	require.True(t, fams[true] && fams[false], "the default pool is dual-stack")
+	require.Contains(t, string(doc), "net.ipv4.ip_forward = 1")
+	require.Contains(t, string(doc), "net.ipv6.conf.all.forwarding = 1")
+}
