@@ -35,6 +35,7 @@ func TestBadConfigurationExits(t *testing.T) {
 		{"tiny lease", []string{"--pool", "p=10.0.0.0/16", "--lease-ttl", "1s"}, "lease-ttl"},
 		{"block larger than cidr", []string{"--pool", "p=10.0.0.0/28", "--block-size-v4", "26"}, "larger than cidr"},
 		{"bad default pool", []string{"--pool", "p=10.0.0.0/16", "--default-pool", "Q!"}, "default-pool"},
+		{"pool in a special range", []string{"--pool", "p=169.254.0.0/16"}, "cidr 169.254.0.0/16 overlaps 169.254.0.0/16, IPv4 link-local"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, code := runAgent(t, tc.args, nil)
