@@ -13,8 +13,8 @@ import (
 // pool create, reserve, disable, add-cidr, select...), to the allocator,
 // so agents follow etcd without a restart. An invalid spec goes too: the
 // allocator refuses it with its reason (a pool overlapping a special
-// range, written before such pools were refused). A deleted pool is served as disabled: nothing new is
-// handed out, releases go on.
+// range, written before such pools were refused). A deleted pool is
+// served as disabled: nothing new is handed out, releases go on.
 type poolWatch struct {
 	alloc poolUpdater
 	log   hclog.Logger
