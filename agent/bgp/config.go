@@ -25,11 +25,14 @@ import (
 // unknown key anywhere in it is an error, not a silently ignored setting.
 type Config struct {
 	// ASN is this node's autonomous system number (required).
-	ASN uint32 `json:"asn"`
+	ASN ASN `json:"asn"`
 	// RouterID is the BGP identifier; default the node's IPv4 address.
 	RouterID string `json:"routerID"`
 	// ListenPort is where the speaker accepts sessions; 0 (the default)
-	// listens nowhere: the agent connects to its peers.
+	// listens nowhere: the agent connects to its peers. A port below
+	// net.ipv4.ip_unprivileged_port_start (1024), such as 179, needs
+	// CAP_NET_BIND_SERVICE, which the DaemonSet does not add: Start
+	// refuses it without (CheckListenPort).
 	ListenPort int32 `json:"listenPort"`
 	// Communities are added to every announcement: "65000:100" or a
 	// well-known name (no-export, no-advertise, no-export-subconfed).
@@ -50,13 +53,22 @@ type Peer struct {
 	// Address is the router's address (required).
 	Address string `json:"address"`
 	// ASN is the router's AS number (required).
-	ASN uint32 `json:"asn"`
+	ASN ASN `json:"asn"`
 	// Port is the router's BGP port; default 179.
 	Port uint32 `json:"port"`
 	// Password turns TCP MD5 signatures (RFC 2385) on.
 	Password string `json:"password"`
+	// PasswordFile is a file holding the password instead (a Kubernetes
+	// Secret mounted as a file), read when the agent starts; one trailing
+	// newline is not part of it. At most one of Password and PasswordFile.
+	PasswordFile string `json:"passwordFile"`
+	// Multihop is the TTL of an eBGP session with a router that is not
+	// on the node's subnet (a route server): 2-255. 0 (the default) sends
+	// with TTL 1, as eBGP does, so that only a directly connected router
+	// answers. iBGP sessions are not TTL-limited: refused there.
+	Multihop uint32 `json:"multihop"`
 	// HoldTime is proposed to the router (default 90s; 0s or at least 3s);
-	// KeepaliveTime defaults to a third of it.
+	// KeepaliveTime defaults to a third of it and must be below it.
 	HoldTime      Duration `json:"holdTime"`
 	KeepaliveTime Duration `json:"keepaliveTime"`
 	// Communities are added to the announcements to this router, beside
@@ -84,6 +96,24 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()
 
 // DefaultHoldTime is a peer's hold time when none is given.
 const DefaultHoldTime = 90 * time.Second
+
+// holdTime is the hold time proposed to the router: HoldTime, or
+// DefaultHoldTime when it is unset (0s).
+func (p Peer) holdTime() time.Duration {
+	if p.HoldTime.Duration == 0 {
+		return DefaultHoldTime
+	}
+	return p.HoldTime.Duration
+}
+
+// keepaliveTime is the keepalive interval: KeepaliveTime, or a third of
+// the hold time when it is unset.
+func (p Peer) keepaliveTime() time.Duration {
+	if p.KeepaliveTime.Duration == 0 {
+		return p.holdTime() / 3
+	}
+	return p.KeepaliveTime.Duration
+}
 
 // MaxRestartTime is the longest graceful restart a node whose lease TTL is
 // leaseTTL may ask of its routers: half the TTL, in whole seconds, at
@@ -126,6 +156,8 @@ func (c *Config) Validate() error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("bgp: "+format, args...)) }
 	if c.ASN == 0 {
 		bad("asn: required with routing bgp")
+	} else if err := CheckASN(uint64(c.ASN)); err != nil {
+		bad("asn: %w", err)
 	}
 	if c.RouterID != "" {
 		if a, err := netip.ParseAddr(c.RouterID); err != nil || !a.Is4() {
@@ -157,16 +189,34 @@ func (c *Config) Validate() error {
 		seen[a] = true
 		if p.ASN == 0 {
 			bad("peers[%d].asn: required", i)
+		} else if err := CheckASN(uint64(p.ASN)); err != nil {
+			bad("peers[%d].asn: %w", i, err)
 		}
 		if p.Port > 65535 {
 			bad("peers[%d].port: %d out of range", i, p.Port)
+		}
+		if p.Password != "" && p.PasswordFile != "" {
+			bad("peers[%d]: password and passwordFile both given: one or the other", i)
+		} else if err := checkPassword(p.Password); err != nil {
+			bad("peers[%d].password: %w", i, err)
+		}
+		switch {
+		case p.Multihop == 1 || p.Multihop > 255:
+			bad("peers[%d].multihop: %d out of range 2-255 (0: directly connected)", i, p.Multihop)
+		case p.Multihop != 0 && p.ASN == c.ASN:
+			bad("peers[%d].multihop: for an eBGP router only (its asn %d is this node's: iBGP is not TTL-limited)", i, p.ASN)
 		}
 		h, k := p.HoldTime.Duration, p.KeepaliveTime.Duration
 		if h != 0 && (h < 3*time.Second || h > 65535*time.Second || h%time.Second != 0) {
 			bad("peers[%d].holdTime: %s must be whole seconds, at least 3s", i, h)
 		}
-		if k < 0 || k%time.Second != 0 || (k != 0 && h != 0 && k >= h) {
-			bad("peers[%d].keepaliveTime: %s must be whole seconds, below holdTime", i, k)
+		if k < 0 || k%time.Second != 0 {
+			bad("peers[%d].keepaliveTime: %s must be whole seconds", i, k)
+		} else if hold := p.holdTime(); k >= hold {
+			// The router would drop the session before the first
+			// keepalive came (RFC 4271 4.4: a third of the hold time is
+			// the reasonable most).
+			bad("peers[%d].keepaliveTime: %s is not below the hold time %s: the session would expire between keepalives (a third of it, the default, is usual)", i, k, hold)
 		}
 		for _, c := range p.Communities {
 			if _, err := ParseCommunity(c); err != nil {

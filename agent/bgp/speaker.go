@@ -79,6 +79,12 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		return nil, errors.New("bgp: restartTime: at least 1s (the agent gives MaxRestartTime of its lease TTL)")
 	}
 	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{}}
+	if err := resolvePasswords(s.peers); err != nil {
+		return nil, err
+	}
+	if err := CheckListenPort(cfg.ListenPort); err != nil {
+		return nil, err
+	}
 	var comms []uint32
 	for _, c := range cfg.Communities {
 		v, _ := ParseCommunity(c)
@@ -105,7 +111,7 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		listen = -1 // GoBGP's "listen nowhere"
 	}
 	err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{
-		Asn: cfg.ASN, RouterId: rid.String(), ListenPort: listen,
+		Asn: uint32(cfg.ASN), RouterId: rid.String(), ListenPort: listen,
 		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(cfg.RestartTime.Seconds())},
 	}})
 	if err != nil {
@@ -121,6 +127,12 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		return nil, err
 	}
 	s.log.Info("bgp speaker started", "asn", cfg.ASN, "router_id", rid, "peers", len(s.peers), "restarting", o.Restarting)
+	for _, p := range s.peers {
+		if k, h := p.keepaliveTime(), p.holdTime(); k > h/3 {
+			s.log.Warn("bgp keepalive interval is more than a third of the hold time: one late keepalive can expire the session (RFC 4271 suggests a third)",
+				"peer", p.Address, "keepalive_time", k, "hold_time", h)
+		}
+	}
 	return s, nil
 }
 
@@ -279,27 +291,30 @@ func (s *Speaker) path(p netip.Prefix, nh netip.Addr) *api.Path {
 }
 
 func (s *Speaker) peer(p Peer) *api.Peer {
-	hold := p.HoldTime.Duration
-	if hold == 0 {
-		hold = DefaultHoldTime
-	}
-	keep := p.KeepaliveTime.Duration
-	if keep == 0 {
-		keep = hold / 3
-	}
+	hold, keep := p.holdTime(), p.keepaliveTime()
 	afi := func(f *api.Family) *api.AfiSafi {
 		return &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true},
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}}
 	}
 	return &api.Peer{
-		Conf: &api.PeerConf{NeighborAddress: p.Address, PeerAsn: p.ASN, AuthPassword: p.Password},
+		Conf: &api.PeerConf{NeighborAddress: p.Address, PeerAsn: uint32(p.ASN), AuthPassword: p.Password},
 		Timers: &api.Timers{Config: &api.TimersConfig{HoldTime: uint64(hold.Seconds()), KeepaliveInterval: uint64(keep.Seconds()),
 			ConnectRetry: 5}},
 		Transport: &api.Transport{RemotePort: p.Port},
 		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: uint32(s.RestartTime().Seconds()),
 			LocalRestarting: s.opts.Restarting},
-		AfiSafis: []*api.AfiSafi{afi(familyV4), afi(familyV6)},
+		AfiSafis:     []*api.AfiSafi{afi(familyV4), afi(familyV6)},
+		EbgpMultihop: multihop(p),
 	}
+}
+
+// multihop is GoBGP's TTL setting of an eBGP session with a router that
+// is not directly connected (Peer.Multihop); nil keeps TTL 1.
+func multihop(p Peer) *api.EbgpMultihop {
+	if p.Multihop == 0 {
+		return nil
+	}
+	return &api.EbgpMultihop{Enabled: true, MultihopTtl: p.Multihop}
 }
 
 // Status and PeerStatus are the agent API's (GET /v1/status): one
@@ -311,7 +326,7 @@ type (
 
 // Status reads the peers' states from the speaker.
 func (s *Speaker) Status(ctx context.Context) Status {
-	st := Status{ASN: s.cfg.ASN, Announced: map[string]int{"ipv4": 0, "ipv6": 0}}
+	st := Status{ASN: uint32(s.cfg.ASN), Announced: map[string]int{"ipv4": 0, "ipv6": 0}}
 	s.mu.Lock()
 	for p := range s.announced {
 		st.Announced[familyName(p.Addr().Is4())]++

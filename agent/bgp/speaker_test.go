@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +151,31 @@ kvipam_bgp_announced_prefixes{family="ipv6"} 1
 
 	// A next hop of the wrong family is refused, not announced.
 	require.ErrorContains(t, s.Sync(ctx, []Route{{block4, nh4}, {block6, nh4}}), "no address of its family")
+}
+
+// TestBGPPeerSettingsReachTheSpeaker: a peer's multihop TTL and the
+// password read from its passwordFile (without the file's trailing
+// newline) are what GoBGP is given for the session; an unreadable file
+// stops Start, naming the peer and the file.
+func TestBGPPeerSettingsReachTheSpeaker(t *testing.T) {
+	pwFile := t.TempDir() + "/tor1"
+	require.NoError(t, os.WriteFile(pwFile, []byte("s3cret\n"), 0o600))
+	cfg := Config{ASN: 65001, RestartTime: Duration{7 * time.Second}, Peers: []Peer{
+		{Address: "127.0.0.1", ASN: 65000, Port: 1, Multihop: 3, PasswordFile: pwFile}}}
+	ctx := context.Background()
+	o := Options{Node: "n1", RouterID: netip.MustParseAddr("127.0.0.1"), Logger: hclog.NewNullLogger()}
+	s, err := Start(ctx, cfg, o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Stop(context.Background()) })
+	require.NoError(t, s.Sync(ctx, nil))
+	var got *api.Peer
+	require.NoError(t, s.srv.ListPeer(ctx, &api.ListPeerRequest{}, func(p *api.Peer) { got = p }))
+	require.NotNil(t, got)
+	require.True(t, got.GetEbgpMultihop().GetEnabled())
+	require.Equal(t, uint32(3), got.GetEbgpMultihop().GetMultihopTtl())
+	require.Equal(t, "s3cret", got.GetConf().GetAuthPassword())
+
+	cfg.Peers[0].PasswordFile = pwFile + ".missing"
+	_, err = Start(ctx, cfg, o)
+	require.ErrorContains(t, err, "bgp: peer 127.0.0.1: passwordFile "+pwFile+".missing: read:")
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/agent/bgp"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
@@ -141,7 +143,7 @@ bgp:
 	c, err := loadConfig([]string{"--config", good}, env(nil))
 	require.NoError(t, err)
 	require.NoError(t, c.Validate())
-	require.Equal(t, uint32(65001), c.BGP.ASN)
+	require.Equal(t, bgp.ASN(65001), c.BGP.ASN)
 	require.Len(t, c.BGP.Peers, 2)
 	require.Equal(t, "s3cret", c.BGP.Peers[0].Password)
 	require.Equal(t, 9*time.Second, c.BGP.Peers[0].HoldTime.Duration)
@@ -155,16 +157,35 @@ pools: [{name: default, cidrs: ["10.244.0.0/16"], blockSizeV4: 26}]
 bgp:
   asn: 65001
   peers:
-  - {address: 10.0.0.1, asn: 65000, multihop: 2}
+  - {address: 10.0.0.1, asn: 65000, ebgpMultihop: 2}
 `)
 	_, err = loadConfig([]string{"--config", unknown}, env(nil))
-	require.ErrorContains(t, err, `bgp.peers[0].multihop: unknown key`)
+	require.ErrorContains(t, err, `bgp.peers[0].ebgpMultihop: unknown key`)
+
+	// Issue 44: docs/routing.md says a typo such as holdtime is refused;
+	// in a peer's section and in the bgp section alike, with the key it
+	// was meant to be. An AS number out of range is refused by its key,
+	// with the reason, not by the decoder.
+	for _, tc := range []struct{ name, bgp, want string }{
+		{"peer holdtime", "{asn: 65001, peers: [{address: 10.0.0.1, asn: 65000, holdtime: 9s}]}", "bgp.peers[0].holdtime: unknown key (did you mean holdTime?)"},
+		{"peer keepalive", "{asn: 65001, peers: [{address: 10.0.0.1, asn: 65000, keepalive: 3s}]}", "bgp.peers[0].keepalive: unknown key"},
+		{"bgp holdtime", "{asn: 65001, holdTime: 9s, peers: [{address: 10.0.0.1, asn: 65000}]}", "bgp.holdTime: unknown key (did you mean bgp.peers[].holdTime?)"},
+		{"bgp listenport", "{asn: 65001, listenport: 179, peers: [{address: 10.0.0.1, asn: 65000}]}", "bgp.listenport: unknown key (did you mean listenPort?)"},
+		{"asn too big", "{asn: 4294967296, peers: [{address: 10.0.0.1, asn: 65000}]}", "bgp.asn: 4294967296 is not an AS number: at most 4294967294"},
+		{"peer as_trans", "{asn: 65001, peers: [{address: 10.0.0.1, asn: 23456}]}", "bgp.peers[0].asn: 23456 is not a usable AS number: AS_TRANS"},
+		{"peer asn zero", "{asn: 65001, peers: [{address: 10.0.0.1, asn: 0}]}", "bgp.peers[0].asn: 0 is not a usable AS number"},
+	} {
+		f := write(tc.name+".yaml", "node: n1\nrouting: bgp\npools: [{name: default, cidrs: [\"10.244.0.0/16\"], blockSizeV4: 26}]\nbgp: "+tc.bgp+"\n")
+		_, err := loadConfig([]string{"--config", f}, env(nil))
+		require.ErrorContains(t, err, tc.want, tc.name)
+		require.NotContains(t, err.Error(), "cannot unmarshal", tc.name)
+	}
 
 	for _, tc := range []struct{ name, body, want string }{
 		{"no-routing", "bgp: {asn: 65001, peers: [{address: 10.0.0.1, asn: 65000}]}\n", `routing is "host-gw"`},
 		{"no-asn", "routing: bgp\nbgp: {peers: [{address: 10.0.0.1, asn: 65000}]}\n", "bgp: asn: required"},
 		{"no-peers", "routing: bgp\nbgp: {asn: 65001}\n", "bgp: peers: at least one"},
-		{"bad-peer", "routing: bgp\nbgp: {asn: 65001, peers: [{address: router1, asn: 0, holdTime: 1s}]}\n", "peers[0].address"},
+		{"bad-peer", "routing: bgp\nbgp: {asn: 65001, peers: [{address: router1, holdTime: 1s}]}\n", "peers[0].address"},
 		{"bad-community", "routing: bgp\nbgp: {asn: 65001, communities: [\"70000:1\"], peers: [{address: 10.0.0.1, asn: 65000}]}\n", "community"},
 		{"restart-outlives-lease", "routing: bgp\nbgp: {asn: 65001, restartTime: 60s, peers: [{address: 10.0.0.1, asn: 65000}]}\n", "bgp.restartTime: 1m0s is more than 7s, half the lease TTL"},
 	} {
