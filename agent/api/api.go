@@ -335,15 +335,21 @@ type BGPStatus struct {
 }
 
 // BGPPeerStatus is one router's session: its state (idle, connect,
-// active, opensent, openconfirm, established) and the prefixes sent to
-// and received from it per family.
+// active, opensent, openconfirm, established), the prefixes sent to
+// (none on a session that is not established) and received from it per
+// family, and, while it is not established, why: Reason for a person
+// (the connect error, or the NOTIFICATION sent or received with its code
+// and subcode), ReasonClass as the metric's label has it, and since when.
 type BGPPeerStatus struct {
-	Address    string            `json:"address"`
-	ASN        uint32            `json:"asn"`
-	State      string            `json:"state"`
-	Advertised map[string]uint64 `json:"advertised"`
-	Received   map[string]uint64 `json:"received"`
-	Uptime     time.Duration     `json:"uptime"`
+	Address     string            `json:"address"`
+	ASN         uint32            `json:"asn"`
+	State       string            `json:"state"`
+	Advertised  map[string]uint64 `json:"advertised"`
+	Received    map[string]uint64 `json:"received"`
+	Uptime      time.Duration     `json:"uptime"`
+	Reason      string            `json:"reason,omitempty"`
+	ReasonClass string            `json:"reasonClass,omitempty"`
+	ReasonSince time.Time         `json:"reasonSince,omitzero"`
 }
 
 // EtcdStatus says whether etcd answered the agent's last probe.

@@ -48,6 +48,8 @@ type Speaker struct {
 	srv   *server.BgpServer
 	log   hclog.Logger
 	attrs []*anypb.Any // communities and local-pref of every announcement
+	// sessions says why each session is not established.
+	sessions *sessions
 
 	mu        sync.Mutex
 	announced map[netip.Prefix]netip.Addr // prefix -> next hop
@@ -78,7 +80,8 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 	if cfg.RestartTime.Duration < time.Second {
 		return nil, errors.New("bgp: restartTime: at least 1s (the agent gives MaxRestartTime of its lease TTL)")
 	}
-	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{}}
+	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{},
+		sessions: newSessions(o.Logger)}
 	if err := resolvePasswords(s.peers); err != nil {
 		return nil, err
 	}
@@ -104,7 +107,7 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		}
 		s.attrs = append(s.attrs, a)
 	}
-	s.srv = server.NewBgpServer(server.LoggerOption(logAdapter{o.Logger}))
+	s.srv = server.NewBgpServer(server.LoggerOption(logAdapter{l: o.Logger, s: s.sessions}))
 	go s.srv.Serve()
 	listen := cfg.ListenPort
 	if listen == 0 {
@@ -340,6 +343,10 @@ func (s *Speaker) Status(ctx context.Context) Status {
 		if p.State != nil {
 			ps.State = sessionState(p.State.SessionState)
 		}
+		if r, ok := s.sessions.reason(ps.Address); ok && ps.State != "established" {
+			ps.Reason, ps.ReasonClass, ps.ReasonSince = r.Detail, r.Class, r.Since
+		}
+		eor := ps.State == "established" && restartCapable(p.GetState().GetRemoteCap())
 		if p.Timers != nil && p.Timers.State != nil && p.Timers.State.Uptime != nil && ps.State == "established" {
 			ps.Uptime = time.Since(p.Timers.State.Uptime.AsTime()).Round(time.Second)
 		}
@@ -348,9 +355,15 @@ func (s *Speaker) Status(ctx context.Context) Status {
 				continue
 			}
 			f := familyName(a.State.Family.Afi == api.Family_AFI_IP)
+			// GoBGP counts what it would send the peer now, sent or not, and
+			// the End-of-RIB marker of a graceful-restart session as a path:
+			// nothing was sent on a session that is not established.
 			adv := a.State.Advertised
-			if adv > 0 {
-				adv-- // GoBGP counts the End-of-RIB marker of a graceful-restart peer as a path
+			switch {
+			case ps.State != "established":
+				adv = 0
+			case eor && adv > 0:
+				adv--
 			}
 			ps.Advertised[f], ps.Received[f] = adv, a.State.Received
 		}
@@ -361,6 +374,17 @@ func (s *Speaker) Status(ctx context.Context) Status {
 	}
 	sort.Slice(st.Peers, func(i, j int) bool { return st.Peers[i].Address < st.Peers[j].Address })
 	return st
+}
+
+// restartCapable reports whether the router announced graceful restart
+// (its OPEN's capability): GoBGP then sends it End-of-RIB markers.
+func restartCapable(caps []*anypb.Any) bool {
+	for _, c := range caps {
+		if c.MessageIs(&api.GracefulRestartCapability{}) {
+			return true
+		}
+	}
+	return false
 }
 
 func familyName(v4 bool) string {
@@ -398,8 +422,23 @@ func (s *Speaker) Stop(ctx context.Context) error {
 	return err
 }
 
-// logAdapter sends GoBGP's logs to hclog.
-type logAdapter struct{ l hclog.Logger }
+// logAdapter sends GoBGP's logs to hclog. With s, it first shows each
+// event to s, which keeps why each session is not established and warns
+// of it itself (rate-limited): the events s takes go to hclog at debug
+// level only. GoBGP is then asked for debug events whatever hclog's level,
+// as it reports a failed connection only at debug level.
+type logAdapter struct {
+	l hclog.Logger
+	s *sessions
+}
+
+// log sends an event GoBGP logs at lvl to hclog, at debug level if s took it.
+func (a logAdapter) log(lvl hclog.Level, msg string, f gobgplog.Fields) {
+	if a.s != nil && a.s.observe(msg, f) {
+		lvl = hclog.Debug
+	}
+	a.l.Log(lvl, msg, fields(f)...)
+}
 
 func fields(f gobgplog.Fields) []any {
 	out := make([]any, 0, 2*len(f))
@@ -409,15 +448,17 @@ func fields(f gobgplog.Fields) []any {
 	return out
 }
 
-func (a logAdapter) Panic(msg string, f gobgplog.Fields) { a.l.Error(msg, fields(f)...) }
-func (a logAdapter) Fatal(msg string, f gobgplog.Fields) { a.l.Error(msg, fields(f)...) }
-func (a logAdapter) Error(msg string, f gobgplog.Fields) { a.l.Error(msg, fields(f)...) }
-func (a logAdapter) Warn(msg string, f gobgplog.Fields)  { a.l.Warn(msg, fields(f)...) }
-func (a logAdapter) Info(msg string, f gobgplog.Fields)  { a.l.Info(msg, fields(f)...) }
-func (a logAdapter) Debug(msg string, f gobgplog.Fields) { a.l.Debug(msg, fields(f)...) }
+func (a logAdapter) Panic(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
+func (a logAdapter) Fatal(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
+func (a logAdapter) Error(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
+func (a logAdapter) Warn(msg string, f gobgplog.Fields)  { a.log(hclog.Warn, msg, f) }
+func (a logAdapter) Info(msg string, f gobgplog.Fields)  { a.log(hclog.Info, msg, f) }
+func (a logAdapter) Debug(msg string, f gobgplog.Fields) { a.log(hclog.Debug, msg, f) }
 func (a logAdapter) SetLevel(gobgplog.LogLevel)          {}
 func (a logAdapter) GetLevel() gobgplog.LogLevel {
 	switch {
+	case a.s != nil:
+		return gobgplog.DebugLevel
 	case a.l.IsTrace(), a.l.IsDebug():
 		return gobgplog.DebugLevel
 	case a.l.IsInfo():

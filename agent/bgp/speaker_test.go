@@ -26,7 +26,7 @@ func router(t *testing.T) (*server.BgpServer, uint32) {
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
-	r := server.NewBgpServer(server.LoggerOption(logAdapter{hclog.NewNullLogger()}))
+	r := server.NewBgpServer(server.LoggerOption(logAdapter{l: hclog.NewNullLogger()}))
 	go r.Serve()
 	ctx := context.Background()
 	require.NoError(t, r.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: 65000, RouterId: "127.0.0.2",

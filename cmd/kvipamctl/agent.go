@@ -57,9 +57,9 @@ func (a *app) agentCmd() *cobra.Command {
 					row(w, "BGP-ASN", "ANNOUNCED-V4", "ANNOUNCED-V6", "ERROR")
 					row(w, b.ASN, b.Announced["ipv4"], b.Announced["ipv6"], b.Error)
 					row(w)
-					row(w, "PEER", "PEER-ASN", "STATE", "UPTIME", "ADVERTISED-V4", "ADVERTISED-V6", "RECEIVED-V4", "RECEIVED-V6")
+					row(w, "PEER", "PEER-ASN", "STATE", "UPTIME", "ADVERTISED-V4", "ADVERTISED-V6", "RECEIVED-V4", "RECEIVED-V6", "DOWN-SINCE", "REASON")
 					for _, p := range b.Peers {
-						row(w, p.Address, p.ASN, p.State, p.Uptime, p.Advertised["ipv4"], p.Advertised["ipv6"], p.Received["ipv4"], p.Received["ipv6"])
+						row(w, p.Address, p.ASN, p.State, p.Uptime, p.Advertised["ipv4"], p.Advertised["ipv6"], p.Received["ipv4"], p.Received["ipv6"], p.ReasonSince, p.Reason)
 					}
 				}
 			})
