@@ -227,6 +227,22 @@ type bgpNodeSpec struct {
 	// community is added to what the node sends this router (beside
 	// every node's 65001:100).
 	community string
+	// passwordFile gives the agent the password in a file (with a
+	// trailing newline, as a Secret created from a file has) instead of
+	// inline.
+	passwordFile bool
+	// agentPassword, if set, is the agent's password instead of password
+	// (FRR's): a mismatch.
+	agentPassword string
+	// asn is the node's AS, 65001 (what FRR expects) unless set.
+	asn int
+	// peers, if set, are the agent's peers instead of the rack's router.
+	peers []map[string]any
+	// down: the test expects the session not to come up, so the fabric
+	// does not wait for it.
+	down bool
+	// logLevel is the agent's --log-level instead of debug.
+	logLevel string
 }
 
 // bgpFabric is two racks (subnets A: 10.254.1.0/24, fd00:254:1::/64 and
@@ -301,19 +317,39 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 			hold = 9 * time.Second
 		}
 		peer := map[string]any{"address": b.gw4.String(), "asn": 65000, "holdTime": hold.String(), "keepaliveTime": (hold / 3).String()}
-		if s.password != "" {
-			peer["password"] = s.password
+		password := s.password
+		if s.agentPassword != "" {
+			password = s.agentPassword
+		}
+		switch {
+		case password != "" && s.passwordFile:
+			f := filepath.Join(n.dir, "bgp-password")
+			require.NoError(t, os.WriteFile(f, []byte(password+"\n"), 0o600))
+			peer["passwordFile"] = f
+		case password != "":
+			peer["password"] = password
 		}
 		if s.community != "" {
 			peer["communities"] = []string{s.community}
 		}
-		cfg, err := json.Marshal(map[string]any{"bgp": map[string]any{"asn": 65001, "peers": []any{peer}, "communities": []string{"65001:100"}}})
+		peers := []map[string]any{peer}
+		if s.peers != nil {
+			peers = s.peers
+		}
+		asn := s.asn
+		if asn == 0 {
+			asn = 65001
+		}
+		cfg, err := json.Marshal(map[string]any{"bgp": map[string]any{"asn": asn, "peers": peers, "communities": []string{"65001:100"}}})
 		require.NoError(t, err)
 		cfgFile := filepath.Join(n.dir, "agent.yaml")
 		require.NoError(t, os.WriteFile(cfgFile, cfg, 0o600))
 		extra := []string{"--config", cfgFile, "--routing", "bgp", "--node-address", b.v4.String() + "," + b.v6.String()}
 		if s.metrics != "" {
 			extra = append(extra, "--metrics-addr", s.metrics)
+		}
+		if s.logLevel != "" {
+			extra = append(extra, "--log-level", s.logLevel)
 		}
 		// The first node runs the embedded etcd (startAgent asks for it by
 		// name) on its underlay address; the others use it.
@@ -329,8 +365,10 @@ func newBGPFabric(t *testing.T, specs []bgpNodeSpec) *bgpFabric {
 		b.l = n.kvipamList("kv", "1.0.0", "")
 		f.nodes = append(f.nodes, b)
 	}
-	for _, b := range f.nodes {
-		waitFor(t, 60*time.Second, "FRR's session with "+b.n.name, func() bool { return f.frr.established(b.v4) })
+	for i, b := range f.nodes {
+		if !specs[i].down {
+			waitFor(t, 60*time.Second, "FRR's session with "+b.n.name, func() bool { return f.frr.established(b.v4) })
+		}
 	}
 	return f
 }
