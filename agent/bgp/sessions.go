@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 type DownReason struct {
 	Class, Detail string
 	Since         time.Time
+	probed        bool // read on a probe connection (openProbe)
 }
 
 // warnEvery is how often a reason that has not changed is logged again.
@@ -31,13 +33,21 @@ const warnEvery = time.Minute
 // session state and message counters but no reason (its peer events and
 // ListPeer leave the FSM's reason out), so the speaker reads the typed
 // fields of those events (the dial error, the NOTIFICATION's code and
-// subcode), never the text of a message. It warns once per peer when a
-// reason appears or changes, and again at most every warnEvery while it
-// lasts; GoBGP tries to connect every 5 s. It is safe for concurrent use
-// (GoBGP logs from each peer's goroutines).
+// subcode), never the text of a message. A router's NOTIFICATION that
+// ends the OPEN exchange, which GoBGP does not decode, is read on a probe
+// connection (openProbe), at most every warnEvery per peer. It warns once
+// per peer when a reason appears or changes, and again at most every
+// warnEvery while it lasts; GoBGP tries to connect every 5-10 s. It is
+// safe for concurrent use (GoBGP logs from each peer's goroutines); stop
+// ends its probes.
 type sessions struct {
-	log hclog.Logger
-	now func() time.Time
+	log    hclog.Logger
+	now    func() time.Time
+	probes map[string]openProbe // by peer address
+
+	ctx    context.Context // the probes' lifetime
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 
 	mu    sync.Mutex
 	peers map[string]*session
@@ -46,12 +56,22 @@ type sessions struct {
 type session struct {
 	reason   DownReason
 	notified bool // a NOTIFICATION was sent or received since the connection opened
+	up       bool // established
 	warnedAt time.Time
 	repeats  int // events with the same reason since the last warning
+	probing  bool
+	probedAt time.Time
 }
 
-func newSessions(log hclog.Logger) *sessions {
-	return &sessions{log: log, now: time.Now, peers: map[string]*session{}}
+func newSessions(log hclog.Logger, probes map[string]openProbe) *sessions {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &sessions{log: log, now: time.Now, probes: probes, ctx: ctx, cancel: cancel, peers: map[string]*session{}}
+}
+
+// stop ends the probes and waits for them.
+func (s *sessions) stop() {
+	s.cancel()
+	s.wg.Wait()
 }
 
 // reason is why peer's session is not established; false while it is, or
@@ -141,6 +161,7 @@ func (s *sessions) stateChanged(peer, old, next, why string) {
 	s.mu.Lock()
 	p := s.get(peer)
 	notified := p.notified
+	p.up = next == "BGP_FSM_ESTABLISHED"
 	switch next {
 	case "BGP_FSM_OPENSENT":
 		p.notified = false
@@ -162,9 +183,7 @@ func (s *sessions) stateChanged(peer, old, next, why string) {
 		// A message other than OPEN or KEEPALIVE ended the OPEN exchange:
 		// the router's NOTIFICATION, which GoBGP v3 reads but does not
 		// decode before the session is established.
-		s.set(peer, DownReason{Class: "closed in OPEN exchange", Detail: "the router ended the session in the OPEN exchange (" + why +
-			"), with a NOTIFICATION GoBGP does not decode before a session is established: the router's log names it. " +
-			"Usual causes: this node's bgp.asn is not the AS the router expects of it, or the router has no neighbor for this node's address"})
+		s.openRefused(peer, why)
 	case old == "BGP_FSM_ESTABLISHED" && strings.HasPrefix(why, "hold-timer-expired"):
 		s.set(peer, DownReason{Class: "hold timer expired", Detail: "hold timer expired: nothing from the router within the hold time"})
 	case old == "BGP_FSM_ESTABLISHED" && why == "read-failed":
@@ -172,6 +191,94 @@ func (s *sessions) stateChanged(peer, old, next, why string) {
 	case old == "BGP_FSM_ESTABLISHED":
 		s.set(peer, DownReason{Class: "session ended", Detail: "the session ended: " + why})
 	}
+}
+
+// openRefused gives the reason of a session the router ended in the
+// OPEN exchange: the NOTIFICATION a probe connection reads (due every
+// warnEvery; meanwhile the last one read stands), or, when no probe can
+// read one, what is known without it.
+func (s *sessions) openRefused(peer, why string) {
+	s.mu.Lock()
+	p := s.get(peer)
+	probe, ok := s.probes[peer]
+	switch {
+	case p.probing:
+		s.mu.Unlock()
+		return // the probe sets the reason
+	case ok && (p.probedAt.IsZero() || s.now().Sub(p.probedAt) >= warnEvery):
+		p.probing, p.probedAt = true, s.now()
+		s.mu.Unlock()
+		s.wg.Go(func() { s.probe(peer, probe, why) })
+		return
+	case p.reason.probed:
+		r := p.reason
+		s.mu.Unlock()
+		s.set(peer, r)
+		return
+	}
+	s.mu.Unlock()
+	s.set(peer, openClosed(why, ""))
+}
+
+// probeDelay is how long after a session ended in the OPEN exchange its
+// probe connects: routers refuse connections for a few seconds after they
+// refused an OPEN (GoBGP for 5 s, its idle hold time), and the session's
+// next attempt, which the probe should not meet, comes 6-7 s after.
+const probeDelay = 5500 * time.Millisecond
+
+// probe runs a probe connection and makes what it read peer's reason.
+func (s *sessions) probe(peer string, probe openProbe, why string) {
+	select {
+	case <-s.ctx.Done():
+		return
+	case <-time.After(probeDelay):
+	}
+	ans, err := probe.run(s.ctx)
+	s.mu.Lock()
+	p := s.get(peer)
+	p.probing = false
+	up := p.up
+	s.mu.Unlock()
+	if up || s.ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		s.log.Debug("bgp probe of the OPEN exchange read no NOTIFICATION", "peer", peer, "error", err)
+		s.set(peer, openClosed(why, err.Error()))
+		return
+	}
+	name := notificationName(ans.code, ans.subcode)
+	s.set(peer, DownReason{Class: "notification received: " + name, probed: true,
+		Detail: "received NOTIFICATION " + name + " from the router in answer to this node's OPEN" + openHint(ans, probe) +
+			" (read on a probe connection: GoBGP does not decode a NOTIFICATION before the session is established)"})
+}
+
+// openClosed is the reason of a session the router ended in the OPEN
+// exchange when no probe read its NOTIFICATION (probeErr says why not).
+func openClosed(why, probeErr string) DownReason {
+	d := "the router ended the session in the OPEN exchange (" + why +
+		"), with a NOTIFICATION GoBGP does not decode before a session is established: the router's log names it. " +
+		"Usual causes: this node's bgp.asn is not the AS the router expects of it, or the router has no neighbor for this node's address"
+	if probeErr != "" {
+		d += " (a probe connection read none: " + probeErr + ")"
+	}
+	return DownReason{Class: "closed in OPEN exchange", Detail: d}
+}
+
+// openHint says what to check for the NOTIFICATIONs a router answers a
+// misconfigured OPEN with.
+func openHint(ans notificationAnswer, probe openProbe) string {
+	switch {
+	case ans.code == 2 && ans.subcode == 2:
+		return fmt.Sprintf(": the router expects another AS of this node than bgp.asn %d", probe.localAS)
+	case ans.code == 2 && ans.subcode == 3:
+		return fmt.Sprintf(": the router refuses this node's BGP identifier %s (bgp.routerID)", probe.routerID)
+	case ans.code == 2 && ans.subcode == 6:
+		return fmt.Sprintf(": the router refuses the hold time %s (holdTime)", probe.hold)
+	case ans.code == 6 && ans.subcode == 5:
+		return ": the router refuses connections from this node (has it a neighbor for this node's address?)"
+	}
+	return ""
 }
 
 // set makes r peer's reason, and warns when it is new or changed, or

@@ -61,7 +61,7 @@ func awaitReason(t *testing.T, s *Speaker, class string) PeerStatus {
 		}
 		ps = st.Peers[0]
 		return ps.ReasonClass == class
-	}, 30*time.Second, 50*time.Millisecond, "reason %q", class)
+	}, 30*time.Second, 50*time.Millisecond, "reason %q, not %q", class, ps.Reason)
 	t.Logf("%s: %s", ps.State, ps.Reason)
 	return ps
 }
@@ -104,9 +104,11 @@ kvipam_bgp_peer_down_reason{peer="127.0.0.1",reason="connect: refused"} 1
 	t.Run("this node's AS not the one the router expects", func(t *testing.T) {
 		_, port := router(t) // expects AS 65001
 		s, out := startWith(t, 65002, Peer{Address: "127.0.0.1", ASN: 65000, Port: port})
-		ps := awaitReason(t, s, "closed in OPEN exchange")
-		require.Contains(t, ps.Reason, "bgp.asn")
+		ps := awaitReason(t, s, "notification received: OPEN Message Error / Bad Peer AS")
+		require.Contains(t, ps.Reason, "the router expects another AS of this node than bgp.asn 65002")
+		require.Contains(t, ps.Reason, "probe connection")
 		require.Contains(t, out.String(), "bgp session not established")
+		require.Equal(t, 1, strings.Count(out.String(), "bgp session not established"), "one warning, the probe's: %s", out)
 	})
 }
 
@@ -115,7 +117,7 @@ kvipam_bgp_peer_down_reason{peer="127.0.0.1",reason="connect: refused"} 1
 // an established session clears it and says so.
 func TestBGPSessionReasonRateLimited(t *testing.T) {
 	var out bytes.Buffer
-	s := newSessions(hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}))
+	s := newSessions(hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info}), nil)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	s.now = func() time.Time { return now }
 	refused := DownReason{Class: "connect: refused", Detail: "cannot connect: refused"}

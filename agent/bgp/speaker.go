@@ -80,11 +80,11 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 	if cfg.RestartTime.Duration < time.Second {
 		return nil, errors.New("bgp: restartTime: at least 1s (the agent gives MaxRestartTime of its lease TTL)")
 	}
-	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{},
-		sessions: newSessions(o.Logger)}
+	s := &Speaker{cfg: cfg, opts: o, peers: cfg.PeersFor(o.Node), log: o.Logger, announced: map[netip.Prefix]netip.Addr{}}
 	if err := resolvePasswords(s.peers); err != nil {
 		return nil, err
 	}
+	s.sessions = newSessions(o.Logger, s.probes(rid))
 	if err := CheckListenPort(cfg.ListenPort); err != nil {
 		return nil, err
 	}
@@ -137,6 +137,25 @@ func Start(ctx context.Context, cfg Config, o Options) (*Speaker, error) {
 		}
 	}
 	return s, nil
+}
+
+// probes are the probe connections that look to each peer like its
+// session (openProbe), by its address as GoBGP names it.
+func (s *Speaker) probes(rid netip.Addr) map[string]openProbe {
+	out := map[string]openProbe{}
+	for _, p := range s.peers {
+		port := p.Port
+		if port == 0 {
+			port = 179
+		}
+		ttl := 0 // iBGP: the system's default
+		if p.ASN != s.cfg.ASN {
+			ttl = max(1, int(p.Multihop))
+		}
+		out[p.Address] = openProbe{addr: netip.MustParseAddr(p.Address), port: port, password: p.Password, ttl: ttl,
+			localAS: uint32(s.cfg.ASN), hold: p.holdTime(), routerID: rid}
+	}
+	return out
 }
 
 // RestartTime is how long routers keep this node's routes after its
@@ -419,6 +438,7 @@ func sessionState(s api.PeerState_SessionState) string {
 func (s *Speaker) Stop(ctx context.Context) error {
 	err := s.srv.StopBgp(ctx, &api.StopBgpRequest{})
 	s.srv.Stop()
+	s.sessions.stop()
 	return err
 }
 
