@@ -5,15 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"sync"
 	"time"
 
-	agentapi "github.com/kvipam/kvipam/agent/api"
-
 	"github.com/hashicorp/go-hclog"
 	api "github.com/osrg/gobgp/v3/api"
-	gobgplog "github.com/osrg/gobgp/v3/pkg/log"
 	"github.com/osrg/gobgp/v3/pkg/server"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -339,98 +335,6 @@ func multihop(p Peer) *api.EbgpMultihop {
 	return &api.EbgpMultihop{Enabled: true, MultihopTtl: p.Multihop}
 }
 
-// Status and PeerStatus are the agent API's (GET /v1/status): one
-// definition of the wire contract, which kvipamctl reads.
-type (
-	Status     = agentapi.BGPStatus
-	PeerStatus = agentapi.BGPPeerStatus
-)
-
-// Status reads the peers' states from the speaker.
-func (s *Speaker) Status(ctx context.Context) Status {
-	st := Status{ASN: uint32(s.cfg.ASN), Announced: map[string]int{"ipv4": 0, "ipv6": 0}}
-	s.mu.Lock()
-	for p := range s.announced {
-		st.Announced[familyName(p.Addr().Is4())]++
-	}
-	s.mu.Unlock()
-	err := s.srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
-		ps := PeerStatus{Advertised: map[string]uint64{}, Received: map[string]uint64{}}
-		if p.Conf != nil {
-			ps.Address, ps.ASN = p.Conf.NeighborAddress, p.Conf.PeerAsn
-		}
-		if p.State != nil {
-			ps.State = sessionState(p.State.SessionState)
-		}
-		if r, ok := s.sessions.reason(ps.Address); ok && ps.State != "established" {
-			ps.Reason, ps.ReasonClass, ps.ReasonSince = r.Detail, r.Class, r.Since
-		}
-		eor := ps.State == "established" && restartCapable(p.GetState().GetRemoteCap())
-		if p.Timers != nil && p.Timers.State != nil && p.Timers.State.Uptime != nil && ps.State == "established" {
-			ps.Uptime = time.Since(p.Timers.State.Uptime.AsTime()).Round(time.Second)
-		}
-		for _, a := range p.AfiSafis {
-			if a.State == nil || a.State.Family == nil {
-				continue
-			}
-			f := familyName(a.State.Family.Afi == api.Family_AFI_IP)
-			// GoBGP counts what it would send the peer now, sent or not, and
-			// the End-of-RIB marker of a graceful-restart session as a path:
-			// nothing was sent on a session that is not established.
-			adv := a.State.Advertised
-			switch {
-			case ps.State != "established":
-				adv = 0
-			case eor && adv > 0:
-				adv--
-			}
-			ps.Advertised[f], ps.Received[f] = adv, a.State.Received
-		}
-		st.Peers = append(st.Peers, ps)
-	})
-	if err != nil {
-		st.Error = err.Error()
-	}
-	sort.Slice(st.Peers, func(i, j int) bool { return st.Peers[i].Address < st.Peers[j].Address })
-	return st
-}
-
-// restartCapable reports whether the router announced graceful restart
-// (its OPEN's capability): GoBGP then sends it End-of-RIB markers.
-func restartCapable(caps []*anypb.Any) bool {
-	for _, c := range caps {
-		if c.MessageIs(&api.GracefulRestartCapability{}) {
-			return true
-		}
-	}
-	return false
-}
-
-func familyName(v4 bool) string {
-	if v4 {
-		return "ipv4"
-	}
-	return "ipv6"
-}
-
-func sessionState(s api.PeerState_SessionState) string {
-	switch s {
-	case api.PeerState_IDLE:
-		return "idle"
-	case api.PeerState_CONNECT:
-		return "connect"
-	case api.PeerState_ACTIVE:
-		return "active"
-	case api.PeerState_OPENSENT:
-		return "opensent"
-	case api.PeerState_OPENCONFIRM:
-		return "openconfirm"
-	case api.PeerState_ESTABLISHED:
-		return "established"
-	}
-	return "unknown"
-}
-
 // Stop ends every session with a Cease and withdraws nothing from etcd:
 // for a node taken out of service. An agent that only restarts does not
 // call it: its sessions end with its process, a TCP close that a
@@ -440,51 +344,4 @@ func (s *Speaker) Stop(ctx context.Context) error {
 	s.srv.Stop()
 	s.sessions.stop()
 	return err
-}
-
-// logAdapter sends GoBGP's logs to hclog. With s, it first shows each
-// event to s, which keeps why each session is not established and warns
-// of it itself (rate-limited): the events s takes go to hclog at debug
-// level only. GoBGP is then asked for debug events whatever hclog's level,
-// as it reports a failed connection only at debug level.
-type logAdapter struct {
-	l hclog.Logger
-	s *sessions
-}
-
-// log sends an event GoBGP logs at lvl to hclog, at debug level if s took it.
-func (a logAdapter) log(lvl hclog.Level, msg string, f gobgplog.Fields) {
-	if a.s != nil && a.s.observe(msg, f) {
-		lvl = hclog.Debug
-	}
-	a.l.Log(lvl, msg, fields(f)...)
-}
-
-func fields(f gobgplog.Fields) []any {
-	out := make([]any, 0, 2*len(f))
-	for k, v := range f {
-		out = append(out, k, v)
-	}
-	return out
-}
-
-func (a logAdapter) Panic(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
-func (a logAdapter) Fatal(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
-func (a logAdapter) Error(msg string, f gobgplog.Fields) { a.log(hclog.Error, msg, f) }
-func (a logAdapter) Warn(msg string, f gobgplog.Fields)  { a.log(hclog.Warn, msg, f) }
-func (a logAdapter) Info(msg string, f gobgplog.Fields)  { a.log(hclog.Info, msg, f) }
-func (a logAdapter) Debug(msg string, f gobgplog.Fields) { a.log(hclog.Debug, msg, f) }
-func (a logAdapter) SetLevel(gobgplog.LogLevel)          {}
-func (a logAdapter) GetLevel() gobgplog.LogLevel {
-	switch {
-	case a.s != nil:
-		return gobgplog.DebugLevel
-	case a.l.IsTrace(), a.l.IsDebug():
-		return gobgplog.DebugLevel
-	case a.l.IsInfo():
-		return gobgplog.InfoLevel
-	case a.l.IsWarn():
-		return gobgplog.WarnLevel
-	}
-	return gobgplog.ErrorLevel
 }
