@@ -114,6 +114,9 @@ func TestBGPSpeakerAnnouncesAndWithdraws(t *testing.T) {
 	require.Len(t, st.Peers, 1)
 	require.Equal(t, "established", st.Peers[0].State)
 	require.Equal(t, map[string]int{"ipv4": 2, "ipv6": 1}, st.Announced)
+	require.Equal(t, map[string]uint64{"ipv4": 2, "ipv6": 1}, st.Peers[0].Advertised,
+		"what was sent: this router has no graceful restart, so no End-of-RIB is counted away")
+	require.Empty(t, st.Peers[0].Reason)
 
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(s.Collector())
