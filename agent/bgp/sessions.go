@@ -175,8 +175,8 @@ func (s *sessions) stateChanged(peer, old, next, why string) {
 		return
 	}
 	s.mu.Unlock()
-	if next != "BGP_FSM_IDLE" || notified {
-		return
+	if next != "BGP_FSM_IDLE" || notified || why == "dying" || why == "admin-down" {
+		return // the speaker itself stops the session: no fault
 	}
 	switch {
 	case old == "BGP_FSM_OPENSENT" || old == "BGP_FSM_OPENCONFIRM":
