@@ -19,7 +19,7 @@ type poolSeeder interface {
 // seedPools creates each configured pool that etcd lacks. Pools live in
 // etcd (invariant 8): a configured pool that etcd already has changes
 // nothing there, and a difference (an operator added or removed a cidr,
-// reserved a range, disabled it, gave it a selector or a reuse cooldown)
+// reserved a range, disabled it, gave it a selector, a reuse cooldown or a masquerade setting)
 // is logged once as a warning. Nothing here stops the agent: a pool that
 // cannot be seeded (it overlaps another, etcd did not answer) is logged,
 // and the agent serves what etcd holds.
@@ -54,6 +54,9 @@ func describePool(p allocator.Pool) string {
 	}
 	if p.ReuseCooldown != nil {
 		s += ", reuse cooldown " + p.ReuseCooldown.String()
+	}
+	if p.Masquerade != nil {
+		s += ", masquerade " + p.MasqueradeSetting()
 	}
 	if p.Disabled {
 		s += ", disabled"

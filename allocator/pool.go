@@ -61,6 +61,10 @@ type Pool struct {
 	// holds to it, in its own blocks and in the addresses it borrows
 	// (cooldown.go). nil: DefaultReuseCooldown; 0: reuse at once.
 	ReuseCooldown *Duration `json:"reuseCooldown,omitempty"`
+	// Masquerade says whether a pod of the pool that sends to an address
+	// outside every pool has its source translated to its node's
+	// (masquerade.go). nil: the routing mode decides (MasqueradeOr).
+	Masquerade *bool `json:"masquerade,omitempty"`
 	// Rev is the etcd revision the spec was read at (not stored): block
 	// claims are fenced by it, so no node claims a block under a spec an
 	// operator has since changed (a CIDR removed, the pool deleted).

@@ -22,7 +22,8 @@ import (
 //
 // An existing pool keeps what operators set with kvipamctl: p's reserved
 // ranges are added to the stored ones, its disabled flag stays, and so
-// do its node selector and reuse cooldown unless p gives them.
+// do its node selector, reuse cooldown and masquerade unless p gives
+// them.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -134,6 +135,9 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 	if p.ReuseCooldown == nil {
 		p.ReuseCooldown = stored.ReuseCooldown
 	}
+	if p.Masquerade == nil {
+		p.Masquerade = stored.Masquerade
+	}
 	res := slices.Clone(stored.Reserved)
 	for _, r := range p.Reserved {
 		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
@@ -147,7 +151,13 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 func poolEqual(a, b allocator.Pool) bool {
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
 		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && a.NodeSelector == b.NodeSelector &&
-		sameCooldown(a.ReuseCooldown, b.ReuseCooldown)
+		sameCooldown(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
+}
+
+// sameSetting reports whether two pools' tri-state settings (masquerade)
+// are the same: both unset, or both set to one value.
+func sameSetting(a, b *bool) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
 
 // sameCooldown reports whether two pools' cooldown settings are the same:

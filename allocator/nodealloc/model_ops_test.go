@@ -79,7 +79,7 @@ func writesAny(ops []clientv3.Op) bool {
 // The operators' write kinds.
 const (
 	kindOperator   = "operator delete" // kvipamctl release, node remove
-	kindPoolChange = "pool change"     // pool disable, reserve, select, add-cidr, remove-cidr
+	kindPoolChange = "pool change"     // pool disable, reserve, select, set-cooldown, set-masquerade, add-cidr, remove-cidr
 	kindPoolCreate = "pool create"
 	kindPoolDelete = "pool delete" // with the deleted-pool mark
 )
@@ -238,7 +238,8 @@ func (r *modelRun) opOperator(n *mNode) {
 // opPool changes the pool as an operator does, its write faulted like
 // any other, and gives every node the spec etcd then holds (the agents
 // follow the pool key): disable or enable it, reserve an address or clear
-// the reservations, select nodes, set the reuse cooldown, add the extra
+// the reservations, select nodes, set the reuse cooldown or the egress
+// masquerade, add the extra
 // cidr or remove it (refused while anything is in it). A change lands whole or not at all:
 // etcd holds the old spec or the new one, the new one only if the change
 // may have landed.
@@ -247,11 +248,20 @@ func (r *modelRun) opPool() {
 	st := r.operatorStore(kindPoolChange, r.pool.Name)
 	var change func(p *allocator.Pool) error
 	what := ""
-	k := r.rng.IntN(5)
+	k := r.rng.IntN(6)
 	if r.spec.Disabled {
 		k = 0 // a drain lasts until the next pool change
 	}
 	switch {
+	case k == 5:
+		// kvipamctl pool set-masquerade: on, off, or the routing mode's
+		// default (unset). No node allocates by it; the change must land
+		// whole, as every other.
+		m := []string{"on", "off", "default"}[r.rng.IntN(3)]
+		v, err := allocator.ParseMasquerade(m)
+		require.NoError(r.t, err)
+		what = "set-masquerade " + m
+		change = func(p *allocator.Pool) error { p.Masquerade = v; return nil }
 	case k == 4:
 		// kvipamctl pool set-cooldown: the default, reuse at once, a
 		// cooldown that ends within a run and one that does not.
@@ -445,6 +455,8 @@ func (r *modelRun) opSeed(n *mNode) {
 	seed := r.spec
 	seed.Reserved, seed.Disabled, seed.NodeSelector = nil, !r.spec.Disabled, "rack=nowhere"
 	seed.ReuseCooldown = allocator.DurationOf((r.spec.Cooldown() + time.Second) % allocator.MaxReuseCooldown)
+	notMasq := !r.spec.MasqueradeOr(true)
+	seed.Masquerade = &notMasq
 	r.op = "seed"
 	got, created, err := n.hook.SeedPool(r.ctx, seed)
 	r.logf("%s seed pool (differs from etcd's): created %v, %v", n.name, created, err)
@@ -455,7 +467,7 @@ func (r *modelRun) opSeed(n *mNode) {
 	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
 	require.NoError(r.t, gerr)
 	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) ||
-		!reflect.DeepEqual(cur.ReuseCooldown, r.spec.ReuseCooldown) {
+		!reflect.DeepEqual(cur.ReuseCooldown, r.spec.ReuseCooldown) || !reflect.DeepEqual(cur.Masquerade, r.spec.Masquerade) {
 		r.fail("seeding pool %s changed etcd's spec: %+v, was %+v", r.pool.Name, cur, r.spec)
 	}
 	if err == nil && (got.Disabled != r.spec.Disabled || got.NodeSelector != r.spec.NodeSelector) {

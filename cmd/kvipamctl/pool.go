@@ -32,8 +32,9 @@ func (a *app) poolCmd() *cobra.Command {
 	var v4, v6 int
 	var selector string
 	var cooldown time.Duration
+	var masquerade string
 	create := &cobra.Command{
-		Use:   "create NAME --cidr CIDR [--cidr CIDR]... [--node-selector SELECTOR] [--reuse-cooldown DURATION]",
+		Use:   "create NAME --cidr CIDR [--cidr CIDR]... [--node-selector SELECTOR] [--reuse-cooldown DURATION] [--masquerade on|off|default]",
 		Short: "Create a pool, or add CIDRs to an existing one",
 		Long: `Create a pool. Running it again with the same spec is a no-op; with more
 CIDRs it adds them. Block sizes and existing CIDRs cannot change, since
@@ -47,7 +48,13 @@ pool serves every node; pool select changes it later.
 --reuse-cooldown is how long a released address is not handed out again
 while another is free, by every node alike (default 30s; 0 reuses at
 once); pool set-cooldown changes it later. Running create again without
-it keeps the pool's.`,
+it keeps the pool's.
+
+--masquerade says whether a pod's traffic to an address outside every
+pool leaves with its node's address as its source: on, off, or default
+(on with routing host-gw or vxlan, whose pod addresses nothing outside
+the cluster routes; off with bgp, whose pod addresses the fabric routes); pool
+set-masquerade changes it later, and create again without it keeps it.`,
 		Example: "  kvipamctl pool create default --cidr 10.42.0.0/16 --cidr fd00:42::/64\n  kvipamctl pool create rack-r1 --cidr 10.50.0.0/20 --node-selector rack=r1",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -62,12 +69,20 @@ it keeps the pool's.`,
 			if cmd.Flags().Changed("reuse-cooldown") {
 				p.ReuseCooldown = allocator.DurationOf(cooldown)
 			}
+			if cmd.Flags().Changed("masquerade") {
+				m, err := allocator.ParseMasquerade(masquerade)
+				if err != nil {
+					return err
+				}
+				p.Masquerade = m
+			}
 			return a.poolCreate(cmd.Context(), a.stdout, p, cidrs, bs4, bs6)
 		},
 	}
 	create.Flags().StringVar(&selector, "node-selector", "", "labels of the nodes the pool serves (rack=r1,zone=a); default every node")
 	create.Flags().StringArrayVar(&cidrs, "cidr", nil, "a CIDR of the pool, IPv4 or IPv6; repeat for more")
 	create.Flags().DurationVar(&cooldown, "reuse-cooldown", allocator.DefaultReuseCooldown, "how long a released address is not handed out again while another is free, on every node (0: reuse at once)")
+	create.Flags().StringVar(&masquerade, "masquerade", "default", "masquerade pods' traffic to addresses outside every pool: on, off, or default (the routing mode decides: on for host-gw and vxlan, off for bgp)")
 	create.Flags().IntVar(&v4, "block-size-v4", defaultBlockV4, "prefix length of IPv4 blocks")
 	create.Flags().IntVar(&v6, "block-size-v6", defaultBlockV6, "prefix length of IPv6 blocks")
 	_ = create.MarkFlagRequired("cidr")
@@ -118,8 +133,8 @@ func (a *app) poolCreate(ctx context.Context, w io.Writer, p allocator.Pool, cid
 	}
 	a.warnUnserved(got, serving, "")
 	return a.render(w, got, func(tw io.Writer) {
-		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6", "NODE-SELECTOR", "REUSE-COOLDOWN")
-		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6), selectorCell(got.NodeSelector), cooldownCell(got))
+		row(tw, "NAME", "CIDRS", "BLOCK-V4", "BLOCK-V6", "NODE-SELECTOR", "REUSE-COOLDOWN", "MASQUERADE")
+		row(tw, got.Name, joinPrefixes(got.CIDRs), sizeCell(got.BlockSizeV4), sizeCell(got.BlockSizeV6), selectorCell(got.NodeSelector), cooldownCell(got), masqueradeCell(got))
 	})
 }
 
@@ -154,6 +169,14 @@ func cooldownCell(p allocator.Pool) string {
 		return "0s (reuse at once)"
 	}
 	return p.Cooldown().String()
+}
+
+// masqueradeCell is a pool's masquerade setting as pool show prints it.
+func masqueradeCell(p allocator.Pool) string {
+	if p.Masquerade == nil {
+		return "default (on with routing host-gw or vxlan, off with bgp)"
+	}
+	return p.MasqueradeSetting()
 }
 
 // selectorCell is a node selector as pool show prints it.
@@ -215,8 +238,11 @@ type poolDetail struct {
 	Nodes []string `json:"nodes"`
 	// ReuseCooldown is the pool's reuse cooldown, the default when its
 	// spec sets none ("30s").
-	ReuseCooldown string              `json:"reuseCooldown"`
-	Usage         []inspect.PoolUsage `json:"usage"`
+	ReuseCooldown string `json:"reuseCooldown"`
+	// Masquerade is the pool's masquerade setting: on, off or default
+	// (the routing mode decides).
+	Masquerade string              `json:"masquerade"`
+	Usage      []inspect.PoolUsage `json:"usage"`
 	// Exhausted says, per family with no free address, what an ADD is
 	// told: why, and whether it is temporary.
 	Exhausted map[string]string `json:"exhausted,omitempty"`
@@ -238,7 +264,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		live = append(live, n.NodeRecord)
 	}
 	d := poolDetail{Pool: p.Pool, Revision: s.Revision, Usage: inspect.Usage(s, name), Nodes: etcdstore.ServingNodes(p.Pool, live),
-		ReuseCooldown: p.Cooldown().String()}
+		ReuseCooldown: p.Cooldown().String(), Masquerade: p.MasqueradeSetting()}
 	for _, b := range s.Bindings {
 		if b.Pool == name {
 			d.Sticky = append(d.Sticky, b)
@@ -281,6 +307,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		}
 		row(tw, "Serving nodes:", nodes)
 		row(tw, "Cooldown:", cooldownCell(p.Pool))
+		row(tw, "Masquerade:", masqueradeCell(p.Pool))
 		for _, r := range p.Reserved {
 			row(tw, "Reserved:", r.Range.String(), r.Reason)
 		}

@@ -179,6 +179,35 @@ change without a restart. What to choose: docs/operations.md.`,
 			})
 		},
 	}
+	masquerade := &cobra.Command{
+		Use:   "set-masquerade POOL on|off|default",
+		Short: "Set whether a pool's pods reach addresses outside every pool with their node's address",
+		Long: `Set the pool's egress masquerade: on, a pod's packet to an address
+outside every pool (and outside the agents' egress.nonMasqueradeCIDRs)
+leaves its node with the node's address as its source, so that replies
+find their way back where nothing routes the pool; off, it keeps the
+pod's address (the network routes the pool, as a BGP fabric does).
+"default" goes back to the routing mode's choice: on with host-gw and
+vxlan, off with bgp. Traffic between pods, on one node or two, always
+keeps pod addresses. Every agent follows the change without a restart.
+What to choose: docs/routing.md, "Egress".`,
+		Example: "  kvipamctl pool set-masquerade default off\n  kvipamctl pool set-masquerade default default",
+		Args:    cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := allocator.ParseMasquerade(strings.TrimSpace(args[1]))
+			if err != nil {
+				return err
+			}
+			return a.withStore(cmd.Context(), func(s operatorStore) error {
+				p, err := s.UpdatePool(cmd.Context(), args[0], func(p *allocator.Pool) error { p.Masquerade = m; return nil })
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stdout, "pool %s: masquerade %s (revision %d)\n", p.Name, masqueradeCell(p), p.Rev)
+				return nil
+			})
+		},
+	}
 	del := &cobra.Command{
 		Use:   "delete POOL",
 		Short: "Delete a pool; refused while anything in it is allocated, claimed or bound",
@@ -193,7 +222,7 @@ change without a restart. What to choose: docs/operations.md.`,
 			})
 		},
 	}
-	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, del}
+	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, masquerade, del}
 }
 
 // selectNodes sets the pool's node selector and says which live nodes
