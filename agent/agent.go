@@ -120,6 +120,11 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) }}
+	// Masquerade follows the pools whatever the routing: under bgp or
+	// none a pool masquerades only if an operator turned it on, and a
+	// table left from another mode goes.
+	egress := newEgressWatch(a.cfg.Routing, a.cfg.Egress.NonMasqueradeCIDRs, nftMasquerader{netns: a.cfg.NetNS}, a.log.Named("egress"))
+	tasks = append(tasks, func(ctx context.Context) { egress.run(ctx, a.store) })
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
 		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
 		tasks = append(tasks, a.peers.run)

@@ -101,6 +101,20 @@ type Config struct {
 	// BGP is the speaker of routing bgp: the node's AS, the routers it
 	// peers with, what it adds to its announcements (docs/routing.md).
 	BGP bgp.Config `json:"bgp"`
+	// Egress tunes the node's egress masquerade, which each pool turns
+	// on or off in etcd (docs/routing.md, "Egress").
+	Egress EgressConfig `json:"egress"`
+}
+
+// EgressConfig is what this node's egress masquerade never translates.
+type EgressConfig struct {
+	// NonMasqueradeCIDRs are destinations that pods reach with their own
+	// addresses even from a masquerading pool: networks that route the
+	// pools back to the nodes (a peered VPC, the nodes' own subnet for
+	// services that must see pod addresses). Every pool's CIDRs are never
+	// masqueraded anyway. It is a node's setting, not a pool's: which
+	// networks route pod addresses back may differ by node (a rack's).
+	NonMasqueradeCIDRs []netip.Prefix `json:"nonMasqueradeCIDRs"`
 }
 
 // Routing modes.
@@ -267,6 +281,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxBatch < 1 {
 		bad("max-batch: %d must be at least 1", c.MaxBatch)
+	}
+	for _, p := range c.Egress.NonMasqueradeCIDRs {
+		if !p.IsValid() || p != p.Masked() {
+			bad("egress.nonMasqueradeCIDRs: %s has host bits set, did you mean %s", p, p.Masked())
+		}
 	}
 	for _, s := range c.NodeAddresses {
 		if _, err := netip.ParseAddr(s); err != nil {

@@ -26,6 +26,11 @@ type AddrRange struct {
 	First, Last netip.Addr
 }
 
+// RangeOf is every address of p, masked, as a range.
+func RangeOf(p netip.Prefix) AddrRange {
+	return AddrRange{First: p.Masked().Addr(), Last: lastAddr(p)}
+}
+
 // ParseAddrRange reads "10.0.0.5", "10.0.0.10-10.0.0.20" or "10.0.0.0/28"
 // (every address of the CIDR).
 func ParseAddrRange(s string) (AddrRange, error) {

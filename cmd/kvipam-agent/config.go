@@ -71,6 +71,8 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.IntVar(&c.VXLAN.VNI, "vxlan-vni", c.VXLAN.VNI, "VXLAN network identifier of routing vxlan (the same on every node)")
 	fs.IntVar(&c.VXLAN.Port, "vxlan-port", c.VXLAN.Port, "UDP port of routing vxlan (the same on every node)")
 	fs.StringVar(&c.VXLAN.Underlay, "vxlan-underlay", c.VXLAN.Underlay, "family of routing vxlan's tunnel endpoints, ipv4 or ipv6 (the same on every node); either carries IPv4 and IPv6 pods")
+	var nonMasq string
+	fs.StringVar(&nonMasq, "non-masquerade-cidrs", "", "destinations pods reach with their own addresses even from a masquerading pool, comma-separated CIDRs (every pool's CIDRs are never masqueraded anyway)")
 
 	// The config file comes first, so find it before parsing for real.
 	pre := flag.NewFlagSet("", flag.ContinueOnError)
@@ -123,6 +125,16 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	}
 	if nodeAddrs != "" {
 		c.NodeAddresses = strings.Split(nodeAddrs, ",")
+	}
+	if nonMasq != "" {
+		c.Egress.NonMasqueradeCIDRs = nil
+		for _, s := range strings.Split(nonMasq, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err != nil {
+				return c, fmt.Errorf("non-masquerade-cidrs: %w", err)
+			}
+			c.Egress.NonMasqueradeCIDRs = append(c.Egress.NonMasqueradeCIDRs, p)
+		}
 	}
 	if nodeLabels != "" {
 		l, err := allocator.ParseLabels(nodeLabels)
