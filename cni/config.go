@@ -2,6 +2,7 @@ package cni
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -173,6 +174,12 @@ func parseConfig(data []byte, strictKeys bool) (*Config, error) {
 	c, err := parseKnown(obj, pluginKeys, "", strictKeys, raw.common, raw.settings)
 	if err != nil {
 		return nil, err
+	}
+	if _, ok := obj["ipMasq"]; ok {
+		if strictKeys {
+			return nil, errIPMasq
+		}
+		c.UnknownKey = errors.Join(c.UnknownKey, errIPMasq) // DEL tears down all the same
 	}
 	if raw.MTU != 0 && (raw.MTU < 576 || raw.MTU > 65535) {
 		return nil, invalidConf("mtu %d is out of range 576-65535 (0 = the agent's)", raw.MTU)
@@ -407,6 +414,16 @@ func parseStaticIPs(in []string, key string) ([]netip.Addr, error) {
 	}
 	return out, nil
 }
+
+// errIPMasq refuses the CNI spec's ipMasq key, whatever its value: whether
+// a pod's traffic is masqueraded is its pool's setting in etcd, the same
+// for every pod of the pool on every node, and one conflist serves pods
+// of many pools whose settings an operator changes without touching it.
+// No value of the key can be honoured (true contradicts a pool that does
+// not masquerade, false one that does, and one that agrees today may not
+// tomorrow); ignoring it would tell its writer something untrue.
+var errIPMasq = invalidConf("ipMasq: kvipam does not masquerade per network: egress masquerade is each pool's setting in etcd " +
+	"(kvipamctl pool set-masquerade POOL on|off|default; by default on with routing host-gw and vxlan, off with bgp; docs/routing.md, \"Egress\"); remove ipMasq from the configuration")
 
 func invalidConf(format string, args ...any) error {
 	return withCode(types.ErrInvalidNetworkConfig, fmt.Errorf("invalid network configuration: "+format, args...))
