@@ -120,10 +120,10 @@ func (m nftMasquerader) program(plan egressPlan) (changed bool, err error) {
 	return true, nil
 }
 
-// removeEgress removes kvipam's masquerade table from the network
+// RemoveEgress removes kvipam's masquerade table from the network
 // namespace at path (empty: the caller's own), if it is there: what
-// uninstalling kvipam does.
-func removeEgress(path string) error {
+// uninstalling kvipam does (kvipam-agent uninstall-cni).
+func RemoveEgress(path string) error {
 	_, err := nftMasquerader{netns: path}.program(egressPlan{})
 	return err
 }

@@ -38,28 +38,40 @@ var (
 // TestEgressMasqueradeIPv4: a pod of a pool that sets no masquerade, on
 // a host-gw node, sends to an address outside every pool, and the
 // internet sees the node's address; the pool turned off, it sees the
-// pod's; back to the default, the node's again.
+// pod's; back to the default, the node's again. On both datapaths: the
+// eBPF one leaves forwarding to the kernel, where netfilter translates.
 func TestEgressMasqueradeIPv4(t *testing.T) {
-	testEgressMasquerade(t, allocator.IPv4)
+	for _, dp := range []string{DatapathRoutes, DatapathBPF} {
+		t.Run(dp, func(t *testing.T) { testEgressMasquerade(t, allocator.IPv4, dp) })
+	}
 }
 
 // TestEgressMasqueradeIPv6 is TestEgressMasqueradeIPv4 for IPv6.
 func TestEgressMasqueradeIPv6(t *testing.T) {
-	testEgressMasquerade(t, allocator.IPv6)
+	for _, dp := range []string{DatapathRoutes, DatapathBPF} {
+		t.Run(dp, func(t *testing.T) { testEgressMasquerade(t, allocator.IPv6, dp) })
+	}
 }
 
-func testEgressMasquerade(t *testing.T, f allocator.Family) {
+func testEgressMasquerade(t *testing.T, f allocator.Family, datapath string) {
+	nstest.RequireRoot(t)
 	node, inet := nstest.NewNS(t), nstest.NewNS(t)
 	enableForwarding(t, node)
 	wan(t, node, inet)
 	e := etcdtest.Start(t)
 	cfg := testConfig(t, e)
 	cfg.NetNS, cfg.Routing, cfg.NodeAddresses = node.Path(), RoutingHostGW, []string{nodeWANv4.Addr().String()}
+	if datapath == DatapathBPF {
+		cfg.Datapath, cfg.BPFPinDir = DatapathBPF, bpfPinDir(t)
+	}
 	ta := startAgent(t, cfg, Options{})
 	waitEgressTable(t, node, true)
 
 	pod := nstest.NewNS(t)
 	v4, v6 := podAttach(t, ta, node, pod, 1, "kvpod1")
+	eps, err := ta.c.Endpoints(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, datapath, eps[0].Datapath, "the endpoint is the datapath's")
 	src, dst, nodeAddr := v4, inetWANv4.Addr(), nodeWANv4.Addr()
 	if f == allocator.IPv6 {
 		src, dst, nodeAddr = v6, inetWANv6.Addr(), nodeWANv6.Addr()
@@ -147,12 +159,13 @@ func wan(t *testing.T, node, inet ns.NetNS) {
 }
 
 // podAttach gives the pod in pod the agent's addresses for owner i, as
-// the kvipam plugin does in routes mode: a veth (hostIf in node, eth0 in
-// pod), the addresses on eth0, default routes through link-local
-// gateways on the host end, and a host route per address in node.
+// the kvipam plugin does: a veth (hostIf in node, eth0 in pod), the
+// addresses on eth0, default routes through link-local gateways on the
+// host end, a host route per address in node, and the agent's endpoint.
 func podAttach(t *testing.T, ta *testAgent, node, pod ns.NetNS, i int, hostIf string) (v4, v6 netip.Addr) {
 	t.Helper()
-	res, err := ta.c.Allocate(context.Background(), api.AllocateRequest{Owner: owner(i), Permanent: true})
+	ctx := context.Background()
+	res, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i)})
 	require.NoError(t, err)
 	hn, hp := nstest.Handle(t, node), nstest.Handle(t, pod)
 	require.NoError(t, hn.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(pod.Fd()))}))
@@ -179,6 +192,14 @@ func podAttach(t *testing.T, ta *testAgent, node, pod ns.NetNS, i int, hostIf st
 		require.NoError(t, hp.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.IP(gw.AsSlice()), Flags: int(netlink.FLAG_ONLINK)}))
 	}
 	require.True(t, v4.IsValid() && v6.IsValid(), "the pool gave an address of each family: %v", res.IPs)
+	var ips api.Prefixes
+	for _, ip := range res.IPs {
+		ips = append(ips, ip.Address)
+	}
+	// The agent's datapath takes the endpoint (the bpf datapath attaches
+	// its filter to the host end) and the reservation becomes permanent.
+	_, err = ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: owner(i), HostIfName: hostIf, IPs: ips})
+	require.NoError(t, err)
 	nstest.Settle(t, hn)
 	nstest.Settle(t, hp)
 	return v4, v6
@@ -298,5 +319,5 @@ func TestEgressSetsUpdatedInPlace(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, tables, 1)
 	require.Equal(t, other.Name, tables[0].Name, "another's table stays")
-	require.NoError(t, removeEgress(n.Path()), "removing it again is fine")
+	require.NoError(t, RemoveEgress(n.Path()), "removing it again is fine")
 }

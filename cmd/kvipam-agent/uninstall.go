@@ -24,7 +24,8 @@ import (
 // also installs (loopback, portmap, bandwidth) stay: another network on
 // the node may use them. Then, unless --cni-only, what the agent left in
 // the node's network: its routes to other nodes' blocks, the VXLAN device,
-// and its eBPF pins (agent.RemoveRouting, bpf.RemovePins). Running it
+// its egress masquerade table (nftables inet kvipam) and its eBPF pins
+// (agent.RemoveRouting, agent.RemoveEgress, bpf.RemovePins). Running it
 // again changes nothing. With --wait it
 // then waits for SIGTERM, as the main container of the cleanup DaemonSet
 // (deploy/kubernetes/uninstall), whose pods are Ready only once the
@@ -44,9 +45,9 @@ func runUninstall(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&f.confDir, "conf-dir", "/host/etc/cni/net.d", "the host's CNI configuration directory, as mounted")
 	fs.StringVar(&f.conflistName, "conflist-name", "10-kvipam.conflist", "the file name of the conflist install-cni installed")
 	fs.StringVar(&f.plugins, "plugins", "kvipam,kvipam-ipam", "plugins to remove, comma separated (kvipam's own; not the reference plugins another network may share)")
-	fs.StringVar(&f.netns, "netns", "", "the network namespace whose kvipam routes and VXLAN device go (empty: this process's: the node's with hostNetwork)")
+	fs.StringVar(&f.netns, "netns", "", "the network namespace whose kvipam routes, VXLAN device and masquerade table go (empty: this process's: the node's with hostNetwork)")
 	fs.StringVar(&f.bpfPinDir, "bpf-pin-dir", bpf.DefaultPinDir, "the agent's bpffs pin directory, removed with its pins")
-	fs.BoolVar(&f.cniOnly, "cni-only", false, "remove only the CNI configuration and plugins: leave routes, the VXLAN device and the eBPF pins")
+	fs.BoolVar(&f.cniOnly, "cni-only", false, "remove only the CNI configuration and plugins: leave routes, the VXLAN device, the masquerade table and the eBPF pins")
 	fs.BoolVar(&f.wait, "wait", false, "after removing, wait for SIGTERM (a DaemonSet's container)")
 	if code, done := cmd.parse(args); done {
 		return code
@@ -88,6 +89,10 @@ func uninstall(f uninstallFlags, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("remove routing: %w", err)
 	}
+	if err := agent.RemoveEgress(f.netns); err != nil {
+		return fmt.Errorf("remove egress masquerade: %w", err)
+	}
+	fmt.Fprintln(out, "egress masquerade rules (nftables table inet kvipam): removed or absent")
 	removed, err = bpf.RemovePins(f.bpfPinDir)
 	for _, r := range removed {
 		fmt.Fprintf(out, "%s: unpinned\n", r)
