@@ -377,7 +377,7 @@ func (c *kcluster) stop() {
 func cleanStale() {
 	stale := map[string]bool{}
 	gone := func(pid string) bool { _, err := os.Stat("/proc/" + pid); return err != nil }
-	nsRE, cgRE := regexp.MustCompile(`^k8s(r|n1|n2)-(\d+)$`), regexp.MustCompile(`^kvipam-k8s-(\d+)-n[12]$`)
+	nsRE, cgRE := regexp.MustCompile(`^k8s(r|n1|n2|i)-(\d+)$`), regexp.MustCompile(`^kvipam-k8s-(\d+)-n[12]$`)
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
 		if m := nsRE.FindStringSubmatch(e.Name()); m != nil && gone(m[2]) {

@@ -4,6 +4,8 @@
 //	kt sleep                    wait for SIGTERM or SIGINT (a pod's main process)
 //	kt ping ADDR                ICMP echo to ADDR (IPv4 or IPv6) until one reply, at most 20 tries
 //	kt install-cni SRC BIN CONF copy SRC's plugins into BIN and its *.conflist into CONF, atomically
+//	kt udp-send ADDR            a UDP datagram to ADDR port 9999 every 100 ms, 100 of them
+//	kt udp-source ADDR          listen on ADDR port 9999, print the source address of the first datagram (at most 60 s)
 package main
 
 import (
@@ -32,13 +34,17 @@ func main() {
 		<-c
 	case len(os.Args) == 3 && os.Args[1] == "ping":
 		err = ping(os.Args[2])
+	case len(os.Args) == 3 && os.Args[1] == "udp-send":
+		err = udpSend(os.Args[2])
+	case len(os.Args) == 3 && os.Args[1] == "udp-source":
+		err = udpSource(os.Args[2])
 	case len(os.Args) == 5 && os.Args[1] == "install-cni":
 		err = installCNI(os.Args[2], os.Args[3], os.Args[4])
 		if err == nil {
 			fmt.Println("installed")
 		}
 	default:
-		err = errors.New("usage: kt sleep | kt ping ADDR | kt install-cni SRC BIN CONF")
+		err = errors.New("usage: kt sleep | kt ping ADDR | kt udp-send ADDR | kt udp-source ADDR | kt install-cni SRC BIN CONF")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kt:", err)
@@ -96,6 +102,52 @@ func ping(target string) error {
 		}
 	}
 	return last
+}
+
+// udpPort is where udp-send sends and udp-source listens.
+const udpPort = 9999
+
+// udpSend sends datagrams to target: a listener that starts a moment
+// later, or a first one lost to neighbour discovery, still gets one.
+func udpSend(target string) error {
+	addr, err := netip.ParseAddr(target)
+	if err != nil {
+		return fmt.Errorf("parse %q: %w", target, err)
+	}
+	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, udpPort)))
+	if err != nil {
+		return fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer c.Close()
+	for range 100 {
+		if _, err := c.Write([]byte("kvipam")); err != nil {
+			return fmt.Errorf("send to %s: %w", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Println("sent")
+	return nil
+}
+
+// udpSource prints the source address of the first datagram that
+// reaches listen.
+func udpSource(listen string) error {
+	addr, err := netip.ParseAddr(listen)
+	if err != nil {
+		return fmt.Errorf("parse %q: %w", listen, err)
+	}
+	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, udpPort)))
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+	_, from, err := c.ReadFromUDPAddrPort(make([]byte, 64))
+	if err != nil {
+		return fmt.Errorf("no datagram: %w", err)
+	}
+	fmt.Println(from.Addr().Unmap())
+	return nil
 }
 
 // installCNI copies every regular file of src into binDir (plugins) or,
