@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
@@ -78,6 +79,8 @@ func TestLoadErrors(t *testing.T) {
 		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
 		{"embedded with a certificate", []string{"--etcd-embedded", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"}, nil, "the embedded etcd takes none"},
 		{"no etcd", []string{"--pool", "p=10.0.0.0/16"}, nil, "no endpoints, and no embedded etcd asked for"},
+		{"non-masquerade cidr with host bits", []string{"--etcd-embedded", "--non-masquerade-cidrs", "10.0.0.0/8,192.168.1.1/16"}, nil, "egress.nonMasqueradeCIDRs: 192.168.1.1/16 has host bits set, did you mean 192.168.0.0/16"},
+		{"non-masquerade cidr not a cidr", []string{"--etcd-embedded", "--non-masquerade-cidrs", "10.0.0.0"}, nil, "non-masquerade-cidrs: netip.ParsePrefix(\"10.0.0.0\"): no '/'"},
 		{"both etcds", []string{"--etcd-endpoints", "http://e:2379"}, map[string]string{"KVIPAM_ETCD_EMBEDDED": "true"}, "both endpoints (http://e:2379) and embedded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,6 +116,25 @@ func TestNodeLabels(t *testing.T) {
 	require.Equal(t, "rack=r2", c.Pools[0].NodeSelector)
 	_, err = loadConfig([]string{"--node", "n1", "--node-labels", "rack=r 1"}, env(nil))
 	require.ErrorContains(t, err, "node-labels")
+}
+
+// TestEgressConfig: the destinations never masqueraded come from the
+// file's egress section, KVIPAM_NON_MASQUERADE_CIDRS or the flag (which
+// wins); a pool in the file may carry its masquerade setting.
+func TestEgressConfig(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "agent.yaml")
+	require.NoError(t, os.WriteFile(file, []byte("node: n1\netcd: {embedded: true}\negress: {nonMasqueradeCIDRs: [192.168.0.0/16, 'fd00:1::/64']}\n"+
+		"pools:\n- {name: p, cidrs: [10.9.0.0/24], blockSizeV4: 28, masquerade: false}\n"), 0o600))
+	c, err := loadConfig([]string{"--config", file}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("fd00:1::/64")}, c.Egress.NonMasqueradeCIDRs)
+	require.NotNil(t, c.Pools[0].Masquerade)
+	require.False(t, *c.Pools[0].Masquerade)
+	c, err = loadConfig([]string{"--config", file, "--non-masquerade-cidrs", "172.16.0.0/12"}, env(map[string]string{"KVIPAM_NON_MASQUERADE_CIDRS": "10.0.0.0/8"}))
+	require.NoError(t, err)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("172.16.0.0/12")}, c.Egress.NonMasqueradeCIDRs)
+	_, err = loadConfig([]string{"--config", file}, env(map[string]string{"KVIPAM_NON_MASQUERADE_CIDRS": "10.0.0.0/8, 100.64.0.0/10"}))
+	require.NoError(t, err)
 }
 
 // TestBGPConfig: routing bgp reads its speaker from the file's bgp
