@@ -114,13 +114,16 @@ func udpSend(target string) error {
 	if err != nil {
 		return fmt.Errorf("parse %q: %w", target, err)
 	}
-	c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, udpPort)))
+	// Unconnected: a port unreachable for a datagram sent before the
+	// listener was up must not fail the next send.
+	c, err := net.ListenUDP("udp", nil)
 	if err != nil {
-		return fmt.Errorf("dial %s: %w", addr, err)
+		return fmt.Errorf("open a udp socket: %w", err)
 	}
 	defer c.Close()
+	to := netip.AddrPortFrom(addr, udpPort)
 	for range 100 {
-		if _, err := c.Write([]byte("kvipam")); err != nil {
+		if _, err := c.WriteToUDPAddrPort([]byte("kvipam"), to); err != nil {
 			return fmt.Errorf("send to %s: %w", addr, err)
 		}
 		time.Sleep(100 * time.Millisecond)
