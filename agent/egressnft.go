@@ -122,10 +122,10 @@ func (m nftMasquerader) program(plan egressPlan) (changed bool, err error) {
 
 // RemoveEgress removes kvipam's masquerade table from the network
 // namespace at path (empty: the caller's own), if it is there: what
-// uninstalling kvipam does (kvipam-agent uninstall-cni).
-func RemoveEgress(path string) error {
-	_, err := nftMasquerader{netns: path}.program(egressPlan{})
-	return err
+// uninstalling kvipam does (kvipam-agent uninstall-cni). It reports
+// whether there was one.
+func RemoveEgress(path string) (bool, error) {
+	return nftMasquerader{netns: path}.program(egressPlan{})
 }
 
 // conn is a netlink connection to nftables in m's namespace, and what

@@ -319,5 +319,7 @@ func TestEgressSetsUpdatedInPlace(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, tables, 1)
 	require.Equal(t, other.Name, tables[0].Name, "another's table stays")
-	require.NoError(t, RemoveEgress(n.Path()), "removing it again is fine")
+	removed, err := RemoveEgress(n.Path())
+	require.NoError(t, err, "removing it again is fine")
+	require.False(t, removed, "nothing was left to remove")
 }

@@ -89,10 +89,13 @@ func uninstall(f uninstallFlags, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("remove routing: %w", err)
 	}
-	if err := agent.RemoveEgress(f.netns); err != nil {
+	gone, err := agent.RemoveEgress(f.netns)
+	if err != nil {
 		return fmt.Errorf("remove egress masquerade: %w", err)
 	}
-	fmt.Fprintln(out, "egress masquerade rules (nftables table inet kvipam): removed or absent")
+	if gone {
+		fmt.Fprintln(out, "egress masquerade table (nftables inet kvipam): removed")
+	}
 	removed, err = bpf.RemovePins(f.bpfPinDir)
 	for _, r := range removed {
 		fmt.Fprintf(out, "%s: unpinned\n", r)
