@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"hash/fnv"
+	"math"
 	"math/bits"
 	"net/netip"
 )
@@ -30,10 +31,17 @@ type BlockWalk struct {
 	pos    uint64 // the walk's step of the last choice
 }
 
+// NewBlockWalk walks the blocks of p's CIDRs of family f that are not
+// draining (drain.go): no block is claimed in a CIDR being retired.
 func NewBlockWalk(node string, p Pool, f Family) *BlockWalk {
-	w := &BlockWalk{cidrs: p.CIDRsOf(f), bits: p.BlockSize(f), n: p.BlockCount(f)}
+	w := &BlockWalk{cidrs: p.ServingCIDRsOf(f), bits: p.BlockSize(f)}
 	for _, c := range w.cidrs {
-		w.counts = append(w.counts, BlockCount(c, w.bits))
+		k := BlockCount(c, w.bits)
+		w.counts = append(w.counts, k)
+		var carry uint64
+		if w.n, carry = bits.Add64(w.n, k, 0); carry != 0 {
+			w.n = math.MaxUint64
+		}
 	}
 	if w.n == 0 {
 		return w

@@ -52,6 +52,10 @@ type Pool struct {
 	// Disabled stops the pool handing out new addresses; releases go on.
 	// It is how a pool is drained before it is deleted.
 	Disabled bool `json:"disabled,omitempty"`
+	// Draining are CIDRs of the pool being retired (drain.go): no node
+	// hands out a new address or claims a block in them, their empty
+	// blocks go back, and the pool serves on from its other CIDRs.
+	Draining []netip.Prefix `json:"draining,omitempty"`
 	// NodeSelector chooses the nodes that take new blocks and addresses
 	// from the pool by their labels (Selector: "rack=r1"); empty: every
 	// node. A node it no longer chooses keeps what it holds there.
@@ -149,7 +153,10 @@ func (p Pool) validate(kept []netip.Prefix) error {
 			return err
 		}
 	}
-	return p.validateReserved()
+	if err := p.validateReserved(); err != nil {
+		return err
+	}
+	return p.validateDraining()
 }
 
 // ValidatePoolName reports whether name can name a pool (a DNS label),
