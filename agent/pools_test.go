@@ -68,12 +68,12 @@ func TestPoolDisableDrainDelete(t *testing.T) {
 	if !cidrInUse.Contains(used) {
 		cidrInUse = pool.CIDRs[1]
 	}
-	_, err = st.RemoveCIDR(ctx, "drain", cidrInUse)
+	_, err = st.RemoveCIDR(ctx, "drain", cidrInUse, false)
 	require.ErrorIs(t, err, etcdstore.ErrPoolInUse)
 	require.ErrorContains(t, err, "remove cidr "+cidrInUse.String()+" from pool drain")
 	for _, c := range pool.CIDRs {
 		if c != cidrInUse {
-			p, err := st.RemoveCIDR(ctx, "drain", c)
+			p, err := st.RemoveCIDR(ctx, "drain", c, false)
 			require.NoError(t, err, "a cidr with nothing in it goes")
 			require.Equal(t, []netip.Prefix{cidrInUse}, p.CIDRs)
 		}

@@ -41,7 +41,7 @@ func TestPoolsLiveInEtcd(t *testing.T) {
 	// The operator's changes, as kvipamctl makes them.
 	_, err = st.UpdatePool(ctx, "blue", func(p *allocator.Pool) error { p.CIDRs = append(p.CIDRs, added); return nil })
 	require.NoError(t, err, "pool add-cidr")
-	_, err = st.RemoveCIDR(ctx, "blue", spare)
+	_, err = st.RemoveCIDR(ctx, "blue", spare, false)
 	require.NoError(t, err, "pool remove-cidr")
 	require.NoError(t, st.DeletePool(ctx, "old"), "pool delete")
 	want, err := st.GetPool(ctx, "blue")

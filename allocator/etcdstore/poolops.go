@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -56,7 +55,7 @@ func (s *Store) UpdatePool(ctx context.Context, name string, change func(p *allo
 			return fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
 		}
 		next := *cur
-		next.CIDRs, next.Reserved = slices.Clone(cur.CIDRs), slices.Clone(cur.Reserved)
+		next.CIDRs, next.Reserved, next.Draining = slices.Clone(cur.CIDRs), slices.Clone(cur.Reserved), slices.Clone(cur.Draining)
 		if err := change(&next); err != nil {
 			return err
 		}
@@ -93,11 +92,20 @@ func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *a
 	return nil
 }
 
+// ErrReservedInCIDR is returned by RemoveCIDR when reserved ranges lie
+// inside the cidr and the caller did not say to drop them; the error
+// names them.
+var ErrReservedInCIDR = errors.New("reserved ranges inside the cidr")
+
 // RemoveCIDR takes cidr out of a pool, refused while any block of it has
 // a claim, a home or an allocation (ErrPoolInUse names them). The check
 // and the write are one transaction: nothing under the pool's claims,
-// homes or allocations may change between them.
-func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) (allocator.Pool, error) {
+// homes or allocations may change between them. The cidr's drain mark
+// goes with it. Reserved ranges inside the cidr are an operator's
+// statement about its addresses: they are dropped only when
+// dropReserved says so, and otherwise refused by name
+// (ErrReservedInCIDR).
+func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix, dropReserved bool) (allocator.Pool, error) {
 	var out allocator.Pool
 	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
 		p, snap, err := s.poolAndSnapshot(ctx, name)
@@ -110,14 +118,30 @@ func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) 
 		if len(p.CIDRs) == 1 {
 			return fmt.Errorf("remove cidr %s from pool %s: %w: it is the pool's last cidr; delete the pool instead", cidr, name, records.ErrBadRequest)
 		}
-		if use := inUse(snap, func(b netip.Prefix) bool { return cidr.Overlaps(b) }); use != "" {
-			return fmt.Errorf("remove cidr %s from pool %s: %w: %s", cidr, name, ErrPoolInUse, use)
+		if use := UseOf(snap, cidr); use.Any() {
+			return fmt.Errorf("remove cidr %s from pool %s: %w: %s; drain it (kvipamctl pool drain-cidr %s %s), wait for its pods to go, and run drain-cidr again to see what is left",
+				cidr, name, ErrPoolInUse, use, name, cidr)
 		}
 		next := p
+		inside := func(r allocator.Reservation) bool { return cidr.Contains(r.Range.First) }
+		var res []allocator.Reservation
+		for _, r := range p.Reserved {
+			if inside(r) {
+				res = append(res, r)
+			}
+		}
+		if len(res) > 0 && !dropReserved {
+			return fmt.Errorf("remove cidr %s from pool %s: %w: %s; unreserve them, or remove the cidr with them (--drop-reservations)",
+				cidr, name, ErrReservedInCIDR, ReservationList(res))
+		}
 		next.CIDRs = slices.DeleteFunc(slices.Clone(p.CIDRs), func(c netip.Prefix) bool { return c == cidr })
-		next.Reserved = slices.DeleteFunc(slices.Clone(p.Reserved), func(r allocator.Reservation) bool { return cidr.Contains(r.Range.First) })
+		next.Reserved = slices.DeleteFunc(slices.Clone(p.Reserved), inside)
+		next.Draining = slices.DeleteFunc(slices.Clone(p.Draining), func(c netip.Prefix) bool { return c == cidr })
+		if len(next.Draining) == 0 {
+			next.Draining = nil
+		}
 		if err := next.Validate(); err != nil {
-			return err
+			return fmt.Errorf("remove cidr %s from pool %s: %w", cidr, name, err)
 		}
 		val, err := kvstore.EncodeJSON(next)
 		if err != nil {
@@ -126,6 +150,19 @@ func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) 
 		return s.commitIfQuiet(ctx, name, snap.Rev, []clientv3.Op{clientv3.OpPut(PoolKey(name), val)}, &out, next)
 	})
 	return out, err
+}
+
+// ReservationList names reserved ranges with their reasons, for an
+// operator: "10.0.0.1 (gateway), 10.0.0.64/26".
+func ReservationList(rs []allocator.Reservation) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.Range.String()
+		if r.Reason != "" {
+			s[i] += " (" + r.Reason + ")"
+		}
+	}
+	return strings.Join(s, ", ")
 }
 
 // DeletePool deletes a pool, refused while it has a claim, a home or an
@@ -138,8 +175,8 @@ func (s *Store) DeletePool(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
-		if use := inUse(snap, func(netip.Prefix) bool { return true }); use != "" {
-			return fmt.Errorf("delete pool %s: %w: %s", name, ErrPoolInUse, use)
+		if use := useWhere(snap, func(netip.Prefix) bool { return true }); use.Any() {
+			return fmt.Errorf("delete pool %s: %w: %s; disable the pool (kvipamctl pool disable), wait for its pods to go and run kvipamctl pool show to see what is left", name, ErrPoolInUse, use)
 		}
 		bs, err := s.NamespaceBindings(ctx)
 		if err != nil {
@@ -198,46 +235,6 @@ func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, ops [
 	*out = next
 	out.Rev = resp.Header.Revision
 	return nil
-}
-
-// inUse describes the claims, homes and allocations of snap in blocks
-// that match, or "" when there are none.
-func inUse(snap records.PoolSnapshot, match func(netip.Prefix) bool) string {
-	nodes := map[string]int{}
-	var claims, homes, ips int
-	for _, bi := range snap.Blocks {
-		if !match(bi.Block) {
-			continue
-		}
-		if bi.Claim != nil {
-			claims++
-			nodes[bi.Claim.Node] += 0
-		}
-		if bi.Home != nil {
-			homes++
-			nodes[bi.Home.Node] += 0
-		}
-	}
-	for b, used := range snap.Used {
-		if match(b) {
-			ips += len(used)
-		}
-	}
-	for addr, node := range snap.Lent {
-		if match(netip.PrefixFrom(addr, addr.BitLen())) {
-			nodes[node]++
-		}
-	}
-	if claims+homes+ips == 0 {
-		return ""
-	}
-	names := make([]string, 0, len(nodes))
-	for n := range nodes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return fmt.Sprintf("%d addresses allocated, %d blocks claimed, %d blocks with a home, by nodes %s; disable the pool (kvipamctl pool disable), wait for its pods to go and run kvipamctl pool show to see what is left",
-		ips, claims, homes, strings.Join(names, ", "))
 }
 
 func joinPrefixes(ps []netip.Prefix) string {

@@ -21,9 +21,9 @@ import (
 // address out twice, once under each pool's keys.
 //
 // An existing pool keeps what operators set with kvipamctl: p's reserved
-// ranges are added to the stored ones, its disabled flag stays, and so
-// do its node selector, reuse cooldown and masquerade unless p gives
-// them.
+// ranges are added to the stored ones, its disabled flag and draining
+// cidrs stay, and so do its node selector, reuse cooldown and masquerade
+// unless p gives them.
 func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, err
@@ -129,6 +129,7 @@ func SamePoolSpec(a, b allocator.Pool) bool { return poolEqual(a, b) }
 // stored pool has that configuration does not manage.
 func mergeStored(stored, p allocator.Pool) allocator.Pool {
 	p.Disabled = stored.Disabled
+	p.Draining = slices.Clone(stored.Draining)
 	if p.NodeSelector == "" {
 		p.NodeSelector = stored.NodeSelector
 	}
@@ -150,7 +151,7 @@ func mergeStored(stored, p allocator.Pool) allocator.Pool {
 
 func poolEqual(a, b allocator.Pool) bool {
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && a.NodeSelector == b.NodeSelector &&
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
 		sameCooldown(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
 }
 

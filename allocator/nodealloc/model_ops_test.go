@@ -319,7 +319,7 @@ func (r *modelRun) opPool() {
 	require.NoError(r.t, change(&want))
 	var err error
 	if strings.HasPrefix(what, "remove-cidr") {
-		_, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR)
+		_, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR, true)
 	} else {
 		_, err = st.UpdatePool(r.ctx, r.pool.Name, change)
 	}
