@@ -13,8 +13,9 @@ import (
 // other nodes borrowed and gave back, as their homes come and go in etcd,
 // so that the node's books (kvipam_pool_lent_addresses, its free count)
 // are right without waiting for a failed write to teach it. A loan given
-// back may leave a disabled pool's block empty: it goes back at once, so
-// that the drained pool can be deleted.
+// back may leave a disabled pool's block (or a draining cidr's) empty: it
+// goes back at once, so that the drained pool can be deleted (the cidr
+// removed).
 type lentWatch struct {
 	alloc interface {
 		NoteLent(pool string, addr netip.Addr, node string, rev int64, present bool)
@@ -68,11 +69,11 @@ func (w lentWatch) Delete(h etcdstore.BlockHome) {
 }
 
 // giveBack gives the empty blocks of a pool the node does not serve (a
-// disabled one, one whose selector does not choose the node) back; a
-// pool in service keeps them (and the watch does not wait for the
-// allocator's lock).
+// disabled one, one whose selector does not choose the node), and of a
+// pool's draining cidrs, back; a pool in service with none draining
+// keeps them (and the watch does not wait for the allocator's lock).
 func (w lentWatch) giveBack(pool string) {
-	if _, ok := w.alloc.Pool(pool); ok && !w.alloc.Serves(pool) && w.ctx != nil {
+	if p, ok := w.alloc.Pool(pool); ok && (!w.alloc.Serves(pool) || len(p.Draining) > 0) && w.ctx != nil {
 		w.alloc.GiveBackEmpty(w.ctx, pool)
 	}
 }

@@ -55,14 +55,16 @@ func (w poolWatch) Reset(pools []allocator.Pool) {
 }
 
 // Put applies a pool's new spec (a pool created in etcd is served from
-// now on); a disabled pool, or one whose node selector no longer chooses
-// this node, gets its empty blocks back at once, so that it can be
+// now on); a disabled pool, one whose node selector no longer chooses
+// this node, and a pool's draining cidrs get their empty blocks back at
+// once, so that it can be
 // deleted when its pods are gone and other nodes can claim them.
 func (w poolWatch) Put(p allocator.Pool) {
 	w.alloc.UpdatePool(p)
 	if w.ctx != nil {
 		if n := w.alloc.GiveBackEmpty(w.ctx, p.Name); n > 0 {
-			w.log.Info("pool disabled, refused or not for this node: gave its empty blocks back", "pool", p.Name, "blocks", n, "node_selector", p.NodeSelector)
+			w.log.Info("pool disabled, refused, not for this node, or draining cidrs: gave empty blocks back", "pool", p.Name, "blocks", n,
+				"node_selector", p.NodeSelector, "draining", p.Draining)
 		}
 	}
 }

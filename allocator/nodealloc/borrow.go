@@ -68,7 +68,7 @@ func (a *Allocator) ownRoom(ctx context.Context, ps *poolState, f allocator.Fami
 		return true
 	}
 	room := false
-	for _, b := range ps.sortedOwn(f) {
+	for _, b := range ps.servingOwn(f) {
 		ob := ps.own[b]
 		if len(snap.Used[b]) < ob.ba.Used() {
 			if err := a.reloadBlock(ctx, ps, b); err == nil && ob.ba.Free() > 0 {
@@ -101,7 +101,7 @@ func (ps *poolState) hasClaimable(f allocator.Family, snap records.PoolSnapshot)
 		return true // too many to list; the claim loop probes
 	}
 	bits := ps.pool.BlockSize(f)
-	for _, c := range ps.pool.CIDRsOf(f) {
+	for _, c := range ps.pool.ServingCIDRsOf(f) {
 		for i := range allocator.BlockCount(c, bits) {
 			b, err := allocator.BlockAt(c, bits, i)
 			if err == nil && !busy[b] && len(ps.pool.Excluded(b))+len(ps.pool.ReservedOffsets(b)) < allocator.BlockSize(b) {
@@ -132,6 +132,9 @@ func (ps *poolState) lendables(me string, held map[netip.Addr]bool, f allocator.
 		// node's until kvipamctl node remove frees it whole.
 		if _, own := ps.own[b]; own || allocator.FamilyOf(b.Addr()) != f || bi.Claim == nil || bi.Claim.Node == me {
 			continue
+		}
+		if ps.pool.InDraining(b.Addr()) {
+			continue // a draining cidr lends nothing new either
 		}
 		ba, err := allocator.NewBlockAlloc(ps.pool, b)
 		if err != nil {

@@ -89,6 +89,9 @@ func (a *Allocator) planOrdinary(ctx context.Context, r Request, pendErr error) 
 		var block netip.Prefix
 		var lent *records.Allocation
 		if isStatic {
+			if err := staticDrained(ps.pool, want); err != nil {
+				return nil, a.abandon(ctx, p, err)
+			}
 			block, err = a.pickStatic(ctx, ps, want)
 			addr = want
 			if errors.Is(err, records.ErrNotOwned) {

@@ -297,9 +297,10 @@ func (ps *poolState) sortedOwn(f allocator.Family) []netip.Prefix {
 	return out
 }
 
-// roomy returns an own block of family f with a free address.
+// roomy returns an own block of family f with a free address to hand
+// out (none in a draining cidr).
 func (ps *poolState) roomy(f allocator.Family) (netip.Prefix, bool) {
-	for _, b := range ps.sortedOwn(f) {
+	for _, b := range ps.servingOwn(f) {
 		if ps.own[b].ba.Free() > 0 {
 			return b, true
 		}
@@ -307,8 +308,10 @@ func (ps *poolState) roomy(f allocator.Family) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
+// nextFree chooses a free address of family f in the own blocks that
+// hand out new addresses (servingOwn).
 func (ps *poolState) nextFree(f allocator.Family) (netip.Prefix, netip.Addr, bool) {
-	for _, b := range ps.sortedOwn(f) {
+	for _, b := range ps.servingOwn(f) {
 		if ob := ps.own[b]; ob.ba.Free() > 0 {
 			if addr, ok := ob.ba.Next(); ok {
 				return b, addr, true

@@ -194,13 +194,15 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 }
 
 // maybeUnclaim gives an empty block back to the pool when the node has
-// another of the same family, so a node that shrinks does not hoard
-// blocks, yet always keeps one block per family ready for the next pod;
-// a disabled pool (being drained), or one whose selector no longer
-// chooses the node, gets every empty block back.
+// another of the same family that hands out addresses, so a node that
+// shrinks does not hoard blocks, yet always keeps one block per family
+// ready for the next pod; a disabled pool (being drained), one whose
+// selector no longer chooses the node, and a draining cidr (drain.go)
+// get every empty block back.
 func (a *Allocator) maybeUnclaim(ctx context.Context, ps *poolState, b netip.Prefix) {
 	ob := ps.own[b]
-	if ob == nil || ps.holds(b) || (len(ps.sortedOwn(allocator.FamilyOf(b.Addr()))) < 2 && !a.draining(ps)) || a.ready() != nil {
+	keepReady := !a.givesBack(ps, b) && len(ps.servingOwn(allocator.FamilyOf(b.Addr()))) < 2
+	if ob == nil || ps.holds(b) || keepReady || a.ready() != nil {
 		return
 	}
 	if err := a.cfg.Store.Unclaim(ctx, ps.pool.Name, b, ob.claimRev); err != nil {

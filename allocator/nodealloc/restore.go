@@ -58,11 +58,10 @@ func (a *Allocator) Restore(ctx context.Context, lease Lease) error {
 		a.sweepBindings(ctx, ps)
 	}
 	// A pool that is disabled, or whose selector no longer chooses this
-	// node (relabelled while it was away), gets its empty blocks back.
+	// node (relabelled while it was away), gets its empty blocks back;
+	// so do a pool's draining cidrs.
 	for _, ps := range pools {
-		if a.draining(ps) {
-			a.giveBackEmpty(ctx, ps)
-		}
+		a.giveBackEmpty(ctx, ps)
 	}
 	return nil
 }

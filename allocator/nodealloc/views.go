@@ -183,27 +183,32 @@ func (a *Allocator) Serves(pool string) bool {
 	return ps != nil && !a.draining(ps)
 }
 
-// GiveBackEmpty gives every empty block of a disabled pool, or of a pool
-// whose selector no longer chooses the node, back to the pool, so that
-// the pool can be deleted once its pods are gone, and other nodes can
-// claim them. It reports how many it gave back.
+// GiveBackEmpty gives every empty block of a disabled pool, of a pool
+// whose selector no longer chooses the node, and of a pool's draining
+// cidrs back to the pool, so that the pool can be deleted (the cidr
+// removed) once its pods are gone, and other nodes can claim them. It
+// reports how many it gave back.
 func (a *Allocator) GiveBackEmpty(ctx context.Context, pool string) int {
 	a.allocMu.Lock()
 	defer a.allocMu.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ps := a.pools[pool]
-	if ps == nil || !a.draining(ps) {
+	if ps == nil {
 		return 0
 	}
 	return a.giveBackEmpty(ctx, ps)
 }
 
+// giveBackEmpty unclaims the empty own blocks of ps that go back
+// (givesBack), by the one path a release takes (maybeUnclaim).
 func (a *Allocator) giveBackEmpty(ctx context.Context, ps *poolState) int {
 	n := len(ps.own)
 	for _, f := range []allocator.Family{allocator.IPv4, allocator.IPv6} {
 		for _, b := range ps.sortedOwn(f) {
-			a.maybeUnclaim(ctx, ps, b)
+			if a.givesBack(ps, b) {
+				a.maybeUnclaim(ctx, ps, b)
+			}
 		}
 	}
 	return n - len(ps.own)
