@@ -248,6 +248,8 @@ type poolDetail struct {
 	Exhausted map[string]string `json:"exhausted,omitempty"`
 	// Sticky are the pool's sticky identities (kvipamctl claim list).
 	Sticky []inspect.BindingRec `json:"sticky,omitempty"`
+	// Draining is what is left in each draining cidr (drain-cidr).
+	Draining []drainStatus `json:"draining,omitempty"`
 }
 
 func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
@@ -268,6 +270,21 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	for _, b := range s.Bindings {
 		if b.Pool == name {
 			d.Sticky = append(d.Sticky, b)
+		}
+	}
+	if len(p.Draining) > 0 {
+		err := a.withStore(ctx, func(st operatorStore) error {
+			for _, c := range p.Draining {
+				ds, err := drainProgress(ctx, st, p.Pool, c)
+				if err != nil {
+					return err
+				}
+				d.Draining = append(d.Draining, ds)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 	}
 	for _, u := range d.Usage {
@@ -300,6 +317,13 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 			state += ": hands out no new addresses"
 		}
 		row(tw, "State:", state)
+		for _, ds := range d.Draining {
+			left := fmt.Sprintf("%d blocks claimed, %d addresses in use", ds.Left.Claimed, ds.Left.Addresses)
+			if ds.Done {
+				left = "nothing left: remove-cidr takes it out"
+			}
+			row(tw, "Draining:", ds.CIDR.String(), left)
+		}
 		row(tw, "Node selector:", selectorCell(p.NodeSelector))
 		nodes := strings.Join(d.Nodes, ", ")
 		if nodes == "" {
@@ -343,16 +367,18 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 	})
 }
 
-// poolState is "enabled", "disabled" (pool disable: no new addresses),
-// or "refused": the spec is invalid (a pool written before a rule that
-// refuses it, such as a special range), and agents hand out nothing new
-// from it.
+// poolState is "refused": the spec is invalid (a pool written before a
+// rule that refuses it, such as a special range), and agents hand out
+// nothing new from it; "disabled" (pool disable: no new addresses),
+// "draining" (enabled, with a cidr draining: drain-cidr) or "enabled".
 func poolState(p allocator.Pool) string {
-	if p.Validate() != nil {
+	switch {
+	case p.Validate() != nil:
 		return "refused"
-	}
-	if p.Disabled {
+	case p.Disabled:
 		return "disabled"
+	case len(p.Draining) > 0:
+		return "draining"
 	}
 	return "enabled"
 }

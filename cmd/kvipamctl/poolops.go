@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 )
 
 // Changes to a pool an operator makes while it is in use. Every one is a
@@ -107,25 +108,42 @@ is how a pool is drained before remove-cidr or delete.`,
 			})
 		},
 	}
+	var dropReserved bool
 	removeCIDR := &cobra.Command{
-		Use:   "remove-cidr POOL CIDR",
+		Use:   "remove-cidr POOL CIDR [--drop-reservations]",
 		Short: "Take a CIDR out of a pool; refused while anything in it is allocated or claimed",
-		Args:  cobra.ExactArgs(2),
+		Long: `Take a CIDR out of a pool. It is refused while any block of it is
+claimed or has a home, or any address in it has a record: drain it first
+(drain-cidr), which also shows what is left. Reserved ranges inside the
+CIDR are named and the removal refused, unless --drop-reservations says
+to drop them with it (or unreserve them first).`,
+		Example: "  kvipamctl pool drain-cidr default 10.42.0.0/16\n  kvipamctl pool remove-cidr default 10.42.0.0/16 --drop-reservations",
+		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := netip.ParsePrefix(strings.TrimSpace(args[1]))
+			c, err := parseCIDRArg(args[1])
 			if err != nil {
-				return fmt.Errorf("parse cidr %q: %w", args[1], err)
+				return err
 			}
 			return a.withStore(cmd.Context(), func(s operatorStore) error {
-				p, err := s.RemoveCIDR(cmd.Context(), args[0], c)
+				before, err := s.GetPool(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				p, err := s.RemoveCIDR(cmd.Context(), args[0], c, dropReserved)
 				if err != nil {
 					return err
 				}
 				fmt.Fprintf(a.stdout, "pool %s: removed %s; cidrs now %s\n", p.Name, c, joinPrefixes(p.CIDRs))
+				for _, r := range before.Reserved {
+					if c.Contains(r.Range.First) {
+						fmt.Fprintf(a.stdout, "pool %s: dropped reservation %s\n", p.Name, etcdstore.ReservationList([]allocator.Reservation{r}))
+					}
+				}
 				return nil
 			})
 		},
 	}
+	removeCIDR.Flags().BoolVar(&dropReserved, "drop-reservations", false, "drop the reserved ranges inside the cidr with it (they are named and the removal refused without it)")
 	sel := &cobra.Command{
 		Use:   "select POOL SELECTOR",
 		Short: "Choose the nodes a pool serves by their labels (\"\" for every node)",
@@ -222,7 +240,7 @@ What to choose: docs/routing.md, "Egress".`,
 			})
 		},
 	}
-	return []*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, masquerade, del}
+	return append([]*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, masquerade, del}, a.drainCmds()...)
 }
 
 // selectNodes sets the pool's node selector and says which live nodes

@@ -18,7 +18,8 @@ import (
 type poolWriter interface {
 	EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Pool, error)
 	UpdatePool(ctx context.Context, name string, change func(p *allocator.Pool) error) (allocator.Pool, error)
-	RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix) (allocator.Pool, error)
+	RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix, dropReserved bool) (allocator.Pool, error)
+	CIDRUse(ctx context.Context, pool string, cidr netip.Prefix) (etcdstore.CIDRUse, error)
 	DeletePool(ctx context.Context, name string) error
 }
 
