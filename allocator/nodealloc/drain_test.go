@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -108,4 +109,47 @@ func TestDrainCIDRKeepsPoolServing(t *testing.T) {
 	require.Equal(t, []netip.Prefix{keep}, p.CIDRs)
 	require.Empty(t, p.Draining, "the cidr's drain goes with it")
 	require.Empty(t, p.Reserved)
+}
+
+// TestDrainCIDRKeptAddress: a sticky identity's kept address in a
+// draining cidr is its own: its next pod takes it back. Once the
+// identity's window ends with no pod, the block goes back at the next
+// give-back (an operator's drain-cidr run again), though no release
+// emptied it.
+func TestDrainCIDRKeptAddress(t *testing.T) {
+	ctx := context.Background()
+	old, keep := netip.MustParsePrefix("10.96.0.0/28"), netip.MustParsePrefix("10.96.1.0/28")
+	e := startEtcd(t, allocator.Pool{Name: "two", BlockSizeV4: 29, CIDRs: []netip.Prefix{old, keep}})
+	a := startNode(t, e, "a", []string{"two"}, nodeOpts{})
+	req := func(o records.Owner) nodealloc.Request {
+		return nodealloc.Request{Pool: "two", Owner: o, IPs: []netip.Addr{netip.MustParseAddr("10.96.0.4")},
+			Sticky: &records.Sticky{Identity: o.Namespace + "/" + o.Pod, Window: time.Second}}
+	}
+	_, err := a.alloc.Allocate(ctx, req(stickyPod("db", 1)))
+	require.NoError(t, err)
+	_, err = a.alloc.Release(ctx, stickyPod("db", 1))
+	require.NoError(t, err, "kept for the identity")
+
+	drain := func() {
+		p, err := a.store.UpdatePool(ctx, "two", func(p *allocator.Pool) error { return p.Drain(old) })
+		require.NoError(t, err)
+		a.alloc.UpdatePool(p)
+		a.alloc.GiveBackEmpty(ctx, "two")
+	}
+	drain()
+	use, err := a.store.CIDRUse(ctx, "two", old)
+	require.NoError(t, err)
+	require.Equal(t, 1, use.Claimed, "the kept address holds its block")
+	res, err := a.alloc.Allocate(ctx, req(stickyPod("db", 2)))
+	require.NoError(t, err, "the identity's next pod takes its address back in a draining cidr")
+	require.Equal(t, netip.MustParseAddr("10.96.0.4"), res.Allocations[0].Addr)
+	_, err = a.alloc.Release(ctx, stickyPod("db", 2))
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool {
+		drain() // drain-cidr run again: the agents give back what emptied
+		use, err := a.store.CIDRUse(ctx, "two", old)
+		require.NoError(t, err)
+		return !use.Any()
+	}, 10*time.Second, 200*time.Millisecond, "the block goes back once the identity's window ended")
 }

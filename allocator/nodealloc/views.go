@@ -201,10 +201,15 @@ func (a *Allocator) GiveBackEmpty(ctx context.Context, pool string) int {
 }
 
 // giveBackEmpty unclaims the empty own blocks of ps that go back
-// (givesBack), by the one path a release takes (maybeUnclaim).
+// (givesBack), by the one path a release takes (maybeUnclaim). Addresses
+// kept for sticky identities whose windows have ended are freed first
+// (thawKept): no release empties a block they were the last of.
 func (a *Allocator) giveBackEmpty(ctx context.Context, ps *poolState) int {
 	n := len(ps.own)
 	for _, f := range []allocator.Family{allocator.IPv4, allocator.IPv6} {
+		if slices.ContainsFunc(ps.sortedOwn(f), func(b netip.Prefix) bool { return a.givesBack(ps, b) }) {
+			a.thawKept(ctx, ps, f)
+		}
 		for _, b := range ps.sortedOwn(f) {
 			if a.givesBack(ps, b) {
 				a.maybeUnclaim(ctx, ps, b)
