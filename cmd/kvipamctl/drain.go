@@ -34,9 +34,10 @@ there is its own: its next pod takes it back (release the identity with
 kvipamctl claim release to move it).
 
 The pool must keep a CIDR of the same family that is not draining (add
-one first with add-cidr). Running drain-cidr again changes nothing and
-shows what is left; once nothing is, remove-cidr takes the CIDR out.
-undrain-cidr cancels the drain.`,
+one first with add-cidr). Running drain-cidr again shows what is left,
+and has the agents give back the blocks that emptied without a release
+(a sticky identity's window ended); once nothing is left, remove-cidr
+takes the CIDR out. undrain-cidr cancels the drain.`,
 		Example: "  kvipamctl pool add-cidr default 10.43.0.0/16\n  kvipamctl pool drain-cidr default 10.42.0.0/16\n  kvipamctl pool remove-cidr default 10.42.0.0/16",
 		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -85,18 +86,24 @@ type drainStatus struct {
 	Done bool `json:"done"`
 }
 
-// drainCIDR marks c of pool name draining, unless it is already, and
+// drainCIDR marks c of pool name draining (again, if it is already) and
 // shows what is left in it.
 func (a *app) drainCIDR(ctx context.Context, name string, c netip.Prefix) error {
 	return a.withStore(ctx, func(s operatorStore) error {
-		p, err := s.GetPool(ctx, name)
+		before, err := s.GetPool(ctx, name)
 		if err != nil {
 			return err
 		}
-		if !slices.Contains(p.Draining, c) {
-			if p, err = s.UpdatePool(ctx, name, func(p *allocator.Pool) error { return p.Drain(c) }); err != nil {
-				return err
-			}
+		// Written again when it drains already: the agents follow the
+		// write and give back the blocks that emptied without a release
+		// (a sticky identity's window ended).
+		p, err := s.UpdatePool(ctx, name, func(p *allocator.Pool) error { return p.Drain(c) })
+		if err != nil {
+			return err
+		}
+		if slices.Contains(before.Draining, c) {
+			fmt.Fprintf(a.stderr, "kvipamctl: pool %s: %s drains already; the agents give back the blocks emptied since (revision %d)\n", name, c, p.Rev)
+		} else {
 			fmt.Fprintf(a.stderr, "kvipamctl: pool %s: draining %s (revision %d): no new addresses there; new pods get addresses from %s\n",
 				name, c, p.Rev, joinPrefixes(p.ServingCIDRsOf(allocator.FamilyOf(c.Addr()))))
 		}

@@ -77,6 +77,9 @@ func TestDrainCIDRCommands(t *testing.T) {
 	n1.Alloc.UpdatePool(p)
 	_, err = n1.Alloc.Release(ctx, agenttest.Owner(1))
 	require.NoError(t, err)
+	code, _, errs = h.run("pool", "drain-cidr", "small", "10.21.0.0/24")
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, errs, "pool small: 10.21.0.0/24 drains already; the agents give back the blocks emptied since")
 	var st drainStatus
 	require.Equal(t, exitOK, h.json(&st, "pool", "drain-cidr", "small", "10.21.0.0/24"))
 	require.True(t, st.Done, "%+v", st)
