@@ -79,7 +79,7 @@ func writesAny(ops []clientv3.Op) bool {
 // The operators' write kinds.
 const (
 	kindOperator   = "operator delete" // kvipamctl release, node remove
-	kindPoolChange = "pool change"     // pool disable, reserve, select, set-cooldown, set-masquerade, add-cidr, remove-cidr
+	kindPoolChange = "pool change"     // pool disable, reserve, select, set-cooldown, set-masquerade, add-cidr, remove-cidr, drain-cidr, undrain-cidr
 	kindPoolCreate = "pool create"
 	kindPoolDelete = "pool delete" // with the deleted-pool mark
 )
@@ -239,8 +239,9 @@ func (r *modelRun) opOperator(n *mNode) {
 // any other, and gives every node the spec etcd then holds (the agents
 // follow the pool key): disable or enable it, reserve an address or clear
 // the reservations, select nodes, set the reuse cooldown or the egress
-// masquerade, add the extra
-// cidr or remove it (refused while anything is in it). A change lands whole or not at all:
+// masquerade, drain an IPv4 cidr or undrain it, add the extra cidr or
+// remove it (refused while anything is in it). A change lands whole or
+// not at all:
 // etcd holds the old spec or the new one, the new one only if the change
 // may have landed.
 func (r *modelRun) opPool() {
@@ -248,11 +249,21 @@ func (r *modelRun) opPool() {
 	st := r.operatorStore(kindPoolChange, r.pool.Name)
 	var change func(p *allocator.Pool) error
 	what := ""
-	k := r.rng.IntN(6)
+	k := r.rng.IntN(7)
 	if r.spec.Disabled {
 		k = 0 // a drain lasts until the next pool change
 	}
+	drain, undrain := r.drainChoice()
 	switch {
+	case k == 6 && undrain.IsValid():
+		// kvipamctl pool undrain-cidr: the cidr serves again.
+		what = "undrain-cidr " + undrain.String()
+		change = func(p *allocator.Pool) error { return p.Undrain(undrain) }
+	case k == 6 && drain.IsValid():
+		// kvipamctl pool drain-cidr: nothing new lands in the cidr from
+		// the moment a node sees it (checkNew); its empty blocks go back.
+		what = "drain-cidr " + drain.String()
+		change = func(p *allocator.Pool) error { return p.Drain(drain) }
 	case k == 5:
 		// kvipamctl pool set-masquerade: on, off, or the routing mode's
 		// default (unset). No node allocates by it; the change must land
@@ -307,6 +318,7 @@ func (r *modelRun) opPool() {
 		change = func(p *allocator.Pool) error {
 			p.CIDRs = slices.DeleteFunc(p.CIDRs, func(c netip.Prefix) bool { return c == extraCIDR })
 			p.Reserved = slices.DeleteFunc(p.Reserved, func(x allocator.Reservation) bool { return extraCIDR.Contains(x.Range.First) })
+			p.Draining = slices.DeleteFunc(p.Draining, func(c netip.Prefix) bool { return c == extraCIDR })
 			return nil
 		}
 	default:
@@ -315,8 +327,11 @@ func (r *modelRun) opPool() {
 	}
 	old := r.spec
 	want := old
-	want.CIDRs, want.Reserved = slices.Clone(old.CIDRs), slices.Clone(old.Reserved)
+	want.CIDRs, want.Reserved, want.Draining = slices.Clone(old.CIDRs), slices.Clone(old.Reserved), slices.Clone(old.Draining)
 	require.NoError(r.t, change(&want))
+	// Removing the extra cidr while the pool's other IPv4 cidr drains
+	// would leave no IPv4 cidr to serve from: refused whole.
+	invalid := strings.HasPrefix(what, "remove-cidr") && want.Validate() != nil
 	var err error
 	if strings.HasPrefix(what, "remove-cidr") {
 		_, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR, true)
@@ -324,7 +339,11 @@ func (r *modelRun) opPool() {
 		_, err = st.UpdatePool(r.ctx, r.pool.Name, change)
 	}
 	r.logf("pool %s: %v", what, err)
-	r.tally("pool change", err)
+	if strings.Contains(what, "drain-cidr") {
+		r.tally("pool drain", err) // its own row: the run shows it drained
+	} else {
+		r.tally("pool change", err)
+	}
 	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
 	require.NoError(r.t, gerr)
 	landed := samePool(cur, want)
@@ -337,8 +356,11 @@ func (r *modelRun) opPool() {
 		r.fail("pool %s failed (%v), and etcd holds %+v, neither the old spec %+v nor the new %+v", what, err, cur, old, want)
 	case err != nil && landed && !samePool(want, old) && !unknown:
 		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
-	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, records.ErrUnavailable):
+	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, records.ErrUnavailable) &&
+		!(invalid && errors.Is(err, allocator.ErrInvalidPool)):
 		r.fail("pool %s: %v", what, err)
+	case err == nil && invalid:
+		r.fail("pool %s succeeded, leaving %+v, which is not a valid pool", what, cur)
 	}
 	r.spec = cur
 	for _, n := range r.nodes {
@@ -354,9 +376,34 @@ func samePool(a, b allocator.Pool) bool {
 		if len(p.Reserved) == 0 {
 			p.Reserved = nil
 		}
+		if len(p.Draining) == 0 {
+			p.Draining = nil
+		}
 		return p
 	}
 	return reflect.DeepEqual(norm(a), norm(b))
+}
+
+// drainChoice is the cidr a drain-cidr of the pool may name now, and the
+// draining cidr an undrain-cidr may name; each invalid (the zero prefix)
+// when there is none. Only the extra cidr is drained: it holds one block,
+// which a node claims and fills, so a drain meets a block with pods in
+// it, and the IPv6 cidr is its family's only one. Draining the /27
+// instead would leave the run six IPv4 addresses, so that nearly every
+// request borrows: a different run, not a drain's.
+func (r *modelRun) drainChoice() (drain, undrain netip.Prefix) {
+	if len(r.spec.Draining) > 0 {
+		undrain = r.spec.Draining[r.rng.IntN(len(r.spec.Draining))]
+		if r.rng.IntN(2) == 0 {
+			return drain, undrain
+		}
+	}
+	p := r.spec
+	p.Draining = slices.Clone(r.spec.Draining)
+	if slices.Contains(p.CIDRs, extraCIDR) && !slices.Contains(p.Draining, extraCIDR) && p.Drain(extraCIDR) == nil {
+		drain = extraCIDR
+	}
+	return drain, undrain
 }
 
 // scratchPool is the pool opPoolDelete creates and deletes: no node
@@ -430,8 +477,8 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 // not hold it: the pool must hand out none outside its cidrs, none on a
 // node its selector leaves out (a sticky identity's own address taken
 // over neither: the selector binds it too), and, unless it is such a
-// takeover, none while disabled and none of a reservation unless asked
-// for by name.
+// takeover, none while disabled, none in a draining cidr (not even asked
+// for by name), and none of a reservation unless asked for by name.
 func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
 	switch {
 	case !slices.ContainsFunc(r.spec.CIDRs, func(c netip.Prefix) bool { return c.Contains(a) }):
@@ -443,6 +490,8 @@ func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
 		// in a range reserved since, it is not a new one.
 	case r.spec.Disabled:
 		r.fail("%s was handed %s while the pool is disabled", mo.o.Key(), a)
+	case r.spec.InDraining(a):
+		r.fail("%s was handed %s, in cidr %v, which every node has seen draining (static: %v)", mo.o.Key(), a, r.spec.Draining, static)
 	case !static && slices.ContainsFunc(r.spec.Reserved, func(x allocator.Reservation) bool { return x.Range.Contains(a) }):
 		r.fail("%s was handed %s, which is reserved, without asking for it", mo.o.Key(), a)
 	}
@@ -453,7 +502,7 @@ func (r *modelRun) checkNew(mo *mOwner, a netip.Addr, static, takeover bool) {
 // must never change the pool in etcd.
 func (r *modelRun) opSeed(n *mNode) {
 	seed := r.spec
-	seed.Reserved, seed.Disabled, seed.NodeSelector = nil, !r.spec.Disabled, "rack=nowhere"
+	seed.Reserved, seed.Disabled, seed.NodeSelector, seed.Draining = nil, !r.spec.Disabled, "rack=nowhere", nil
 	seed.ReuseCooldown = allocator.DurationOf((r.spec.Cooldown() + time.Second) % allocator.MaxReuseCooldown)
 	notMasq := !r.spec.MasqueradeOr(true)
 	seed.Masquerade = &notMasq
@@ -466,7 +515,7 @@ func (r *modelRun) opSeed(n *mNode) {
 	}
 	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
 	require.NoError(r.t, gerr)
-	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) ||
+	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) || !slices.Equal(cur.Draining, r.spec.Draining) ||
 		!reflect.DeepEqual(cur.ReuseCooldown, r.spec.ReuseCooldown) || !reflect.DeepEqual(cur.Masquerade, r.spec.Masquerade) {
 		r.fail("seeding pool %s changed etcd's spec: %+v, was %+v", r.pool.Name, cur, r.spec)
 	}

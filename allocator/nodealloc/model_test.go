@@ -199,9 +199,9 @@ const loadedBusyRate = 0.4
 // before the reassert), recording lapsed
 // reservations, dropping a stale sticky binding at a restore, an
 // operator's release --owner and node remove of a stopped node
-// (model_ops_test.go), and pool changes (disable, reserve,
-// add and remove a cidr); while every write meets each fault: an unknown
-// outcome (the write lands, the caller is told it failed), a failure
+// (model_ops_test.go), and pool changes (disable, reserve, drain
+// and undrain a cidr, add and remove a cidr); while every write meets
+// each fault: an unknown outcome (the write lands, the caller is told it failed), a failure
 // before sending, a lost race (refused as a conflict without reaching
 // etcd), a revocation of the node's lease, and of the lease IP history
 // is written on. After every step it checks etcd, read without faults,
@@ -211,8 +211,8 @@ const loadedBusyRate = 0.4
 // owner's addresses in etcd exactly as told (after a release: nothing);
 // no sticky binding naming a container that holds nothing; no address
 // refused as in use on its node while etcd holds nothing for it; nothing
-// new handed out of a disabled pool or a reservation, nothing outside
-// the pool's cidrs.
+// new handed out of a disabled pool, a draining cidr or a reservation,
+// nothing outside the pool's cidrs.
 //
 // Not here: a namespace rebound to another pool between two tries of an
 // ADD. The allocator serves the pool a request names, and an owner may
