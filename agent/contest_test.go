@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -34,7 +35,7 @@ func TestEtcdRestoreRevivedRecordNotTaken(t *testing.T) {
 	cfg := testConfig(t, e)
 	cfg.NodeAddresses = []string{"192.0.2.1"}
 	cfg.LeaseTTL = Duration{2 * time.Second}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	opts := Options{BootID: "boot-now", Version: "v-a", Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})}
 	a := startAgent(t, cfg, opts)
 	var held []api.IPConfig

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -219,7 +220,7 @@ func TestNodeRecordTakenStopsServing(t *testing.T) {
 			cfg := testConfig(t, e)
 			cfg.NodeAddresses = []string{"192.0.2.1"}
 			proxy := behindCutProxy(t, e, &cfg, 2*time.Second)
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			opts := Options{BootID: "boot-a", Version: "v-a", Logger: warnLog(&logs)}
 			a := startAgent(t, cfg, opts)
 			var held []api.IPConfig

@@ -1,12 +1,10 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/netip"
 	"regexp"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,27 +18,10 @@ import (
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
-
-// syncBuffer is a log sink the test reads while the agent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // TestLostEndpointsReported: node-1 is away while an operator removes it
 // (with evidence) and node-2 takes its block and the IPv4 address of
@@ -57,9 +38,9 @@ func TestLostEndpointsReported(t *testing.T) {
 		// away runs node-1 with one endpoint, makes it leave etcd for
 		// longer than its lease and calls taken (the operator and
 		// node-2), then brings it back and returns it.
-		away func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncBuffer, taken func()) *testAgent
+		away func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncbuf.Buffer, taken func()) *testAgent
 	}{
-		{"restart", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncBuffer, taken func()) *testAgent {
+		{"restart", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncbuf.Buffer, taken func()) *testAgent {
 			ta := startAgent(t, cfg, Options{})
 			withEndpoint(t, ta)
 			lease := ta.a.lease.session().ID()
@@ -69,7 +50,7 @@ func TestLostEndpointsReported(t *testing.T) {
 			taken()
 			return startAgent(t, cfg, Options{Logger: warnLog(logs)})
 		}},
-		{"partition heals", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncBuffer, taken func()) *testAgent {
+		{"partition heals", func(t *testing.T, e *kvstore.Embedded, cfg Config, logs *syncbuf.Buffer, taken func()) *testAgent {
 			proxy := behindCutProxy(t, e, &cfg, 2*time.Second)
 			ta := startAgent(t, cfg, Options{Logger: warnLog(logs)})
 			withEndpoint(t, ta)
@@ -95,7 +76,7 @@ func TestLostEndpointsReported(t *testing.T) {
 			host := nstest.NewNS(t)
 			nstest.AddLink(t, nstest.Handle(t, host), "kvlost0")
 			cfg.NetNS = host.Path()
-			var logs syncBuffer
+			var logs syncbuf.Buffer
 			var v4, v6 netip.Addr
 			var n2Key string
 			var n2Rev int64
@@ -186,7 +167,7 @@ func withEndpoint(t testing.TB, ta *testAgent) {
 	require.NoError(t, err)
 }
 
-func warnLog(w *syncBuffer) hclog.Logger {
+func warnLog(w *syncbuf.Buffer) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: w, Level: hclog.Warn})
 }
 

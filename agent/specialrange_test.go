@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -37,7 +38,7 @@ func TestAgentRefusesSpecialRangePool(t *testing.T) {
 	putPool(allocator.Pool{Name: "legacy", BlockSizeV4: 28, CIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.0.0/24")}})
 
 	cfg := testConfig(t, e)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	ta := startAgent(t, cfg, Options{Logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})})
 
 	_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true, Pool: "legacy"})

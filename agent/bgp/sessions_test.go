@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,31 +13,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 )
-
-// syncBuffer is a log sink safe for GoBGP's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startWith starts a speaker of asn peering with peer, logging at the
 // default level (info) into the returned buffer, and syncs two prefixes.
-func startWith(t *testing.T, asn ASN, peer Peer) (*Speaker, *syncBuffer) {
+func startWith(t *testing.T, asn ASN, peer Peer) (*Speaker, *syncbuf.Buffer) {
 	t.Helper()
-	var out syncBuffer
+	var out syncbuf.Buffer
 	log := hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Info})
 	cfg := Config{ASN: asn, RestartTime: Duration{7 * time.Second}, Peers: []Peer{peer}}
 	ctx := context.Background()

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
+	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 )
 
 // TestAgentRunsWithManifestCapabilities runs the agent binary as the
@@ -53,7 +52,7 @@ func TestAgentRunsWithManifestCapabilities(t *testing.T) {
 
 	// start runs the agent with caps in a new namespace and returns its
 	// socket, its namespace, its output and a channel closed when it exits.
-	start := func(t *testing.T, caps []string) (string, string, *syncBuffer, chan struct{}) {
+	start := func(t *testing.T, caps []string) (string, string, *syncbuf.Buffer, chan struct{}) {
 		node := nstest.NewNS(t)
 		sockDir, err := os.MkdirTemp("", "kvipam-sock-")
 		require.NoError(t, err)
@@ -71,7 +70,7 @@ func TestAgentRunsWithManifestCapabilities(t *testing.T) {
 			"--pool", "default=10.94.0.0/24", "--block-size-v4", "28", "--datapath", "bpf", "--bpf-pin-dir", pins,
 			"--metrics-addr", "", "--mtu", "1500", "--routing", "none"}
 		cmd := exec.Command("nsenter", args...)
-		out := &syncBuffer{}
+		out := &syncbuf.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		require.NoError(t, cmd.Start())
 		exited := make(chan struct{})
@@ -141,23 +140,4 @@ func TestAgentRunsWithManifestCapabilities(t *testing.T) {
 		require.Contains(t, out.String(), "datapath bpf", out.String())
 		require.Contains(t, out.String(), "create network namespace: operation not permitted", out.String())
 	})
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and a test's
-// reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
