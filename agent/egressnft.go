@@ -255,8 +255,11 @@ func sameElements(a, b []nftables.SetElement) bool {
 func buildEgressTable(c *nftables.Conn, want []egressSet) error {
 	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: egressTable})
 	sets := map[string]*nftables.Set{}
-	for _, w := range want {
-		s := &nftables.Set{Table: table, Name: w.name, KeyType: w.keyType, Interval: true}
+	for i, w := range want {
+		// An ID of our own, unique in the transaction: left 0,
+		// google/nftables takes one from a package-wide counter that it
+		// does not guard across connections (agents of one process race).
+		s := &nftables.Set{Table: table, Name: w.name, ID: uint32(i + 1), KeyType: w.keyType, Interval: true}
 		if err := c.AddSet(s, w.elems); err != nil {
 			return fmt.Errorf("set %s: %w", w.name, err)
 		}

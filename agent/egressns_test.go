@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -322,4 +324,34 @@ func TestEgressSetsUpdatedInPlace(t *testing.T) {
 	removed, err := RemoveEgress(n.Path())
 	require.NoError(t, err, "removing it again is fine")
 	require.False(t, removed, "nothing was left to remove")
+}
+
+// TestEgressProgramsConcurrently: agents of one process (the tests run
+// several) program their namespaces' tables at once without sharing
+// state: google/nftables numbers a set from a package-wide counter when
+// its ID is left 0, so each set is given its own (run under -race).
+func TestEgressProgramsConcurrently(t *testing.T) {
+	pool := allocator.Pool{Name: "p", CIDRs: prefixes("10.42.0.0/16", "fd00:42::/64")}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 2 {
+		m := nftMasquerader{netns: nstest.NewNS(t).Path()}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 4 {
+				p := pool
+				p.CIDRs = append(slices.Clone(pool.CIDRs), netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 99, byte(i), 0}), 24))
+				if _, err := m.program(planEgress([]allocator.Pool{p}, true, nil)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }
