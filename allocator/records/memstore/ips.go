@@ -1,0 +1,232 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/kvipam/kvipam/allocator/records"
+)
+
+// ListIPs implements records.Store, in address order (as etcd's keys).
+func (s *Store) ListIPs(_ context.Context, pool string, b netip.Prefix) ([]records.Allocation, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	b = b.Masked()
+	var keys []ipKey
+	for k := range s.ips {
+		if k.pool == pool && k.block == b {
+			keys = append(keys, k)
+		}
+	}
+	sortIPKeys(keys)
+	out := make([]records.Allocation, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, s.allocation(k))
+	}
+	return out, nil
+}
+
+func (s *Store) allocation(k ipKey) records.Allocation {
+	e := s.ips[k]
+	return records.Allocation{Record: dec[records.Record](e), Pool: k.pool, Block: k.block, Addr: k.addr, Rev: e.rev, Lease: e.lease}
+}
+
+// GetIPs implements records.Store.
+func (s *Store) GetIPs(_ context.Context, refs []records.IPRef) (map[netip.Addr]records.Allocation, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	out := map[netip.Addr]records.Allocation{}
+	for _, r := range refs {
+		k := ik(r.Pool, r.Block, r.Addr)
+		if _, ok := s.ips[k]; ok {
+			out[r.Addr] = s.allocation(k)
+		}
+	}
+	return out, nil
+}
+
+// WriteIPs implements records.Store.
+func (s *Store) WriteIPs(_ context.Context, writes []records.IPWrite) (records.WriteResult, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	return s.writeIPs(writes, nil, nil)
+}
+
+// writeIPs is etcdstore's writeIPs: every write fenced by its block's
+// claim (or, borrowed, by the writer's borrow fence and the block's
+// home), a create by the address's absence and a confirm by its
+// revision; guard and also are a caller's extra compare and writes (a
+// binding), ended the intervals the batch ends (IP history). As in
+// etcdstore a fence key is compared once, at the revision of the first
+// write that names it.
+func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(tx *batch), ended ...histRec) (records.WriteResult, error) {
+	var res records.WriteResult
+	if len(writes) == 0 && also == nil {
+		return res, nil
+	}
+	var resLease int64
+	for _, w := range writes {
+		if w.Reserve && w.PrevRev == 0 {
+			resLease, res.Expires = s.reservationLease()
+			break
+		}
+	}
+	ok := guard == nil || guard()
+	claimSeen, fenceSeen, homeSeen := map[blockKey]bool{}, map[string]bool{}, map[blockKey]bool{}
+	seen := map[ipKey]bool{}
+	dup := false
+	for _, w := range writes {
+		key := bk(w.Pool, w.Block)
+		if w.Borrowed {
+			if !fenceSeen[w.Record.Node] {
+				fenceSeen[w.Record.Node] = true
+				ok = ok && modRev(s.fences, w.Record.Node) == w.ClaimRev
+			}
+			if !homeSeen[key] {
+				homeSeen[key] = true
+				ok = ok && modRev(s.homes, key) != 0
+			}
+		} else if !claimSeen[key] {
+			claimSeen[key] = true
+			ok = ok && modRev(s.claims, key) == w.ClaimRev
+		}
+		k := ik(w.Pool, w.Block, w.Addr)
+		dup = dup || seen[k]
+		seen[k] = true
+		ok = ok && modRev(s.ips, k) == w.PrevRev // 0: absent
+	}
+	if dup {
+		// etcd refuses a transaction that puts one key twice.
+		return res, fmt.Errorf("write %d allocations: %w: an address written twice in one batch", len(writes), records.ErrBadRequest)
+	}
+	if !ok {
+		return res, s.explainWrite(writes)
+	}
+	if !s.live(resLease) {
+		s.dropReservationLease(resLease)
+		return res, fmt.Errorf("reservation lease gone: %w", records.ErrConflict)
+	}
+	tx := s.begin()
+	for _, w := range writes {
+		var l int64
+		if w.Reserve && w.PrevRev == 0 {
+			l = resLease
+		}
+		put(tx, s.ips, ik(w.Pool, w.Block, w.Addr), w.Record, l)
+		switch {
+		case w.Borrowed:
+			put(tx, s.lent, addrKey{w.Pool, w.Addr}, records.Home{Node: w.Record.Node, Since: w.Record.Since}, l)
+		case w.PrevRev != 0 && w.Record.Identity != "":
+			// A kept address taken over in the writer's own block: it
+			// is no longer lent to anyone.
+			del(tx, s.lent, addrKey{w.Pool, w.Addr})
+		}
+	}
+	if also != nil {
+		also(tx)
+	}
+	s.record(tx, ended...)
+	res.Rev = tx.end()
+	return res, nil
+}
+
+// explainWrite is etcdstore's: which checks of a failed write failed.
+func (s *Store) explainWrite(writes []records.IPWrite) error {
+	we := &records.WriteError{}
+	fenced := map[netip.Prefix]bool{}
+	for _, w := range writes {
+		key := bk(w.Pool, w.Block)
+		ip := modRev(s.ips, ik(w.Pool, w.Block, w.Addr))
+		taken := (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev)
+		switch {
+		case w.Borrowed && modRev(s.fences, w.Record.Node) != w.ClaimRev:
+			we.FenceLost = true
+		case w.Borrowed && modRev(s.homes, key) == 0 && !fenced[w.Block]:
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		case !w.Borrowed && modRev(s.claims, key) != w.ClaimRev && !fenced[w.Block]:
+			fenced[w.Block] = true
+			we.Fenced = append(we.Fenced, w.Block)
+		}
+		if taken {
+			we.Taken = append(we.Taken, w.Addr)
+		}
+	}
+	if len(we.Fenced) == 0 && len(we.Taken) == 0 && !we.FenceLost {
+		return fmt.Errorf("write allocations: changed concurrently: %w", records.ErrConflict)
+	}
+	return we
+}
+
+// DeleteIP implements records.Store as etcdstore's: the delete guarded by
+// al.Rev, a borrowed address's home and the record of the interval that
+// ends with it; a sticky address released, not kept, takes with it the
+// binding that names al's owner, and a key already gone takes the
+// binding alone if nothing else changed.
+func (s *Store) DeleteIP(_ context.Context, al records.Allocation) error {
+	k := ik(al.Pool, al.Block, al.Addr)
+	if al.Rev <= 0 {
+		return fmt.Errorf("delete %s %s: %w: no revision to guard the delete", al.Pool, al.Addr, records.ErrBadRequest)
+	}
+	s.lock()
+	defer s.mu.Unlock()
+	var bound *bindKey
+	var boundRev int64
+	if al.Identity != "" && al.State != records.StateKept {
+		key := bindKey{al.Pool, al.Identity}
+		if e, ok := s.bindings[key]; ok {
+			if b := dec[records.Binding](e); !b.Kept() && b.Owner.Key() == al.Owner.Key() {
+				bound, boundRev = &key, e.rev
+			}
+		}
+	}
+	cur, exists := s.ips[k]
+	if !exists {
+		// Gone already: the binding names a container that holds
+		// nothing there (etcdstore's DropStaleBinding, a lost race
+		// ignored).
+		if bound != nil && modRev(s.bindings, *bound) == boundRev {
+			tx := s.begin()
+			del(tx, s.bindings, *bound)
+			tx.end()
+		}
+		return nil
+	}
+	if cur.rev != al.Rev {
+		return fmt.Errorf("delete %s at revision %d: changed: %w", al.Addr, al.Rev, records.ErrConflict)
+	}
+	tx := s.begin()
+	del(tx, s.ips, k)
+	if al.Borrowed {
+		del(tx, s.lent, addrKey{al.Pool, al.Addr})
+	}
+	if bound != nil {
+		del(tx, s.bindings, *bound)
+	}
+	s.record(tx, s.historyOf(al, s.now, endReleased))
+	tx.end()
+	return nil
+}
+
+// RecordLapsed implements records.Store as etcdstore's.
+func (s *Store) RecordLapsed(_ context.Context, al records.Allocation, end time.Time) (bool, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	if s.opts.HistoryRetention < 0 {
+		return true, nil
+	}
+	e, ok := s.ips[ik(al.Pool, al.Block, al.Addr)]
+	switch {
+	case !ok:
+	case e.rev == al.Rev:
+		return false, nil // not lapsed yet
+	case dec[records.Record](e).Owner.Key() == al.Owner.Key():
+		return true, nil // confirmed in time: nothing ended
+	}
+	tx := s.begin()
+	s.record(tx, s.historyOf(al, end, endLapsed))
+	tx.end()
+	return true, nil
+}

@@ -1,0 +1,135 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
+)
+
+// GetPool implements records.Store.
+func (s *Store) GetPool(_ context.Context, name string) (allocator.Pool, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	e, ok := s.pools[name]
+	if !ok {
+		return allocator.Pool{}, fmt.Errorf("pool %q: %w", name, records.ErrPoolNotFound)
+	}
+	p := dec[allocator.Pool](e)
+	p.Rev = e.rev
+	return p, nil
+}
+
+// ListPools implements records.Store, in name order.
+func (s *Store) ListPools(_ context.Context) ([]allocator.Pool, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	return s.listPools(), nil
+}
+
+func (s *Store) listPools() []allocator.Pool {
+	out := make([]allocator.Pool, 0, len(s.pools))
+	for _, e := range s.pools {
+		p := dec[allocator.Pool](e)
+		p.Rev = e.rev
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// EnsurePool implements records.Store as etcdstore does: the stored
+// pool keeps what operators set (mergeStored), the update must pass
+// CheckPoolUpdate, and the pool must overlap no other.
+func (s *Store) EnsurePool(_ context.Context, p allocator.Pool) (allocator.Pool, error) {
+	if err := p.Validate(); err != nil {
+		return allocator.Pool{}, err
+	}
+	s.lock()
+	defer s.mu.Unlock()
+	var others []allocator.Pool
+	for _, v := range s.listPools() {
+		if v.Name != p.Name {
+			others = append(others, v)
+			continue
+		}
+		stored := v
+		stored.Rev = 0
+		p = mergeStored(stored, p)
+		if err := allocator.CheckPoolUpdate(stored, p); err != nil {
+			return allocator.Pool{}, err
+		}
+		if poolEqual(stored, p) {
+			return v, nil
+		}
+	}
+	if err := allocator.CheckDisjoint(p, others); err != nil {
+		return allocator.Pool{}, err
+	}
+	b := s.begin()
+	put(b, s.pools, p.Name, p, 0)
+	p.Rev = b.end()
+	return p, nil
+}
+
+// SeedPool implements records.Store: create-if-absent. (etcdstore also
+// refuses a pool an operator deleted; this store has no DeletePool, so
+// no pool is ever marked deleted.)
+func (s *Store) SeedPool(_ context.Context, p allocator.Pool) (allocator.Pool, bool, error) {
+	if err := p.Validate(); err != nil {
+		return allocator.Pool{}, false, err
+	}
+	s.lock()
+	defer s.mu.Unlock()
+	var others []allocator.Pool
+	for _, v := range s.listPools() {
+		if v.Name == p.Name {
+			return v, false, nil
+		}
+		others = append(others, v)
+	}
+	if err := allocator.CheckDisjoint(p, others); err != nil {
+		return allocator.Pool{}, false, err
+	}
+	b := s.begin()
+	put(b, s.pools, p.Name, p, 0)
+	p.Rev = b.end()
+	return p, true, nil
+}
+
+// mergeStored and poolEqual are etcdstore's (pools.go), which this
+// package may not import; the conformance suite keeps them in step.
+func mergeStored(stored, p allocator.Pool) allocator.Pool {
+	p.Disabled = stored.Disabled
+	p.Draining = slices.Clone(stored.Draining)
+	if p.NodeSelector == "" {
+		p.NodeSelector = stored.NodeSelector
+	}
+	if p.ReuseCooldown == nil {
+		p.ReuseCooldown = stored.ReuseCooldown
+	}
+	if p.Masquerade == nil {
+		p.Masquerade = stored.Masquerade
+	}
+	res := slices.Clone(stored.Reserved)
+	for _, r := range p.Reserved {
+		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
+			res = append(res, r)
+		}
+	}
+	p.Reserved = res
+	return p
+}
+
+func poolEqual(a, b allocator.Pool) bool {
+	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
+		sameSetting(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
+}
+
+func sameSetting[T comparable](a, b *T) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
+}
