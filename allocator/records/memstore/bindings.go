@@ -75,6 +75,16 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	lease := s.grant(window)
 	end := s.now.Add(window)
 	key := bindKey{b.Pool, b.Identity}
+	ops := 1 + len(als) + s.historyOps(len(als))
+	for _, al := range als {
+		if al.Borrowed {
+			ops++
+		}
+	}
+	if err := checkTxnSize(1+len(als), ops); err != nil {
+		// etcdstore leaves the window's lease to expire, holding nothing.
+		return time.Time{}, fmt.Errorf("keep %s: %w", b.Identity, err)
+	}
 	ok := modRev(s.bindings, key) == b.Rev
 	for _, al := range als {
 		ok = ok && modRev(s.ips, ik(al.Pool, al.Block, al.Addr)) == al.Rev
@@ -108,6 +118,9 @@ func (s *Store) DropStaleBinding(_ context.Context, b records.Binding, refs []re
 	s.lock()
 	defer s.mu.Unlock()
 	key := bindKey{b.Pool, b.Identity}
+	if err := checkTxnSize(1+len(refs), 1); err != nil {
+		return fmt.Errorf("drop stale binding of %s: %w", b.Identity, err)
+	}
 	ok := modRev(s.bindings, key) == b.Rev
 	for _, ref := range refs {
 		ok = ok && modRev(s.ips, ik(ref.Pool, ref.Block, ref.Addr)) == cur[ref.Addr].Rev // absent: 0

@@ -97,9 +97,26 @@ func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(
 		seen[k] = true
 		ok = ok && modRev(s.ips, k) == w.PrevRev // 0: absent
 	}
+	// etcd counts the compares and the puts before it applies any.
+	cmps, ops := len(claimSeen)+len(fenceSeen)+len(homeSeen)+len(writes), len(writes)+s.historyOps(len(ended))
+	if guard != nil {
+		cmps++
+	}
+	if also != nil {
+		ops++
+	}
+	for _, w := range writes {
+		if w.Borrowed || (w.PrevRev != 0 && w.Record.Identity != "") {
+			ops++ // the lent address's home, put or deleted
+		}
+	}
+	if err := checkTxnSize(cmps, ops); err != nil {
+		return res, fmt.Errorf("write %d allocations: %w", len(writes), err)
+	}
 	if dup {
-		// etcd refuses a transaction that puts one key twice.
-		return res, fmt.Errorf("write %d allocations: %w: an address written twice in one batch", len(writes), records.ErrBadRequest)
+		// etcd refuses a transaction that puts one key twice, with an
+		// error of its own.
+		return res, fmt.Errorf("write %d allocations: etcdserver: duplicate key given in txn request", len(writes))
 	}
 	if !ok {
 		return res, s.explainWrite(writes)

@@ -199,6 +199,29 @@ func sortIPKeys(ks []ipKey) {
 	})
 }
 
+// maxTxnOps is etcd's default --max-txn-ops: the most compares, and the
+// most operations in each branch, one transaction may hold. etcd refuses
+// a larger one whole, with an error of its own (no kvipam sentinel: it
+// is neither a lost race nor an unavailable etcd).
+const maxTxnOps = 128
+
+// checkTxnSize refuses a transaction etcd would refuse for its size.
+func checkTxnSize(cmps, ops int) error {
+	if cmps > maxTxnOps || ops > maxTxnOps {
+		return fmt.Errorf("etcdserver: too many operations in txn request (%d compares, %d operations, at most %d each)", cmps, ops, maxTxnOps)
+	}
+	return nil
+}
+
+// historyOps is how many history puts ending n intervals adds to a
+// transaction.
+func (s *Store) historyOps(n int) int {
+	if s.opts.HistoryRetention < 0 {
+		return 0
+	}
+	return n
+}
+
 // Rev is the store's revision.
 func (s *Store) Rev() int64 {
 	s.mu.Lock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -200,5 +201,59 @@ var edgeTests = []test{
 		lent, err := f.Store.ListLent(f.ctx, "p")
 		require.NoError(t, err)
 		require.Empty(t, lent)
+	}},
+}
+
+// txnSizeTests: etcd refuses a transaction of more than --max-txn-ops
+// (128) compares, or operations in a branch, whole.
+var txnSizeTests = []test{
+	{"edges/txn-size", func(t *testing.T, f *fixture) {
+		_, err := f.Store.EnsurePool(f.ctx, allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netipPrefix("10.9.0.0/16")}, BlockSizeV4: 24})
+		require.NoError(t, err)
+		big := netipPrefix("10.9.0.0/24")
+		lease := f.Grant(time.Minute)
+		res, err := f.Store.Claim(f.ctx, "big", big, records.Claim{Node: "n1"}, lease)
+		require.NoError(t, err)
+		batch := func(from, n int, fence int64, borrowed bool) []records.IPWrite {
+			var ws []records.IPWrite
+			for i := range n {
+				r := f.rec(from+i, "n1", records.StateAllocated)
+				r.Borrowed = borrowed
+				ws = append(ws, records.IPWrite{Pool: "big", Block: big, ClaimRev: fence, Addr: netip.AddrFrom4([4]byte{10, 9, 0, byte(from + i)}), Record: r, Borrowed: borrowed})
+			}
+			return ws
+		}
+		count := func() int {
+			list, err := f.Store.ListIPs(f.ctx, "big", big)
+			require.NoError(t, err)
+			return len(list)
+		}
+		// 128 writes: 129 compares with the claim's.
+		_, err = f.Store.WriteIPs(f.ctx, batch(1, 128, res.Rev, false))
+		require.Error(t, err)
+		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		require.Zero(t, count())
+		_, err = f.Store.WriteIPs(f.ctx, batch(1, 127, res.Rev, false))
+		require.NoError(t, err)
+		require.Equal(t, 127, count())
+		// Borrowed: two puts a write (the address and its home).
+		f2, err := f.Store.FenceBorrower(f.ctx, records.Claim{Node: "n2"}, lease)
+		require.NoError(t, err)
+		big2 := netipPrefix("10.9.1.0/24")
+		_, err = f.Store.Claim(f.ctx, "big", big2, records.Claim{Node: "lender"}, lease)
+		require.NoError(t, err)
+		ws := batch(0, 65, f2, true)
+		for i := range ws {
+			ws[i].Block, ws[i].Addr = big2, netip.AddrFrom4([4]byte{10, 9, 1, byte(i)})
+			ws[i].Record.Node = "n2"
+		}
+		_, err = f.Store.WriteIPs(f.ctx, ws)
+		require.Error(t, err)
+		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		_, err = f.Store.WriteIPs(f.ctx, ws[:64])
+		require.NoError(t, err)
+		lent, err := f.Store.ListLent(f.ctx, "big")
+		require.NoError(t, err)
+		require.Len(t, lent, 64)
 	}},
 }
