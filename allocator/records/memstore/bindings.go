@@ -87,7 +87,7 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	}
 	ok := modRev(s.bindings, key) == b.Rev
 	for _, al := range als {
-		ok = ok && modRev(s.ips, ik(al.Pool, al.Block, al.Addr)) == al.Rev
+		ok = ok && s.ips.rev(ik(al.Pool, al.Block, al.Addr)) == al.Rev
 	}
 	if !ok {
 		s.revoke(lease)
@@ -98,7 +98,7 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	for _, al := range als {
 		rec := records.Record{Owner: records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
 			State: records.StateKept, Since: now, Borrowed: al.Borrowed, Identity: b.Identity}
-		put(tx, s.ips, ik(al.Pool, al.Block, al.Addr), rec, lease)
+		s.ips.put(tx, ik(al.Pool, al.Block, al.Addr), rec, lease)
 		if al.Borrowed {
 			put(tx, s.lent, addrKey{al.Pool, al.Addr}, records.Home{Node: al.Node, Since: now}, lease)
 		}
@@ -123,7 +123,7 @@ func (s *Store) DropStaleBinding(_ context.Context, b records.Binding, refs []re
 	}
 	ok := modRev(s.bindings, key) == b.Rev
 	for _, ref := range refs {
-		ok = ok && modRev(s.ips, ik(ref.Pool, ref.Block, ref.Addr)) == cur[ref.Addr].Rev // absent: 0
+		ok = ok && s.ips.rev(ik(ref.Pool, ref.Block, ref.Addr)) == cur[ref.Addr].Rev // absent: 0
 	}
 	if !ok {
 		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, records.ErrConflict)

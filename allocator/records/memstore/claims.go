@@ -113,7 +113,7 @@ func (s *Store) Claim(_ context.Context, pool string, b netip.Prefix, c records.
 	put(tx, s.claims, key, c, lease)
 	put(tx, s.homes, key, records.Home{Node: c.Node, Since: c.ClaimedAt}, 0)
 	if w != nil {
-		put(tx, s.ips, ik(pool, b, w.Addr), w.Record, resLease)
+		s.ips.put(tx, ik(pool, b, w.Addr), w.Record, resLease)
 	}
 	res.Rev = tx.end()
 	return res, nil

@@ -47,6 +47,7 @@ func (s *Store) grant(ttl time.Duration) int64 {
 	}
 	s.next++
 	s.lease[s.next] = &lease{ttl: ttl, expires: s.now.Add(ttl)}
+	s.schedule(s.now.Add(ttl))
 	return s.next
 }
 
@@ -80,7 +81,7 @@ func (s *Store) revoke(id int64) {
 	b := s.begin()
 	dropLeased(b, s.claims, id)
 	dropLeased(b, s.homes, id)
-	dropLeased(b, s.ips, id)
+	s.ips.dropLease(b, id)
 	dropLeased(b, s.lent, id)
 	dropLeased(b, s.fences, id)
 	dropLeased(b, s.bindings, id)
@@ -96,8 +97,19 @@ func dropLeased[K comparable](b *batch, m map[K]entry, id int64) {
 	}
 }
 
-// expire ends every lease whose time has come, earliest first.
+// schedule notes that something may end at t.
+func (s *Store) schedule(t time.Time) {
+	if s.due.IsZero() || t.Before(s.due) {
+		s.due = t
+	}
+}
+
+// expire ends every lease whose time has come, earliest first, and the
+// history records past their retention.
 func (s *Store) expire() {
+	if s.due.IsZero() || s.now.Before(s.due) {
+		return
+	}
 	var due []int64
 	for id, l := range s.lease {
 		if !l.expires.After(s.now) {
@@ -115,6 +127,13 @@ func (s *Store) expire() {
 		s.revoke(id)
 	}
 	s.expireHistory()
+	s.due = time.Time{}
+	for _, l := range s.lease {
+		s.schedule(l.expires)
+	}
+	for _, hs := range s.history {
+		s.schedule(hs[0].expires) // a record expires after those before it
+	}
 }
 
 // live reports whether lease id exists (0, no lease, always does): a put

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -54,6 +55,7 @@ func (s *Store) record(tx *batch, rs ...histRec) {
 	}
 	for _, r := range rs {
 		tx.changed = true
+		s.schedule(r.expires)
 		k := addrKey{r.pool, r.addr}
 		hs := s.history[k]
 		i := sort.Search(len(hs), func(i int) bool { return hs[i].key >= r.key })
@@ -66,22 +68,21 @@ func (s *Store) record(tx *batch, rs ...histRec) {
 }
 
 // expireHistory drops the records whose retention ended, one revision
-// per retention lease (bucket) that ended.
+// per retention lease (bucket) that ended. An address's records are in
+// end order, so they expire from the front.
 func (s *Store) expireHistory() {
 	ended := map[time.Time]bool{}
 	for k, hs := range s.history {
-		kept := hs[:0]
-		for _, r := range hs {
-			if r.expires.After(s.now) {
-				kept = append(kept, r)
-			} else {
-				ended[r.expires] = true
-			}
+		n := 0
+		for n < len(hs) && !hs[n].expires.After(s.now) {
+			ended[hs[n].expires] = true
+			n++
 		}
-		if len(kept) == 0 {
+		switch {
+		case n == len(hs):
 			delete(s.history, k)
-		} else {
-			s.history[k] = kept
+		case n > 0:
+			s.history[k] = slices.Clone(hs[n:])
 		}
 	}
 	s.rev += int64(len(ended))

@@ -13,14 +13,7 @@ import (
 func (s *Store) ListIPs(_ context.Context, pool string, b netip.Prefix) ([]records.Allocation, error) {
 	s.lock()
 	defer s.mu.Unlock()
-	b = b.Masked()
-	var keys []ipKey
-	for k := range s.ips {
-		if k.pool == pool && k.block == b {
-			keys = append(keys, k)
-		}
-	}
-	sortIPKeys(keys)
+	keys := s.ips.keys(pool, b.Masked())
 	out := make([]records.Allocation, 0, len(keys))
 	for _, k := range keys {
 		out = append(out, s.allocation(k))
@@ -29,7 +22,7 @@ func (s *Store) ListIPs(_ context.Context, pool string, b netip.Prefix) ([]recor
 }
 
 func (s *Store) allocation(k ipKey) records.Allocation {
-	e := s.ips[k]
+	e, _ := s.ips.get(k)
 	return records.Allocation{Record: dec[records.Record](e), Pool: k.pool, Block: k.block, Addr: k.addr, Rev: e.rev, Lease: e.lease}
 }
 
@@ -40,7 +33,7 @@ func (s *Store) GetIPs(_ context.Context, refs []records.IPRef) (map[netip.Addr]
 	out := map[netip.Addr]records.Allocation{}
 	for _, r := range refs {
 		k := ik(r.Pool, r.Block, r.Addr)
-		if _, ok := s.ips[k]; ok {
+		if _, ok := s.ips.get(k); ok {
 			out[r.Addr] = s.allocation(k)
 		}
 	}
@@ -95,7 +88,7 @@ func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(
 		k := ik(w.Pool, w.Block, w.Addr)
 		dup = dup || seen[k]
 		seen[k] = true
-		ok = ok && modRev(s.ips, k) == w.PrevRev // 0: absent
+		ok = ok && s.ips.rev(k) == w.PrevRev // 0: absent
 	}
 	// etcd counts the compares and the puts before it applies any.
 	cmps, ops := len(claimSeen)+len(fenceSeen)+len(homeSeen)+len(writes), len(writes)+s.historyOps(len(ended))
@@ -131,7 +124,7 @@ func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(
 		if w.Reserve && w.PrevRev == 0 {
 			l = resLease
 		}
-		put(tx, s.ips, ik(w.Pool, w.Block, w.Addr), w.Record, l)
+		s.ips.put(tx, ik(w.Pool, w.Block, w.Addr), w.Record, l)
 		switch {
 		case w.Borrowed:
 			put(tx, s.lent, addrKey{w.Pool, w.Addr}, records.Home{Node: w.Record.Node, Since: w.Record.Since}, l)
@@ -155,7 +148,7 @@ func (s *Store) explainWrite(writes []records.IPWrite) error {
 	fenced := map[netip.Prefix]bool{}
 	for _, w := range writes {
 		key := bk(w.Pool, w.Block)
-		ip := modRev(s.ips, ik(w.Pool, w.Block, w.Addr))
+		ip := s.ips.rev(ik(w.Pool, w.Block, w.Addr))
 		taken := (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev)
 		switch {
 		case w.Borrowed && modRev(s.fences, w.Record.Node) != w.ClaimRev:
@@ -199,7 +192,7 @@ func (s *Store) DeleteIP(_ context.Context, al records.Allocation) error {
 			}
 		}
 	}
-	cur, exists := s.ips[k]
+	cur, exists := s.ips.get(k)
 	if !exists {
 		// Gone already: the binding names a container that holds
 		// nothing there (etcdstore's DropStaleBinding, a lost race
@@ -215,7 +208,7 @@ func (s *Store) DeleteIP(_ context.Context, al records.Allocation) error {
 		return fmt.Errorf("delete %s at revision %d: changed: %w", al.Addr, al.Rev, records.ErrConflict)
 	}
 	tx := s.begin()
-	del(tx, s.ips, k)
+	s.ips.del(tx, k)
 	if al.Borrowed {
 		del(tx, s.lent, addrKey{al.Pool, al.Addr})
 	}
@@ -234,7 +227,7 @@ func (s *Store) RecordLapsed(_ context.Context, al records.Allocation, end time.
 	if s.opts.HistoryRetention < 0 {
 		return true, nil
 	}
-	e, ok := s.ips[ik(al.Pool, al.Block, al.Addr)]
+	e, ok := s.ips.get(ik(al.Pool, al.Block, al.Addr))
 	switch {
 	case !ok:
 	case e.rev == al.Rev:

@@ -48,15 +48,9 @@ func (s *Store) PoolSnapshot(_ context.Context, pool string) (records.PoolSnapsh
 	s.lock()
 	defer s.mu.Unlock()
 	snap := records.PoolSnapshot{Rev: s.rev, Blocks: s.blockInfos(pool, nil), Used: map[netip.Prefix][]records.UsedAddr{}, Lent: s.lentOf(pool)}
-	var keys []ipKey
-	for k := range s.ips {
-		if k.pool == pool {
-			keys = append(keys, k)
-		}
-	}
-	sortIPKeys(keys)
-	for _, k := range keys {
-		snap.Used[k.block] = append(snap.Used[k.block], records.UsedAddr{Addr: k.addr, Lease: s.ips[k].lease})
+	for _, k := range s.ips.keys(pool, netip.Prefix{}) {
+		e, _ := s.ips.get(k)
+		snap.Used[k.block] = append(snap.Used[k.block], records.UsedAddr{Addr: k.addr, Lease: e.lease})
 	}
 	return snap, nil
 }

@@ -33,11 +33,14 @@ type Store struct {
 	next  int64 // the next lease ID
 	opts  Options
 	lease map[int64]*lease
+	// due is the earliest a lease or a history record may end (zero:
+	// none), so that a call need not look at every lease.
+	due time.Time
 
 	pools    map[string]entry
 	claims   map[blockKey]entry
 	homes    map[blockKey]entry
-	ips      map[ipKey]entry
+	ips      ipTable
 	lent     map[addrKey]entry
 	fences   map[string]entry // borrow fences, by node
 	bindings map[bindKey]entry
@@ -75,7 +78,7 @@ func New(o Options) *Store {
 	}
 	return &Store{
 		now: o.Start, rev: 1, next: 0x1000, opts: o, lease: map[int64]*lease{},
-		pools: map[string]entry{}, claims: map[blockKey]entry{}, homes: map[blockKey]entry{}, ips: map[ipKey]entry{},
+		pools: map[string]entry{}, claims: map[blockKey]entry{}, homes: map[blockKey]entry{}, ips: ipTable{},
 		lent: map[addrKey]entry{}, fences: map[string]entry{}, bindings: map[bindKey]entry{}, history: map[addrKey][]histRec{},
 	}
 }
@@ -167,13 +170,7 @@ func (b *batch) end() int64 {
 
 // blockEmpty is etcd's PrefixEmpty on a block's allocations.
 func (s *Store) blockEmpty(pool string, b netip.Prefix) bool {
-	b = b.Masked()
-	for k := range s.ips {
-		if k.pool == pool && k.block == b {
-			return false
-		}
-	}
-	return true
+	return len(s.ips[bk(pool, b)]) == 0
 }
 
 // Sorting in etcd's key order, so lists come out as etcd's do and a test

@@ -20,7 +20,7 @@ var (
 	a1    = netip.MustParseAddr("10.0.0.1")
 )
 
-func newStore(t *testing.T) *memstore.Store {
+func newStore(t testing.TB) *memstore.Store {
 	t.Helper()
 	s := memstore.New(memstore.Options{})
 	_, err := s.EnsurePool(context.Background(), allocator.Pool{Name: "p", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}, BlockSizeV4: 28})
