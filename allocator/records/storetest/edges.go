@@ -257,3 +257,80 @@ var txnSizeTests = []test{
 		require.Len(t, lent, 64)
 	}},
 }
+
+// moreEdgeTests: lease errors of a claim with a first address, a kept
+// record's release, and reads larger than one etcd transaction.
+var moreEdgeTests = []test{
+	{"edges/claim-first-node-lease-gone", func(t *testing.T, f *fixture) {
+		// The reservation lease lives, the node's does not: a lost lease.
+		rev, _ := f.claim(t, "n1", blockA)
+		f.write(t, blockA, rev, addr("10.0.0.1"), f.rec(1, "n1", records.StateReserved), true)
+		lease := f.Grant(time.Minute)
+		f.Revoke(lease)
+		first := records.IPWrite{Pool: "p", Block: blockB, Addr: addr("10.0.0.17"), Record: f.rec(2, "n1", records.StateReserved), Reserve: true}
+		_, err := f.Store.Claim(f.ctx, "p", blockB, records.Claim{Node: "n1", First: &first}, lease)
+		require.ErrorIs(t, err, records.ErrLeaseLost)
+		require.False(t, errors.Is(err, records.ErrConflict))
+		_, ok := f.block(t, blockB)
+		require.False(t, ok)
+		// The reservation lease is still good for the next write.
+		f.write(t, blockA, rev, addr("10.0.0.2"), f.rec(3, "n1", records.StateReserved), true)
+	}},
+	{"edges/release-kept", func(t *testing.T, f *fixture) {
+		// Releasing a kept record leaves the identity's binding: it is
+		// the identity's, not a pod's.
+		rev, _ := f.claim(t, "n1", blockA)
+		a := addr("10.0.0.1")
+		bd, al := f.bind(t, 1, "n1", blockA, rev, a)
+		_, err := f.Store.Keep(f.ctx, bd, []records.Allocation{al})
+		require.NoError(t, err)
+		kept := f.get(t, blockA, a, 0)
+		require.NoError(t, f.Store.DeleteIP(f.ctx, kept))
+		f.absent(t, blockA, a)
+		kb, ok, err := f.Store.GetBinding(f.ctx, "p", identity)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, kept.Rev, kb.Rev)
+	}},
+	{"edges/reclaim-without-home", func(t *testing.T, f *fixture) {
+		_, err := f.Store.Reclaim(f.ctx, "p", records.BlockInfo{Block: blockA}, records.Claim{Node: "n1"}, f.Grant(time.Minute))
+		require.ErrorIs(t, err, records.ErrNotOwned)
+		_, ok := f.block(t, blockA)
+		require.False(t, ok)
+	}},
+	{"edges/large-reads", func(t *testing.T, f *fixture) {
+		// Reads of more keys than one etcd transaction holds.
+		_, err := f.Store.EnsurePool(f.ctx, allocator.Pool{Name: "big", CIDRs: []netip.Prefix{netipPrefix("10.9.0.0/16")}, BlockSizeV4: 24})
+		require.NoError(t, err)
+		lease := f.Grant(time.Minute)
+		var blocks []netip.Prefix
+		var refs []records.IPRef
+		for i := range 3 {
+			b := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, byte(i), 0}), 24)
+			blocks = append(blocks, b)
+			res, err := f.Store.Claim(f.ctx, "big", b, records.Claim{Node: "n1"}, lease)
+			require.NoError(t, err)
+			var ws []records.IPWrite
+			for j := range 100 {
+				a := netip.AddrFrom4([4]byte{10, 9, byte(i), byte(j)})
+				ws = append(ws, records.IPWrite{Pool: "big", Block: b, ClaimRev: res.Rev, Addr: a, Record: f.rec(j, "n1", records.StateAllocated)})
+				refs = append(refs, records.IPRef{Pool: "big", Block: b, Addr: a})
+			}
+			_, err = f.Store.WriteIPs(f.ctx, ws)
+			require.NoError(t, err)
+		}
+		for i := range 100 {
+			blocks = append(blocks, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, byte(10 + i), 0}), 24))
+		}
+		got, err := f.Store.GetIPs(f.ctx, refs)
+		require.NoError(t, err)
+		require.Len(t, got, 300)
+		bis, err := f.Store.GetBlocks(f.ctx, "big", blocks)
+		require.NoError(t, err)
+		require.Len(t, bis, 3)
+		snap, err := f.Store.PoolSnapshot(f.ctx, "big")
+		require.NoError(t, err)
+		require.Len(t, snap.Used, 3)
+		require.Len(t, snap.Used[blocks[2]], 100)
+	}},
+}

@@ -58,6 +58,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Harness) {
 	all = append(all, bindingTests...)
 	all = append(all, edgeTests...)
 	all = append(all, txnSizeTests...)
+	all = append(all, moreEdgeTests...)
 	for _, tc := range all {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, newFixture(t, newStore(t)))
