@@ -59,6 +59,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Harness) {
 	all = append(all, edgeTests...)
 	all = append(all, txnSizeTests...)
 	all = append(all, moreEdgeTests...)
+	all = append(all, raceTests...)
 	for _, tc := range all {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, newFixture(t, newStore(t)))
