@@ -47,6 +47,12 @@ var loanTests = []test{
 		lent, err := f.Store.ListLent(f.ctx, "p")
 		require.NoError(t, err)
 		require.Equal(t, map[netip.Addr]string{a: "n1"}, lent)
+		blocks, err := f.Store.ListBlocks(f.ctx, "p")
+		require.NoError(t, err)
+		require.Len(t, blocks, 1, "a lent address's home is not a block")
+		got, err := f.Store.GetBlocks(f.ctx, "p", []netip.Prefix{blockA, netip.PrefixFrom(a, 32)})
+		require.NoError(t, err)
+		require.Len(t, got, 1)
 		// Taken by the same write again.
 		_, err = f.Store.WriteIPs(f.ctx, []records.IPWrite{w})
 		var we *records.WriteError
