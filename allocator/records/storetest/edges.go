@@ -334,3 +334,28 @@ var moreEdgeTests = []test{
 		require.Len(t, snap.Used[blocks[2]], 100)
 	}},
 }
+
+// zeroTests pin what revision 0 means in a fence today: etcd's compare on
+// a mod revision of 0 is "absent", so a write with ClaimRev 0 lands in an
+// unclaimed block (an orphan's too), and a borrowed write with fence 0
+// lands for a node with no borrow fence. Nothing in the node allocator
+// sends 0; a store that refused it (ErrBadRequest, as DeleteIP refuses
+// revision 0) would change this test, in both stores at once.
+var zeroTests = []test{
+	{"edges/revision-zero-means-absent", func(t *testing.T, f *fixture) {
+		rev, lease := f.claim(t, "n1", blockA)
+		f.write(t, blockA, rev, addr("10.0.0.1"), f.rec(1, "n1", records.StateAllocated), false)
+		f.Revoke(lease) // blockA: orphaned, n1's
+		res, err := f.Store.WriteIPs(f.ctx, []records.IPWrite{{Pool: "p", Block: blockA, Addr: addr("10.0.0.2"), Record: f.rec(2, "n2", records.StateAllocated)}})
+		require.NoError(t, err, "ClaimRev 0 compares no claim")
+		f.get(t, blockA, addr("10.0.0.2"), res.Rev)
+		f.claim(t, "n3", blockB)
+		_, err = f.Store.WriteIPs(f.ctx, []records.IPWrite{{Pool: "p", Block: blockB, Addr: addr("10.0.0.17"), Record: f.rec(3, "n2", records.StateAllocated)}})
+		var we *records.WriteError
+		require.ErrorAs(t, err, &we, "a claimed block fences a write of revision 0")
+		rec := f.rec(4, "n2", records.StateAllocated)
+		rec.Borrowed = true
+		_, err = f.Store.WriteIPs(f.ctx, []records.IPWrite{{Pool: "p", Block: blockB, Addr: addr("10.0.0.18"), Record: rec, Borrowed: true}})
+		require.NoError(t, err, "fence 0 compares no borrow fence")
+	}},
+}

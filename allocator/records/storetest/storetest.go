@@ -60,6 +60,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Harness) {
 	all = append(all, txnSizeTests...)
 	all = append(all, moreEdgeTests...)
 	all = append(all, raceTests...)
+	all = append(all, zeroTests...)
 	for _, tc := range all {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, newFixture(t, newStore(t)))
