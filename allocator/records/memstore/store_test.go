@@ -134,3 +134,24 @@ func TestFaults(t *testing.T) {
 	require.Equal(t, lease, ce.ClaimLease)
 	require.Equal(t, slices.Repeat([]memstore.Call{{Op: "Claim", Arg: block}}, 4), seen)
 }
+
+// Reservations share one lease for a quarter of the TTL, then the next
+// is put on a new lease.
+func TestReservationLeaseShared(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	res, err := s.Claim(ctx, "p", block, records.Claim{Node: "n1"}, s.Grant(time.Hour))
+	require.NoError(t, err)
+	lease := func(a netip.Addr) int64 {
+		_, err := s.WriteIPs(ctx, []records.IPWrite{{Pool: "p", Block: block, ClaimRev: res.Rev, Addr: a, Record: rec(records.StateReserved), Reserve: true}})
+		require.NoError(t, err)
+		got, err := s.GetIPs(ctx, []records.IPRef{{Pool: "p", Block: block, Addr: a}})
+		require.NoError(t, err)
+		return got[a].Lease
+	}
+	first := lease(netip.MustParseAddr("10.0.0.1"))
+	s.Advance(29 * time.Second)
+	require.Equal(t, first, lease(netip.MustParseAddr("10.0.0.2")))
+	s.Advance(time.Second)
+	require.NotEqual(t, first, lease(netip.MustParseAddr("10.0.0.3")))
+}
