@@ -33,7 +33,7 @@ func seedPools(ctx context.Context, st poolSeeder, pools []allocator.Pool, log h
 			log.Error("could not seed a configured pool in etcd; serving what etcd holds", "pool", p.Name, "error", err)
 		case created:
 			log.Info("created a configured pool in etcd", "pool", p.Name, "cidrs", p.CIDRs, "node_selector", p.NodeSelector)
-		case !etcdstore.SamePoolSpec(seedView(stored, p), p):
+		case !allocator.SameSpec(seedView(stored, p), p):
 			log.Warn("configured pool differs from etcd's; etcd's spec is served and the configuration changes nothing (kvipamctl pool show)",
 				"pool", p.Name, "etcd", describePool(stored), "configured", describePool(p))
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -41,11 +40,11 @@ func (s *Store) EnsurePool(ctx context.Context, p allocator.Pool) (allocator.Poo
 				others = append(others, v.Value)
 				continue
 			}
-			p = mergeStored(v.Value, p)
+			p = allocator.MergeConfigured(v.Value, p)
 			if err := allocator.CheckPoolUpdate(v.Value, p); err != nil {
 				return err
 			}
-			if poolEqual(v.Value, p) {
+			if allocator.SameSpec(v.Value, p) {
 				out = v.Value
 				out.Rev = v.ModRevision
 				return nil
@@ -120,52 +119,6 @@ func (s *Store) SeedPool(ctx context.Context, p allocator.Pool) (stored allocato
 
 // ErrPoolDeleted is returned by SeedPool for a pool an operator deleted.
 var ErrPoolDeleted = errors.New("pool deleted by an operator")
-
-// SamePoolSpec reports whether two specs of a pool say the same (the
-// revision aside).
-func SamePoolSpec(a, b allocator.Pool) bool { return poolEqual(a, b) }
-
-// mergeStored is p as a configuration asks for it, keeping what the
-// stored pool has that configuration does not manage.
-func mergeStored(stored, p allocator.Pool) allocator.Pool {
-	p.Disabled = stored.Disabled
-	p.Draining = slices.Clone(stored.Draining)
-	if p.NodeSelector == "" {
-		p.NodeSelector = stored.NodeSelector
-	}
-	if p.ReuseCooldown == nil {
-		p.ReuseCooldown = stored.ReuseCooldown
-	}
-	if p.Masquerade == nil {
-		p.Masquerade = stored.Masquerade
-	}
-	res := slices.Clone(stored.Reserved)
-	for _, r := range p.Reserved {
-		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
-			res = append(res, r)
-		}
-	}
-	p.Reserved = res
-	return p
-}
-
-func poolEqual(a, b allocator.Pool) bool {
-	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
-		sameCooldown(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
-}
-
-// sameSetting reports whether two pools' tri-state settings (masquerade)
-// are the same: both unset, or both set to one value.
-func sameSetting(a, b *bool) bool {
-	return (a == nil) == (b == nil) && (a == nil || *a == *b)
-}
-
-// sameCooldown reports whether two pools' cooldown settings are the same:
-// both unset (the default), or both set to one duration.
-func sameCooldown(a, b *allocator.Duration) bool {
-	return (a == nil) == (b == nil) && (a == nil || *a == *b)
-}
 
 // GetPool implements allocator.Store.
 func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error) {

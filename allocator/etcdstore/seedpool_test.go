@@ -40,7 +40,7 @@ func TestSeedPool(t *testing.T) {
 	require.Equal(t, changed.Rev, got.Rev, "nothing written")
 	require.Equal(t, changed.CIDRs, got.CIDRs)
 	require.Equal(t, "rack=r1", got.NodeSelector)
-	require.False(t, etcdstore.SamePoolSpec(got, p), "the caller sees the difference")
+	require.False(t, allocator.SameSpec(got, p), "the caller sees the difference")
 
 	require.NoError(t, st.DeletePool(ctx, "p"))
 	_, _, err = st.SeedPool(ctx, p)
@@ -93,7 +93,7 @@ func TestSeedPoolCooldown(t *testing.T) {
 	require.False(t, created)
 	require.Equal(t, changed.Rev, got.Rev, "nothing written")
 	require.Zero(t, got.Cooldown(), "the operator's cooldown stays")
-	require.False(t, etcdstore.SamePoolSpec(got, p), "the caller sees the difference")
+	require.False(t, allocator.SameSpec(got, p), "the caller sees the difference")
 
 	plain := p
 	plain.ReuseCooldown = nil

@@ -3,7 +3,6 @@ package memstore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -42,7 +41,7 @@ func (s *Store) listPools() []allocator.Pool {
 }
 
 // EnsurePool implements records.Store as etcdstore does: the stored
-// pool keeps what operators set (mergeStored), the update must pass
+// pool keeps what operators set (allocator.MergeConfigured), the update must pass
 // CheckPoolUpdate, and the pool must overlap no other.
 func (s *Store) EnsurePool(_ context.Context, p allocator.Pool) (allocator.Pool, error) {
 	if err := p.Validate(); err != nil {
@@ -58,11 +57,11 @@ func (s *Store) EnsurePool(_ context.Context, p allocator.Pool) (allocator.Pool,
 		}
 		stored := v
 		stored.Rev = 0
-		p = mergeStored(stored, p)
+		p = allocator.MergeConfigured(stored, p)
 		if err := allocator.CheckPoolUpdate(stored, p); err != nil {
 			return allocator.Pool{}, err
 		}
-		if poolEqual(stored, p) {
+		if allocator.SameSpec(stored, p) {
 			return v, nil
 		}
 	}
@@ -98,38 +97,4 @@ func (s *Store) SeedPool(_ context.Context, p allocator.Pool) (allocator.Pool, b
 	put(b, s.pools, p.Name, p, 0)
 	p.Rev = b.end()
 	return p, true, nil
-}
-
-// mergeStored and poolEqual are etcdstore's (pools.go), which this
-// package may not import; the conformance suite keeps them in step.
-func mergeStored(stored, p allocator.Pool) allocator.Pool {
-	p.Disabled = stored.Disabled
-	p.Draining = slices.Clone(stored.Draining)
-	if p.NodeSelector == "" {
-		p.NodeSelector = stored.NodeSelector
-	}
-	if p.ReuseCooldown == nil {
-		p.ReuseCooldown = stored.ReuseCooldown
-	}
-	if p.Masquerade == nil {
-		p.Masquerade = stored.Masquerade
-	}
-	res := slices.Clone(stored.Reserved)
-	for _, r := range p.Reserved {
-		if !slices.ContainsFunc(res, func(x allocator.Reservation) bool { return x.Range == r.Range }) {
-			res = append(res, r)
-		}
-	}
-	p.Reserved = res
-	return p
-}
-
-func poolEqual(a, b allocator.Pool) bool {
-	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled && slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
-		sameSetting(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
-}
-
-func sameSetting[T comparable](a, b *T) bool {
-	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
