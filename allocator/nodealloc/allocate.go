@@ -286,7 +286,7 @@ func onlyTaken(err error) bool {
 
 // commit records a written plan and builds its result.
 func (a *Allocator) commit(p *plan, res records.WriteResult) Result {
-	seen := time.Now()
+	seen := a.cfg.Now()
 	for _, w := range p.writes {
 		delete(p.ps.planned, w.Addr)
 		delete(p.ps.kept, w.Addr)

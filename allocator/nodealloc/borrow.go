@@ -248,7 +248,7 @@ func (a *Allocator) writeBorrowed(ctx context.Context, ps *poolState, b netip.Pr
 	var we *records.WriteError
 	switch {
 	case err == nil:
-		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: b, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: b, Addr: addr, Rev: res.Rev, Seen: a.cfg.Now()}
 		ps.remember(al, res.Expires)
 		a.logAllocated(al)
 		return al, nil
@@ -306,7 +306,7 @@ func (a *Allocator) restoreBorrowed(ctx context.Context, ps *poolState) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := a.cfg.Now()
 	for _, al := range got {
 		if al.Node != a.cfg.Node || al.ContainerID == "" || al.State == records.StateKept {
 			continue

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -143,7 +142,7 @@ func (a *Allocator) tryClaim(ctx context.Context, ps *poolState, b netip.Prefix,
 		return nil, nil
 	}
 	ob.ba.Mark(w.Addr)
-	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: res.Rev, Seen: time.Now()}
+	al := &records.Allocation{Record: w.Record, Pool: w.Pool, Block: b, Addr: w.Addr, Rev: res.Rev, Seen: a.cfg.Now()}
 	ps.remember(al, res.Expires)
 	a.logAllocated(al)
 	return al, nil

@@ -257,7 +257,7 @@ func (ps *poolState) drop(al *records.Allocation) {
 // record: a block claimed for it is claimed with it (claimBlock), and
 // written is then the allocation the claim wrote.
 func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Family, first *records.Record) (b netip.Prefix, addr netip.Addr, written *records.Allocation, err error) {
-	ps.thaw(time.Now().Add(-ps.pool.Cooldown()))
+	ps.thaw(a.cfg.Now().Add(-ps.pool.Cooldown()))
 	if b, addr, ok := ps.nextFree(f); ok {
 		return b, addr, nil, nil
 	}

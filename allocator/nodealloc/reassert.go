@@ -314,7 +314,7 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *poolState, h HeldAddr, 
 			// written; the next pass tries again.
 			return nil, nil, err
 		}
-		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: time.Now()}
+		al := &records.Allocation{Record: rec, Pool: ps.pool.Name, Block: block, Addr: addr, Rev: res.Rev, Seen: a.cfg.Now()}
 		ps.settleAt(addr, al, time.Time{}, a.cfg.Node)
 		return al, nil, nil
 	}

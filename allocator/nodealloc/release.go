@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -164,7 +163,7 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 	err := a.cfg.Store.DeleteIP(ctx, *al)
 	switch {
 	case err == nil:
-		ps.dropReleased(al, ps.pool.Cooldown() > 0, time.Now())
+		ps.dropReleased(al, ps.pool.Cooldown() > 0, a.cfg.Now())
 		a.logEnded(al, "released")
 	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -180,7 +179,7 @@ func (a *Allocator) loadBlock(ctx context.Context, ps *poolState, block netip.Pr
 	}
 	ps.forgetBlock(block)
 	ob.ba.Reset()
-	now := time.Now()
+	now := a.cfg.Now()
 	var newest *records.Allocation
 	for i := range allocs {
 		al := &allocs[i]

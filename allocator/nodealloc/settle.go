@@ -137,7 +137,7 @@ func (a *Allocator) readBack(ctx context.Context, refs []records.IPRef) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now()
+	now := a.cfg.Now()
 	for _, ref := range refs {
 		ps := a.pools[ref.Pool]
 		if ps == nil {
@@ -203,7 +203,7 @@ func (a *Allocator) settleAddr(ps *poolState, addr netip.Addr, cur *records.Allo
 	switch {
 	case ob == nil || ps.planned[addr]:
 	case dropped != nil && ps.pool.Cooldown() > 0:
-		ps.coolAt(addr, time.Now())
+		ps.coolAt(addr, a.cfg.Now())
 	case dropped != nil || ps.cool.at[addr].IsZero() && !a.held(addr):
 		ob.ba.Unmark(addr)
 	}

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -149,7 +148,7 @@ func (a *Allocator) UpdatePool(p allocator.Pool) {
 		a.logRefused(ps)
 	}
 	// A shorter cooldown frees at once what has cooled long enough.
-	ps.thaw(time.Now().Add(-p.Cooldown()))
+	ps.thaw(a.cfg.Now().Add(-p.Cooldown()))
 	a.log.Info("pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs),
 		"node_selector", p.NodeSelector, "selected", p.Selects(a.labels), "reuse_cooldown", p.Cooldown())
 }
