@@ -61,13 +61,15 @@ type Record struct {
 	State State     `json:"state"`
 	Since time.Time `json:"since"`
 	// Borrowed marks an address Node holds in a block of another node
-	// (borrow.go): its release also removes the address's home.
+	// (allocator/nodealloc/borrow.go): its release also removes the
+	// address's home.
 	Borrowed bool `json:"borrowed,omitempty"`
 	// Identity is the sticky identity (namespace/name) the address
 	// follows, if any (sticky.go): a release keeps it for the identity.
 	Identity string `json:"identity,omitempty"`
 	// WindowSeconds is the sticky identity's window, so a binding lost
-	// with its record (etcd restored) can be written back (reassert.go).
+	// with its record (etcd restored) can be written back
+	// (allocator/nodealloc/reassert.go).
 	WindowSeconds int64 `json:"windowSeconds,omitempty"`
 }
 
