@@ -22,7 +22,7 @@ func (q queuedAllocations) Allocate(ctx context.Context, req nodealloc.Request) 
 }
 
 // batchedConfirms is the endpoint manager's allocator with its confirms
-// going through a group commit (allocator.ConfirmBatch): without it a
+// going through a group commit (nodealloc's Allocator.ConfirmBatch): without it a
 // burst of ADDs waits for one fsync'd etcd write after another.
 type batchedConfirms struct {
 	endpointAllocator

@@ -13,7 +13,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// FenceBorrower implements allocator.Store. The fence is created on the
+// FenceBorrower implements records.Store. The fence is created on the
 // node's lease; a fence of this node on an older lease (the agent
 // restarted within the TTL) is moved to the new one.
 func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64) (int64, error) {
@@ -49,7 +49,7 @@ func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64)
 	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, records.ErrConflict)
 }
 
-// ListLent implements allocator.Store.
+// ListLent implements records.Store.
 func (s *Store) ListLent(ctx context.Context, pool string) (map[netip.Addr]string, error) {
 	resp, err := s.kv.Get(ctx, LentPrefix(pool), clientv3.WithPrefix())
 	if err != nil {
@@ -80,7 +80,7 @@ func decodeLent(pool, key string, val []byte) (netip.Addr, string, bool) {
 	return addr, h.Node, true
 }
 
-// PoolSnapshot implements allocator.Store: claims, homes (block and lent)
+// PoolSnapshot implements records.Store: claims, homes (block and lent)
 // and the allocation keys, without their values, in one transaction.
 func (s *Store) PoolSnapshot(ctx context.Context, pool string) (records.PoolSnapshot, error) {
 	resp, err := s.kv.Txn(ctx).Then(

@@ -15,7 +15,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// ListBlocks implements allocator.Store. Claims and homes are read in one
+// ListBlocks implements records.Store. Claims and homes are read in one
 // transaction so they describe the same revision.
 func (s *Store) ListBlocks(ctx context.Context, pool string) ([]records.BlockInfo, error) {
 	resp, err := s.claims.Txn(ctx).Then(
@@ -28,7 +28,7 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]records.BlockInf
 	return blockInfos(pool, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs), nil
 }
 
-// GetBlocks implements allocator.Store: the claims and homes of blocks,
+// GetBlocks implements records.Store: the claims and homes of blocks,
 // read as GetIPs reads allocations (one transaction for up to maxTxnOps
 // keys). It is how a claim whose outcome is unknown is settled.
 func (s *Store) GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
@@ -121,7 +121,7 @@ func decodeBlockKV[T any](kv *mvccpb.KeyValue, prefix string) (netip.Prefix, T, 
 	return b, v.Value, err
 }
 
-// Claim implements allocator.Store: one transaction, "claim absent and
+// Claim implements records.Store: one transaction, "claim absent and
 // block empty", that writes the claim on the node's lease and the home,
 // and the block's first allocation if c has one (records.Claim.First), a
 // reservation on the shared reservation lease.
@@ -215,7 +215,7 @@ func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error
 	return ce
 }
 
-// Reclaim implements allocator.Store. The home must still be c.Node's at
+// Reclaim implements records.Store. The home must still be c.Node's at
 // prev.HomeRev; the claim must be absent (orphaned block) or unchanged since
 // prev (this node's claim on an older lease).
 func (s *Store) Reclaim(ctx context.Context, pool string, prev records.BlockInfo, c records.Claim, lease int64) (int64, error) {
@@ -255,7 +255,7 @@ func leaseErr(err error) error {
 	return err
 }
 
-// Unclaim implements allocator.Store.
+// Unclaim implements records.Store.
 func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimRev int64) error {
 	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
 	resp, err := s.kv.Txn(ctx).

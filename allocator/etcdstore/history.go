@@ -173,7 +173,7 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 // If etcd no longer knows a lease of those records' hours (revoked by
 // hand, or lost in a restore from a snapshot), it grants another and runs
 // commit once more. A transaction refused for a missing lease wrote
-// nothing, so if it is refused again the error wraps allocator.ErrConflict
+// nothing, so if it is refused again the error wraps records.ErrConflict
 // (a refusal, to be retried), never an unknown outcome.
 func (h *HistoryRecorder) Commit(ctx context.Context, rs []HistoryRecord, commit func(puts []clientv3.Op) error) error {
 	for attempt := 0; ; attempt++ {
@@ -278,7 +278,7 @@ func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryRecord, 
 	return slices.Clip(out), nil
 }
 
-// LastReleased implements allocator.Store: the newest history record of
+// LastReleased implements records.Store: the newest history record of
 // each address, one sorted, limited range read per address in one
 // transaction. History keys of an address are ordered by end time.
 func (s *Store) LastReleased(ctx context.Context, pool string, addrs []netip.Addr) (map[netip.Addr]time.Time, error) {

@@ -14,7 +14,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// ListIPs implements allocator.Store.
+// ListIPs implements records.Store.
 func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]records.Allocation, error) {
 	resp, err := s.kv.Get(ctx, BlockIPsPrefix(pool, b), clientv3.WithPrefix())
 	if err != nil {
@@ -52,7 +52,7 @@ func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (records.Allocation, err
 	return records.Allocation{Record: v.Value, Pool: pool, Block: b, Addr: a, Rev: kv.ModRevision, Lease: kv.Lease}, nil
 }
 
-// WriteIPs implements allocator.Store. Every write is fenced by its block's
+// WriteIPs implements records.Store. Every write is fenced by its block's
 // claim revision (invariant 2); a create also requires the address to be
 // free and a confirm requires the reservation to be unchanged.
 func (s *Store) WriteIPs(ctx context.Context, writes []records.IPWrite) (records.WriteResult, error) {
@@ -236,7 +236,7 @@ func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.
 	return out, rev, nil
 }
 
-// GetIPs implements allocator.Store.
+// GetIPs implements records.Store.
 func (s *Store) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Addr]records.Allocation, error) {
 	keys := make([]string, len(refs))
 	for i, r := range refs {
@@ -263,7 +263,7 @@ func (s *Store) GetIPs(ctx context.Context, refs []records.IPRef) (map[netip.Add
 	return out, nil
 }
 
-// DeleteIP implements allocator.Store: the guarded delete and the history
+// DeleteIP implements records.Store: the guarded delete and the history
 // record of the interval it ends, in one transaction.
 //
 // An address of a sticky identity that is released, not kept (the

@@ -11,7 +11,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// RecordLapsed implements allocator.Store: it records the end of
+// RecordLapsed implements records.Store: it records the end of
 // reservation al, whose lease ran out at end, once etcd agrees. The
 // reservation's key goes with its lease, so there is no release
 // transaction to carry the record; instead the record is written in a

@@ -14,7 +14,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// EnsurePool implements allocator.Store. The pool is written only if no
+// EnsurePool implements records.Store. The pool is written only if no
 // pool changed since the pools were read, so two pools with overlapping
 // CIDRs cannot be created at once: overlapping pools would hand the same
 // address out twice, once under each pool's keys.
@@ -120,7 +120,7 @@ func (s *Store) SeedPool(ctx context.Context, p allocator.Pool) (stored allocato
 // ErrPoolDeleted is returned by SeedPool for a pool an operator deleted.
 var ErrPoolDeleted = errors.New("pool deleted by an operator")
 
-// GetPool implements allocator.Store.
+// GetPool implements records.Store.
 func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error) {
 	v, err := kvstore.GetJSON[allocator.Pool](ctx, s.kv, PoolKey(name))
 	if errors.Is(err, kvstore.ErrNotFound) {
@@ -130,7 +130,7 @@ func (s *Store) GetPool(ctx context.Context, name string) (allocator.Pool, error
 	return v.Value, err
 }
 
-// ListPools implements allocator.Store.
+// ListPools implements records.Store.
 func (s *Store) ListPools(ctx context.Context) ([]allocator.Pool, error) {
 	vs, _, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
 	if err != nil {

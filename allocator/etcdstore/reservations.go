@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// LeaseExpiry implements allocator.Store.
+// LeaseExpiry implements records.Store.
 func (s *Store) LeaseExpiry(ctx context.Context, lease int64) (time.Time, error) {
 	resp, err := s.leases.TimeToLive(ctx, clientv3.LeaseID(lease))
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// GetBinding implements allocator.Store.
+// GetBinding implements records.Store.
 func (s *Store) GetBinding(ctx context.Context, pool, identity string) (records.Binding, bool, error) {
 	resp, err := s.kv.Get(ctx, BindingKey(pool, identity))
 	if err != nil {
@@ -58,7 +58,7 @@ func (s *Store) ListBindings(ctx context.Context, pool string) ([]records.Bindin
 	return out, nil
 }
 
-// WriteBound implements allocator.Store.
+// WriteBound implements records.Store.
 func (s *Store) WriteBound(ctx context.Context, b records.Binding, writes []records.IPWrite) (records.WriteResult, error) {
 	key := BindingKey(b.Pool, b.Identity)
 	cmp := kvstore.Absent(key)
@@ -80,7 +80,7 @@ func (s *Store) WriteBound(ctx context.Context, b records.Binding, writes []reco
 	return s.writeIPs(ctx, writes, []clientv3.Cmp{cmp}, []clientv3.Op{clientv3.OpPut(key, val)}, ended)
 }
 
-// Keep implements allocator.Store.
+// Keep implements records.Store.
 func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Allocation) (time.Time, error) {
 	window := b.Window()
 	lease, err := s.leases.Grant(ctx, int64(window/time.Second))
@@ -142,7 +142,7 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 	return end, nil
 }
 
-// DropStaleBinding implements allocator.Store.
+// DropStaleBinding implements records.Store.
 func (s *Store) DropStaleBinding(ctx context.Context, b records.Binding, refs []records.IPRef, cur map[netip.Addr]records.Allocation) error {
 	key := BindingKey(b.Pool, b.Identity)
 	cmps := []clientv3.Cmp{kvstore.Unchanged(key, b.Rev)}

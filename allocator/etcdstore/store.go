@@ -16,7 +16,7 @@ import (
 	"github.com/kvipam/kvipam/kvstore"
 )
 
-// Store is the etcd-backed allocator.Store. It is safe for concurrent use.
+// Store is the etcd-backed records.Store. It is safe for concurrent use.
 type Store struct {
 	cli *clientv3.Client // watches
 	// kv and leases are cli with each request bounded by the call

@@ -99,7 +99,7 @@ func TestConcurrentOverlappingPools(t *testing.T) {
 }
 
 // TestStoppedEtcdIsUnavailable stops etcd under a store: its calls fail with
-// an error that matches allocator.ErrUnavailable (try again), whatever gRPC
+// an error that matches records.ErrUnavailable (try again), whatever gRPC
 // or etcd said underneath.
 func TestStoppedEtcdIsUnavailable(t *testing.T) {
 	e := etcdtest.Start(t)
