@@ -129,7 +129,8 @@ lint: check-layout
 	$(GO) vet $(PKGS)
 	cd e2e/k8s && $(GO) vet ./...
 
-# Import directions, one home for the etcd keys, small files, no binaries in git.
+# Import directions, one home for the etcd keys, files under a line cap but
+# the exceptions in scripts/layout-exceptions.txt, no binaries in git.
 check-layout:
 	./scripts/check-layout.sh
 
