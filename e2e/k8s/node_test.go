@@ -57,7 +57,7 @@ func readSysctls() map[string]string {
 	return m
 }
 
-// nodeSysctls reads the node's scratch copies of kubeletSysctls.
+// sysctls reads the node's scratch copies of kubeletSysctls.
 func (n *knode) sysctls() map[string]string {
 	m := map[string]string{}
 	for f := range kubeletSysctls {

@@ -53,8 +53,8 @@ func IsRTNL(w Wait) bool { return w.RTNL }
 // <seconds>: <event>: <lock address> (...)".
 var eventLine = regexp.MustCompile(`^\s*(.+)-(\d+)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): (contention_begin|contention_end): (\S+)`)
 
-// mutexFrames are the frames of the stack between the event and the
-// function that took the lock.
+// mutexFrame reports whether f is one of the frames of the stack between
+// the event and the function that took the lock.
 func mutexFrame(f string) bool {
 	for _, p := range []string{"trace_event_raw_event_", "__traceiter_", "__mutex_lock", "mutex_lock", "__pfx_"} {
 		if strings.HasPrefix(f, p) {
