@@ -216,7 +216,7 @@ func containerEnv(t testing.TB, c corev1.Container) map[string]string {
 // (kubelet would not pull a rebuild of it again); the image in git is a
 // placeholder that make image replaces, in the copies it renders into
 // bin/, by the tag it builds: the build's version, git describe --always
-// --dirty, as internal/buildinfo reports it.
+// --dirty, as internal/foundation/buildinfo reports it.
 func TestManifestsImageTaggedByBuild(t *testing.T) {
 	ms := loadManifests(t)
 	mk, err := os.ReadFile("../../Makefile")
