@@ -27,6 +27,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -239,7 +240,7 @@ func (a *Agent) start(ctx context.Context) error {
 			return err
 		}
 	}
-	nl, err := openNetlink(a.cfg.NetNS)
+	nl, err := netlinkns.Open(a.cfg.NetNS)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/syncloop"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -83,7 +84,7 @@ type bgpAnnouncer struct {
 	homes   homesMirror   // block or lent address -> home node
 	refresh chan struct{} // wakes the reader of holdings
 	held    heldSnapshot
-	loop    syncLoop
+	loop    syncloop.Loop
 	// The loop's own: whether the speaker has had a set (and peered),
 	// and whether the last pass found no proven lease.
 	peered, fenced bool
@@ -111,7 +112,7 @@ func (h *heldSnapshot) get() (*kvstore.Session, map[netip.Prefix]bool) {
 
 func newBGPAnnouncer(node string, addrs []string, src bgpSources, speaker announcer, horizon time.Duration, log hclog.Logger) *bgpAnnouncer {
 	a := &bgpAnnouncer{node: node, src: src, speaker: speaker, horizon: horizon, log: log,
-		refresh: make(chan struct{}, 1), loop: newSyncLoop("bgp announcements", log)}
+		refresh: make(chan struct{}, 1), loop: syncloop.New("bgp announcements", log)}
 	a.homes.kick = a.refresh
 	for _, s := range addrs {
 		ad, err := netip.ParseAddr(s)
@@ -134,7 +135,7 @@ func (a *bgpAnnouncer) run(ctx context.Context) {
 	wg.Go(func() { a.followLease(ctx) })
 	wg.Go(func() { a.readHoldings(ctx) })
 	defer wg.Wait()
-	a.loop.run(ctx, func() (bool, error) {
+	a.loop.Run(ctx, func() (bool, error) {
 		want, known := a.desired()
 		if !known {
 			return false, nil
@@ -170,8 +171,8 @@ func (a *bgpAnnouncer) followLease(ctx context.Context) {
 		case <-moved: // closed on loss too
 		case <-horizon.C:
 		}
-		kick(a.refresh)
-		a.loop.changed()
+		syncloop.Kick(a.refresh)
+		a.loop.Changed()
 	}
 }
 
@@ -186,7 +187,7 @@ func (a *bgpAnnouncer) readHoldings(ctx context.Context) {
 		}
 		sess, prefixes := a.readHeld()
 		a.held.set(sess, prefixes)
-		a.loop.changed()
+		a.loop.Changed()
 	}
 }
 
@@ -235,7 +236,7 @@ func (a *bgpAnnouncer) proven() (map[netip.Prefix]bool, bool) {
 // until the homes are listed and, before the speaker's first set, while
 // the lease is not proven.
 func (a *bgpAnnouncer) desired() (routes []bgp.Route, known bool) {
-	homes, listed := a.homes.homes.snapshot()
+	homes, listed := a.homes.homes.Snapshot()
 	held, proven := a.proven()
 	if !listed || (!proven && !a.peered) {
 		return nil, false

@@ -4,13 +4,14 @@ import (
 	"context"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/foundation/mirror"
 )
 
 // nsBindings mirrors the namespace bindings in etcd (a namespace's default
 // pool, kvipamctl pool bind-namespace) for the allocate handler. It is
 // safe for concurrent use.
 type nsBindings struct {
-	pool mirror[string, string] // namespace -> pool
+	pool mirror.Map[string, string] // namespace -> pool
 }
 
 // bindingSource is where the bindings come from (etcdstore.Store).
@@ -28,14 +29,14 @@ func (b *nsBindings) poolFor(ns string) string {
 	if ns == "" {
 		return ""
 	}
-	p, _ := b.pool.get(ns)
+	p, _ := b.pool.Get(ns)
 	return p
 }
 
 func (b *nsBindings) Reset(bs []etcdstore.NamespaceBinding) {
-	b.pool.reset(byKey(bs, func(x etcdstore.NamespaceBinding) (string, string) { return x.Namespace, x.Pool }))
+	b.pool.Reset(mirror.ByKey(bs, func(x etcdstore.NamespaceBinding) (string, string) { return x.Namespace, x.Pool }))
 }
 
-func (b *nsBindings) Put(x etcdstore.NamespaceBinding) { b.pool.put(x.Namespace, x.Pool) }
+func (b *nsBindings) Put(x etcdstore.NamespaceBinding) { b.pool.Put(x.Namespace, x.Pool) }
 
-func (b *nsBindings) Delete(x etcdstore.NamespaceBinding) { b.pool.del(x.Namespace) }
+func (b *nsBindings) Delete(x etcdstore.NamespaceBinding) { b.pool.Del(x.Namespace) }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/kvipam/kvipam/agent/api"
+	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 )
 
 // Datapath programs the kernel for endpoints. Setup runs inside the
@@ -49,32 +49,8 @@ type routesDatapath struct {
 
 var _ Datapath = (*routesDatapath)(nil)
 
-// openNetlink returns a netlink handle for the network namespace at path,
-// or for the agent's own namespace when path is empty. A handle bound to a
-// namespace works from any goroutine, unlike the package-level functions,
-// which act in whatever namespace the calling thread is in.
-func openNetlink(path string) (*netlink.Handle, error) {
-	if path == "" {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return nil, fmt.Errorf("open netlink: %w", err)
-		}
-		return h, nil
-	}
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return nil, fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		return nil, fmt.Errorf("open netlink in %s: %w", path, err)
-	}
-	return h, nil
-}
-
 func newRoutesDatapath(netnsPath string) (*routesDatapath, error) {
-	h, err := openNetlink(netnsPath)
+	h, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +125,7 @@ func detectMTU(configured int, netnsPath string) int {
 	if configured != 0 {
 		return configured
 	}
-	h, err := openNetlink(netnsPath)
+	h, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return 1500
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/bpf"
+	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 )
 
 // bpfDatapath enforces each endpoint with kvipam's eBPF program on its
@@ -45,7 +46,7 @@ func newBPFDatapath(pinDir, attach, netnsPath string, log hclog.Logger) (Datapat
 	if err := ensureBPFFS(pinDir); err != nil {
 		return nil, err
 	}
-	nl, err := openNetlink(netnsPath)
+	nl, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/foundation/syncloop"
 )
 
 // masquerader makes a node's masquerade rules say a plan (egressnft.go);
@@ -30,7 +31,7 @@ type egressWatch struct {
 	never []netip.Prefix // egress.nonMasqueradeCIDRs
 	prog  masquerader
 	log   hclog.Logger
-	loop  syncLoop
+	loop  syncloop.Loop
 
 	mu     sync.Mutex
 	pools  map[string]allocator.Pool
@@ -39,7 +40,7 @@ type egressWatch struct {
 
 func newEgressWatch(routing string, never []netip.Prefix, prog masquerader, log hclog.Logger) *egressWatch {
 	return &egressWatch{def: egressDefault(routing), never: never, prog: prog, log: log,
-		loop: newSyncLoop("masquerade rules", log), pools: map[string]allocator.Pool{}}
+		loop: syncloop.New("masquerade rules", log), pools: map[string]allocator.Pool{}}
 }
 
 // run follows src's pools and keeps the rules in step until ctx ends.
@@ -47,7 +48,7 @@ func (e *egressWatch) run(ctx context.Context, src poolSource) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { _ = src.WatchPools(ctx, e) })
-	e.loop.run(ctx, e.sync)
+	e.loop.Run(ctx, e.sync)
 }
 
 // Reset takes the pools listed as all there are.
@@ -59,7 +60,7 @@ func (e *egressWatch) Reset(all []allocator.Pool) {
 	}
 	e.listed = true
 	e.mu.Unlock()
-	e.loop.changed()
+	e.loop.Changed()
 }
 
 // Put takes a pool's new spec.
@@ -67,7 +68,7 @@ func (e *egressWatch) Put(p allocator.Pool) {
 	e.mu.Lock()
 	e.pools[p.Name] = p
 	e.mu.Unlock()
-	e.loop.changed()
+	e.loop.Changed()
 }
 
 // Delete forgets a deleted pool (it was empty: etcdstore refuses to
@@ -76,7 +77,7 @@ func (e *egressWatch) Delete(p allocator.Pool) {
 	e.mu.Lock()
 	delete(e.pools, p.Name)
 	e.mu.Unlock()
-	e.loop.changed()
+	e.loop.Changed()
 }
 
 // sync programs the plan of the pools known now; nothing before the

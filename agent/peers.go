@@ -11,6 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/internal/foundation/mirror"
+	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
+	"github.com/kvipam/kvipam/internal/foundation/syncloop"
 )
 
 // routeProtocol marks the routes the agent owns, so it removes only its own.
@@ -29,13 +32,13 @@ type peerRouter struct {
 	prog   routeProgrammer // host-gw or vxlan
 	log    hclog.Logger
 
-	owner homesMirror                  // block -> home node
-	addrs mirror[string, []netip.Addr] // node -> addresses
+	owner homesMirror                      // block -> home node
+	addrs mirror.Map[string, []netip.Addr] // node -> addresses
 	// Until the first full list of both is in, the desired routes are
 	// not known, and a sync would delete routes (to every peer whose
 	// address is not loaded yet) that the next sync adds back, cutting
 	// pod traffic in between.
-	loop syncLoop
+	loop syncloop.Loop
 }
 
 // peerSource is where the peer router learns block homes and node
@@ -46,8 +49,8 @@ type peerSource interface {
 }
 
 func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
-	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, loop: newSyncLoop("peer routes", log)}
-	p.owner.kick = p.loop.kick
+	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, loop: syncloop.New("peer routes", log)}
+	p.owner.kick = p.loop.Wake()
 	return p
 }
 
@@ -58,7 +61,7 @@ func (p *peerRouter) run(ctx context.Context) {
 	wg.Go(func() { _ = p.source.WatchHomes(ctx, &p.owner) })
 	wg.Go(func() { _ = p.source.WatchNodes(ctx, nodeWatch{p}) })
 	defer wg.Wait()
-	p.loop.run(ctx, func() (bool, error) {
+	p.loop.Run(ctx, func() (bool, error) {
 		if !p.listed() {
 			return false, nil
 		}
@@ -68,12 +71,12 @@ func (p *peerRouter) run(ctx context.Context) {
 
 // listed reports whether both first lists are in.
 func (p *peerRouter) listed() bool {
-	_, homes := p.owner.homes.snapshot()
-	_, nodes := p.addrs.snapshot()
+	_, homes := p.owner.homes.Snapshot()
+	_, nodes := p.addrs.Snapshot()
 	return homes && nodes
 }
 
-func (p *peerRouter) changed() { p.loop.changed() }
+func (p *peerRouter) changed() { p.loop.Changed() }
 
 // peerHop is where one other node's block is sent: the node, its
 // address of the block's family (invalid if it has none), and all its
@@ -86,8 +89,8 @@ type peerHop struct {
 
 // desired is every other node's block with the node's addresses.
 func (p *peerRouter) desired() map[netip.Prefix]peerHop {
-	owner, _ := p.owner.homes.snapshot()
-	addrs, _ := p.addrs.snapshot()
+	owner, _ := p.owner.homes.Snapshot()
+	addrs, _ := p.addrs.Snapshot()
 	out := map[netip.Prefix]peerHop{}
 	for b, node := range owner {
 		if node == p.node || len(addrs[node]) == 0 {
@@ -108,7 +111,7 @@ func (p *peerRouter) desired() map[netip.Prefix]peerHop {
 // sync makes the kernel's peer routes (and what they need) equal the
 // desired set, through the routing mode's programmer.
 func (p *peerRouter) sync() error {
-	h, err := openNetlink(p.netns)
+	h, err := netlinkns.Open(p.netns)
 	if err != nil {
 		return err
 	}
@@ -125,12 +128,12 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 type nodeWatch struct{ p *peerRouter }
 
 func (w nodeWatch) Reset(nodes []etcdstore.NodeInfo) {
-	w.p.addrs.merge(byKey(nodes, func(n etcdstore.NodeInfo) (string, []netip.Addr) { return n.Name, n.Addresses }))
+	w.p.addrs.Merge(mirror.ByKey(nodes, func(n etcdstore.NodeInfo) (string, []netip.Addr) { return n.Name, n.Addresses }))
 	w.p.changed()
 }
 
 func (w nodeWatch) Put(n etcdstore.NodeInfo) {
-	w.p.addrs.put(n.Name, n.Addresses)
+	w.p.addrs.Put(n.Name, n.Addresses)
 	w.p.changed()
 }
 
@@ -143,7 +146,7 @@ func nodeAddresses(configured []string, netnsPath string) []string {
 	if len(configured) > 0 {
 		return configured
 	}
-	h, err := openNetlink(netnsPath)
+	h, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return nil
 	}

@@ -107,7 +107,7 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 	require.NoError(t, netlink.RouteSubscribeAt(nsh, updates, done))
 	a.shutdown()
 	a2 := startAgent(t, cfgA, Options{})
-	require.Eventually(t, func() bool { return a2.a.peers.loop.passes.Load() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
+	require.Eventually(t, func() bool { return a2.a.peers.loop.Passes() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
 	require.Equal(t, "10.254.0.2", routeVia(t, hA, blockB))
 	requireNoDelete(t, hA, updates, blockB)
 }
@@ -198,9 +198,9 @@ func TestPeerRouterWaitsForBothLists(t *testing.T) {
 	go func() { defer close(stopped); p.run(ctx) }()
 	defer func() { cancel(); <-stopped }()
 
-	require.Eventually(t, func() bool { return p.loop.passes.Load() >= 1 }, 10*time.Second, 5*time.Millisecond, "the router woke for the homes")
+	require.Eventually(t, func() bool { return p.loop.Passes() >= 1 }, 10*time.Second, 5*time.Millisecond, "the router woke for the homes")
 	close(src.go_)
-	require.Eventually(t, func() bool { return p.loop.passes.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
+	require.Eventually(t, func() bool { return p.loop.Passes() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
 	require.Equal(t, "10.254.0.2", routeVia(t, h, block))
 	requireNoDelete(t, h, updates, block)
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 )
 
 // RemoveRouting removes, for an uninstall, what routing left in the
@@ -14,7 +16,7 @@ import (
 // it after the agent is gone: a running agent puts them back. It returns
 // what it removed, for people.
 func RemoveRouting(netnsPath string) ([]string, error) {
-	h, err := openNetlink(netnsPath)
+	h, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return nil, err
 	}
