@@ -23,12 +23,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // Options are the agent's dependencies that are not configuration.

@@ -11,11 +11,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/syncloop"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // announcer is what routing bgp needs of a BGP speaker (bgp.Speaker):

@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // syncRecorder is a speaker that records each set it is given.

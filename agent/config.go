@@ -10,11 +10,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/internal/foundation/duration"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // Datapath modes.

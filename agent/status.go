@@ -4,9 +4,9 @@ import (
 	"context"
 
 	"github.com/kvipam/kvipam/agent/api"
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // statusReporter answers GET /v1/status: readiness and why not, etcd, the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/agent/bgp"
 	"github.com/kvipam/kvipam/e2e/chaos"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 // The chaos run with CHAOS_ROUTING=bgp: every agent runs in its node's

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvipam/kvipam/agent/bgp"
+	"github.com/kvipam/kvipam/routing/bgp"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }

@@ -147,7 +147,7 @@ func TestAlertRules(t *testing.T) {
 			t.Fatal(err)
 		}
 		var src strings.Builder
-		for _, f := range []string{"../../agent/metrics.go", "../../agent/poolmetrics.go", "../../agent/bgp/metrics.go"} {
+		for _, f := range []string{"../../agent/metrics.go", "../../agent/poolmetrics.go", "../../routing/bgp/metrics.go"} {
 			b, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)
