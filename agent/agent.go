@@ -28,6 +28,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing"
 	"github.com/kvipam/kvipam/routing/bgp"
 )
 
@@ -68,8 +69,8 @@ type Agent struct {
 	rec       *reconciler
 	gc        *collector
 	exhausted *exhaustion
-	peers     *peerRouter  // nil with routing none
-	speaker   *bgp.Speaker // routing bgp only
+	peers     *routing.Peers // nil with routing none
+	speaker   *bgp.Speaker   // routing bgp only
 	bindings  *nsBindings
 	podMTU    int
 
@@ -127,12 +128,12 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	egress := newEgressWatch(a.cfg.Routing, a.cfg.Egress.NonMasqueradeCIDRs, nftMasquerader{netns: a.cfg.NetNS}, a.log.Named("egress"))
 	tasks = append(tasks, func(ctx context.Context) { egress.run(ctx, a.store) })
 	if prog := newRouteProgrammer(&a.cfg, a.log.Named("routing")); prog != nil {
-		a.peers = newPeerRouter(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
-		tasks = append(tasks, a.peers.run)
+		a.peers = routing.NewPeers(a.cfg.Node, a.cfg.NetNS, a.store, prog, a.log)
+		tasks = append(tasks, a.peers.Run)
 	}
 	if a.speaker != nil {
-		src := bgpSources{homes: a.store, lease: a.lease, held: a.alloc}
-		tasks = append(tasks, newBGPAnnouncer(a.cfg.Node, a.recorder.addrs, src, a.speaker, a.speaker.RestartTime(), a.log.Named("bgp")).run)
+		src := routing.BGPSources{Homes: a.store, Lease: a.lease, Held: a.alloc}
+		tasks = append(tasks, routing.NewAnnouncer(a.cfg.Node, a.recorder.addrs, src, a.speaker, a.speaker.RestartTime(), a.log.Named("bgp")).Run)
 	}
 	for _, f := range tasks {
 		wg.Add(1)
@@ -406,7 +407,7 @@ func (a *Agent) shutdown() {
 		a.lease.close() // no revoke: claims live out their TTL for a quick restart
 	}
 	// The BGP speaker is not stopped (a Cease would withdraw the routes):
-	// its sessions end with the process; routers keep them (bgproutes.go).
+	// its sessions end with the process; routers keep them (wirerouting.go).
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
 	}

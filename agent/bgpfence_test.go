@@ -15,20 +15,21 @@ import (
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
+	"github.com/kvipam/kvipam/routing"
 )
 
 // heldLease is a lease that never changes hands (an agenttest agent's).
 type heldLease struct{ s *kvstore.Session }
 
-func (l heldLease) current() (*kvstore.Session, <-chan struct{}) { return l.s, nil }
+func (l heldLease) Current() (*kvstore.Session, <-chan struct{}) { return l.s, nil }
 
 // runAnnouncer runs an announcer into a recorder until the test ends.
-func runAnnouncer(t *testing.T, node string, src bgpSources, horizon time.Duration) *syncRecorder {
+func runAnnouncer(t *testing.T, node string, src routing.BGPSources, horizon time.Duration) *syncRecorder {
 	rec := &syncRecorder{}
-	ann := newBGPAnnouncer(node, []string{"10.254.0.1", "fd00:254::1"}, src, rec, horizon, hclog.NewNullLogger())
+	ann := routing.NewAnnouncer(node, []string{"10.254.0.1", "fd00:254::1"}, src, rec, horizon, hclog.NewNullLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); ann.run(ctx) }()
+	go func() { defer close(done); ann.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return rec
 }
@@ -60,7 +61,7 @@ func TestBGPLeaseLostWithdraws(t *testing.T) {
 	require.NoError(t, err)
 
 	horizon := time.Second
-	rec1 := runAnnouncer(t, cfg.Node, bgpSources{homes: ta.a.store, lease: ta.a.lease, held: ta.a.alloc}, horizon)
+	rec1 := runAnnouncer(t, cfg.Node, routing.BGPSources{Homes: ta.a.store, Lease: ta.a.lease, Held: ta.a.alloc}, horizon)
 	has := func(rec *syncRecorder, p netip.Prefix) bool { got, _ := rec.last(); _, ok := got[p]; return ok }
 	require.Eventually(t, func() bool { got, _ := rec1.last(); return has(rec1, block4) && len(got) == 2 }, 10*time.Second, 10*time.Millisecond,
 		"node-1 announces its IPv4 and IPv6 blocks")
@@ -93,7 +94,7 @@ func TestBGPLeaseLostWithdraws(t *testing.T) {
 	n2 := agenttest.Start(t, e, "node-2", agenttest.Options{Pools: []string{testPool.Name}})
 	_, err = n2.Alloc.Allocate(ctx, nodealloc.Request{Pool: testPool.Name, Owner: agenttest.Owner(100), IPs: []netip.Addr{v4}})
 	require.NoError(t, err)
-	rec2 := runAnnouncer(t, "node-2", bgpSources{homes: n2.Store, lease: heldLease{n2.Session}, held: n2.Alloc}, horizon)
+	rec2 := runAnnouncer(t, "node-2", routing.BGPSources{Homes: n2.Store, Lease: heldLease{n2.Session}, Held: n2.Alloc}, horizon)
 	require.Eventually(t, func() bool { return has(rec2, block4) }, 10*time.Second, 10*time.Millisecond, "node-2 announces the block it claimed")
 
 	// Healed, node-1 announces what it holds on its new lease.

@@ -15,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
+	"github.com/kvipam/kvipam/routing"
 	"github.com/kvipam/kvipam/routing/bgp"
 )
 
@@ -73,11 +74,11 @@ func TestBGPAnnouncerFollowsHomes(t *testing.T) {
 	nh4, nh6 := netip.MustParseAddr("10.254.0.1"), netip.MustParseAddr("fd00:254::1")
 	run := func() *syncRecorder {
 		rec := &syncRecorder{}
-		src := bgpSources{homes: store, lease: a.a.lease, held: a.a.alloc}
-		ann := newBGPAnnouncer("node-a", []string{nh4.String(), nh6.String()}, src, rec, time.Second, hclog.NewNullLogger())
+		src := routing.BGPSources{Homes: store, Lease: a.a.lease, Held: a.a.alloc}
+		ann := routing.NewAnnouncer("node-a", []string{nh4.String(), nh6.String()}, src, rec, time.Second, hclog.NewNullLogger())
 		actx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); ann.run(actx) }()
+		go func() { defer close(done); ann.Run(actx) }()
 		t.Cleanup(func() { cancel(); <-done })
 		return rec
 	}

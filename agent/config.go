@@ -136,6 +136,12 @@ type VXLANConfig struct {
 	Underlay string `json:"underlay"`
 }
 
+// Underlay families of the overlay (VXLANConfig.Underlay).
+const (
+	UnderlayIPv4 = "ipv4"
+	UnderlayIPv6 = "ipv6"
+)
+
 // Duration is a time.Duration that the configuration file writes as the
 // flags do ("15s"); a bare number other than 0 is refused.
 type Duration struct{ time.Duration }

@@ -21,6 +21,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
+	"github.com/kvipam/kvipam/routing"
 )
 
 // The egress tests run real agents, each managing a scratch "node"
@@ -119,7 +120,7 @@ func TestEgressKeepsPodToPod(t *testing.T) {
 	b4, b6 := podAttach(t, b, nsB, podB, 2, "kvpodb")
 	for _, h := range []*netlink.Handle{hA, hB} {
 		require.Eventually(t, func() bool {
-			routes, err := ownRoutes(h, netlink.FAMILY_ALL)
+			routes, err := h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: routing.Protocol}, netlink.RT_FILTER_PROTOCOL)
 			return err == nil && len(routes) >= 2
 		}, 10*time.Second, 20*time.Millisecond, "each node routes the other's blocks")
 	}

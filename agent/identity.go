@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/kvstore"
+	"github.com/kvipam/kvipam/routing"
 )
 
 // One name, one agent (docs/design.md, invariant 9). An agent is one
@@ -53,7 +54,7 @@ import (
 // record met later is contested (nameGuard.found).
 func (a *Agent) takeName(ctx context.Context) (*kvstore.Session, error) {
 	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: a.opts.BootID, version: a.opts.Version,
-		addrs: nodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels, started: time.Now().UTC()}
+		addrs: routing.NodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels, started: time.Now().UTC()}
 	a.name = newNameGuard(a.recorder.incarnation(), a.m.nameTaken, a.log, a.cfg.RequestTimeout.Duration)
 	a.recorder.name = a.name
 	a.lease = &leaseKeeper{

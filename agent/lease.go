@@ -53,15 +53,15 @@ type leaseKeeper struct {
 
 // session is the current lease, nil while none is held.
 func (k *leaseKeeper) session() *kvstore.Session {
-	s, _ := k.current()
+	s, _ := k.Current()
 	return s
 }
 
-// current is the current lease (nil while none is held) and a channel
+// Current is the current lease (nil while none is held) and a channel
 // closed when the keeper holds another: a lost lease dropped, or a new
-// one set once the node's blocks are re-claimed on it (the BGP announcer
-// follows it).
-func (k *leaseKeeper) current() (*kvstore.Session, <-chan struct{}) {
+// one set once the node's blocks are re-claimed on it (the BGP announcer,
+// routing.Announcer, follows it: routing.Lease).
+func (k *leaseKeeper) Current() (*kvstore.Session, <-chan struct{}) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.changed == nil {

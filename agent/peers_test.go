@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -16,9 +15,9 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
+	"github.com/kvipam/kvipam/routing"
 )
 
 // TestPeerRoutes runs two agents, each managing its own scratch "node"
@@ -67,7 +66,7 @@ func TestPeerRoutes(t *testing.T) {
 
 // routeVia returns the gateway of the kvipam route to dst, or "".
 func routeVia(t testing.TB, h *netlink.Handle, dst netip.Prefix) string {
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routeProtocol}, netlink.RT_FILTER_PROTOCOL)
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routing.Protocol}, netlink.RT_FILTER_PROTOCOL)
 	require.NoError(t, err)
 	for _, r := range routes {
 		if r.Dst != nil && r.Dst.String() == (&net.IPNet{IP: net.IP(dst.Addr().AsSlice()), Mask: net.CIDRMask(dst.Bits(), 32)}).String() {
@@ -107,7 +106,7 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 	require.NoError(t, netlink.RouteSubscribeAt(nsh, updates, done))
 	a.shutdown()
 	a2 := startAgent(t, cfgA, Options{})
-	require.Eventually(t, func() bool { return a2.a.peers.loop.Passes() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
+	require.Eventually(t, func() bool { return a2.a.peers.Passes() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
 	require.Equal(t, "10.254.0.2", routeVia(t, hA, blockB))
 	requireNoDelete(t, hA, updates, blockB)
 }
@@ -116,7 +115,7 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 // every earlier update has arrived, and fails on a delete of dst.
 func requireNoDelete(t *testing.T, h *netlink.Handle, updates <-chan netlink.RouteUpdate, dst netip.Prefix) {
 	t.Helper()
-	marker := &netlink.Route{Dst: prefixNet(netip.MustParsePrefix("192.0.2.77/32")), Type: unix.RTN_BLACKHOLE}
+	marker := &netlink.Route{Dst: ipNetOf(netip.MustParsePrefix("192.0.2.77/32")), Type: unix.RTN_BLACKHOLE}
 	require.NoError(t, h.RouteAdd(marker))
 	defer h.RouteDel(marker)
 	timeout := time.After(10 * time.Second)
@@ -136,73 +135,6 @@ func requireNoDelete(t *testing.T, h *netlink.Handle, updates <-chan netlink.Rou
 			t.Fatal("the marker route's update never came")
 		}
 	}
-}
-
-// scriptedPeers delivers block homes at once and node records only when
-// the test says, as a real etcd may when one list answers before the other.
-type scriptedPeers struct {
-	homes []etcdstore.BlockHome
-	nodes []etcdstore.NodeInfo
-	go_   chan struct{}
-}
-
-func (s *scriptedPeers) WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error {
-	h.Reset(s.homes)
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-func (s *scriptedPeers) WatchNodes(ctx context.Context, h etcdstore.Handler[etcdstore.NodeInfo]) error {
-	select {
-	case <-s.go_:
-		h.Reset(s.nodes)
-	case <-ctx.Done():
-	}
-	<-ctx.Done()
-	return ctx.Err()
-}
-
-// TestPeerRouterWaitsForBothLists starts a peer router over a namespace
-// that already has its route to a peer's block (as after an agent
-// restart), with the homes listed but the node records not yet: it must
-// not touch the route until it knows the peers' addresses.
-func TestPeerRouterWaitsForBothLists(t *testing.T) {
-	ns := nstest.NewNS(t)
-	h := nstest.Handle(t, ns)
-	nstest.AddLink(t, h, "ul0")
-	l, err := h.LinkByName("ul0")
-	require.NoError(t, err)
-	ad, err := netlink.ParseAddr("10.254.0.1/24")
-	require.NoError(t, err)
-	require.NoError(t, h.AddrAdd(l, ad))
-	require.NoError(t, h.LinkSetUp(l))
-	block := netip.MustParsePrefix("10.80.0.16/28")
-	require.NoError(t, h.RouteAdd(&netlink.Route{Dst: prefixNet(block), Gw: net.ParseIP("10.254.0.2"), Protocol: routeProtocol}))
-
-	updates := make(chan netlink.RouteUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	nsh, err := netns.GetFromPath(ns.Path())
-	require.NoError(t, err)
-	defer nsh.Close()
-	require.NoError(t, netlink.RouteSubscribeAt(nsh, updates, done))
-
-	src := &scriptedPeers{
-		homes: []etcdstore.BlockHome{{Pool: "default", Block: block, Node: "node-b"}},
-		nodes: []etcdstore.NodeInfo{{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("10.254.0.2")}}},
-		go_:   make(chan struct{}),
-	}
-	p := newPeerRouter("node-a", ns.Path(), src, hostGW{log: hclog.NewNullLogger()}, hclog.NewNullLogger())
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	go func() { defer close(stopped); p.run(ctx) }()
-	defer func() { cancel(); <-stopped }()
-
-	require.Eventually(t, func() bool { return p.loop.Passes() >= 1 }, 10*time.Second, 5*time.Millisecond, "the router woke for the homes")
-	close(src.go_)
-	require.Eventually(t, func() bool { return p.loop.Passes() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
-	require.Equal(t, "10.254.0.2", routeVia(t, h, block))
-	requireNoDelete(t, h, updates, block)
 }
 
 // twoNodes makes two scratch node namespaces joined by an underlay veth,

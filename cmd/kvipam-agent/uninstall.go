@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent"
 	"github.com/kvipam/kvipam/bpf"
+	"github.com/kvipam/kvipam/routing"
 )
 
 // uninstall-cni undoes install-cni on a node: it removes the conflist
@@ -25,7 +26,7 @@ import (
 // the node may use them. Then, unless --cni-only, what the agent left in
 // the node's network: its routes to other nodes' blocks, the VXLAN device,
 // its egress masquerade table (nftables inet kvipam) and its eBPF pins
-// (agent.RemoveRouting, agent.RemoveEgress, bpf.RemovePins). Running it
+// (routing.Remove, agent.RemoveEgress, bpf.RemovePins). Running it
 // again changes nothing. With --wait it
 // then waits for SIGTERM, as the main container of the cleanup DaemonSet
 // (deploy/kubernetes/uninstall), whose pods are Ready only once the
@@ -82,7 +83,7 @@ func uninstall(f uninstallFlags, out io.Writer) error {
 	if f.cniOnly {
 		return nil
 	}
-	removed, err := agent.RemoveRouting(f.netns)
+	removed, err := routing.Remove(f.netns)
 	for _, r := range removed {
 		fmt.Fprintf(out, "%s: removed\n", r)
 	}

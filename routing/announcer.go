@@ -1,11 +1,8 @@
-package agent
+package routing
 
 import (
 	"context"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,39 +15,39 @@ import (
 	"github.com/kvipam/kvipam/routing/bgp"
 )
 
-// announcer is what routing bgp needs of a BGP speaker (bgp.Speaker):
+// Speaker is what routing bgp needs of a BGP speaker (bgp.Speaker):
 // make the announced routes equal a set.
-type announcer interface {
+type Speaker interface {
 	Sync(ctx context.Context, want []bgp.Route) error
 }
 
-// nodeLease is the node's lease as the announcer follows it
-// (leaseKeeper): the lease the node's blocks are held on now, nil while
+// Lease is the node's lease as the announcer follows it (the agent's
+// lease keeper): the lease the node's blocks are held on now, nil while
 // none is, and a channel closed when that changes.
-type nodeLease interface {
-	current() (*kvstore.Session, <-chan struct{})
+type Lease interface {
+	Current() (*kvstore.Session, <-chan struct{})
 }
 
-// holdings is what the node holds (nodealloc.Allocator): its blocks, per
+// Holdings is what the node holds (nodealloc.Allocator): its blocks, per
 // pool and family, and its allocations, the borrowed ones among them;
 // nothing sure until Restore has re-claimed them on the current lease. Its
 // calls may wait on etcd (a restore holds the allocator's lock), so the
 // announcer reads it off its loop.
-type holdings interface {
+type Holdings interface {
 	Restored() bool
 	Usage() []nodealloc.Usage
 	Allocations() []records.Allocation
 }
 
-// bgpSources are what the announcer follows: the block homes in etcd,
+// BGPSources are what the announcer follows: the block homes in etcd,
 // the node's lease, and what the node holds on it.
-type bgpSources struct {
-	homes homeSource
-	lease nodeLease
-	held  holdings
+type BGPSources struct {
+	Homes HomeSource
+	Lease Lease
+	Held  Holdings
 }
 
-// bgpAnnouncer has the speaker announce what this node holds, each block
+// Announcer has the speaker announce what this node holds, each block
 // it claimed (one prefix) and each address it borrowed (a /32 or /128)
 // with this node's address of the family as next hop, while it can prove
 // that it holds them, and nothing else (design invariant 10).
@@ -72,10 +69,10 @@ type bgpSources struct {
 // homes are listed and a proven lease holds the re-claimed blocks: a
 // restarted agent's first set is complete, so the routers, which kept its
 // routes (graceful restart), see nothing change.
-type bgpAnnouncer struct {
+type Announcer struct {
 	node     string
-	src      bgpSources
-	speaker  announcer
+	src      BGPSources
+	speaker  Speaker
 	horizon  time.Duration
 	nextHop4 netip.Addr
 	nextHop6 netip.Addr
@@ -110,8 +107,11 @@ func (h *heldSnapshot) get() (*kvstore.Session, map[netip.Prefix]bool) {
 	return h.sess, h.prefixes
 }
 
-func newBGPAnnouncer(node string, addrs []string, src bgpSources, speaker announcer, horizon time.Duration, log hclog.Logger) *bgpAnnouncer {
-	a := &bgpAnnouncer{node: node, src: src, speaker: speaker, horizon: horizon, log: log,
+// NewAnnouncer is node's announcer into speaker: the first of addrs of
+// each family is the next hop of that family's prefixes, and horizon is
+// the speaker's graceful-restart time.
+func NewAnnouncer(node string, addrs []string, src BGPSources, speaker Speaker, horizon time.Duration, log hclog.Logger) *Announcer {
+	a := &Announcer{node: node, src: src, speaker: speaker, horizon: horizon, log: log,
 		refresh: make(chan struct{}, 1), loop: syncloop.New("bgp announcements", log)}
 	a.homes.kick = a.refresh
 	for _, s := range addrs {
@@ -129,9 +129,10 @@ func newBGPAnnouncer(node string, addrs []string, src bgpSources, speaker announ
 	return a
 }
 
-func (a *bgpAnnouncer) run(ctx context.Context) {
+// Run announces until ctx ends. Its owner (the agent) waits for it.
+func (a *Announcer) Run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = a.src.homes.WatchHomes(ctx, &a.homes) })
+	wg.Go(func() { _ = a.src.Homes.WatchHomes(ctx, &a.homes) })
 	wg.Go(func() { a.followLease(ctx) })
 	wg.Go(func() { a.readHoldings(ctx) })
 	defer wg.Wait()
@@ -150,11 +151,11 @@ func (a *bgpAnnouncer) run(ctx context.Context) {
 // keepalive moved HeldUntil, the lease was lost, or HeldUntil came within
 // the horizon. It never waits on etcd or the allocator, so a withdrawal
 // is never late for want of them.
-func (a *bgpAnnouncer) followLease(ctx context.Context) {
+func (a *Announcer) followLease(ctx context.Context) {
 	horizon := time.NewTimer(time.Hour)
 	defer horizon.Stop()
 	for {
-		sess, changed := a.src.lease.current()
+		sess, changed := a.src.Lease.Current()
 		var moved <-chan struct{}
 		horizon.Stop()
 		if sess != nil {
@@ -178,7 +179,7 @@ func (a *bgpAnnouncer) followLease(ctx context.Context) {
 
 // readHoldings reads what the node holds whenever homes or the lease may
 // have changed, and wakes the loop with it.
-func (a *bgpAnnouncer) readHoldings(ctx context.Context) {
+func (a *Announcer) readHoldings(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -194,23 +195,23 @@ func (a *bgpAnnouncer) readHoldings(ctx context.Context) {
 // readHeld is every block and borrowed address the node holds on its
 // current lease, and that lease; nil while none is held or the blocks
 // are not re-claimed on it yet.
-func (a *bgpAnnouncer) readHeld() (*kvstore.Session, map[netip.Prefix]bool) {
-	sess, _ := a.src.lease.current()
-	if sess == nil || !a.src.held.Restored() {
+func (a *Announcer) readHeld() (*kvstore.Session, map[netip.Prefix]bool) {
+	sess, _ := a.src.Lease.Current()
+	if sess == nil || !a.src.Held.Restored() {
 		return nil, nil
 	}
 	out := map[netip.Prefix]bool{}
-	for _, u := range a.src.held.Usage() {
+	for _, u := range a.src.Held.Usage() {
 		for _, b := range u.Blocks {
 			out[b] = true
 		}
 	}
-	for _, al := range a.src.held.Allocations() {
+	for _, al := range a.src.Held.Allocations() {
 		if al.Borrowed {
 			out[netip.PrefixFrom(al.Addr, al.Addr.BitLen())] = true
 		}
 	}
-	if again, _ := a.src.lease.current(); again != sess {
+	if again, _ := a.src.Lease.Current(); again != sess {
 		return nil, nil // another lease meanwhile: followLease asks again
 	}
 	return sess, out
@@ -218,8 +219,8 @@ func (a *bgpAnnouncer) readHeld() (*kvstore.Session, map[netip.Prefix]bool) {
 
 // proven is what the node holds on a lease etcd keeps for at least the
 // horizon more; false while it holds none such.
-func (a *bgpAnnouncer) proven() (map[netip.Prefix]bool, bool) {
-	sess, _ := a.src.lease.current()
+func (a *Announcer) proven() (map[netip.Prefix]bool, bool) {
+	sess, _ := a.src.Lease.Current()
 	if sess == nil {
 		return nil, false
 	}
@@ -235,7 +236,7 @@ func (a *bgpAnnouncer) proven() (map[netip.Prefix]bool, bool) {
 // their next hops: none while the lease is not proven. known is false
 // until the homes are listed and, before the speaker's first set, while
 // the lease is not proven.
-func (a *bgpAnnouncer) desired() (routes []bgp.Route, known bool) {
+func (a *Announcer) desired() (routes []bgp.Route, known bool) {
 	homes, listed := a.homes.homes.Snapshot()
 	held, proven := a.proven()
 	if !listed || (!proven && !a.peered) {
@@ -260,46 +261,4 @@ func (a *bgpAnnouncer) desired() (routes []bgp.Route, known bool) {
 		routes = append(routes, bgp.Route{Prefix: p, NextHop: nh})
 	}
 	return routes, true
-}
-
-// bgpRestarting reports whether this boot's agent ran the speaker before
-// (its boot ID is in stateDir): the node's forwarding state then survived,
-// and the speaker says so in its OPEN (graceful restart). It records the
-// boot ID for the next start.
-func bgpRestarting(stateDir, bootID string) bool {
-	f := filepath.Join(stateDir, "bgp-boot-id")
-	b, err := os.ReadFile(f)
-	restarting := err == nil && bootID != "" && strings.TrimSpace(string(b)) == bootID
-	_ = os.MkdirAll(stateDir, 0o755)
-	_ = os.WriteFile(f, []byte(bootID+"\n"), 0o644)
-	return restarting
-}
-
-// startBGP starts the BGP speaker of routing bgp; it peers once the
-// announcer has the node's homes on a proven lease. Its graceful-restart
-// time defaults to the longest the lease allows (bgp.MaxRestartTime).
-// The agent never stops it: stopping would send each router a Cease, and
-// routers withdraw a node's routes on a Cease; the sessions end with the
-// process instead, a TCP close that a graceful-restart helper answers by
-// keeping them (docs/routing.md).
-func (a *Agent) startBGP(ctx context.Context, bootID string) error {
-	var rid netip.Addr
-	for _, s := range a.recorder.addrs {
-		if ad, err := netip.ParseAddr(s); err == nil && ad.Is4() {
-			rid = ad
-			break
-		}
-	}
-	cfg := a.cfg.BGP
-	if cfg.RestartTime.Duration == 0 {
-		cfg.RestartTime.Duration = bgp.MaxRestartTime(a.cfg.LeaseTTL.Duration)
-	}
-	sp, err := bgp.Start(ctx, cfg, bgp.Options{Node: a.cfg.Node, RouterID: rid, Restarting: bgpRestarting(a.cfg.StateDir, bootID),
-		Logger: a.log.Named("bgp")})
-	if err != nil {
-		return err
-	}
-	a.speaker = sp
-	a.m.reg.MustRegister(sp.Collector())
-	return nil
 }

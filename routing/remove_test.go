@@ -1,4 +1,4 @@
-package agent
+package routing
 
 import (
 	"net"
@@ -23,16 +23,16 @@ func TestUninstallRemovesRouting(t *testing.T) {
 	ad, err := netlink.ParseAddr("10.254.1.10/24")
 	require.NoError(t, err)
 	require.NoError(t, h.AddrAdd(ul, ad))
-	v := &vxlanOverlay{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	v := &VXLAN{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
 	require.NoError(t, v.program(h, map[netip.Prefix]peerHop{
 		netip.MustParsePrefix("10.9.1.0/26"): {"b", netip.MustParseAddr("10.254.2.20"), []netip.Addr{netip.MustParseAddr("10.254.2.20")}},
 	}))
 	hostGW := &net.IPNet{IP: net.IPv4(10, 9, 2, 0), Mask: net.CIDRMask(26, 32)}
-	require.NoError(t, h.RouteAdd(&netlink.Route{Dst: hostGW, Gw: net.IPv4(10, 254, 1, 20), Protocol: routeProtocol}))
+	require.NoError(t, h.RouteAdd(&netlink.Route{Dst: hostGW, Gw: net.IPv4(10, 254, 1, 20), Protocol: Protocol}))
 	theirs := &net.IPNet{IP: net.IPv4(10, 9, 3, 0), Mask: net.CIDRMask(26, 32)}
 	require.NoError(t, h.RouteAdd(&netlink.Route{Dst: theirs, Gw: net.IPv4(10, 254, 1, 30), Protocol: netlink.RouteProtocol(4)}))
 
-	removed, err := RemoveRouting(n.Path())
+	removed, err := Remove(n.Path())
 	require.NoError(t, err)
 	require.Contains(t, removed, "device "+vxlanDevice)
 	require.Contains(t, removed, "route 10.9.2.0/26")
@@ -45,7 +45,7 @@ func TestUninstallRemovesRouting(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "10.254.1.30", rs[0].Gw.String(), "another owner's route stays")
 
-	removed, err = RemoveRouting(n.Path())
+	removed, err = Remove(n.Path())
 	require.NoError(t, err)
 	require.Empty(t, removed, "nothing left to remove")
 }

@@ -1,4 +1,4 @@
-package agent
+package routing
 
 import (
 	"context"
@@ -16,20 +16,22 @@ import (
 	"github.com/kvipam/kvipam/internal/foundation/syncloop"
 )
 
-// routeProtocol marks the routes the agent owns, so it removes only its own.
-const routeProtocol = netlink.RouteProtocol(0x6b) // 'k'
+// Protocol marks the routes routing owns (the routes' protocol, 'k'), so
+// it removes only its own.
+const Protocol = netlink.RouteProtocol(0x6b) // 'k'
 
-// peerRouter routes every other node's blocks to that node: to its
-// address (host-gw, nodes on one L2 segment) or through the VXLAN overlay
-// (vxlan.go); a routeProgrammer does the kernel's part. It follows the block homes, not
-// the claims: a home outlives a claim that expired during a partition, so
-// the pods on an orphaned block stay reachable. A node's last known
-// address is kept while its node record is gone for the same reason.
-type peerRouter struct {
+// Peers routes every other node's blocks to that node: to its address
+// (host-gw, nodes on one L2 segment) or through the VXLAN overlay
+// (vxlan.go); a Programmer does the kernel's part. It follows the block
+// homes, not the claims: a home outlives a claim that expired during a
+// partition, so the pods on an orphaned block stay reachable. A node's
+// last known address is kept while its node record is gone for the same
+// reason.
+type Peers struct {
 	node   string // this node: its own blocks are not routed
-	netns  string // where the routes go; "" is the agent's own
-	source peerSource
-	prog   routeProgrammer // host-gw or vxlan
+	netns  string // where the routes go; "" is the caller's own
+	source PeerSource
+	prog   Programmer // host-gw or vxlan
 	log    hclog.Logger
 
 	owner homesMirror                      // block -> home node
@@ -41,22 +43,24 @@ type peerRouter struct {
 	loop syncloop.Loop
 }
 
-// peerSource is where the peer router learns block homes and node
+// PeerSource is where the peer router learns block homes and node
 // addresses (etcdstore.Store).
-type peerSource interface {
+type PeerSource interface {
 	WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error
 	WatchNodes(ctx context.Context, h etcdstore.Handler[etcdstore.NodeInfo]) error
 }
 
-func newPeerRouter(node, netns string, source peerSource, prog routeProgrammer, log hclog.Logger) *peerRouter {
-	p := &peerRouter{node: node, netns: netns, source: source, prog: prog, log: log, loop: syncloop.New("peer routes", log)}
+// NewPeers is the peer router of node, programming the routes in the
+// network namespace at netns ("" is the caller's) through prog.
+func NewPeers(node, netns string, source PeerSource, prog Programmer, log hclog.Logger) *Peers {
+	p := &Peers{node: node, netns: netns, source: source, prog: prog, log: log, loop: syncloop.New("peer routes", log)}
 	p.owner.kick = p.loop.Wake()
 	return p
 }
 
-// run watches homes and node records and keeps the routes in step until
+// Run watches homes and node records and keeps the routes in step until
 // ctx ends. Its owner (the agent) waits for it.
-func (p *peerRouter) run(ctx context.Context) {
+func (p *Peers) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.source.WatchHomes(ctx, &p.owner) })
 	wg.Go(func() { _ = p.source.WatchNodes(ctx, nodeWatch{p}) })
@@ -70,13 +74,17 @@ func (p *peerRouter) run(ctx context.Context) {
 }
 
 // listed reports whether both first lists are in.
-func (p *peerRouter) listed() bool {
+func (p *Peers) listed() bool {
 	_, homes := p.owner.homes.Snapshot()
 	_, nodes := p.addrs.Snapshot()
 	return homes && nodes
 }
 
-func (p *peerRouter) changed() { p.loop.Changed() }
+func (p *Peers) changed() { p.loop.Changed() }
+
+// Passes counts the router's passes (a sync, or a wait for the first
+// lists); tests wait on it.
+func (p *Peers) Passes() int64 { return p.loop.Passes() }
 
 // peerHop is where one other node's block is sent: the node, its
 // address of the block's family (invalid if it has none), and all its
@@ -88,7 +96,7 @@ type peerHop struct {
 }
 
 // desired is every other node's block with the node's addresses.
-func (p *peerRouter) desired() map[netip.Prefix]peerHop {
+func (p *Peers) desired() map[netip.Prefix]peerHop {
 	owner, _ := p.owner.homes.Snapshot()
 	addrs, _ := p.addrs.Snapshot()
 	out := map[netip.Prefix]peerHop{}
@@ -110,7 +118,7 @@ func (p *peerRouter) desired() map[netip.Prefix]peerHop {
 
 // sync makes the kernel's peer routes (and what they need) equal the
 // desired set, through the routing mode's programmer.
-func (p *peerRouter) sync() error {
+func (p *Peers) sync() error {
 	h, err := netlinkns.Open(p.netns)
 	if err != nil {
 		return err
@@ -125,7 +133,7 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 
 // nodeWatch learns node addresses from node records; a deleted record
 // (lease expired) keeps the last known addresses.
-type nodeWatch struct{ p *peerRouter }
+type nodeWatch struct{ p *Peers }
 
 func (w nodeWatch) Reset(nodes []etcdstore.NodeInfo) {
 	w.p.addrs.Merge(mirror.ByKey(nodes, func(n etcdstore.NodeInfo) (string, []netip.Addr) { return n.Name, n.Addresses }))
@@ -139,10 +147,11 @@ func (w nodeWatch) Put(n etcdstore.NodeInfo) {
 
 func (nodeWatch) Delete(etcdstore.NodeInfo) {}
 
-// nodeAddresses are the addresses peers route this node's blocks to: the
+// NodeAddresses are the addresses peers route this node's blocks to: the
 // configured ones, else, per family, the first global unicast address of
-// the link that carries the default route in the datapath's namespace.
-func nodeAddresses(configured []string, netnsPath string) []string {
+// the link that carries the default route in the network namespace at
+// netnsPath (the datapath's).
+func NodeAddresses(configured []string, netnsPath string) []string {
 	if len(configured) > 0 {
 		return configured
 	}

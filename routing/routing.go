@@ -1,4 +1,14 @@
-package agent
+// Package routing routes the pods of every other node's blocks to that
+// node: host-gw (a route via the node's address, nodes on one L2
+// segment), a VXLAN overlay (nodes on different subnets), or BGP (the
+// node announces its own blocks to its routers; the speaker is
+// routing/bgp). It follows the block homes and node records in etcd and
+// programs the kernel or the speaker from them; it removes what it made
+// for an uninstall. The agent composes it: routing never imports the
+// agent, and names what it needs of the agent's parts (the store's
+// watches, the node's lease, what the node holds) in small interfaces of
+// its own.
+package routing
 
 import (
 	"errors"
@@ -12,29 +22,22 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// routeProgrammer makes the kernel's routes to other nodes' blocks equal
+// Programmer makes the kernel's routes to other nodes' blocks equal
 // want (block -> the node and its address), changing only what differs,
-// so that a restarted agent adopts what is there without a flap.
-type routeProgrammer interface {
+// so that a restarted agent adopts what is there without a flap. HostGW
+// and VXLAN are the two.
+type Programmer interface {
 	program(h *netlink.Handle, want map[netip.Prefix]peerHop) error
 }
 
-// newRouteProgrammer is the programmer of a routing mode; nil for none.
-func newRouteProgrammer(cfg *Config, log hclog.Logger) routeProgrammer {
-	switch cfg.Routing {
-	case RoutingHostGW:
-		return hostGW{log: log}
-	case RoutingVXLAN:
-		return newVXLAN(cfg, log)
-	}
-	return nil
-}
-
-// hostGW routes each block via its node's address, on whatever link
+// HostGW routes each block via its node's address, on whatever link
 // reaches that address (flannel's host-gw).
-type hostGW struct{ log hclog.Logger }
+type HostGW struct{ log hclog.Logger }
 
-func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error {
+// NewHostGW is the host-gw programmer.
+func NewHostGW(log hclog.Logger) HostGW { return HostGW{log: log} }
+
+func (g HostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error {
 	// A vxlan device left from an earlier mode goes, and its routes with it.
 	if err := removeVXLANDevice(h); err != nil {
 		return err
@@ -60,7 +63,7 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 		if !hop.addr.IsValid() {
 			continue // the node has no address of the block's family
 		}
-		r := &netlink.Route{Dst: prefixNet(b), Gw: net.IP(hop.addr.AsSlice()), Protocol: routeProtocol}
+		r := &netlink.Route{Dst: prefixNet(b), Gw: net.IP(hop.addr.AsSlice()), Protocol: Protocol}
 		if err := h.RouteReplace(r); err != nil {
 			errs = append(errs, err) // a peer not on our segment: no host-gw route to it
 			continue
@@ -70,7 +73,7 @@ func (g hostGW) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error 
 	return errors.Join(errs...)
 }
 
-// ownRoutes are the routes the agent made (routeProtocol).
+// ownRoutes are the routes routing made (Protocol).
 func ownRoutes(h *netlink.Handle, family int) ([]netlink.Route, error) {
-	return netlinksafe.Handle{Handle: h}.RouteListFiltered(family, &netlink.Route{Protocol: routeProtocol}, netlink.RT_FILTER_PROTOCOL)
+	return netlinksafe.Handle{Handle: h}.RouteListFiltered(family, &netlink.Route{Protocol: Protocol}, netlink.RT_FILTER_PROTOCOL)
 }

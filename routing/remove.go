@@ -1,4 +1,4 @@
-package agent
+package routing
 
 import (
 	"errors"
@@ -9,13 +9,13 @@ import (
 	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 )
 
-// RemoveRouting removes, for an uninstall, what routing left in the
-// network namespace at netnsPath (empty: the caller's): the routes to
-// other nodes' blocks the agent made (routeProtocol, IPv4 and IPv6) and
-// the VXLAN device with what it carried. Routes of other owners stay. Run
-// it after the agent is gone: a running agent puts them back. It returns
-// what it removed, for people.
-func RemoveRouting(netnsPath string) ([]string, error) {
+// Remove removes, for an uninstall, what routing left in the network
+// namespace at netnsPath (empty: the caller's): the routes to other
+// nodes' blocks it made (Protocol, IPv4 and IPv6) and the VXLAN device
+// with what it carried. Routes of other owners stay. Run it after the
+// agent is gone: a running agent puts them back. It returns what it
+// removed, for people.
+func Remove(netnsPath string) ([]string, error) {
 	h, err := netlinkns.Open(netnsPath)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package agent
+package routing
 
 import (
 	"bytes"
@@ -26,8 +26,8 @@ import (
 // finds its device unchanged.
 //
 // The overlay carries IPv4 and IPv6 pods over an IPv4 or an IPv6
-// underlay (vxlan.underlay): the VTEPs are the nodes' addresses of the
-// underlay's family. An IPv4 block over an IPv4 underlay is routed via
+// underlay (VXLANConfig.IPv6Underlay): the VTEPs are the nodes' addresses
+// of the underlay's family. An IPv4 block over an IPv4 underlay is routed via
 // the peer's VTEP address, as before; every other route (IPv6 blocks, and
 // IPv4 blocks over an IPv6 underlay, as IPv4 routes with an IPv6 next hop,
 // RFC 5549 style) goes via the peer's link-local address on the overlay,
@@ -44,15 +44,10 @@ const (
 	vxlanOverhead6 = 70
 )
 
-// Underlay families of the overlay.
-const (
-	UnderlayIPv4 = "ipv4"
-	UnderlayIPv6 = "ipv6"
-)
-
-// overlayOverhead is what the overlay of cfg adds to a packet.
-func overlayOverhead(cfg *Config) int {
-	if cfg.VXLAN.Underlay == UnderlayIPv6 {
+// VXLANOverhead is what the overlay adds to a packet over an IPv4
+// underlay, or over an IPv6 one: pods' MTU is the underlay's less this.
+func VXLANOverhead(ipv6Underlay bool) int {
+	if ipv6Underlay {
 		return vxlanOverhead6
 	}
 	return vxlanOverhead
@@ -76,7 +71,9 @@ func vtepMAC(node string) net.HardwareAddr {
 	return mac
 }
 
-type vxlanOverlay struct {
+// VXLAN is the overlay's programmer: this node's device, and the
+// routes, neighbour and FDB entries to every other node's blocks on it.
+type VXLAN struct {
 	node  string
 	local netip.Addr // this node's VTEP, its node address of the underlay's family
 	six   bool       // an IPv6 underlay
@@ -85,9 +82,20 @@ type vxlanOverlay struct {
 	log   hclog.Logger
 }
 
-func newVXLAN(cfg *Config, log hclog.Logger) *vxlanOverlay {
-	v := &vxlanOverlay{node: cfg.Node, vni: cfg.VXLAN.VNI, port: cfg.VXLAN.Port, six: cfg.VXLAN.Underlay == UnderlayIPv6, log: log}
-	for _, s := range nodeAddresses(cfg.NodeAddresses, cfg.NetNS) {
+// VXLANConfig is the overlay of one node.
+type VXLANConfig struct {
+	Node         string
+	VNI, Port    int
+	IPv6Underlay bool // the tunnel endpoints are IPv6 (else IPv4)
+	// Addresses are the node's addresses (NodeAddresses); the first of
+	// the underlay's family is its VTEP.
+	Addresses []string
+}
+
+// NewVXLAN is the overlay's programmer for cfg.
+func NewVXLAN(cfg VXLANConfig, log hclog.Logger) *VXLAN {
+	v := &VXLAN{node: cfg.Node, vni: cfg.VNI, port: cfg.Port, six: cfg.IPv6Underlay, log: log}
+	for _, s := range cfg.Addresses {
 		if a, err := netip.ParseAddr(s); err == nil && a.Is6() == v.six {
 			v.local = a
 			break
@@ -96,7 +104,7 @@ func newVXLAN(cfg *Config, log hclog.Logger) *vxlanOverlay {
 	return v
 }
 
-func (v *vxlanOverlay) family() (int, string) {
+func (v *VXLAN) family() (int, string) {
 	if v.six {
 		return netlink.FAMILY_V6, "IPv6"
 	}
@@ -104,7 +112,7 @@ func (v *vxlanOverlay) family() (int, string) {
 }
 
 // underlay is the link that holds the local VTEP address.
-func (v *vxlanOverlay) underlay(h *netlink.Handle) (netlink.Link, error) {
+func (v *VXLAN) underlay(h *netlink.Handle) (netlink.Link, error) {
 	fam, name := v.family()
 	if !v.local.IsValid() {
 		return nil, fmt.Errorf("vxlan: this node has no %s node address to be its VTEP (--node-address; vxlan-underlay)", name)
@@ -123,16 +131,12 @@ func (v *vxlanOverlay) underlay(h *netlink.Handle) (netlink.Link, error) {
 
 // device returns the VXLAN device, created if missing and re-created if
 // its parameters differ; one that matches is kept as it is.
-func (v *vxlanOverlay) device(h *netlink.Handle) (netlink.Link, error) {
+func (v *VXLAN) device(h *netlink.Handle) (netlink.Link, error) {
 	under, err := v.underlay(h)
 	if err != nil {
 		return nil, err
 	}
-	overhead := vxlanOverhead
-	if v.six {
-		overhead = vxlanOverhead6
-	}
-	mac, mtu := vtepMAC(v.node), under.Attrs().MTU-overhead
+	mac, mtu := vtepMAC(v.node), under.Attrs().MTU-VXLANOverhead(v.six)
 	if l, err := h.LinkByName(vxlanDevice); err == nil {
 		vx, ok := l.(*netlink.Vxlan)
 		if ok && vx.VxlanId == v.vni && vx.Port == v.port && vx.SrcAddr.Equal(v.local.AsSlice()) &&
@@ -172,7 +176,7 @@ func (v *vxlanOverlay) device(h *netlink.Handle) (netlink.Link, error) {
 	return l, nil
 }
 
-func (v *vxlanOverlay) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error {
+func (v *VXLAN) program(h *netlink.Handle, want map[netip.Prefix]peerHop) error {
 	l, err := v.device(h)
 	if err != nil {
 		return err
@@ -204,7 +208,7 @@ func (v *vxlanOverlay) program(h *netlink.Handle, want map[netip.Prefix]peerHop)
 }
 
 // vtepOf is the peer's address of the underlay's family.
-func (v *vxlanOverlay) vtepOf(hop peerHop) netip.Addr {
+func (v *VXLAN) vtepOf(hop peerHop) netip.Addr {
 	if hop.addr.IsValid() && hop.addr.Is6() == v.six {
 		return hop.addr
 	}
@@ -225,7 +229,7 @@ type overlayHop struct {
 
 // overlayRoute is the kernel route of block via hop on the device.
 func overlayRoute(b netip.Prefix, hop overlayHop, idx int) *netlink.Route {
-	r := &netlink.Route{Dst: prefixNet(b), LinkIndex: idx, Protocol: routeProtocol}
+	r := &netlink.Route{Dst: prefixNet(b), LinkIndex: idx, Protocol: Protocol}
 	switch {
 	case b.Addr().Is4() && hop.gw.Is6():
 		r.Via = &netlink.Via{AddrFamily: netlink.FAMILY_V6, Addr: net.IP(hop.gw.AsSlice())}
@@ -253,7 +257,7 @@ func sameOverlayRoute(r netlink.Route, hop overlayHop, idx int) bool {
 	return !hop.gw.Is4() || r.Flags&int(netlink.FLAG_ONLINK) != 0
 }
 
-func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Prefix]overlayHop) error {
+func (v *VXLAN) syncRoutes(h *netlink.Handle, idx int, want map[netip.Prefix]overlayHop) error {
 	have, err := ownRoutes(h, netlink.FAMILY_ALL)
 	if err != nil {
 		return err
@@ -284,7 +288,7 @@ func (v *vxlanOverlay) syncRoutes(h *netlink.Handle, idx int, want map[netip.Pre
 // of its routes, resolves to its device's MAC) or a forwarding entry
 // (AF_BRIDGE: frames for that MAC go to that address). Entries that
 // match are kept, other permanent ones removed, missing ones added.
-func (v *vxlanOverlay) syncEntries(h *netlink.Handle, idx, family int, want map[netip.Addr]net.HardwareAddr) error {
+func (v *VXLAN) syncEntries(h *netlink.Handle, idx, family int, want map[netip.Addr]net.HardwareAddr) error {
 	what := map[int]string{netlink.FAMILY_V4: "neighbour", netlink.FAMILY_V6: "IPv6 neighbour", unix.AF_BRIDGE: "fdb"}[family]
 	have, err := h.NeighList(idx, family)
 	if err != nil {

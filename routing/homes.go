@@ -1,6 +1,7 @@
-package agent
+package routing
 
 import (
+	"context"
 	"net/netip"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
@@ -30,4 +31,10 @@ func (w *homesMirror) Put(h etcdstore.BlockHome) {
 func (w *homesMirror) Delete(h etcdstore.BlockHome) {
 	w.homes.Del(h.Block)
 	syncloop.Kick(w.kick)
+}
+
+// HomeSource is where the BGP announcer learns the block homes
+// (etcdstore.Store).
+type HomeSource interface {
+	WatchHomes(ctx context.Context, h etcdstore.Handler[etcdstore.BlockHome]) error
 }

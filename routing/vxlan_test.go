@@ -1,7 +1,6 @@
-package agent
+package routing
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // TestVXLANOverlay programs the overlay in a scratch namespace: the
@@ -32,7 +30,7 @@ func TestVXLANOverlay(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, h.AddrAdd(ul, ad))
 
-	v := &vxlanOverlay{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	v := &VXLAN{node: "a", local: netip.MustParseAddr("10.254.1.10"), vni: 7, port: 4789, log: hclog.NewNullLogger()}
 	bB, bC := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("10.9.2.0/26")
 	vB, vC := netip.MustParseAddr("10.254.2.20"), netip.MustParseAddr("10.254.3.30")
 	lent := netip.MustParsePrefix("10.9.1.7/32") // borrowed by c from b's block
@@ -91,7 +89,7 @@ func TestVXLANOverlay(t *testing.T) {
 	require.Equal(t, map[string]string{vB.String(): vtepMAC("b").String()}, neighbours(t, h, l, unix.AF_BRIDGE))
 
 	// host-gw takes over: the device goes, with its routes.
-	require.Error(t, hostGW{log: hclog.NewNullLogger()}.program(h, w), "b is not on our segment: no host-gw route")
+	require.Error(t, NewHostGW(hclog.NewNullLogger()).program(h, w), "b is not on our segment: no host-gw route")
 	_, err = h.LinkByName(vxlanDevice)
 	require.Error(t, err, "the vxlan device is gone")
 }
@@ -149,38 +147,6 @@ func watchChanges(t *testing.T, n interface{ Fd() uintptr }, h *netlink.Handle) 
 	}
 }
 
-// TestVXLANRefusesLargeMTU: in vxlan mode a pod MTU given by hand that
-// the overlay cannot carry (more than the underlay's less 50) stops the
-// agent at start, naming the limit; with the MTU detected, pods get the
-// overlay's.
-func TestVXLANRefusesLargeMTU(t *testing.T) {
-	e := etcdtest.Start(t)
-	host := nstest.NewNS(t)
-	h := nstest.Handle(t, host)
-	ul := nstest.AddLink(t, h, "ul0")
-	ad, err := netlink.ParseAddr("10.254.1.10/24")
-	require.NoError(t, err)
-	require.NoError(t, h.AddrAdd(ul, ad))
-	require.NoError(t, h.RouteAdd(&netlink.Route{Gw: net.ParseIP("10.254.1.1"), LinkIndex: ul.Attrs().Index}))
-
-	cfg := testConfig(t, e)
-	cfg.NetNS, cfg.NodeAddresses = host.Path(), []string{"10.254.1.10"}
-	cfg.Routing, cfg.MTU = RoutingVXLAN, 1500
-	a, err := New(cfg, Options{})
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = a.Run(ctx, make(chan struct{}))
-	require.ErrorIs(t, err, ErrBadConfig)
-	require.Contains(t, err.Error(), "1450")
-
-	cfg.MTU = 0
-	ta := startAgent(t, cfg, Options{})
-	got, err := ta.c.Config(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 1450, got.MTU, "pods get the overlay's MTU")
-}
-
 // TestVXLANOverlayIPv6Underlay: over an IPv6 underlay the device's VTEP is
 // the node's IPv6 address and its MTU 70 below the link's; every block,
 // IPv4 included (an IPv4 route with an IPv6 next hop), goes via the
@@ -194,7 +160,7 @@ func TestVXLANOverlayIPv6Underlay(t *testing.T) {
 	local := netip.MustParseAddr("fd00:254:1::10")
 	require.NoError(t, h.AddrAdd(ul, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(local, 64)), Flags: unix.IFA_F_NODAD}))
 
-	v := &vxlanOverlay{node: "a", local: local, six: true, vni: 7, port: 4789, log: hclog.NewNullLogger()}
+	v := &VXLAN{node: "a", local: local, six: true, vni: 7, port: 4789, log: hclog.NewNullLogger()}
 	vB := netip.MustParseAddr("fd00:254:2::20")
 	addrsB := []netip.Addr{netip.MustParseAddr("10.254.2.20"), vB}
 	b4, b6 := netip.MustParsePrefix("10.9.1.0/26"), netip.MustParsePrefix("fd00:9::/120")
