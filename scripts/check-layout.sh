@@ -14,6 +14,13 @@ deps=$(go list -deps ./agent/... 2>&1) || { echo "$deps"; exit 1; }
 if grep -q '^github.com/kvipam/kvipam/cni' <<<"$deps"; then
 	bad "agent depends on cni: $(grep '^github.com/kvipam/kvipam/cni' <<<"$deps" | tr '\n' ' ')"
 fi
+# Routing between nodes (routing/, routing/bgp) is composed by the agent and
+# never imports it: nothing under agent/ but the API contract, agent/api (the
+# wire types routing/bgp's Status is). The agent package itself would be an
+# import cycle; this keeps routing off the agent's other packages too.
+rdeps=$(go list -deps ./routing/... 2>&1) || { echo "$rdeps"; exit 1; }
+back=$(grep -E '^github.com/kvipam/kvipam/(agent(/|$)|cni(/|$))' <<<"$rdeps" | grep -vx 'github.com/kvipam/kvipam/agent/api' || true)
+[ -z "$back" ] || bad "routing depends on $(echo $back)"
 # Transport details are mapped below the agent (kvstore/etcdstore).
 grpc=$(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./agent/... | awk '/google.golang.org\/grpc/ {print $1}')
 [ -z "$grpc" ] || bad "agent code imports grpc: $(echo $grpc)"
