@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -35,7 +36,7 @@ func (t stuckTxn) Commit() (*clientv3.TxnResponse, error) {
 
 // TestCallTimeout: a request etcd does not answer is abandoned after the
 // call timeout, not the caller's (longer) deadline, and the error is
-// ErrUnavailable once classified; requests etcd answers pass through.
+// retry.ErrUnavailable once classified; requests etcd answers pass through.
 func TestCallTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -43,7 +44,7 @@ func TestCallTimeout(t *testing.T) {
 	began := time.Now()
 	_, err := kv.Get(ctx, "k")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.ErrorIs(t, kvstore.Unavailable(err), kvstore.ErrUnavailable)
+	require.ErrorIs(t, kvstore.Unavailable(err), retry.ErrUnavailable)
 	_, err = kv.Txn(ctx).If().Then().Commit()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(began), 10*time.Second, "abandoned at the call timeout, not the caller's minute")

@@ -17,6 +17,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Config says how to reach etcd: Endpoints name at least one member
@@ -145,7 +147,7 @@ func (c Config) user() string {
 // gRPC client that cannot connect reports only its deadline, while the
 // cause (nothing listening, a TLS alert) is seen on the wire.
 func explain(ctx context.Context, c Config, tc *tls.Config, err error) error {
-	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrUnavailable) {
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, retry.ErrUnavailable) {
 		return err
 	}
 	var causes []string

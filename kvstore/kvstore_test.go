@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -49,7 +50,7 @@ func TestConnectUnreachable(t *testing.T) {
 }
 
 // swapJSON replaces key only if it still has revision rev. It returns the
-// new revision, or an error wrapping kvstore.ErrConflict if the key
+// new revision, or an error wrapping retry.ErrConflict if the key
 // changed.
 func swapJSON(ctx context.Context, kv clientv3.KV, key string, rev int64, v any) (int64, error) {
 	val, err := kvstore.EncodeJSON(v)
@@ -61,7 +62,7 @@ func swapJSON(ctx context.Context, kv clientv3.KV, key string, rev int64, v any)
 		return 0, fmt.Errorf("swap %s: %w", key, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return 0, fmt.Errorf("swap %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+		return 0, fmt.Errorf("swap %s at revision %d: changed: %w", key, rev, retry.ErrConflict)
 	}
 	return resp.Header.Revision, nil
 }
@@ -73,7 +74,7 @@ func TestCreateSwapDelete(t *testing.T) {
 	rev, err := etcdtest.CreateJSON(ctx, cli, "/t/a", rec{"n1"})
 	require.NoError(t, err)
 	_, err = etcdtest.CreateJSON(ctx, cli, "/t/a", rec{"n2"})
-	require.ErrorIs(t, err, kvstore.ErrConflict)
+	require.ErrorIs(t, err, retry.ErrConflict)
 
 	got, err := kvstore.GetJSON[rec](ctx, cli, "/t/a")
 	require.NoError(t, err)
@@ -83,9 +84,9 @@ func TestCreateSwapDelete(t *testing.T) {
 	rev2, err := swapJSON(ctx, cli, "/t/a", rev, rec{"n3"})
 	require.NoError(t, err)
 	_, err = swapJSON(ctx, cli, "/t/a", rev, rec{"stale"})
-	require.ErrorIs(t, err, kvstore.ErrConflict, "a stale revision must not overwrite")
+	require.ErrorIs(t, err, retry.ErrConflict, "a stale revision must not overwrite")
 
-	require.ErrorIs(t, kvstore.DeleteAt(ctx, cli, "/t/a", rev), kvstore.ErrConflict, "a stale delete must not remove a newer write")
+	require.ErrorIs(t, kvstore.DeleteAt(ctx, cli, "/t/a", rev), retry.ErrConflict, "a stale delete must not remove a newer write")
 	require.NoError(t, kvstore.DeleteAt(ctx, cli, "/t/a", rev2))
 	require.NoError(t, kvstore.DeleteAt(ctx, cli, "/t/a", rev2), "deleting twice is fine")
 	_, err = kvstore.GetJSON[rec](ctx, cli, "/t/a")
@@ -142,7 +143,7 @@ func TestSessionCloseKeepsLease(t *testing.T) {
 }
 
 // TestSessionUnavailable stops etcd under a client: granting a session and
-// revoking one fail with an error that matches ErrUnavailable, as every
+// revoking one fail with an error that matches retry.ErrUnavailable, as every
 // other etcd call in kvstore does.
 func TestSessionUnavailable(t *testing.T) {
 	ctx := context.Background()
@@ -155,12 +156,12 @@ func TestSessionUnavailable(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	_, err = kvstore.NewSession(cctx, cli, 30)
-	require.ErrorIs(t, err, kvstore.ErrUnavailable, "grant: %v", err)
+	require.ErrorIs(t, err, retry.ErrUnavailable, "grant: %v", err)
 
 	rctx, rcancel := context.WithTimeout(ctx, time.Second)
 	defer rcancel()
 	err = s.Revoke(rctx)
-	require.ErrorIs(t, err, kvstore.ErrUnavailable, "revoke: %v", err)
+	require.ErrorIs(t, err, retry.ErrUnavailable, "revoke: %v", err)
 }
 
 // mirror keeps a map of a prefix from watch events, as the agent does.

@@ -52,7 +52,7 @@ const keepaliveRetry = 500 * time.Millisecond
 // background: a keepalive every third of the TTL, each abandoned and sent
 // again if it is not answered within a third of the TTL. ctx bounds only
 // the grant. An etcd that does not answer makes the error wrap
-// ErrUnavailable.
+// retry.ErrUnavailable.
 func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*Session, error) {
 	if ttlSeconds < 1 {
 		return nil, fmt.Errorf("kvstore: lease ttl %ds must be at least 1s", ttlSeconds)

@@ -12,10 +12,6 @@ import (
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
-// ErrConflict marks a transaction that lost a compare-and-swap race; it is
-// retry.ErrConflict, so retry.Do retries it.
-var ErrConflict = retry.ErrConflict
-
 // ErrNotFound is returned by GetJSON for an absent key.
 var ErrNotFound = errors.New("kvstore: key not found")
 
@@ -102,7 +98,7 @@ func PrefixEmpty(prefix string) clientv3.Cmp {
 
 // DeleteAt deletes key only if it still has revision rev. A key already gone
 // is success: deletes are idempotent. A key rewritten since rev wraps
-// ErrConflict, so a stale caller cannot delete someone else's write.
+// retry.ErrConflict, so a stale caller cannot delete someone else's write.
 func DeleteAt(ctx context.Context, kv clientv3.KV, key string, rev int64) error {
 	resp, err := kv.Txn(ctx).
 		If(Unchanged(key, rev)).
@@ -115,5 +111,5 @@ func DeleteAt(ctx context.Context, kv clientv3.KV, key string, rev int64) error 
 	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
 		return nil
 	}
-	return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, ErrConflict)
+	return fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, retry.ErrConflict)
 }

@@ -13,32 +13,27 @@ import (
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
-// ErrUnavailable marks an etcd request that failed because etcd did not
-// answer in time: unreachable, no leader, a leader change, a request
-// timeout, too many requests, the caller's deadline or the call timeout. It is retry.ErrUnavailable, so the
-// allocator's callers test for it without knowing etcd or gRPC.
-var ErrUnavailable = retry.ErrUnavailable
-
-// ErrRefused marks, beside ErrUnavailable, a request etcd refused before
-// proposing it: "too many requests" (its applied index too far behind
-// its committed one) or a proposal its raft node dropped (no leader).
-// Nothing of it was applied. etcd's client retries a write only when it
-// was never sent, so no earlier attempt of the same call applied either.
-var ErrRefused = retry.ErrRefused
-
-// Unavailable wraps err with ErrUnavailable if it is such a transport
-// failure, keeping err in the chain; any other error (a refused compare,
+// Unavailable wraps err with retry.ErrUnavailable if etcd did not answer
+// in time (unreachable, no leader, a leader change, a request timeout,
+// too many requests, the caller's deadline or the call timeout), keeping
+// err in the chain, so the allocator's callers test for it without
+// knowing etcd or gRPC. If etcd refused the request before proposing it
+// ("too many requests": its applied index too far behind its committed
+// one; or a proposal its raft node dropped: no leader), err wraps
+// retry.ErrRefused too: nothing of it was applied, and etcd's client
+// retries a write only when it was never sent, so no earlier attempt of
+// the same call applied either. Any other error (a refused compare,
 // permission denied, a bad request) is returned as it is. It is the one
 // place where gRPC codes are read.
 func Unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) {
+	if err == nil || errors.Is(err, retry.ErrUnavailable) {
 		return err
 	}
 	switch transient, refused := classify(err); {
 	case refused:
-		return fmt.Errorf("%w (%w: %w)", err, ErrUnavailable, ErrRefused)
+		return fmt.Errorf("%w (%w: %w)", err, retry.ErrUnavailable, retry.ErrRefused)
 	case transient:
-		return fmt.Errorf("%w (%w)", err, ErrUnavailable)
+		return fmt.Errorf("%w (%w)", err, retry.ErrUnavailable)
 	}
 	return err
 }
@@ -50,7 +45,7 @@ const errProposalDropped = "raft proposal dropped"
 
 // classify says whether err is a try-again failure (transient) and, if
 // so, whether etcd refused the request before proposing it (refused:
-// ErrRefused, "too many requests" or a dropped proposal).
+// retry.ErrRefused, "too many requests" or a dropped proposal).
 func classify(err error) (transient, refused bool) {
 	switch {
 	// etcd's back-pressure: too many proposals in flight.

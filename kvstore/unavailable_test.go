@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -49,13 +50,13 @@ func TestUnavailableClassifies(t *testing.T) {
 		{rpctypes.ErrPermissionDenied, false},
 		{rpctypes.ErrLeaseNotFound, false},
 		{rpctypes.ErrAuthFailed, false},
-		{kvstore.ErrConflict, false},
+		{retry.ErrConflict, false},
 		{context.Canceled, false},
 		{errors.New("boom"), false},
 	} {
 		t.Run(tc.err.Error(), func(t *testing.T) {
 			err := kvstore.Unavailable(fmt.Errorf("op: %w", tc.err))
-			require.Equal(t, tc.want, errors.Is(err, kvstore.ErrUnavailable))
+			require.Equal(t, tc.want, errors.Is(err, retry.ErrUnavailable))
 			require.ErrorIs(t, err, tc.err, "the original error stays in the chain")
 		})
 	}
@@ -64,7 +65,7 @@ func TestUnavailableClassifies(t *testing.T) {
 
 // TestUnavailableTellsRefused: of the errors that say "try again", those
 // etcd gives a request it refused before proposing it also wrap
-// ErrRefused (nothing applied); a timeout, whose write may have landed,
+// retry.ErrRefused (nothing applied); a timeout, whose write may have landed,
 // does not.
 func TestUnavailableTellsRefused(t *testing.T) {
 	for _, tc := range []struct {
@@ -83,8 +84,8 @@ func TestUnavailableTellsRefused(t *testing.T) {
 	} {
 		t.Run(tc.err.Error(), func(t *testing.T) {
 			err := kvstore.Unavailable(fmt.Errorf("op: %w", tc.err))
-			require.ErrorIs(t, err, kvstore.ErrUnavailable)
-			require.Equal(t, tc.want, errors.Is(err, kvstore.ErrRefused))
+			require.ErrorIs(t, err, retry.ErrUnavailable)
+			require.Equal(t, tc.want, errors.Is(err, retry.ErrRefused))
 			require.ErrorIs(t, err, tc.err, "the original error stays in the chain")
 		})
 	}

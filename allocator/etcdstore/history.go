@@ -236,7 +236,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
 		return resp.Succeeded, nil
 	}
-	return false, fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, kvstore.ErrConflict)
+	return false, fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, records.ErrConflict)
 }
 
 // HistoryFilter selects history records; zero fields match everything.

@@ -133,7 +133,7 @@ func (s *Store) WriteNode(ctx context.Context, r NodeRecord, lease int64) error 
 // before proposing) or any error that is not a failure to answer is
 // known not to be written; otherwise the record is read back.
 func (s *Store) settleNode(ctx context.Context, r NodeRecord, val string, lease int64, err error) error {
-	if !errors.Is(err, kvstore.ErrUnavailable) || errors.Is(err, kvstore.ErrRefused) || errors.Is(err, records.ErrLeaseLost) {
+	if !errors.Is(err, records.ErrUnavailable) || errors.Is(err, records.ErrRefused) || errors.Is(err, records.ErrLeaseLost) {
 		return err
 	}
 	resp, rerr := s.kv.Get(ctx, NodeKey(r.Name))

@@ -320,6 +320,11 @@ var (
 	// ErrNodeNotSelected marks a request for a pool whose node selector
 	// does not choose this node: it takes no new block or address there.
 	ErrNodeNotSelected = errors.New("allocator: pool does not serve this node")
+	// ErrUnavailable, ErrRefused and ErrConflict are retry's sentinels
+	// (retry.Do must recognise them, and the foundation imports nothing):
+	// these are their names for every package above the records. Only
+	// retry and kvstore, below the records, spell them retry.Err....
+	//
 	// ErrUnavailable marks a request that could not be served because the
 	// store did not answer, including a write whose outcome could not be
 	// read back yet: try again.

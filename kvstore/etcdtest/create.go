@@ -6,13 +6,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
 // CreateJSON puts key only if it is absent, in one create-if-absent
 // transaction: the floor that benchmarks measure kvipam's writes against.
 // It returns the revision of the write, or an error wrapping
-// kvstore.ErrConflict if the key exists.
+// retry.ErrConflict if the key exists.
 func CreateJSON(ctx context.Context, kv clientv3.KV, key string, v any) (int64, error) {
 	val, err := kvstore.EncodeJSON(v)
 	if err != nil {
@@ -23,7 +24,7 @@ func CreateJSON(ctx context.Context, kv clientv3.KV, key string, v any) (int64, 
 		return 0, fmt.Errorf("create %s: %w", key, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return 0, fmt.Errorf("create %s: exists: %w", key, kvstore.ErrConflict)
+		return 0, fmt.Errorf("create %s: exists: %w", key, retry.ErrConflict)
 	}
 	return resp.Header.Revision, nil
 }
