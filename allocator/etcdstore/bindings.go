@@ -37,7 +37,7 @@ func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
 		return err
 	}
 	resp, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.Version(PoolKey(pool)), ">", 0)).
-		Then(clientv3.OpPut(NamespaceBindingKey(ns), val)).Commit()
+		Then(clientv3.OpPut(namespaceBindingKey(ns), val)).Commit()
 	if err != nil {
 		return fmt.Errorf("bind namespace %s: %w", ns, kvstore.Unavailable(err))
 	}
@@ -49,7 +49,7 @@ func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
 
 // UnbindNamespace removes ns's binding; none is not an error.
 func (s *Store) UnbindNamespace(ctx context.Context, ns string) error {
-	if _, err := s.kv.Delete(ctx, NamespaceBindingKey(ns)); err != nil {
+	if _, err := s.kv.Delete(ctx, namespaceBindingKey(ns)); err != nil {
 		return fmt.Errorf("unbind namespace %s: %w", ns, kvstore.Unavailable(err))
 	}
 	return nil
@@ -57,7 +57,7 @@ func (s *Store) UnbindNamespace(ctx context.Context, ns string) error {
 
 // NamespaceBindings lists every binding, by namespace.
 func (s *Store) NamespaceBindings(ctx context.Context) ([]NamespaceBinding, error) {
-	resp, err := s.kv.Get(ctx, NamespaceBindingsPrefix(), clientv3.WithPrefix())
+	resp, err := s.kv.Get(ctx, namespaceBindingsPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("list namespace bindings: %w", kvstore.Unavailable(err))
 	}
@@ -74,8 +74,8 @@ func (s *Store) NamespaceBindings(ctx context.Context) ([]NamespaceBinding, erro
 // until ctx ends, as WatchHomes does. A deleted binding names only its
 // Namespace.
 func (s *Store) WatchBindings(ctx context.Context, h Handler[NamespaceBinding]) error {
-	return s.follow(ctx, NamespaceBindingsPrefix(), decoded[NamespaceBinding]{h: h, decode: decodeBinding, fromKey: func(key string) (NamespaceBinding, bool) {
-		return NamespaceBinding{Namespace: strings.TrimPrefix(key, NamespaceBindingsPrefix())}, true
+	return s.follow(ctx, namespaceBindingsPrefix(), decoded[NamespaceBinding]{h: h, decode: decodeBinding, fromKey: func(key string) (NamespaceBinding, bool) {
+		return NamespaceBinding{Namespace: strings.TrimPrefix(key, namespaceBindingsPrefix())}, true
 	}})
 }
 
@@ -84,6 +84,6 @@ func decodeBinding(kv *mvccpb.KeyValue) (NamespaceBinding, bool) {
 	if json.Unmarshal(kv.Value, &b) != nil || b.Pool == "" {
 		return NamespaceBinding{}, false
 	}
-	b.Namespace = strings.TrimPrefix(string(kv.Key), NamespaceBindingsPrefix())
+	b.Namespace = strings.TrimPrefix(string(kv.Key), namespaceBindingsPrefix())
 	return b, true
 }

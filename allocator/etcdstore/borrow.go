@@ -17,7 +17,7 @@ import (
 // node's lease; a fence of this node on an older lease (the agent
 // restarted within the TTL) is moved to the new one.
 func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64) (int64, error) {
-	key := BorrowerKey(c.Node)
+	key := borrowerKey(c.Node)
 	val, err := kvstore.EncodeJSON(c)
 	if err != nil {
 		return 0, err
@@ -75,7 +75,7 @@ func decodeLent(pool, key string, val []byte) (netip.Addr, string, bool) {
 	}
 	var h records.Home
 	if json.Unmarshal(val, &h) != nil {
-		h.Node = UnknownNode
+		h.Node = unknownNode
 	}
 	return addr, h.Node, true
 }
@@ -99,7 +99,7 @@ func (s *Store) PoolSnapshot(ctx context.Context, pool string) (records.PoolSnap
 		}
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		b, addr, err := ParseIPKey(pool, string(kv.Key))
+		b, addr, err := parseIPKey(pool, string(kv.Key))
 		if err != nil {
 			continue
 		}

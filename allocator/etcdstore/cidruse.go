@@ -40,11 +40,11 @@ func (s *Store) CIDRUse(ctx context.Context, pool string, cidr netip.Prefix) (CI
 	if err != nil {
 		return CIDRUse{}, err
 	}
-	return UseOf(snap, cidr), nil
+	return useOf(snap, cidr), nil
 }
 
-// UseOf is what snap holds in cidr.
-func UseOf(snap records.PoolSnapshot, cidr netip.Prefix) CIDRUse {
+// useOf is what snap holds in cidr.
+func useOf(snap records.PoolSnapshot, cidr netip.Prefix) CIDRUse {
 	return useWhere(snap, func(b netip.Prefix) bool { return cidr.Overlaps(b) })
 }
 

@@ -78,7 +78,7 @@ func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []records.BlockIn
 			continue
 		}
 		if err != nil {
-			c = records.Claim{Node: UnknownNode}
+			c = records.Claim{Node: unknownNode}
 		}
 		bi := get(b)
 		bi.Claim, bi.ClaimRev, bi.ClaimLease = &c, kv.ModRevision, kv.Lease
@@ -89,7 +89,7 @@ func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []records.BlockIn
 			continue
 		}
 		if err != nil {
-			h = records.Home{Node: UnknownNode}
+			h = records.Home{Node: unknownNode}
 		}
 		bi := get(b)
 		bi.Home, bi.HomeRev = &h, kv.ModRevision
@@ -101,9 +101,9 @@ func blockInfos(pool string, claims, homes []*mvccpb.KeyValue) []records.BlockIn
 	return out
 }
 
-// UnknownNode stands for the owner of a claim or home whose value cannot
+// unknownNode stands for the owner of a claim or home whose value cannot
 // be decoded.
-const UnknownNode = "?"
+const unknownNode = "?"
 
 var errBadBlockKey = errors.New("key names no block")
 
@@ -202,7 +202,7 @@ func claimError(b netip.Prefix, resp *clientv3.TxnResponse, poolRev int64) error
 		if v, err := kvstore.Decode[records.Claim](kvs[0]); err == nil {
 			ce.ClaimedBy = v.Value.Node
 		} else {
-			ce.ClaimedBy = UnknownNode
+			ce.ClaimedBy = unknownNode
 		}
 		ce.ClaimRev, ce.ClaimLease = kvs[0].ModRevision, kvs[0].Lease
 	}

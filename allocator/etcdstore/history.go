@@ -66,15 +66,15 @@ func HistoryOf(al records.Allocation, end time.Time, reason string) HistoryRecor
 // HistoryPrefix lists every history record.
 func HistoryPrefix() string { return Prefix + "history/" }
 
-// IPHistoryPrefix lists the history of one address.
-func IPHistoryPrefix(pool string, addr netip.Addr) string {
+// ipHistoryPrefix lists the history of one address.
+func ipHistoryPrefix(pool string, addr netip.Addr) string {
 	return HistoryPrefix() + pool + "/" + addr.String() + "/"
 }
 
-// HistoryKey is one record: under its address, ordered by end time (a
+// historyKey is one record: under its address, ordered by end time (a
 // fixed-width number, so that key order is time order), then by owner.
-func HistoryKey(r HistoryRecord, addr netip.Addr) string {
-	return fmt.Sprintf("%s%020d-%s-%s", IPHistoryPrefix(r.Pool, addr), r.End.UnixNano(), r.ContainerID, r.IfName)
+func historyKey(r HistoryRecord, addr netip.Addr) string {
+	return fmt.Sprintf("%s%020d-%s-%s", ipHistoryPrefix(r.Pool, addr), r.End.UnixNano(), r.ContainerID, r.IfName)
 }
 
 // HistoryRecorder writes history records on retention leases. It shares
@@ -164,7 +164,7 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 	if err != nil {
 		return clientv3.Op{}, 0, false, err
 	}
-	return clientv3.OpPut(HistoryKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
+	return clientv3.OpPut(historyKey(r, addr), val, clientv3.WithLease(lease)), lease, true, nil
 }
 
 // Commit runs commit with the operations that record rs (none when
@@ -254,7 +254,7 @@ type HistoryFilter struct {
 func (s *Store) History(ctx context.Context, f HistoryFilter) ([]HistoryRecord, error) {
 	prefix := HistoryPrefix()
 	if f.IP.IsValid() && f.Pool != "" {
-		prefix = IPHistoryPrefix(f.Pool, f.IP)
+		prefix = ipHistoryPrefix(f.Pool, f.IP)
 	}
 	vs, _, err := kvstore.ListJSON[HistoryRecord](ctx, s.kv, prefix)
 	if err != nil {
@@ -286,7 +286,7 @@ func (s *Store) LastReleased(ctx context.Context, pool string, addrs []netip.Add
 	for chunk := range slices.Chunk(addrs, 64) {
 		ops := make([]clientv3.Op, len(chunk))
 		for i, addr := range chunk {
-			ops[i] = clientv3.OpGet(IPHistoryPrefix(pool, addr), clientv3.WithPrefix(),
+			ops[i] = clientv3.OpGet(ipHistoryPrefix(pool, addr), clientv3.WithPrefix(),
 				clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))
 		}
 		resp, err := s.kv.Txn(ctx).Then(ops...).Commit()

@@ -28,7 +28,7 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]rec
 			// address it names is reported as taken by an unknown owner,
 			// so it is never handed out; anything else under the prefix
 			// only makes the block non-empty.
-			_, addr, perr := ParseIPKey(pool, string(kv.Key))
+			_, addr, perr := parseIPKey(pool, string(kv.Key))
 			if perr != nil {
 				continue
 			}
@@ -41,7 +41,7 @@ func (s *Store) ListIPs(ctx context.Context, pool string, b netip.Prefix) ([]rec
 
 // DecodeAllocation turns one allocation key-value of pool into an Allocation.
 func DecodeAllocation(pool string, kv *mvccpb.KeyValue) (records.Allocation, error) {
-	b, a, err := ParseIPKey(pool, string(kv.Key))
+	b, a, err := parseIPKey(pool, string(kv.Key))
 	if err != nil {
 		return records.Allocation{}, err
 	}
@@ -91,7 +91,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		if w.Borrowed {
 			// Fenced by the writer's own lease, into a block that still
 			// has a home (held or orphaned, not released meanwhile).
-			fk, hk := BorrowerKey(w.Record.Node), HomeKey(w.Pool, w.Block)
+			fk, hk := borrowerKey(w.Record.Node), HomeKey(w.Pool, w.Block)
 			fence(kvstore.Unchanged(fk, w.ClaimRev), fk)
 			fence(kvstore.Exists(hk), hk)
 		} else {
@@ -156,7 +156,7 @@ func (s *Store) explainWrite(ctx context.Context, writes []records.IPWrite) erro
 	for _, w := range writes {
 		fk := ClaimKey(w.Pool, w.Block)
 		if w.Borrowed {
-			fk = BorrowerKey(w.Record.Node)
+			fk = borrowerKey(w.Record.Node)
 		}
 		for _, k := range []string{fk, HomeKey(w.Pool, w.Block), IPKey(w.Pool, w.Block, w.Addr)} {
 			if !seen[k] {
@@ -181,7 +181,7 @@ func (s *Store) explainWrite(ctx context.Context, writes []records.IPWrite) erro
 		ip := modRev(IPKey(w.Pool, w.Block, w.Addr))
 		taken := (w.PrevRev == 0 && ip != 0) || (w.PrevRev != 0 && ip != w.PrevRev)
 		switch {
-		case w.Borrowed && modRev(BorrowerKey(w.Record.Node)) != w.ClaimRev:
+		case w.Borrowed && modRev(borrowerKey(w.Record.Node)) != w.ClaimRev:
 			we.FenceLost = true
 		case w.Borrowed && modRev(HomeKey(w.Pool, w.Block)) == 0 && !fenced[w.Block]:
 			// The block was released (node remove deleted its home): no

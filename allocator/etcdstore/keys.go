@@ -26,10 +26,10 @@ func PoolsPrefix() string { return Prefix + "pools/" }
 // DeletedPoolKey marks a pool an operator deleted (kvipamctl pool
 // delete); no lease. An agent's configuration does not seed a pool of
 // that name again (SeedPool); pool create removes the mark.
-func DeletedPoolKey(pool string) string { return DeletedPoolsPrefix() + pool }
+func DeletedPoolKey(pool string) string { return deletedPoolsPrefix() + pool }
 
-// DeletedPoolsPrefix lists every deleted pool's mark.
-func DeletedPoolsPrefix() string { return Prefix + "deleted-pools/" }
+// deletedPoolsPrefix lists every deleted pool's mark.
+func deletedPoolsPrefix() string { return Prefix + "deleted-pools/" }
 
 // NodeKey is the node record, on the node's lease.
 func NodeKey(node string) string { return NodesPrefix() + node }
@@ -76,9 +76,9 @@ func LentPrefix(pool string) string { return HomesPrefix(pool) + "ip/" }
 // the allocation's lease (a reservation's) or none, and goes with it.
 func LentKey(pool string, a netip.Addr) string { return LentPrefix(pool) + a.String() }
 
-// BorrowerKey is a node's borrow fence, on the node's lease: borrowed
+// borrowerKey is a node's borrow fence, on the node's lease: borrowed
 // writes compare its revision, as block writes compare their claim's.
-func BorrowerKey(node string) string { return Prefix + "borrowers/" + node }
+func borrowerKey(node string) string { return Prefix + "borrowers/" + node }
 
 // AllStickyPrefix lists every pool's sticky bindings.
 func AllStickyPrefix() string { return Prefix + "sticky/" }
@@ -114,8 +114,8 @@ func lastSegment(key, prefix string) (string, error) {
 	return rest, nil
 }
 
-// ParseIPKey splits an allocation key of pool into block and address.
-func ParseIPKey(pool, key string) (netip.Prefix, netip.Addr, error) {
+// parseIPKey splits an allocation key of pool into block and address.
+func parseIPKey(pool, key string) (netip.Prefix, netip.Addr, error) {
 	rest, ok := strings.CutPrefix(key, IPsPrefix(pool))
 	if !ok {
 		return netip.Prefix{}, netip.Addr{}, fmt.Errorf("key %q is not an allocation of pool %s", key, pool)
@@ -135,8 +135,8 @@ func ParseIPKey(pool, key string) (netip.Prefix, netip.Addr, error) {
 	return b, a, nil
 }
 
-// NamespaceBindingsPrefix lists every namespace's default pool.
-func NamespaceBindingsPrefix() string { return Prefix + "nsbindings/" }
+// namespaceBindingsPrefix lists every namespace's default pool.
+func namespaceBindingsPrefix() string { return Prefix + "nsbindings/" }
 
-// NamespaceBindingKey is namespace ns's default pool.
-func NamespaceBindingKey(ns string) string { return NamespaceBindingsPrefix() + ns }
+// namespaceBindingKey is namespace ns's default pool.
+func namespaceBindingKey(ns string) string { return namespaceBindingsPrefix() + ns }

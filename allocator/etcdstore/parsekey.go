@@ -44,7 +44,7 @@ type Key struct {
 //
 // It is lenient where the allocator is strict, for an operator's view of
 // what etcd holds: an allocation whose address is not in its key's block
-// is read as it is (ParseIPKey refuses it), since it still makes etcd see
+// is read as it is (parseIPKey refuses it), since it still makes etcd see
 // that block as non-empty.
 //
 // A key under a kind's subtree that does not have that kind's shape
@@ -60,8 +60,8 @@ func ParseKey(key string) (Key, error) {
 	}{
 		{PoolsPrefix(), func(rest string) (Key, error) { return parseName(KeyPool, rest, PoolsPrefix()+"<pool>") }},
 		{NodesPrefix(), func(rest string) (Key, error) { return parseName(KeyNode, rest, NodesPrefix()+"<node>") }},
-		{DeletedPoolsPrefix(), func(rest string) (Key, error) {
-			return parseName(KeyDeletedPool, rest, DeletedPoolsPrefix()+"<pool>")
+		{deletedPoolsPrefix(), func(rest string) (Key, error) {
+			return parseName(KeyDeletedPool, rest, deletedPoolsPrefix()+"<pool>")
 		}},
 		{AllClaimsPrefix(), func(rest string) (Key, error) { return parseBlockKey(KeyClaim, rest, AllClaimsPrefix()) }},
 		{AllHomesPrefix(), parseHome},

@@ -118,7 +118,7 @@ func (s *Store) RemoveCIDR(ctx context.Context, name string, cidr netip.Prefix, 
 		if len(p.CIDRs) == 1 {
 			return fmt.Errorf("remove cidr %s from pool %s: %w: it is the pool's last cidr; delete the pool instead", cidr, name, records.ErrBadRequest)
 		}
-		if use := UseOf(snap, cidr); use.Any() {
+		if use := useOf(snap, cidr); use.Any() {
 			return fmt.Errorf("remove cidr %s from pool %s: %w: %s; drain it (kvipamctl pool drain-cidr %s %s), wait for its pods to go, and run drain-cidr again to see what is left",
 				cidr, name, ErrPoolInUse, use, name, cidr)
 		}
