@@ -44,7 +44,7 @@ type GuardedDelete struct {
 	History *HistoryRecord
 }
 
-// DeleteGuarded runs d as one transaction on kv: it compares d.Key's
+// deleteGuarded runs d as one transaction on kv: it compares d.Key's
 // revision and every guard, and deletes d.Key and d.Also, recording
 // d.History through hist when both are set (hist nil: no history). A
 // delete with no guards and no record is one kvstore.DeleteAt.
@@ -56,7 +56,7 @@ type GuardedDelete struct {
 // as every write is: d.Key is read back, and the delete is done if the key
 // is gone, not applied if it is still at d.Rev. ctx bounds the
 // transaction and the read-back.
-func DeleteGuarded(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d GuardedDelete) (gone bool, err error) {
+func deleteGuarded(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d GuardedDelete) (gone bool, err error) {
 	gone, err = tryDelete(ctx, kv, hist, d)
 	if err == nil || errors.Is(err, records.ErrConflict) {
 		return gone, err

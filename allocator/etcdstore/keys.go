@@ -32,10 +32,10 @@ func DeletedPoolKey(pool string) string { return deletedPoolsPrefix() + pool }
 func deletedPoolsPrefix() string { return Prefix + "deleted-pools/" }
 
 // NodeKey is the node record, on the node's lease.
-func NodeKey(node string) string { return NodesPrefix() + node }
+func NodeKey(node string) string { return nodesPrefix() + node }
 
-// NodesPrefix lists every live node.
-func NodesPrefix() string { return Prefix + "nodes/" }
+// nodesPrefix lists every live node.
+func nodesPrefix() string { return Prefix + "nodes/" }
 
 // AllClaimsPrefix lists every pool's claims.
 func AllClaimsPrefix() string { return Prefix + "claims/" }
@@ -80,11 +80,11 @@ func LentKey(pool string, a netip.Addr) string { return LentPrefix(pool) + a.Str
 // writes compare its revision, as block writes compare their claim's.
 func borrowerKey(node string) string { return Prefix + "borrowers/" + node }
 
-// AllStickyPrefix lists every pool's sticky bindings.
-func AllStickyPrefix() string { return Prefix + "sticky/" }
+// allStickyPrefix lists every pool's sticky bindings.
+func allStickyPrefix() string { return Prefix + "sticky/" }
 
 // StickyPrefix lists a pool's sticky bindings.
-func StickyPrefix(pool string) string { return AllStickyPrefix() + pool + "/" }
+func StickyPrefix(pool string) string { return allStickyPrefix() + pool + "/" }
 
 // BindingKey is a sticky identity's binding: which addresses it holds
 // and who holds them now. No lease while a pod holds them; the kept

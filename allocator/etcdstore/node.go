@@ -91,7 +91,7 @@ func (ip LostIP) Holder() string {
 // ListNodes reads the live nodes' records (a node's record goes with its
 // lease), sorted by name.
 func (s *Store) ListNodes(ctx context.Context) ([]NodeRecord, error) {
-	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.kv, NodesPrefix())
+	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.kv, nodesPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("list node records: %w", err)
 	}

@@ -59,14 +59,14 @@ func ParseKey(key string) (Key, error) {
 		parse  func(rest string) (Key, error)
 	}{
 		{PoolsPrefix(), func(rest string) (Key, error) { return parseName(KeyPool, rest, PoolsPrefix()+"<pool>") }},
-		{NodesPrefix(), func(rest string) (Key, error) { return parseName(KeyNode, rest, NodesPrefix()+"<node>") }},
+		{nodesPrefix(), func(rest string) (Key, error) { return parseName(KeyNode, rest, nodesPrefix()+"<node>") }},
 		{deletedPoolsPrefix(), func(rest string) (Key, error) {
 			return parseName(KeyDeletedPool, rest, deletedPoolsPrefix()+"<pool>")
 		}},
 		{AllClaimsPrefix(), func(rest string) (Key, error) { return parseBlockKey(KeyClaim, rest, AllClaimsPrefix()) }},
 		{AllHomesPrefix(), parseHome},
 		{AllIPsPrefix(), parseIP},
-		{AllStickyPrefix(), parseBinding},
+		{allStickyPrefix(), parseBinding},
 	} {
 		if rest, ok := strings.CutPrefix(key, k.prefix); ok {
 			return k.parse(rest)
@@ -155,7 +155,7 @@ func parseIP(rest string) (Key, error) {
 func parseBinding(rest string) (Key, error) {
 	seg, ok := segments(rest, 3)
 	if !ok {
-		return Key{Kind: KeyBinding}, fmt.Errorf("unexpected key: want %s<pool>/<namespace>/<name>", AllStickyPrefix())
+		return Key{Kind: KeyBinding}, fmt.Errorf("unexpected key: want %s<pool>/<namespace>/<name>", allStickyPrefix())
 	}
 	return Key{Kind: KeyBinding, Pool: seg[0], Identity: seg[1] + "/" + seg[2]}, nil
 }

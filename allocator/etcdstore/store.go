@@ -1,8 +1,9 @@
 // Package etcdstore keeps kvipam's allocation state in etcd: the key
 // layout of docs/etcd-schema.md, its parsing (ParseKey), and the fenced
 // transactions that uphold the invariants of docs/design.md, an operator's
-// guarded deletes (DeleteGuarded) included. It is the one door to etcd:
-// no other package builds a key, reads one back or writes a transaction.
+// guarded deletes and whole-store reads (Operator) included. It is the one
+// door to etcd: no other package builds a key, reads one back or writes a
+// transaction.
 // It implements records.Store.
 package etcdstore
 

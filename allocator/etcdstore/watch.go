@@ -64,8 +64,8 @@ func (s *Store) WatchHomes(ctx context.Context, h Handler[BlockHome]) error {
 // ends, as WatchHomes does. A record goes when its node's lease ends; the
 // deleted one names only the node.
 func (s *Store) WatchNodes(ctx context.Context, h Handler[NodeInfo]) error {
-	return s.follow(ctx, NodesPrefix(), decoded[NodeInfo]{h: h, decode: decodeNodeInfo, fromKey: func(key string) (NodeInfo, bool) {
-		return NodeInfo{Name: strings.TrimPrefix(key, NodesPrefix())}, true
+	return s.follow(ctx, nodesPrefix(), decoded[NodeInfo]{h: h, decode: decodeNodeInfo, fromKey: func(key string) (NodeInfo, bool) {
+		return NodeInfo{Name: strings.TrimPrefix(key, nodesPrefix())}, true
 	}})
 }
 
@@ -166,7 +166,7 @@ func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
 	if json.Unmarshal(kv.Value, &r) != nil {
 		return NodeInfo{}, false
 	}
-	n := NodeInfo{Name: strings.TrimPrefix(string(kv.Key), NodesPrefix())}
+	n := NodeInfo{Name: strings.TrimPrefix(string(kv.Key), nodesPrefix())}
 	for _, s := range r.Addresses {
 		if a, err := netip.ParseAddr(s); err == nil {
 			n.Addresses = append(n.Addresses, a)

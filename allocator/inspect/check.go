@@ -3,13 +3,10 @@ package inspect
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator/records"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Kind names what a finding is about. The values are stable: scripts may
@@ -91,15 +88,11 @@ func (in *Inspector) Check(ctx context.Context, s *Snapshot) (Report, error) {
 		if _, done := ttls[ip.Lease]; done {
 			continue
 		}
-		resp, err := in.cli.TimeToLive(ctx, clientv3.LeaseID(ip.Lease))
-		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			ttls[ip.Lease] = -1
-		case err != nil:
+		ttl, err := in.st.LeaseTTL(ctx, ip.Lease)
+		if err != nil {
 			return Report{}, fmt.Errorf("look up lease %x of %s: %w", ip.Lease, ip.Key, err)
-		default:
-			ttls[ip.Lease] = resp.TTL
 		}
+		ttls[ip.Lease] = ttl
 	}
 	return CheckSnapshot(s, ttls), nil
 }

@@ -4,8 +4,9 @@
 //
 // # Reading
 //
-// [Inspector.Snapshot] reads the whole /kvipam/v1/ tree with range reads,
-// one per record kind (pools, nodes, claims, homes, ips), all at the
+// [Inspector.Snapshot] reads the whole /kvipam/v1/ tree through
+// etcdstore.Operator.ScanAll with range reads, one per record kind (pools,
+// nodes, claims, homes, ips, sticky bindings), all at the
 // revision of the first, so every view describes one instant. It never reads
 // one key per address: a cluster of 150,000 allocations is one range read.
 // Keys that cannot be parsed or decoded are kept aside in the snapshot, so a

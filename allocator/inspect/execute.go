@@ -42,7 +42,7 @@ type Result struct {
 	Skipped  int       `json:"skipped"`
 }
 
-// Execute runs the plan's steps in order, each one etcdstore.DeleteGuarded:
+// Execute runs the plan's steps in order, each one etcdstore.Operator.DeleteGuarded:
 // one transaction comparing the key's revision and every guard. Each key deleted gets an audit line on log.
 // Execute goes on after a failed step, skipping only the rest of its
 // group, and returns an error joining the failures; running the plan again
@@ -88,7 +88,7 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 	return res, nil
 }
 
-// deleteStep runs one step through etcdstore.DeleteGuarded, which also
+// deleteStep runs one step through etcdstore.Operator.DeleteGuarded, which also
 // settles a transaction of unknown outcome (the answer lost, a deadline)
 // as every write is: by reading the key back.
 func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
@@ -98,7 +98,7 @@ func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
 		rec.End = in.now().UTC()
 		d.History = &rec
 	}
-	gone, err := etcdstore.DeleteGuarded(ctx, in.cli, in.opts.History, d)
+	gone, err := in.st.DeleteGuarded(ctx, in.opts.History, d)
 	switch {
 	case err != nil:
 		return StatusFailed, err

@@ -14,7 +14,7 @@ import (
 
 // lostAnswers is an inspect.Client whose transactions commit in etcd and
 // then report an error, n times, as a deadline passing after the commit.
-// The inspector hands it to etcdstore.DeleteGuarded, which runs each
+// The inspector hands it to etcdstore.Operator.DeleteGuarded, which runs each
 // step's transaction on it and reads the key back through it.
 type lostAnswers struct {
 	*clientv3.Client
