@@ -214,6 +214,7 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	seedPools(ctx, a.store, a.cfg.Pools, a.log.Named("pools"))
+	publishHistoryRetention(ctx, a.store, a.cfg.HistoryRetention.Duration, a.cfg.Node, a.log)
 	a.batch = newGroupCommit(batchFunc[nodealloc.Request, nodealloc.Outcome](a.alloc.AllocateBatch), a.cfg.MaxBatch, a.cfg.BatchWait.Duration, a.cfg.RequestTimeout.Duration)
 	a.batch.sizes = a.m.batch
 	if a.dp, err = openDatapath(a.cfg, a.log); err != nil {

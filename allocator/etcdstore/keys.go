@@ -31,6 +31,10 @@ func DeletedPoolKey(pool string) string { return deletedPoolsPrefix() + pool }
 // deletedPoolsPrefix lists every deleted pool's mark.
 func deletedPoolsPrefix() string { return Prefix + "deleted-pools/" }
 
+// historySettingKey is the IP-history retention the agents run with
+// (HistorySetting); no lease.
+func historySettingKey() string { return Prefix + "settings/history" }
+
 // NodeKey is the node record, on the node's lease.
 func NodeKey(node string) string { return nodesPrefix() + node }
 

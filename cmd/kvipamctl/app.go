@@ -40,7 +40,10 @@ type globalFlags struct {
 	socket      string
 	progress    string
 	pageSize    int
-	retention   time.Duration
+	// retention is --history-retention, used only when retentionSet;
+	// otherwise the deletes follow the agents' (historyRecorder).
+	retention    time.Duration
+	retentionSet bool
 }
 
 // app is one run of kvipamctl: its flags, its stdio, and the etcd client
@@ -67,6 +70,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			a.flags.retentionSet = cmd.Flags().Changed("history-retention")
 			if err := a.validate(); err != nil {
 				return err
 			}
@@ -89,7 +93,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.StringVar(&a.flags.socket, "socket", client.DefaultSocket, "the local agent's unix socket (agent and endpoint commands)")
 	f.StringVar(&a.flags.progress, "progress", "auto", "progress lines on stderr every 10000 keys scanned: auto (when stderr is a terminal), always or never")
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
-	f.DurationVar(&a.flags.retention, "history-retention", etcdstore.DefaultHistoryRetention, "how long IP history keeps the intervals that release and node remove end (as the agents' --history-retention); 0: record none")
+	f.DurationVar(&a.flags.retention, "history-retention", 0, "how long IP history keeps the intervals that release and node remove end; unset: the agents' --history-retention, which they store in etcd ("+etcdstore.DefaultHistoryRetention.String()+" if none has); 0: record none")
 	root.AddCommand(a.poolCmd(), a.claimCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
 		a.agentCmd(), a.endpointCmd())
 	refuseUnknownSubcommands(root)
@@ -111,6 +115,9 @@ func (a *app) validate() error {
 	}
 	if a.flags.timeout <= 0 {
 		return fmt.Errorf("--timeout must be positive, got %s", a.flags.timeout)
+	}
+	if a.flags.retention < 0 {
+		return fmt.Errorf("--history-retention must not be negative (0 records none), got %s", a.flags.retention)
 	}
 	return nil
 }
@@ -169,12 +176,28 @@ func (a *app) close() {
 }
 
 // snapshot connects and reads the whole kvipam state, with progress lines.
+// Its inspector records no IP history: see writeSnapshot.
 func (a *app) snapshot(ctx context.Context) (*inspect.Inspector, *inspect.Snapshot, error) {
+	return a.open(ctx, false)
+}
+
+// writeSnapshot is snapshot for a command that deletes: its inspector
+// records the IP history of what it deletes (historyRecorder).
+func (a *app) writeSnapshot(ctx context.Context) (*inspect.Inspector, *inspect.Snapshot, error) {
+	return a.open(ctx, true)
+}
+
+func (a *app) open(ctx context.Context, history bool) (*inspect.Inspector, *inspect.Snapshot, error) {
 	cli, err := a.client(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	o := inspect.Options{PageSize: a.flags.pageSize, History: etcdstore.NewHistoryRecorder(cli, a.flags.retention)}
+	o := inspect.Options{PageSize: a.flags.pageSize}
+	if history {
+		if o.History, err = a.historyRecorder(ctx, cli); err != nil {
+			return nil, nil, err
+		}
+	}
 	if a.flags.progress == "always" || a.flags.progress == "auto" && isTerminal(a.stderr) {
 		o.Progress = func(n int) { fmt.Fprintf(a.stderr, "kvipamctl: scanned %d keys\n", n) }
 	}

@@ -48,7 +48,7 @@ func (a *app) planAndApply(ctx context.Context, w io.Writer, e evidenceFlags, dr
 	if err != nil {
 		return err
 	}
-	in, s, err := a.snapshot(ctx)
+	in, s, err := a.writeSnapshot(ctx)
 	if err != nil {
 		return err
 	}
