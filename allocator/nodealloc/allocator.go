@@ -2,7 +2,6 @@ package nodealloc
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
 	"sync"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/nodealloc/planner"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
@@ -61,10 +61,30 @@ type Config struct {
 	Held func() []netip.Addr
 }
 
+// Request asks for one address per family for an owner.
+type Request = planner.Request
+
+// Result is what an owner holds in a pool after a request.
+type Result = planner.Result
+
+// Loan is another node's hold on an address of this node's block: the
+// node, and the revision its home was written at.
+type Loan = planner.Loan
+
 // Allocator hands out IPs from the blocks one node owns, claiming
 // blocks from the shared pool as needed. etcd (through Store) is the
-// source of truth; the in-memory maps are a cache rebuilt by Restore and
-// corrected whenever a write finds them wrong.
+// source of truth; the planner (package planner) holds the node's cache
+// of it, rebuilt by Restore and corrected whenever a write finds it
+// wrong, and makes every decision on it. The Allocator is the driver:
+// it holds the locks (inflight.go says the rule), makes the store calls
+// the planner asks for, retries, and parks and settles calls of unknown
+// outcome.
+//
+// The store calls are in four files, one per stage of an address's
+// life: allocate.go (the ADD: plan, claim, borrow, write, confirm),
+// release.go (the DEL: release, keep, drop a binding, give a block back,
+// record a lapse), settle.go (reads that fold into the cache: read-backs,
+// block loads) and restore.go (restore, sweep, reassert).
 //
 // Allocator is safe for concurrent use. Allocations are serialized: a
 // batch (AllocateBatch) is the way to get throughput, one transaction for
@@ -73,23 +93,21 @@ type Config struct {
 type Allocator struct {
 	cfg    Config
 	log    hclog.Logger
-	events hclog.Logger // one line per allocation and release (events.go)
+	events hclog.Logger // one line per allocation and release
 
 	// allocMu serializes allocations, Restore, Reassert, UpdatePool and
 	// GiveBackEmpty; it is taken before mu (inflight.go).
 	allocMu sync.Mutex
 	mu      sync.Mutex
-	// busy holds the owners of the allocation in flight, and busyDone is
-	// closed when it ends; both nil between allocations (inflight.go).
-	busy     map[string]bool
-	busyDone chan struct{}
-	lease    Lease
+	flight  inflight
+	n       *planner.Node // guarded by mu
+	reads   cacheReader
+	claims  claimer
+	voice   voice
+	lease   Lease
+	// restored: Restore read the pools on the current lease.
 	restored bool
-	pools    map[string]*poolState
-	labels   map[string]string
-	// fenceRev is the revision of the node's borrow fence on the current
-	// lease; 0 until the first borrow (borrow.go).
-	fenceRev int64
+	fence    fence
 	// lapsed are reservations seen to lapse whose end is not yet in IP
 	// history (lapses.go); they have their own lock, so recording never
 	// waits behind allocation.
@@ -117,14 +135,15 @@ func New(cfg Config) (*Allocator, error) {
 		cfg.Now = time.Now
 	}
 	log := cfg.Logger.Named("allocator")
-	return &Allocator{cfg: cfg, log: log, events: log.Named("ip"), pools: map[string]*poolState{}, labels: maps.Clone(cfg.Labels)}, nil
-}
-
-// Node is the node this allocator serves.
-func (a *Allocator) Node() string { return a.cfg.Node }
-
-func (a *Allocator) claimRecord() records.Claim {
-	return records.Claim{Node: a.cfg.Node, BootID: a.cfg.BootID, ClaimedAt: a.cfg.Now().UTC()}
+	a := &Allocator{cfg: cfg, log: log, events: log.Named("ip")}
+	a.n = planner.NewNode(cfg.Node, cfg.Labels, cfg.Now, cfg.Held)
+	a.flight.mu = &a.mu
+	a.reads = cacheReader{st: cfg.Store, n: a.n}
+	a.voice = voice{n: a.n, log: log, events: a.events, lapsed: &a.lapsed}
+	a.fence = fence{st: cfg.Store, claim: func() records.Claim { return a.n.ClaimRecord(cfg.BootID) }, lease: func() int64 { return a.lease.ID() }}
+	a.claims = claimer{n: a.n, st: cfg.Store, reads: a.reads, flight: &a.flight, log: log, node: cfg.Node, bootID: cfg.BootID,
+		retry: cfg.ClaimRetry, lease: func() int64 { return a.lease.ID() }, ready: a.ready}
+	return a, nil
 }
 
 // ready checks that the allocator may write now.
@@ -138,62 +157,39 @@ func (a *Allocator) ready() error {
 	return nil
 }
 
-func (a *Allocator) poolState(name string) (*poolState, error) {
-	ps, ok := a.pools[name]
-	if !ok {
-		return nil, fmt.Errorf("pool %q is not served on node %s: no such pool in etcd (kvipamctl pool list): %w", name, a.cfg.Node, records.ErrPoolNotFound)
-	}
-	return ps, nil
+// voice says what the planner's decisions did (planner.Event): a line
+// per allocation and release on the allocator.ip logger, notes on the
+// allocator's; a lapse waits to be recorded in IP history (lapses.go).
+// The driver calls say, with mu held, at the end of every call that can
+// decide.
+type voice struct {
+	n           *planner.Node
+	log, events hclog.Logger
+	lapsed      *lapses
 }
 
-// selected reports whether ps's node selector chooses this node: only
-// then does the node take new blocks and addresses in it.
-func (a *Allocator) selected(ps *poolState) bool { return ps.pool.Selects(a.labels) }
-
-// draining reports whether the node gives every empty block of ps back:
-// the pool is disabled or refused, or its selector no longer chooses the
-// node.
-func (a *Allocator) draining(ps *poolState) bool {
-	return ps.pool.Disabled || ps.refused != nil || !a.selected(ps)
-}
-
-// refusedErr is the error of a request for a refused pool, naming why.
-func refusedErr(ps *poolState) error {
-	return fmt.Errorf("%w: pool %s is refused and hands out no addresses: %w (fix or delete it: kvipamctl pool remove-cidr, pool delete)",
-		records.ErrPoolDisabled, ps.pool.Name, ps.refused)
-}
-
-// logRefused reports a refused pool spec at ERROR: an operator must fix
-// or delete it.
-func (a *Allocator) logRefused(ps *poolState) {
-	if ps.refused != nil {
-		a.log.Error("pool refused: its spec in etcd is invalid; it hands out nothing new, pods keep what they hold in it (kvipamctl pool show)",
-			"pool", ps.pool.Name, "rev", ps.pool.Rev, "reason", ps.refused)
+func (v voice) say() {
+	for _, e := range v.n.Events() {
+		al := &e.Al
+		switch e.Kind {
+		case planner.Allocated:
+			v.events.Info("ip allocated", ipFields(al)...)
+		case planner.Ended:
+			v.events.Info("ip "+e.How, append(ipFields(al), "end", e.End.UTC().Format(time.RFC3339Nano))...)
+		case planner.Reasserted:
+			v.events.Warn("ip re-asserted", ipFields(al)...)
+		case planner.Lapsed:
+			v.lapsed.add(e.Al, e.End)
+		case planner.Note:
+			v.log.Log(hclog.Level(int(e.Level)+int(hclog.Debug)), e.Msg, e.Args...)
+		}
 	}
 }
 
-// notSelected is the error of a request for a pool that does not choose
-// this node, naming the pool, its selector and the node's labels.
-func (a *Allocator) notSelected(ps *poolState) error {
-	return fmt.Errorf("%w: pool %s serves only nodes matching %q; node %s (labels %s) takes no new address there (kvipamctl pool show %s lists the nodes it serves)",
-		records.ErrNodeNotSelected, ps.pool.Name, ps.pool.NodeSelector, a.cfg.Node, a.labelText(), ps.pool.Name)
-}
-
-// takeoverNotSelected is the error of a sticky identity's pod on a node
-// ps's selector leaves out: b's addresses stay where they are.
-func (a *Allocator) takeoverNotSelected(ps *poolState, b records.Binding) error {
-	where := fmt.Sprintf("held by its pod %s/%s on node %s", b.Owner.Namespace, b.Owner.Pod, b.Node)
-	if b.Kept() {
-		where = "kept for it until " + b.Since.Add(b.Window()).UTC().Format(time.RFC3339)
-	}
-	return fmt.Errorf("%w: sticky identity %s has %v in pool %s (%s), which serves only nodes matching %q; node %s (labels %s) cannot take them over: run the identity's pods on nodes the selector chooses (kvipamctl pool show %s lists them)",
-		records.ErrNodeNotSelected, b.Identity, b.Addrs, ps.pool.Name, where, ps.pool.NodeSelector, a.cfg.Node, a.labelText(), ps.pool.Name)
-}
-
-// labelText is the node's labels for an error message.
-func (a *Allocator) labelText() string {
-	if labels := allocator.FormatLabels(a.labels); labels != "" {
-		return labels
-	}
-	return "none"
+// ipFields are the fields of an IP history record, so that a site with a
+// log pipeline can keep history for as long as it likes.
+func ipFields(al *records.Allocation) []any {
+	return []any{"pool", al.Pool, "ip", al.Addr, "state", al.State,
+		"container", al.ContainerID, "ifname", al.IfName, "namespace", al.Namespace, "pod", al.Pod, "pod_uid", al.PodUID,
+		"network", al.Network, "node", al.Node, "start", al.Since}
 }

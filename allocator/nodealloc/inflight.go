@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/kvipam/kvipam/allocator/records"
 )
@@ -33,46 +34,55 @@ import (
 //   - a block a concurrent call finds lost (a fenced write) is lost to
 //     the allocation too: its write into it is fenced, and retried.
 
-// markBusy makes reqs' owners busy until the returned function, called
-// with mu held, ends the allocation. Called with allocMu and mu held.
-func (a *Allocator) markBusy(reqs []Request) func() {
-	a.busy = make(map[string]bool, len(reqs))
+// inflight is the allocation in flight, and the rule above.
+type inflight struct {
+	mu *sync.Mutex // the Allocator's mu
+	// busy holds the owners of the allocation in flight, and done is
+	// closed when it ends; both nil between allocations.
+	busy map[string]bool
+	done chan struct{}
+}
+
+// mark makes reqs' owners busy until the returned function, called with
+// mu held, ends the allocation. Called with allocMu and mu held.
+func (f *inflight) mark(reqs []Request) func() {
+	f.busy = make(map[string]bool, len(reqs))
 	for _, r := range reqs {
-		a.busy[r.Owner.Key()] = true
+		f.busy[r.Owner.Key()] = true
 	}
-	a.busyDone = make(chan struct{})
+	f.done = make(chan struct{})
 	return func() {
-		close(a.busyDone)
-		a.busy, a.busyDone = nil, nil
+		close(f.done)
+		f.busy, f.done = nil, nil
 	}
 }
 
 // offLock runs f, one of a claim's etcd round trips, without mu if an
 // allocation (AllocateBatch) is what holds allocMu; otherwise (Restore,
 // Reassert) with it. Called with mu held; returns with it held.
-func (a *Allocator) offLock(f func()) {
-	if a.busy == nil {
-		f()
+func (f *inflight) offLock(call func()) {
+	if f.busy == nil {
+		call()
 		return
 	}
-	a.mu.Unlock()
-	defer a.mu.Lock()
-	f()
+	f.mu.Unlock()
+	defer f.mu.Lock()
+	call()
 }
 
 // waitOwner waits, without mu, while the allocation in flight serves the
 // owner whose key is key: a release or a confirm of that owner comes
 // after it. Called with mu held; returns with it held. If ctx ends first,
 // the error wraps ErrUnavailable: try again.
-func (a *Allocator) waitOwner(ctx context.Context, key string) error {
-	for a.busy[key] {
-		done := a.busyDone
-		a.mu.Unlock()
+func (f *inflight) waitOwner(ctx context.Context, key string) error {
+	for f.busy[key] {
+		done := f.done
+		f.mu.Unlock()
 		select {
 		case <-done:
 		case <-ctx.Done():
 		}
-		a.mu.Lock()
+		f.mu.Lock()
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("%s is being allocated: %w", key, errors.Join(records.ErrUnavailable, err))
 		}

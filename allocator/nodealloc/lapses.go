@@ -1,8 +1,6 @@
 package nodealloc
 
 import (
-	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -58,38 +56,4 @@ func (l *lapses) putBack(ls []lapse) {
 	for _, x := range ls {
 		l.add(x.al, x.end)
 	}
-}
-
-// RecordLapses writes the reservations this node saw lapse to IP history.
-// Those the store does not yet see as lapsed, or could not record, are
-// kept for the next call. The agent calls it on every reconciler pass.
-func (a *Allocator) RecordLapses(ctx context.Context) error {
-	todo := a.lapsed.take()
-	var later []lapse
-	var errs []error
-	for i, x := range todo {
-		if ctx.Err() != nil {
-			later = append(later, todo[i:]...)
-			break
-		}
-		done, err := a.cfg.Store.RecordLapsed(ctx, x.al, x.end)
-		switch {
-		case err != nil:
-			errs = append(errs, err)
-			later = append(later, x)
-		case !done && a.cfg.Now().Sub(x.end) < lapseGiveUp:
-			later = append(later, x)
-		case !done:
-			a.log.Warn("reservation still in the store long after its lease should have ended; not recorded as lapsed",
-				"pool", x.al.Pool, "ip", x.al.Addr, "owner", x.al.Owner.Key(), "end", x.end)
-		}
-	}
-	a.lapsed.putBack(later)
-	a.lapsed.mu.Lock()
-	if n := a.lapsed.dropped; n > 0 {
-		a.lapsed.dropped = 0
-		a.log.Warn("lapsed reservations not recorded in IP history: too many waiting", "dropped", n)
-	}
-	a.lapsed.mu.Unlock()
-	return errors.Join(errs...)
 }

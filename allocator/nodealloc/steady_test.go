@@ -178,7 +178,7 @@ func (g *loadGen) allocate(ctx context.Context) error {
 		return err
 	}
 	g.mu.Lock()
-	g.answers = append(g.answers, answer{node: al.Node(), owner: o, al: r.Allocations[0]})
+	g.answers = append(g.answers, answer{node: r.Allocations[0].Node, owner: o, al: r.Allocations[0]})
 	g.mu.Unlock()
 	return nil
 }

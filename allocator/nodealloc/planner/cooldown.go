@@ -1,4 +1,4 @@
-package nodealloc
+package planner
 
 import (
 	"net/netip"
@@ -32,7 +32,7 @@ type coolEntry struct {
 
 // dropReleased drops al from the cache after its release; with cool its
 // address cools from now before it is free again.
-func (ps *poolState) dropReleased(al *records.Allocation, cool bool, now time.Time) {
+func (ps *Pool) dropReleased(al *records.Allocation, cool bool, now time.Time) {
 	_, ob := ps.ownBlockOf(al.Addr)
 	if !cool || ob == nil {
 		ps.drop(al)
@@ -43,7 +43,7 @@ func (ps *poolState) dropReleased(al *records.Allocation, cool bool, now time.Ti
 }
 
 // coolAt starts addr's cooldown at now; its bit stays marked.
-func (ps *poolState) coolAt(addr netip.Addr, now time.Time) {
+func (ps *Pool) coolAt(addr netip.Addr, now time.Time) {
 	if ps.cool.at == nil {
 		ps.cool.at = map[netip.Addr]time.Time{}
 	}
@@ -52,7 +52,7 @@ func (ps *poolState) coolAt(addr netip.Addr, now time.Time) {
 }
 
 // thaw frees the addresses that began cooling at or before cutoff.
-func (ps *poolState) thaw(cutoff time.Time) {
+func (ps *Pool) thaw(cutoff time.Time) {
 	for len(ps.cool.queue) > 0 && !ps.cool.queue[0].at.After(cutoff) {
 		ps.unfreeze(ps.cool.queue[0])
 		ps.cool.queue = ps.cool.queue[1:]
@@ -61,7 +61,7 @@ func (ps *poolState) thaw(cutoff time.Time) {
 
 // thawOldest frees the oldest cooling address of family f, and reports
 // whether there was one.
-func (ps *poolState) thawOldest(f allocator.Family) bool {
+func (ps *Pool) thawOldest(f allocator.Family) bool {
 	for {
 		i := slices.IndexFunc(ps.cool.queue, func(e coolEntry) bool { return allocator.FamilyOf(e.addr) == f })
 		if i < 0 {
@@ -77,7 +77,7 @@ func (ps *poolState) thawOldest(f allocator.Family) bool {
 
 // unfreeze ends e's cooldown if it is still the address's current one,
 // and reports whether the address became free.
-func (ps *poolState) unfreeze(e coolEntry) bool {
+func (ps *Pool) unfreeze(e coolEntry) bool {
 	if at, ok := ps.cool.at[e.addr]; !ok || !at.Equal(e.at) {
 		return false // re-cooled or taken since
 	}
@@ -91,7 +91,7 @@ func (ps *poolState) unfreeze(e coolEntry) bool {
 
 // markCooling marks the cooling addresses of block in ob again after the
 // block was read from the store.
-func (ps *poolState) markCooling(block netip.Prefix, ob *ownBlock) {
+func (ps *Pool) markCooling(block netip.Prefix, ob *ownBlock) {
 	for addr := range ps.cool.at {
 		if block.Contains(addr) {
 			ob.ba.Mark(addr)
@@ -102,7 +102,7 @@ func (ps *poolState) markCooling(block netip.Prefix, ob *ownBlock) {
 // holds reports whether own block b holds anything but cooling
 // addresses: an allocation, a lent address, a write planned or of unknown
 // outcome, or an address an endpoint uses.
-func (ps *poolState) holds(b netip.Prefix) bool {
+func (ps *Pool) holds(b netip.Prefix) bool {
 	ob := ps.own[b]
 	if ob == nil {
 		return false
@@ -117,7 +117,7 @@ func (ps *poolState) holds(b netip.Prefix) bool {
 }
 
 // coolingIn counts the cooling addresses of family f.
-func (ps *poolState) coolingIn(f allocator.Family) int {
+func (ps *Pool) coolingIn(f allocator.Family) int {
 	n := 0
 	for addr := range ps.cool.at {
 		if allocator.FamilyOf(addr) == f {

@@ -1,4 +1,4 @@
-package nodealloc
+package planner
 
 import (
 	"net/netip"
@@ -7,32 +7,29 @@ import (
 )
 
 // ResetLent replaces what the node knows of the addresses of its own
-// blocks that other nodes hold, by pool, with a complete listing (the
-// agent's home watch listed again after a gap): a pool missing from lent
-// has none. A loan the node knew of and the listing lacks was given back
-// while no one watched; it is dropped as NoteLent drops a returned one.
-// ResetLent returns the pools that had a loan dropped, whose blocks may
-// now be empty (see GiveBackEmpty). Like NoteLent it only keeps the books:
-// etcd's create-if-absent stays the guard.
-func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]Loan) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// blocks that other nodes hold, by pool, with a complete listing: a pool
+// missing from lent has none. A loan the node knew of and the listing
+// lacks was given back while no one watched; it is dropped as NoteLent
+// drops a returned one. It returns the pools that had a loan dropped.
+func (n *Node) ResetLent(lent map[string]map[netip.Addr]Loan) []string {
 	var changed []string
-	for name, ps := range a.pools {
+	for _, ps := range n.Pools() {
+		name := ps.spec.Name
 		listed := lent[name]
 		dropped := false
-		for addr := range ps.lent {
+		for _, addr := range sortedAddrs(ps.lent) {
 			if _, ok := listed[addr]; !ok {
 				ps.dropLent(addr)
 				dropped = true
 			}
 		}
-		for addr, loan := range listed {
-			if loan.Node == a.cfg.Node {
+		for _, addr := range sortedAddrs(listed) {
+			loan := listed[addr]
+			if loan.Node == n.name {
 				continue
 			}
 			if al := ps.noteLent(addr, loan); al != nil {
-				a.logEnded(al, "taken over by node "+loan.Node)
+				n.ended(al, "taken over by node "+loan.Node)
 			}
 		}
 		if dropped {
@@ -40,6 +37,29 @@ func (a *Allocator) ResetLent(lent map[string]map[netip.Addr]Loan) []string {
 		}
 	}
 	return changed
+}
+
+// NoteLent applies what the agent's watch saw of a lent address's home
+// in one of this node's blocks: another node holds addr (present), or
+// gave it back.
+func (n *Node) NoteLent(pool string, addr netip.Addr, node string, rev int64, present bool) {
+	ps := n.pools[pool]
+	if ps == nil {
+		return
+	}
+	_, ob := ps.ownBlockOf(addr)
+	if ob == nil || node == n.name {
+		return
+	}
+	if present {
+		if al := ps.noteLent(addr, Loan{Node: node, Rev: rev}); al != nil {
+			n.ended(al, "taken over by node "+node)
+		}
+		return
+	}
+	if _, ok := ps.lent[addr]; ok {
+		ps.dropLent(addr)
+	}
 }
 
 // Loan is another node's hold on an address of this node's block: the
@@ -57,7 +77,7 @@ type Loan struct {
 // container of its identity took it over from another node). A late watch
 // event of a loan older than the cached record changes nothing of it. A
 // write of unknown outcome at addr is left to its settling.
-func (ps *poolState) noteLent(addr netip.Addr, loan Loan) *records.Allocation {
+func (ps *Pool) noteLent(addr netip.Addr, loan Loan) *records.Allocation {
 	_, ob := ps.ownBlockOf(addr)
 	if ob == nil {
 		return nil
@@ -77,7 +97,7 @@ func (ps *poolState) noteLent(addr netip.Addr, loan Loan) *records.Allocation {
 
 // dropLent forgets a loan given back, and frees its address unless the
 // node uses it (cached, planned, of unknown outcome or kept).
-func (ps *poolState) dropLent(addr netip.Addr) {
+func (ps *Pool) dropLent(addr netip.Addr) {
 	delete(ps.lent, addr)
 	_, ob := ps.ownBlockOf(addr)
 	if ob == nil {

@@ -1,4 +1,4 @@
-package nodealloc
+package planner
 
 import (
 	"net/netip"
@@ -12,20 +12,19 @@ import (
 // /8 as on a /20 (the baseline, measured in the same run), with a quarter
 // of the blocks already claimed by others.
 func BenchmarkChooseBlock(b *testing.B) {
-	setup := func(cidr string) (*Allocator, *poolState) {
+	setup := func(cidr string) (string, *Pool) {
 		p := allocator.Pool{Name: "p", BlockSizeV4: 26, CIDRs: []netip.Prefix{netip.MustParsePrefix(cidr)}}
-		a := &Allocator{cfg: Config{Node: "node-1"}}
-		ps := newPoolState(p)
+		ps := NewPool(p)
 		n := p.BlockCount(allocator.IPv4)
 		for i := uint64(0); i < n; i += 4 {
 			blk, _ := allocator.BlockAt(p.CIDRs[0], 26, i)
 			ps.others[blk] = otherBlock{node: "x"}
 		}
-		return a, ps
+		return "node-1", ps
 	}
-	choose := func(a *Allocator, ps *poolState) time.Duration {
+	choose := func(node string, ps *Pool) time.Duration {
 		start := time.Now()
-		blk, ok := ps.chooseBlock(a.cfg.Node, allocator.IPv4)
+		blk, ok := ps.ChooseBlock(node, allocator.IPv4)
 		d := time.Since(start)
 		if !ok {
 			b.Fatal("no block")

@@ -1,4 +1,4 @@
-package nodealloc
+package planner
 
 import (
 	"cmp"
@@ -11,12 +11,12 @@ import (
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
-// poolState is this node's view of one pool: the blocks it owns with their
+// Pool is this node's view of one pool: the blocks it owns with their
 // bitmaps, and an index of the allocations in them. It is a cache of etcd,
 // rebuilt by Restore and corrected whenever a write finds it wrong; it does
 // no I/O. The Allocator's lock guards it.
-type poolState struct {
-	pool allocator.Pool
+type Pool struct {
+	spec allocator.Pool
 	// refused is why pool's spec is invalid (Validate), nil when it is
 	// valid. A pool written to etcd before a rule that refuses it (a
 	// special range) still reaches the node: it hands out nothing new,
@@ -88,9 +88,9 @@ type otherBlock struct {
 	orphaned bool   // unclaimed but holding allocations
 }
 
-func newPoolState(p allocator.Pool) *poolState {
-	return &poolState{
-		pool:    p,
+func NewPool(p allocator.Pool) *Pool {
+	return &Pool{
+		spec:    p,
 		refused: p.Validate(),
 		own:     map[netip.Prefix]*ownBlock{},
 		others:  map[netip.Prefix]otherBlock{},
@@ -109,7 +109,7 @@ func newPoolState(p allocator.Pool) *poolState {
 	}
 }
 
-// maxCheckBinding bounds poolState.checkBinding: an ADD that is neither
+// maxCheckBinding bounds Pool.checkBinding: an ADD that is neither
 // confirmed nor DELed, or a failed DEL never retried, leaves its entry,
 // and beyond the bound an arbitrary one goes (its binding is then left to
 // the identity's next pod, or to the next restore's sweep).
@@ -117,7 +117,7 @@ const maxCheckBinding = 4096
 
 // noteCheckBinding records that owner o's DEL checks the binding of
 // sticky identity id.
-func (ps *poolState) noteCheckBinding(o, id string) {
+func (ps *Pool) noteCheckBinding(o, id string) {
 	if _, ok := ps.checkBinding[o]; !ok && len(ps.checkBinding) >= maxCheckBinding {
 		for k := range ps.checkBinding {
 			delete(ps.checkBinding, k)
@@ -129,7 +129,7 @@ func (ps *poolState) noteCheckBinding(o, id string) {
 
 // remember indexes al; expires is the reservation expiry if known. An
 // allocation already indexed at the same address is replaced.
-func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
+func (ps *Pool) remember(al *records.Allocation, expires time.Time) {
 	if old := ps.byAddr[al.Addr]; old != nil {
 		ps.forget(old)
 	}
@@ -147,13 +147,13 @@ func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
 // sticky identity, an endpoint's at the block's load) stand for records
 // others write and delete (an operator's release among them), which the
 // cache learns of only by reading.
-func (ps *poolState) writing(addr netip.Addr) bool {
+func (ps *Pool) writing(addr netip.Addr) bool {
 	_, unknown := ps.unknown[addr]
 	return ps.byAddr[addr] != nil || ps.planned[addr] || unknown
 }
 
 // forget drops al from the indexes (not from the block bitmap).
-func (ps *poolState) forget(al *records.Allocation) {
+func (ps *Pool) forget(al *records.Allocation) {
 	k := al.Owner.Key()
 	if i := slices.Index(ps.byOwner[k], al); i >= 0 {
 		ps.byOwner[k] = slices.Delete(ps.byOwner[k], i, i+1)
@@ -179,7 +179,7 @@ func (ps *poolState) forget(al *records.Allocation) {
 // (same revision) stays as it is. The bit of an own block's address is
 // marked when etcd holds it; when etcd does not, the caller decides
 // whether it is free (held by an endpoint, cooling).
-func (ps *poolState) settleAt(addr netip.Addr, cur *records.Allocation, until time.Time, me string) (dropped *records.Allocation) {
+func (ps *Pool) settleAt(addr netip.Addr, cur *records.Allocation, until time.Time, me string) (dropped *records.Allocation) {
 	old := ps.byAddr[addr]
 	if old != nil && cur != nil && old.Rev == cur.Rev {
 		return nil
@@ -215,7 +215,7 @@ func (ps *poolState) settleAt(addr netip.Addr, cur *records.Allocation, until ti
 }
 
 // forgetBlock drops every cached allocation and unknown write in b.
-func (ps *poolState) forgetBlock(b netip.Prefix) {
+func (ps *Pool) forgetBlock(b netip.Prefix) {
 	for addr, al := range ps.byAddr {
 		if b.Contains(addr) {
 			ps.forget(al)
@@ -240,8 +240,8 @@ func (ps *poolState) forgetBlock(b netip.Prefix) {
 
 // setPool replaces the pool spec (an operator changed it) and applies its
 // reservations to the own blocks.
-func (ps *poolState) setPool(p allocator.Pool) {
-	ps.pool = p
+func (ps *Pool) setPool(p allocator.Pool) {
+	ps.spec = p
 	ps.refused = p.Validate()
 	clear(ps.walks)
 	for b, ob := range ps.own {
@@ -250,7 +250,7 @@ func (ps *poolState) setPool(p allocator.Pool) {
 }
 
 // ofOwner returns the owner's allocations of family f, oldest first.
-func (ps *poolState) ofOwner(key string, f allocator.Family) []*records.Allocation {
+func (ps *Pool) ofOwner(key string, f allocator.Family) []*records.Allocation {
 	var out []*records.Allocation
 	for _, al := range ps.byOwner[key] {
 		if allocator.FamilyOf(al.Addr) == f {
@@ -262,7 +262,7 @@ func (ps *poolState) ofOwner(key string, f allocator.Family) []*records.Allocati
 }
 
 // pendingFor reports whether the owner has a store call of unknown outcome.
-func (ps *poolState) pendingFor(key string) bool {
+func (ps *Pool) pendingFor(key string) bool {
 	for _, p := range ps.unknown {
 		if p.owner == key {
 			return true
@@ -271,13 +271,13 @@ func (ps *poolState) pendingFor(key string) bool {
 	return false
 }
 
-func (ps *poolState) noteOther(b netip.Prefix, node string, nonEmpty bool) {
+func (ps *Pool) noteOther(b netip.Prefix, node string, nonEmpty bool) {
 	ps.others[b] = otherBlock{node: node, orphaned: node == "" && nonEmpty}
 }
 
 // ownBlockOf returns the own block holding addr.
-func (ps *poolState) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
-	b, ok := ps.pool.BlockFor(addr)
+func (ps *Pool) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
+	b, ok := ps.spec.BlockFor(addr)
 	if !ok {
 		return netip.Prefix{}, nil
 	}
@@ -286,7 +286,7 @@ func (ps *poolState) ownBlockOf(addr netip.Addr) (netip.Prefix, *ownBlock) {
 
 // sortedOwn lists own blocks of family f in address order, so allocation
 // fills blocks in a stable order.
-func (ps *poolState) sortedOwn(f allocator.Family) []netip.Prefix {
+func (ps *Pool) sortedOwn(f allocator.Family) []netip.Prefix {
 	out := make([]netip.Prefix, 0, len(ps.own))
 	for b := range ps.own {
 		if allocator.FamilyOf(b.Addr()) == f {
@@ -299,7 +299,7 @@ func (ps *poolState) sortedOwn(f allocator.Family) []netip.Prefix {
 
 // roomy returns an own block of family f with a free address to hand
 // out (none in a draining cidr).
-func (ps *poolState) roomy(f allocator.Family) (netip.Prefix, bool) {
+func (ps *Pool) roomy(f allocator.Family) (netip.Prefix, bool) {
 	for _, b := range ps.servingOwn(f) {
 		if ps.own[b].ba.Free() > 0 {
 			return b, true
@@ -310,7 +310,7 @@ func (ps *poolState) roomy(f allocator.Family) (netip.Prefix, bool) {
 
 // nextFree chooses a free address of family f in the own blocks that
 // hand out new addresses (servingOwn).
-func (ps *poolState) nextFree(f allocator.Family) (netip.Prefix, netip.Addr, bool) {
+func (ps *Pool) nextFree(f allocator.Family) (netip.Prefix, netip.Addr, bool) {
 	for _, b := range ps.servingOwn(f) {
 		if ob := ps.own[b]; ob.ba.Free() > 0 {
 			if addr, ok := ob.ba.Next(); ok {
@@ -321,8 +321,8 @@ func (ps *poolState) nextFree(f allocator.Family) (netip.Prefix, netip.Addr, boo
 	return netip.Prefix{}, netip.Addr{}, false
 }
 
-func (ps *poolState) exhausted(f allocator.Family) error {
-	e := &records.ExhaustedError{Pool: ps.pool.Name, Family: f, Blocks: ps.pool.BlockCount(f), Size: ps.pool.Size(f), Reserved: ps.pool.ReservedCount(f)}
+func (ps *Pool) exhausted(f allocator.Family) error {
+	e := &records.ExhaustedError{Pool: ps.spec.Name, Family: f, Blocks: ps.spec.BlockCount(f), Size: ps.spec.Size(f), Reserved: ps.spec.ReservedCount(f)}
 	for b := range ps.own {
 		if allocator.FamilyOf(b.Addr()) == f {
 			e.Claimed++
@@ -340,3 +340,38 @@ func (ps *poolState) exhausted(f allocator.Family) error {
 	}
 	return e
 }
+
+// sortedAddrs lists m's addresses in order.
+func sortedAddrs[V any](m map[netip.Addr]V) []netip.Addr {
+	return slices.SortedFunc(mapKeys(m), netip.Addr.Compare)
+}
+
+// drop removes al from the cache and frees its address in the bitmap.
+func (ps *Pool) drop(al *records.Allocation) {
+	ps.forget(al)
+	if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
+		ob.ba.Unmark(al.Addr)
+	}
+}
+
+// servingOwn lists the own blocks of family f outside the pool's
+// draining cidrs, in address order: those hand out new addresses.
+func (ps *Pool) servingOwn(f allocator.Family) []netip.Prefix {
+	return slices.DeleteFunc(ps.sortedOwn(f), func(b netip.Prefix) bool { return ps.spec.InDraining(b.Addr()) })
+}
+
+// Spec is the pool's spec as the node holds it.
+func (ps *Pool) Spec() allocator.Pool { return ps.spec }
+
+// Refused is why the pool's spec is refused, nil if it is not.
+func (ps *Pool) Refused() error { return ps.refused }
+
+// PendingFor reports whether the owner whose key is key has a store call
+// of unknown outcome in ps.
+func (ps *Pool) PendingFor(key string) bool { return ps.pendingFor(key) }
+
+// Exhausted is the error of a family with no block left to claim.
+func (ps *Pool) Exhausted(f allocator.Family) error { return ps.exhausted(f) }
+
+// SetSpec replaces the pool's spec with p, read again from the store.
+func (ps *Pool) SetSpec(p allocator.Pool) { ps.setPool(p) }
