@@ -30,6 +30,10 @@ pure=$(go list -f '{{join .Imports "\n"}}' ./allocator | grep '\.' | grep -v '^g
 [ -z "$pure" ] || bad "allocator (pure) imports $(echo $pure)"
 recs=$(go list -f '{{join .Imports "\n"}}' ./allocator/records | grep -E 'go.etcd.io|/allocator/nodealloc|/allocator/etcdstore' || true)
 [ -z "$recs" ] || bad "allocator/records imports $(echo $recs)"
+# The node allocator's planner decides without I/O: no context, no store
+# (nodealloc), no logger, no etcd.
+plan=$(go list -f '{{join .Imports "\n"}}' ./allocator/nodealloc/planner | grep -E '^context$|go-hclog|go.etcd.io|/allocator/nodealloc$|/allocator/etcdstore|/kvstore' || true)
+[ -z "$plan" ] || bad "allocator/nodealloc/planner imports $(echo $plan)"
 # internal/ by role. Foundations are the bottom layer: they import no
 # kvipam package but one another. Test support (simulated agents, netns,
 # cut proxies, leak checks, shared buffers) is imported by tests only, and tools (bench reports, lock traces,

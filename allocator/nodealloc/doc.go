@@ -6,7 +6,9 @@
 //
 // etcd, through a [records.Store], is the source of truth; the node
 // allocator's memory is a cache of it, rebuilt by [Allocator.Restore] and
-// corrected whenever a write or a read-back finds it wrong. The arithmetic
+// corrected whenever a write or a read-back finds it wrong. The cache and
+// every decision on it are package planner, which does no I/O; the
+// Allocator is its driver (locks, store calls, retries, settling). The arithmetic
 // it relies on (pools, blocks, bitmaps, the block walk) is the pure package
 // allocator; the records and the Store contract are package records.
 //

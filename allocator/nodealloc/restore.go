@@ -224,7 +224,7 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *planner.Pool) {
 // allocation whose address lies in a block this node holds the claim on:
 // the write is fenced by that claim, so nobody else can have allocated
 // from the block meanwhile. An address free in a block another node
-// claims was borrowed (borrow.go): it is borrowed again, by the same
+// claims was borrowed (allocate.go): it is borrowed again, by the same
 // create-if-absent. An address held by another owner in etcd, or in
 // another node's orphaned block, is a conflict: nothing is written, and
 // the agent reports it. This node's own orphaned block means its lease

@@ -13,7 +13,7 @@ import (
 
 // Borrowing. A node whose blocks are full and that can claim no block
 // takes single addresses from blocks other nodes hold, rather than fail a
-// pod while the pool has free addresses (the driver's borrow.go says how
+// pod while the pool has free addresses (the driver, nodealloc/allocate.go, says how
 // the write is fenced). Here: whether the node has room of its own after
 // all, and which address to borrow.
 

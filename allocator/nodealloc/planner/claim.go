@@ -14,7 +14,7 @@ import (
 // what each answer taught.
 
 // ChooseBlock picks the next block to try: the next block of the node's
-// walk (blockwalk.go) that is neither its own nor known to be another's.
+// walk (allocator/blockwalk.go) that is neither its own nor known to be another's.
 // A /32 (or /128) block that is a CIDR's network or broadcast address has
 // nothing to hand out and is never claimed.
 func (ps *Pool) ChooseBlock(node string, f allocator.Family) (netip.Prefix, bool) {

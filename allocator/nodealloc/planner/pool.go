@@ -35,7 +35,7 @@ type Pool struct {
 	// unknown holds store calls whose outcome is unknown: the call failed
 	// without saying whether the transaction committed. Their addresses
 	// stay marked in the bitmap, so no one else gets them, until a read
-	// of etcd settles them (see outcome.go).
+	// of etcd settles them (settle.go).
 	unknown map[netip.Addr]pending
 	// claimsUnknown are blocks whose claim transaction has an unknown
 	// outcome; the claim is read back with the parked addresses
@@ -43,14 +43,14 @@ type Pool struct {
 	// adopted, else the entry is dropped.
 	claimsUnknown map[netip.Prefix]bool
 	// lent are addresses of own blocks that other nodes hold (borrowed,
-	// borrow.go), by holder; they stay marked in the bitmaps.
+	// borrow.go, nodealloc/allocate.go), by holder; they stay marked in the bitmaps.
 	lent map[netip.Addr]string
 	// planned are addresses chosen for writes not yet sent: a block read
 	// again while a batch is planned keeps them marked.
 	planned map[netip.Addr]bool
 	cool    coolQueue // released addresses cooling (cooldown.go)
 	// kept are own-block addresses kept for a sticky identity between
-	// its pods (stickyalloc.go); they stay marked.
+	// its pods (sticky.go); they stay marked.
 	kept map[netip.Addr]keptAddr
 	// checkBinding are sticky owners whose DEL checks their identity's
 	// binding (dropBindingOf) even when the cache holds nothing of them,
@@ -63,7 +63,7 @@ type Pool struct {
 	// records etcd lost and a Reassert could not write back yet: no
 	// record guards them, so their owners' requests wait (reassert.go).
 	unasserted map[netip.Addr]*records.Allocation
-	// walks are the node's block walks, by family (blockwalk.go); a
+	// walks are the node's block walks, by family (allocator/blockwalk.go); a
 	// changed pool starts them again.
 	walks map[allocator.Family]*allocator.BlockWalk
 }
