@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -81,7 +82,7 @@ var _ records.Store = instrumentedStore{}
 
 func (s instrumentedStore) observe(op string, start time.Time, err error) {
 	s.m.txn.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	if errors.Is(err, records.ErrConflict) {
+	if errors.Is(err, retry.ErrConflict) {
 		s.m.conflicts.WithLabelValues(op).Inc()
 	}
 }

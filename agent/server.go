@@ -15,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -229,7 +230,7 @@ func apiError(err error) *api.Error {
 		return badField("", err.Error())
 	case errors.Is(err, ErrNotFound):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
-	case errors.Is(err, ErrNotReady), errors.Is(err, records.ErrUnavailable):
+	case errors.Is(err, ErrNotReady), errors.Is(err, retry.ErrUnavailable):
 		return tryAgain(err)
 	case errors.As(err, &ee):
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeExhausted, Message: ee.Error()}
@@ -243,7 +244,7 @@ func apiError(err error) *api.Error {
 		return &api.Error{Status: http.StatusConflict, Code: api.CodeInUse, Message: err.Error()}
 	case errors.Is(err, records.ErrNotFound), errors.Is(err, records.ErrReservationGone):
 		return &api.Error{Status: http.StatusNotFound, Code: api.CodeNotFound, Message: err.Error()}
-	case errors.Is(err, records.ErrLeaseLost), errors.Is(err, records.ErrConflict),
+	case errors.Is(err, records.ErrLeaseLost), errors.Is(err, retry.ErrConflict),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return tryAgain(err)
 	default:

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -46,7 +47,7 @@ func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64)
 			return resp.Header.Revision, nil
 		}
 	}
-	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, records.ErrConflict)
+	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, retry.ErrConflict)
 }
 
 // ListLent implements records.Store.

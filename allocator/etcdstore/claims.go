@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -168,7 +169,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 		Else(claimReads(pool, b)...).
 		Commit()
 	if s.reservationLeaseGone(ctx, err, resLease, false) {
-		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, records.ErrConflict)
+		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, retry.ErrConflict)
 	}
 	if err != nil {
 		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseErr(kvstore.Unavailable(err)))
@@ -266,7 +267,7 @@ func (s *Store) Unclaim(ctx context.Context, pool string, b netip.Prefix, claimR
 		return fmt.Errorf("release block %s of pool %s: %w", b, pool, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, records.ErrConflict)
+		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, retry.ErrConflict)
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -56,7 +57,7 @@ func TestClaimWithReservationLeases(t *testing.T) {
 	_, err = cli.Revoke(ctx, first)
 	require.NoError(t, err)
 	_, err = claim(b2, node)
-	require.ErrorIs(t, err, records.ErrConflict)
+	require.ErrorIs(t, err, retry.ErrConflict)
 	require.NotErrorIs(t, err, records.ErrLeaseLost)
 	got, err := cli.Get(ctx, etcdstore.ClaimKey("p", b2))
 	require.NoError(t, err)
@@ -71,7 +72,7 @@ func TestClaimWithReservationLeases(t *testing.T) {
 	require.NoError(t, err)
 	_, err = claim(b3, node)
 	require.ErrorIs(t, err, records.ErrLeaseLost)
-	require.NotErrorIs(t, err, records.ErrConflict)
+	require.NotErrorIs(t, err, retry.ErrConflict)
 }
 
 // TestGetBlocks reads back the claims and homes of the blocks named, as

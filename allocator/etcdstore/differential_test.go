@@ -20,6 +20,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/allocator/records/memstore"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -138,7 +139,7 @@ func (s *side) errText(err error) string {
 	case errors.As(err, &we):
 		return fmt.Sprintf("write(%v %v %t)", we.Fenced, we.Taken, we.FenceLost)
 	}
-	for _, e := range []error{records.ErrLeaseLost, records.ErrNotOwned, records.ErrBadRequest, records.ErrConflict, records.ErrUnavailable} {
+	for _, e := range []error{records.ErrLeaseLost, records.ErrNotOwned, records.ErrBadRequest, retry.ErrConflict, retry.ErrUnavailable} {
 		if errors.Is(err, e) {
 			return e.Error()
 		}

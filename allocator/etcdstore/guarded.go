@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -51,14 +51,14 @@ type GuardedDelete struct {
 //
 // gone reports that a guarded delete found d.Key already gone (an
 // unguarded one cannot tell, and reports the key deleted). A changed key
-// or a failed guard wraps records.ErrConflict, naming what changed. A
+// or a failed guard wraps retry.ErrConflict, naming what changed. A
 // transaction of unknown outcome (its answer lost, a deadline) is settled
 // as every write is: d.Key is read back, and the delete is done if the key
 // is gone, not applied if it is still at d.Rev. ctx bounds the
 // transaction and the read-back.
 func deleteGuarded(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d GuardedDelete) (gone bool, err error) {
 	gone, err = tryDelete(ctx, kv, hist, d)
-	if err == nil || errors.Is(err, records.ErrConflict) {
+	if err == nil || errors.Is(err, retry.ErrConflict) {
 		return gone, err
 	}
 	resp, rerr := kv.Get(ctx, d.Key, clientv3.WithKeysOnly())
@@ -70,7 +70,7 @@ func deleteGuarded(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d
 	case resp.Kvs[0].ModRevision == d.Rev:
 		return false, fmt.Errorf("%w; read back: not applied, the key is as planned: run the plan again", err)
 	default:
-		return false, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", d.Key, d.Rev, resp.Kvs[0].ModRevision, records.ErrConflict)
+		return false, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", d.Key, d.Rev, resp.Kvs[0].ModRevision, retry.ErrConflict)
 	}
 }
 
@@ -128,18 +128,18 @@ func guardFailure(d GuardedDelete, resp *clientv3.TxnResponse) (gone bool, err e
 		return true, nil
 	}
 	if rev := cur.Kvs[0].ModRevision; rev != d.Rev {
-		return false, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", d.Key, d.Rev, rev, records.ErrConflict)
+		return false, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", d.Key, d.Rev, rev, retry.ErrConflict)
 	}
 	for i, g := range d.Guards {
 		r := resp.Responses[i+1].GetResponseRange()
 		switch {
 		case g.Prefix && r.Count > 0:
-			return false, fmt.Errorf("delete %s: %d keys appeared under %s: %w", d.Key, r.Count, g.Key, records.ErrConflict)
+			return false, fmt.Errorf("delete %s: %d keys appeared under %s: %w", d.Key, r.Count, g.Key, retry.ErrConflict)
 		case !g.Prefix && g.Rev == 0 && r.Count > 0:
-			return false, fmt.Errorf("delete %s: %s exists again (node back or block re-claimed): %w", d.Key, g.Key, records.ErrConflict)
+			return false, fmt.Errorf("delete %s: %s exists again (node back or block re-claimed): %w", d.Key, g.Key, retry.ErrConflict)
 		case !g.Prefix && g.Rev != 0 && (len(r.Kvs) == 0 || r.Kvs[0].ModRevision != g.Rev):
-			return false, fmt.Errorf("delete %s: %s changed since the plan: %w", d.Key, g.Key, records.ErrConflict)
+			return false, fmt.Errorf("delete %s: %s changed since the plan: %w", d.Key, g.Key, retry.ErrConflict)
 		}
 	}
-	return false, fmt.Errorf("delete %s: a guard failed: %w", d.Key, records.ErrConflict)
+	return false, fmt.Errorf("delete %s: a guard failed: %w", d.Key, retry.ErrConflict)
 }

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -173,7 +174,7 @@ func (h *HistoryRecorder) Op(ctx context.Context, r HistoryRecord) (op clientv3.
 // If etcd no longer knows a lease of those records' hours (revoked by
 // hand, or lost in a restore from a snapshot), it grants another and runs
 // commit once more. A transaction refused for a missing lease wrote
-// nothing, so if it is refused again the error wraps records.ErrConflict
+// nothing, so if it is refused again the error wraps retry.ErrConflict
 // (a refusal, to be retried), never an unknown outcome.
 func (h *HistoryRecorder) Commit(ctx context.Context, rs []HistoryRecord, commit func(puts []clientv3.Op) error) error {
 	for attempt := 0; ; attempt++ {
@@ -191,7 +192,7 @@ func (h *HistoryRecorder) Commit(ctx context.Context, rs []HistoryRecord, commit
 			}
 			continue
 		}
-		return fmt.Errorf("%w: nothing was written: %w", err, records.ErrConflict)
+		return fmt.Errorf("%w: nothing was written: %w", err, retry.ErrConflict)
 	}
 }
 
@@ -236,7 +237,7 @@ func (s *Store) deleteWithHistory(ctx context.Context, key string, rev int64, r 
 	if resp.Succeeded || resp.Responses[0].GetResponseRange().Count == 0 {
 		return resp.Succeeded, nil
 	}
-	return false, fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, records.ErrConflict)
+	return false, fmt.Errorf("delete %s at revision %d: changed: %w", key, rev, retry.ErrConflict)
 }
 
 // HistoryFilter selects history records; zero fields match everything.

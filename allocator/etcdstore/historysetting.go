@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -71,7 +71,7 @@ func (s *Store) HistoryRetention(ctx context.Context) (h HistorySetting, found b
 	case errors.Is(err, kvstore.ErrNotFound):
 		return HistorySetting{}, false, nil
 	case err != nil:
-		if !errors.Is(err, records.ErrUnavailable) {
+		if !errors.Is(err, retry.ErrUnavailable) {
 			err = fmt.Errorf("%w: %w", errBadSetting, err)
 		}
 		return HistorySetting{}, false, err

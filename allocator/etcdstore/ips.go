@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -134,7 +135,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		return err
 	})
 	if s.reservationLeaseGone(ctx, err, resLease, true) {
-		return res, fmt.Errorf("reservation lease gone: %w", records.ErrConflict)
+		return res, fmt.Errorf("reservation lease gone: %w", retry.ErrConflict)
 	}
 	if err != nil {
 		return res, fmt.Errorf("write %d allocations: %w", len(writes), kvstore.Unavailable(err))
@@ -200,7 +201,7 @@ func (s *Store) explainWrite(ctx context.Context, writes []records.IPWrite) erro
 	}
 	if len(we.Fenced) == 0 && len(we.Taken) == 0 && !we.FenceLost {
 		// Changed back between the write and the reads: still a lost race.
-		return fmt.Errorf("write allocations: changed concurrently: %w", records.ErrConflict)
+		return fmt.Errorf("write allocations: changed concurrently: %w", retry.ErrConflict)
 	}
 	return we
 }
@@ -296,7 +297,7 @@ func (s *Store) DeleteIP(ctx context.Context, al records.Allocation) error {
 	// The key was gone already: the binding names a container that holds
 	// nothing there.
 	err = s.DropStaleBinding(ctx, *bound, []records.IPRef{{Pool: al.Pool, Block: al.Block, Addr: al.Addr}}, nil)
-	if errors.Is(err, records.ErrConflict) {
+	if errors.Is(err, retry.ErrConflict) {
 		return nil // changed meanwhile: someone else's now
 	}
 	return err

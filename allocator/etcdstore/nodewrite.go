@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -125,7 +126,7 @@ func (s *Store) WriteNode(ctx context.Context, r NodeRecord, lease int64) error 
 		}
 		fence = kvstore.Unchanged(key, kvs[0].ModRevision)
 	}
-	return fmt.Errorf("write node record %s: rewritten by this agent %d times meanwhile: %w", r.Name, maxNodeWrites, records.ErrConflict)
+	return fmt.Errorf("write node record %s: rewritten by this agent %d times meanwhile: %w", r.Name, maxNodeWrites, retry.ErrConflict)
 }
 
 // settleNode settles the node record write of r (encoded as val) that
@@ -133,7 +134,7 @@ func (s *Store) WriteNode(ctx context.Context, r NodeRecord, lease int64) error 
 // before proposing) or any error that is not a failure to answer is
 // known not to be written; otherwise the record is read back.
 func (s *Store) settleNode(ctx context.Context, r NodeRecord, val string, lease int64, err error) error {
-	if !errors.Is(err, records.ErrUnavailable) || errors.Is(err, records.ErrRefused) || errors.Is(err, records.ErrLeaseLost) {
+	if !errors.Is(err, retry.ErrUnavailable) || errors.Is(err, retry.ErrRefused) || errors.Is(err, records.ErrLeaseLost) {
 		return err
 	}
 	resp, rerr := s.kv.Get(ctx, NodeKey(r.Name))

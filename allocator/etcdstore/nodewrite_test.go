@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -162,7 +163,7 @@ func TestWriteNodeFenced(t *testing.T) {
 	t.Run("answer lost, not written: read back", func(t *testing.T) {
 		f := &nodeFaults{fault: func(int) (error, bool) { return context.DeadlineExceeded, false }}
 		err := faulted(f).WriteNode(ctx, mine("n3"), grant())
-		require.ErrorIs(t, err, records.ErrUnavailable)
+		require.ErrorIs(t, err, retry.ErrUnavailable)
 		require.Contains(t, err.Error(), "read back: not written")
 		_, _, _, ok := held("n3")
 		require.False(t, ok)
@@ -186,7 +187,7 @@ func TestWriteNodeFenced(t *testing.T) {
 	t.Run("refused by etcd: known not written", func(t *testing.T) {
 		f := &nodeFaults{fault: func(int) (error, bool) { return rpctypes.ErrTooManyRequests, false }}
 		err := faulted(f).WriteNode(ctx, mine("n5"), grant())
-		require.ErrorIs(t, err, records.ErrRefused)
+		require.ErrorIs(t, err, retry.ErrRefused)
 		require.Zero(t, f.gets, "nothing to read back")
 		_, _, _, ok := held("n5")
 		require.False(t, ok)

@@ -85,7 +85,7 @@ func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *a
 		return fmt.Errorf("write pool %s: %w", p.Name, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("write pool %s: pools changed: %w", p.Name, records.ErrConflict)
+		return fmt.Errorf("write pool %s: pools changed: %w", p.Name, retry.ErrConflict)
 	}
 	*out = p
 	out.Rev = resp.Header.Revision
@@ -230,7 +230,7 @@ func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, ops [
 		return fmt.Errorf("write pool %s: %w", name, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("write pool %s: the pool changed while it was checked: %w", name, records.ErrConflict)
+		return fmt.Errorf("write pool %s: the pool changed while it was checked: %w", name, retry.ErrConflict)
 	}
 	*out = next
 	out.Rev = resp.Header.Revision

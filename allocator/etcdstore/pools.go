@@ -108,7 +108,7 @@ func (s *Store) SeedPool(ctx context.Context, p allocator.Pool) (stored allocato
 			return fmt.Errorf("seed pool %s: %w", p.Name, kvstore.Unavailable(err))
 		}
 		if !resp.Succeeded {
-			return fmt.Errorf("seed pool %s: pools changed: %w", p.Name, records.ErrConflict)
+			return fmt.Errorf("seed pool %s: pools changed: %w", p.Name, retry.ErrConflict)
 		}
 		stored, created = p, true
 		stored.Rev = resp.Header.Revision

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -129,7 +130,7 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, records.ErrConflict) {
+		if errors.Is(err, retry.ErrConflict) {
 			// Refused for a missing lease: nothing holds the window's.
 			_, _ = s.cli.Revoke(ctx, lease.ID)
 		}
@@ -137,7 +138,7 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 	}
 	if !resp.Succeeded {
 		_, _ = s.cli.Revoke(ctx, lease.ID)
-		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, records.ErrConflict)
+		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, retry.ErrConflict)
 	}
 	return end, nil
 }
@@ -159,7 +160,7 @@ func (s *Store) DropStaleBinding(ctx context.Context, b records.Binding, refs []
 		return fmt.Errorf("drop stale binding of %s: %w", b.Identity, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, records.ErrConflict)
+		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, retry.ErrConflict)
 	}
 	return nil
 }
@@ -209,7 +210,7 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 		return nil, fmt.Errorf("release sticky identity %s: %w", identity, kvstore.Unavailable(err))
 	}
 	if !resp.Succeeded {
-		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, records.ErrConflict)
+		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, retry.ErrConflict)
 	}
 	return freed, nil
 }

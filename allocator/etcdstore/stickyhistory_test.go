@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -98,7 +99,7 @@ func TestStickyKeepAfterHistoryLeaseLost(t *testing.T) {
 			_, err := cli.Txn(ctx).Then(puts...).Commit()
 			return err
 		})
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.Equal(t, 2, tries, "one retry on a newly granted lease")
 	})
 }

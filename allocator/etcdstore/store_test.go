@@ -12,6 +12,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -76,7 +77,7 @@ func TestConcurrentOverlappingPools(t *testing.T) {
 }
 
 // TestStoppedEtcdIsUnavailable stops etcd under a store: its calls fail with
-// an error that matches records.ErrUnavailable (try again), whatever gRPC
+// an error that matches retry.ErrUnavailable (try again), whatever gRPC
 // or etcd said underneath.
 func TestStoppedEtcdIsUnavailable(t *testing.T) {
 	e := etcdtest.Start(t)
@@ -99,6 +100,6 @@ func TestStoppedEtcdIsUnavailable(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		err := call(cctx)
 		cancel()
-		require.ErrorIs(t, err, records.ErrUnavailable, "%s: %v", name, err)
+		require.ErrorIs(t, err, retry.ErrUnavailable, "%s: %v", name, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 func TestNodeRemoveFreesOrphanedBlocks(t *testing.T) {
@@ -123,7 +124,7 @@ func TestNodeRemoveFencedWhenNodeReturns(t *testing.T) {
 	// n1 restarts between plan and execution and re-claims its block.
 	n1b := startAgent(t, v.e, "n1", 0)
 	res, err := v.in.Execute(t.Context(), p, nil)
-	require.ErrorIs(t, err, records.ErrConflict)
+	require.ErrorIs(t, err, retry.ErrConflict)
 	require.Zero(t, res.Deleted)
 	require.Equal(t, 1, res.Failed, "the first address fails its fence")
 	require.Equal(t, 5, res.Skipped, "and the rest of the block is skipped")
@@ -285,7 +286,7 @@ func TestNodeRemoveReleasesKeptBinding(t *testing.T) {
 		require.NoError(t, err)
 		v.put(t, ipKey, string(resp.Kvs[0].Value), clientv3.WithIgnoreLease())
 		_, err = v.in.Execute(ctx, p, nil)
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.True(t, v.exists(t, key), "the binding stays while its address does")
 		_, err = v.in.Execute(ctx, plan(), nil)
 		require.NoError(t, err)

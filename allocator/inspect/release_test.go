@@ -15,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 func auditLog() (hclog.Logger, *bytes.Buffer) {
@@ -140,7 +141,7 @@ func TestReleaseIsRevisionGuarded(t *testing.T) {
 	key := etcdstore.IPKey("small", al[1].Block, al[1].Addr)
 	v.put(t, key, record(owner(9), "n1", records.StateAllocated))
 	res, err := v.in.Execute(t.Context(), p, nil)
-	require.ErrorIs(t, err, records.ErrConflict)
+	require.ErrorIs(t, err, retry.ErrConflict)
 	require.ErrorContains(t, err, "changed since the plan")
 	require.Equal(t, 1, res.Deleted)
 	require.Equal(t, 1, res.Failed)

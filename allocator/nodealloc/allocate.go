@@ -86,7 +86,7 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 		planned[k] = true
 		before := a.n.HeldBy(r)
 		p, err := a.plan(ctx, r, pendErr)
-		if errors.Is(err, records.ErrUnavailable) {
+		if errors.Is(err, retry.ErrUnavailable) {
 			// etcd did not answer in time: the request is tried again on
 			// its own, inside its deadline (allocateOne).
 			unavailable = append(unavailable, i)
@@ -283,7 +283,7 @@ func (a *Allocator) fulfil(ctx context.Context, p *planner.Plan, need planner.Ne
 			a.log.Warn("an address etcd lost cannot be written back; the owner's request plans anew", "owner", key, "ip", c.Addr, "reason", c.Reason)
 		}
 		if addr, ok := ps.UnassertedFor(key); ok {
-			return fmt.Errorf("etcd lost the record of %s's %s, and it cannot be written back now: %w", key, addr, errors.Join(records.ErrUnavailable, err))
+			return fmt.Errorf("etcd lost the record of %s's %s, and it cannot be written back now: %w", key, addr, errors.Join(retry.ErrUnavailable, err))
 		}
 	case planner.Room:
 		for _, b := range ps.LentBlocks(f) {
@@ -374,7 +374,7 @@ func (a *Allocator) giveBack(ctx context.Context, lent []*records.Allocation, ca
 	}
 	if len(errs) > 0 {
 		// The owner still holds what it borrowed: not a refusal any more.
-		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{records.ErrUnavailable}, errs...)...))
+		return fmt.Errorf("%v; a borrowed address could not be given back, try again: %w", cause, errors.Join(append([]error{retry.ErrUnavailable}, errs...)...))
 	}
 	return cause
 }
@@ -709,7 +709,7 @@ func (a *Allocator) ConfirmBatch(ctx context.Context, owners []records.Owner) []
 		var again []int
 		for j, o := range a.confirmBatchOnce(ctx, sub) {
 			out[todo[j]] = o
-			if errors.Is(o.Err, records.ErrUnavailable) {
+			if errors.Is(o.Err, retry.ErrUnavailable) {
 				again = append(again, todo[j])
 			}
 		}
@@ -779,7 +779,7 @@ func (a *Allocator) confirmBatchOnce(ctx context.Context, owners []records.Owner
 		switch {
 		case err == nil:
 			out[i].Allocations, out[i].Err = a.n.FinishConfirm(o, plans[i])
-		case len(owners) > 1 && !planner.OutcomeUnknown(err) && !errors.Is(err, records.ErrRefused):
+		case len(owners) > 1 && !planner.OutcomeUnknown(err) && !errors.Is(err, retry.ErrRefused):
 			// Nothing was written, and not for etcd's load (which a
 			// transaction per owner would only add to): each owner on
 			// its own. One whose reservation the refusal showed gone

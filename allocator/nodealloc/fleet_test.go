@@ -23,6 +23,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/e2e/cluster"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -225,7 +226,7 @@ func (f *fleet) startNode(ctx context.Context, i int, ttl int64, wrap func(recor
 	// A restore etcd did not answer in time is tried again after a
 	// back-off, as the agent's maintain loop does, and counted.
 	err = al.Restore(ctx, sess)
-	for try := 0; try < 10 && errors.Is(err, records.ErrUnavailable); try++ {
+	for try := 0; try < 10 && errors.Is(err, retry.ErrUnavailable); try++ {
 		f.restoreRetries.Add(1)
 		time.Sleep(time.Duration(try+1) * 200 * time.Millisecond)
 		err = al.Restore(ctx, sess)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // A claim's etcd round trips without the lock.
@@ -84,7 +84,7 @@ func (f *inflight) waitOwner(ctx context.Context, key string) error {
 		}
 		f.mu.Lock()
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%s is being allocated: %w", key, errors.Join(records.ErrUnavailable, err))
+			return fmt.Errorf("%s is being allocated: %w", key, errors.Join(retry.ErrUnavailable, err))
 		}
 	}
 	return nil

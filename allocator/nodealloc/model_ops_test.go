@@ -17,6 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/stretchr/testify/require"
 )
 
@@ -356,7 +357,7 @@ func (r *modelRun) opPool() {
 		r.fail("pool %s failed (%v), and etcd holds %+v, neither the old spec %+v nor the new %+v", what, err, cur, old, want)
 	case err != nil && landed && !samePool(want, old) && !unknown:
 		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
-	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, records.ErrUnavailable) &&
+	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, retry.ErrUnavailable) &&
 		!(invalid && errors.Is(err, allocator.ErrInvalidPool)):
 		r.fail("pool %s: %v", what, err)
 	case err == nil && invalid:

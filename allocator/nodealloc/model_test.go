@@ -23,6 +23,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -402,7 +403,7 @@ func (r *modelRun) hookUp(n *mNode) {
 			}
 			if r.inject(kind, fRace) {
 				r.count(kind, fRace)
-				return fmt.Errorf("injected lost race in %s: %w", op, records.ErrConflict)
+				return fmt.Errorf("injected lost race in %s: %w", op, retry.ErrConflict)
 			}
 			if r.inject(kind, fBusy) || (r.loaded && !spared(kind, fBusy) && r.roll(loadedBusyRate)) {
 				r.count(kind, fBusy)

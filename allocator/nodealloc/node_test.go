@@ -16,6 +16,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -203,7 +204,7 @@ func TestAllocateIsIdempotentAndReleaseIsGuarded(t *testing.T) {
 	_, err = n.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(2), IPs: []netip.Addr{al.Addr}})
 	require.NoError(t, err)
 	err = n.store.DeleteIP(ctx, al)
-	require.ErrorIs(t, err, records.ErrConflict)
+	require.ErrorIs(t, err, retry.ErrConflict)
 	require.Len(t, storeIPs(t, n.cli, "small"), 1)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -348,7 +349,7 @@ func TestDenseClaimsConverge(t *testing.T) {
 			// A try-again (etcd itself timing out under this load, as it
 			// does under -race) is retried, as the runtime retries code 11.
 			r, err := al.Allocate(ctx, nodealloc.Request{Pool: "dense", Owner: owner(i)})
-			for try := 0; try < 5 && errors.Is(err, records.ErrUnavailable); try++ {
+			for try := 0; try < 5 && errors.Is(err, retry.ErrUnavailable); try++ {
 				retries.Add(1)
 				r, err = al.Allocate(ctx, nodealloc.Request{Pool: "dense", Owner: owner(i)})
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -55,7 +56,7 @@ func TestReassertRefusedWriteIsNotRestored(t *testing.T) {
 
 	h.Before("WriteIPs", failTimes(1, errTooMany("WriteIPs")))
 	restored, _, err := n.Reassert(ctx, held)
-	require.ErrorIs(t, err, records.ErrUnavailable, "the refusal is told")
+	require.ErrorIs(t, err, retry.ErrUnavailable, "the refusal is told")
 	for _, al := range restored {
 		require.NotEqual(t, x.Addr, al.Addr, "a refused write restored nothing")
 	}
@@ -343,12 +344,12 @@ func TestRetriedAddRewritesWhatReassertCouldNot(t *testing.T) {
 	})
 	refuse.Store(1)
 	_, _, err = a.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: owner(1), Addr: x.Addr}})
-	require.ErrorIs(t, err, records.ErrUnavailable, "the write back was refused")
+	require.ErrorIs(t, err, retry.ErrUnavailable, "the write back was refused")
 	_, err = a.alloc.Allocate(ctx, req)
-	require.ErrorIs(t, err, records.ErrUnavailable, "a retried ADD writes x back first, and that is refused too")
+	require.ErrorIs(t, err, retry.ErrUnavailable, "a retried ADD writes x back first, and that is refused too")
 	require.ErrorContains(t, err, "etcd lost the record of "+owner(1).Key()+"'s "+x.Addr.String())
 	_, err = a.alloc.Confirm(ctx, owner(1))
-	require.ErrorIs(t, err, records.ErrUnavailable, "nor is a confirm answered from the cache")
+	require.ErrorIs(t, err, retry.ErrUnavailable, "nor is a confirm answered from the cache")
 	refuse.Store(0)
 	_, ok := holdersOf(t, a.cli)[x.Addr]
 	require.False(t, ok)

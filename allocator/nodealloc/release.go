@@ -131,11 +131,11 @@ func (a *Allocator) ReleaseAllocation(ctx context.Context, al records.Allocation
 		// holds it at that revision; the cache has nothing of it to drop.
 		if err = a.cfg.Store.DeleteIP(ctx, al); err == nil {
 			a.n.Ended(&al, "released")
-		} else if !errors.Is(err, records.ErrConflict) {
+		} else if !errors.Is(err, retry.ErrConflict) {
 			err = fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 		}
 	}
-	if errors.Is(err, records.ErrConflict) {
+	if errors.Is(err, retry.ErrConflict) {
 		return false, nil
 	}
 	return err == nil, err
@@ -148,7 +148,7 @@ func (a *Allocator) release(ctx context.Context, ps *planner.Pool, al *records.A
 	switch {
 	case err == nil:
 		a.n.Released(ps, al)
-	case errors.Is(err, records.ErrConflict):
+	case errors.Is(err, retry.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen.
 		_ = a.reads.loadBlock(ctx, ps, al.Block, 0)
@@ -225,7 +225,7 @@ func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.A
 			return err
 		}
 		if al := ps.StillCached(als); al != nil {
-			return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, records.ErrConflict)
+			return fmt.Errorf("keep %s: changed concurrently: %w", al.Addr, retry.ErrConflict)
 		}
 		for _, al := range als {
 			a.log.Info("late release of a sticky address a later pod holds now, or etcd lost: nothing released", "ip", al.Addr, "owner", al.Owner.Key(), "identity", al.Identity)
@@ -245,7 +245,7 @@ func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.A
 	}
 	end, err := a.cfg.Store.Keep(ctx, b, vals)
 	switch {
-	case errors.Is(err, records.ErrConflict):
+	case errors.Is(err, retry.ErrConflict):
 		if err := takenOver(); err != nil {
 			return err
 		}

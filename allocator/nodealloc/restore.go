@@ -417,7 +417,7 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *planner.Pool, h HeldAdd
 			// free; if it is our orphaned home, only Restore takes it.
 			ps.LoseBlock(block)
 			continue
-		case errors.Is(err, records.ErrConflict):
+		case errors.Is(err, retry.ErrConflict):
 			// Written by someone meanwhile: the next pass reads who.
 			return nil, nil, fmt.Errorf("taken meanwhile: %w", err)
 		case planner.OutcomeUnknown(err):
@@ -438,5 +438,5 @@ func (a *Allocator) reassertOne(ctx context.Context, ps *planner.Pool, h HeldAdd
 		a.n.Settle(ps, al)
 		return al, nil, nil
 	}
-	return nil, nil, fmt.Errorf("block %s's claim changed twice: %w", block, records.ErrConflict)
+	return nil, nil, fmt.Errorf("block %s's claim changed twice: %w", block, retry.ErrConflict)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/tools/benchreport"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -80,7 +81,7 @@ func (s *stormSteps) time(op string, f func() error) {
 	st.took = append(st.took, ms(end.Sub(t)))
 	st.starts = append(st.starts, ms(t.Sub(s.began)))
 	st.ends = append(st.ends, ms(end.Sub(s.began)))
-	if errors.Is(err, records.ErrUnavailable) {
+	if errors.Is(err, retry.ErrUnavailable) {
 		st.unavailable++
 	}
 }
@@ -224,7 +225,7 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 			}
 		}
 		switch {
-		case errors.Is(err, records.ErrUnavailable):
+		case errors.Is(err, retry.ErrUnavailable):
 			tryAgain.Add(1)
 			firstTryAgain.Do(func() { b.Logf("try again: %s: %v", nodeName(i), err) })
 			return nil

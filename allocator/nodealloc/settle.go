@@ -10,6 +10,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/nodealloc/planner"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Reads that fold into the cache, and the settling of calls of unknown
@@ -117,7 +118,7 @@ func (a *Allocator) settlePending(ctx context.Context) error {
 	defer a.voice.say()
 	if refs := a.n.Parked(); len(refs) > 0 {
 		if err := a.reads.readBack(ctx, refs); err != nil {
-			return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", records.ErrUnavailable, len(refs), err)
+			return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", retry.ErrUnavailable, len(refs), err)
 		}
 	}
 	for _, ps := range a.n.Pools() {

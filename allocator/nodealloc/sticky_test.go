@@ -17,6 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // stickyPod is the owner of one incarnation of a StatefulSet pod.
@@ -406,7 +407,7 @@ func TestStickyDelAfterConfirmFoundReservationGone(t *testing.T) {
 			_, err := a.alloc.Confirm(ctx, o)
 			require.ErrorIs(t, err, records.ErrReservationGone)
 			if race {
-				h.Before("DropStaleBinding", failTimes(1, fmt.Errorf("injected lost race: %w", records.ErrConflict)))
+				h.Before("DropStaleBinding", failTimes(1, fmt.Errorf("injected lost race: %w", retry.ErrConflict)))
 			}
 
 			gone, err := a.alloc.Release(ctx, o)

@@ -14,6 +14,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -160,7 +161,7 @@ func TestConfirmRetriesUnavailableWithinDeadline(t *testing.T) {
 	require.NoError(t, err)
 	h.Before("WriteIPs", failTimes(1, errTooMany("WriteIPs")))
 	_, err = n.alloc.Confirm(context.Background(), owner(2))
-	require.ErrorIs(t, err, records.ErrUnavailable, "no deadline: try again")
+	require.ErrorIs(t, err, retry.ErrUnavailable, "no deadline: try again")
 }
 
 // TestAllocateWithoutDeadlineAnswersTryAgain: a request with no deadline
@@ -172,7 +173,7 @@ func TestAllocateWithoutDeadlineAnswersTryAgain(t *testing.T) {
 	n, h := hooked(t, e, "n1", nodeOpts{})
 	h.Before("Claim", failTimes(2, errTooMany("Claim")))
 	_, err := n.alloc.Allocate(context.Background(), nodealloc.Request{Pool: "small", Owner: owner(1)})
-	require.ErrorIs(t, err, records.ErrUnavailable)
+	require.ErrorIs(t, err, retry.ErrUnavailable)
 }
 
 // countCalls counts the calls of ops on h.

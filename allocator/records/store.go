@@ -320,21 +320,6 @@ var (
 	// ErrNodeNotSelected marks a request for a pool whose node selector
 	// does not choose this node: it takes no new block or address there.
 	ErrNodeNotSelected = errors.New("allocator: pool does not serve this node")
-	// ErrUnavailable, ErrRefused and ErrConflict are retry's sentinels
-	// (retry.Do must recognise them, and the foundation imports nothing):
-	// these are their names for every package above the records. Only
-	// retry and kvstore, below the records, spell them retry.Err....
-	//
-	// ErrUnavailable marks a request that could not be served because the
-	// store did not answer, including a write whose outcome could not be
-	// read back yet: try again.
-	ErrUnavailable = retry.ErrUnavailable
-	// ErrRefused marks, beside ErrUnavailable, a store call that applied
-	// nothing: the store refused it before acting on it. A write refused
-	// so has a known outcome, and is not read back.
-	ErrRefused = retry.ErrRefused
-	// ErrConflict marks a lost race in the store; retry.Do retries it.
-	ErrConflict = retry.ErrConflict
 )
 
 // ClaimError says why a claim transaction failed.
@@ -366,7 +351,7 @@ func (e *ClaimError) Error() string {
 }
 
 // Unwrap makes a ClaimError a conflict, so the claim loop retries it.
-func (e *ClaimError) Unwrap() error { return ErrConflict }
+func (e *ClaimError) Unwrap() error { return retry.ErrConflict }
 
 // WriteError says which writes of a batch failed their checks.
 type WriteError struct {
@@ -386,4 +371,4 @@ func (e *WriteError) Error() string {
 }
 
 // Unwrap makes a WriteError a conflict.
-func (e *WriteError) Unwrap() error { return ErrConflict }
+func (e *WriteError) Unwrap() error { return retry.ErrConflict }

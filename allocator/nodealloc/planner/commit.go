@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // What a plan's write did, folded into the cache: written (Commit),
@@ -121,8 +122,8 @@ func OnlyTaken(err error) bool {
 
 // OutcomeUnknown reports whether a failed write may have been applied.
 // Conflicts (failed compares, a reservation lease etcd no longer has) and
-// writes the store refused before acting on them (records.ErrRefused:
+// writes the store refused before acting on them (retry.ErrRefused:
 // etcd's "too many requests") wrote nothing.
 func OutcomeUnknown(err error) bool {
-	return err != nil && !errors.Is(err, records.ErrConflict) && !errors.Is(err, records.ErrRefused)
+	return err != nil && !errors.Is(err, retry.ErrConflict) && !errors.Is(err, retry.ErrRefused)
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // ConfirmPlan is one owner's part of a confirm: the writes that make its
@@ -43,7 +44,7 @@ func (n *Node) PlanConfirm(o records.Owner, fence int64) (ConfirmPlan, error) {
 				if ps.unasserted[al.Addr] == al {
 					// etcd lost it: not answered from the cache until a
 					// Reassert (or the owner's next ADD) writes it back.
-					return p, fmt.Errorf("confirm %s: etcd lost the record of %s, and it is not written back yet: %w", o.Key(), al.Addr, records.ErrUnavailable)
+					return p, fmt.Errorf("confirm %s: etcd lost the record of %s, and it is not written back yet: %w", o.Key(), al.Addr, retry.ErrUnavailable)
 				}
 				p.Done = append(p.Done, *al)
 				continue

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Request asks for one address per family for an owner.
@@ -145,7 +146,7 @@ func (n *Node) Start(r Request, pendErr error) (*Plan, error) {
 		return nil, err
 	}
 	if ps.pendingFor(r.Owner.Key()) {
-		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(records.ErrUnavailable, pendErr))
+		return nil, fmt.Errorf("an earlier write for %s has an unknown outcome: %w", r.Owner.Key(), errors.Join(retry.ErrUnavailable, pendErr))
 	}
 	if r.Sticky != nil {
 		if err := r.Sticky.Validate(); err != nil {
@@ -276,7 +277,7 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 		}
 		ob := ps.own[p.claimed]
 		if ob == nil {
-			return Need{}, false, fmt.Errorf("claimed block %s is not this node's now: %w", p.claimed, records.ErrConflict)
+			return Need{}, false, fmt.Errorf("claimed block %s is not this node's now: %w", p.claimed, retry.ErrConflict)
 		}
 		addr, ok := ob.ba.Next()
 		if !ok {

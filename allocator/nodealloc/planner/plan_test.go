@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // The planner's decisions, table-driven, with no store: each case builds
@@ -314,7 +315,7 @@ func TestPlannerPendingOwnerWaits(t *testing.T) {
 	w.n.Park(w.ps, owner("a").Key(), "write", records.IPRef{Pool: "p", Block: b, Addr: netip.MustParseAddr("10.0.0.1")})
 	cause := errors.New("etcd did not answer")
 	_, err := w.n.Start(Request{Pool: "p", Owner: owner("a")}, cause)
-	require.ErrorIs(t, err, records.ErrUnavailable)
+	require.ErrorIs(t, err, retry.ErrUnavailable)
 	require.ErrorIs(t, err, cause)
 	w.n.ReadBack(w.n.Parked(), nil, nil)
 	_, err = w.n.Start(Request{Pool: "p", Owner: owner("a")}, nil)

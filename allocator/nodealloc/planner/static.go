@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // A requested (static) address: in an own block it is planned like any
@@ -45,7 +46,7 @@ func (n *Node) advanceStatic(p *Plan, f allocator.Family, want netip.Addr) (Need
 			return Need{}, false, err
 		}
 		if ob == nil {
-			return Need{}, false, fmt.Errorf("requested ip %s: block %s is not this node's now: %w", want, b, records.ErrConflict)
+			return Need{}, false, fmt.Errorf("requested ip %s: block %s is not this node's now: %w", want, b, retry.ErrConflict)
 		}
 	case stStaticLent:
 		if err := p.answer; err != nil {
@@ -90,7 +91,7 @@ func (n *Node) advanceStatic(p *Plan, f allocator.Family, want netip.Addr) (Need
 		return Need{}, false, fmt.Errorf("requested ip %s: %w", want, p.answer)
 	}
 	if ob = ps.own[b]; ob == nil {
-		return Need{}, false, fmt.Errorf("requested ip %s: block %s is not this node's now: %w", want, b, records.ErrConflict)
+		return Need{}, false, fmt.Errorf("requested ip %s: block %s is not this node's now: %w", want, b, retry.ErrConflict)
 	}
 	if ob.ba.IsUsed(want) {
 		holder := "another owner"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // GetBinding implements records.Store.
@@ -91,7 +92,7 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	}
 	if !ok {
 		s.revoke(lease)
-		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, records.ErrConflict)
+		return time.Time{}, fmt.Errorf("keep %s: binding or allocation changed: %w", b.Identity, retry.ErrConflict)
 	}
 	tx := s.begin()
 	now := s.now.UTC()
@@ -126,7 +127,7 @@ func (s *Store) DropStaleBinding(_ context.Context, b records.Binding, refs []re
 		ok = ok && s.ips.rev(ik(ref.Pool, ref.Block, ref.Addr)) == cur[ref.Addr].Rev // absent: 0
 	}
 	if !ok {
-		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, records.ErrConflict)
+		return fmt.Errorf("drop stale binding of %s: changed meanwhile: %w", b.Identity, retry.ErrConflict)
 	}
 	tx := s.begin()
 	del(tx, s.bindings, key)

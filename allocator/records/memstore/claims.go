@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // ListBlocks implements records.Store: the claims in block-name order,
@@ -104,7 +105,7 @@ func (s *Store) Claim(_ context.Context, pool string, b netip.Prefix, c records.
 	// etcd checks the leases of the branch taken, after the compares.
 	if !s.live(resLease) {
 		s.dropReservationLease(resLease)
-		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, records.ErrConflict)
+		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: reservation lease gone: %w", b, pool, retry.ErrConflict)
 	}
 	if !s.live(lease) {
 		return records.WriteResult{}, fmt.Errorf("claim block %s of pool %s: %w", b, pool, leaseLost(lease))
@@ -176,7 +177,7 @@ func (s *Store) Unclaim(_ context.Context, pool string, b netip.Prefix, claimRev
 	defer s.mu.Unlock()
 	key := bk(pool, b)
 	if modRev(s.claims, key) != claimRev || !s.blockEmpty(pool, b) {
-		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, records.ErrConflict)
+		return fmt.Errorf("release block %s of pool %s: claim changed or block not empty: %w", b, pool, retry.ErrConflict)
 	}
 	tx := s.begin()
 	del(tx, s.claims, key)

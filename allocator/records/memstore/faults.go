@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Fault is what a store wrapped by WithFaults does with one call.
@@ -72,12 +73,12 @@ func do[T any](f *faulty, op string, arg any, call func() (T, error)) (T, error)
 	var zero T
 	switch fault := f.decide(Call{Op: op, Arg: arg}); fault {
 	case Refuse:
-		return zero, fmt.Errorf("%s: injected: etcdserver: too many requests (%w: %w)", op, records.ErrUnavailable, records.ErrRefused)
+		return zero, fmt.Errorf("%s: injected: etcdserver: too many requests (%w: %w)", op, retry.ErrUnavailable, retry.ErrRefused)
 	case Lost:
-		return zero, fmt.Errorf("%s: injected: context deadline exceeded, not sent (%w)", op, records.ErrUnavailable)
+		return zero, fmt.Errorf("%s: injected: context deadline exceeded, not sent (%w)", op, retry.ErrUnavailable)
 	case Unknown:
 		_, _ = call()
-		return zero, fmt.Errorf("%s: injected: context deadline exceeded, applied (%w)", op, records.ErrUnavailable)
+		return zero, fmt.Errorf("%s: injected: context deadline exceeded, applied (%w)", op, retry.ErrUnavailable)
 	}
 	return call()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // ListIPs implements records.Store, in address order (as etcd's keys).
@@ -116,7 +117,7 @@ func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(
 	}
 	if !s.live(resLease) {
 		s.dropReservationLease(resLease)
-		return res, fmt.Errorf("reservation lease gone: %w", records.ErrConflict)
+		return res, fmt.Errorf("reservation lease gone: %w", retry.ErrConflict)
 	}
 	tx := s.begin()
 	for _, w := range writes {
@@ -165,7 +166,7 @@ func (s *Store) explainWrite(writes []records.IPWrite) error {
 		}
 	}
 	if len(we.Fenced) == 0 && len(we.Taken) == 0 && !we.FenceLost {
-		return fmt.Errorf("write allocations: changed concurrently: %w", records.ErrConflict)
+		return fmt.Errorf("write allocations: changed concurrently: %w", retry.ErrConflict)
 	}
 	return we
 }
@@ -205,7 +206,7 @@ func (s *Store) DeleteIP(_ context.Context, al records.Allocation) error {
 		return nil
 	}
 	if cur.rev != al.Rev {
-		return fmt.Errorf("delete %s at revision %d: changed: %w", al.Addr, al.Rev, records.ErrConflict)
+		return fmt.Errorf("delete %s at revision %d: changed: %w", al.Addr, al.Rev, retry.ErrConflict)
 	}
 	tx := s.begin()
 	s.ips.del(tx, k)

@@ -13,6 +13,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/allocator/records/memstore"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 var (
@@ -114,18 +115,18 @@ func TestFaults(t *testing.T) {
 	}
 	next = memstore.Refuse
 	_, err := fs.Claim(ctx, "p", block, records.Claim{Node: "n1"}, lease)
-	require.ErrorIs(t, err, records.ErrRefused)
-	require.ErrorIs(t, err, records.ErrUnavailable)
+	require.ErrorIs(t, err, retry.ErrRefused)
+	require.ErrorIs(t, err, retry.ErrUnavailable)
 	require.Zero(t, claims())
 	next = memstore.Lost
 	_, err = fs.Claim(ctx, "p", block, records.Claim{Node: "n1"}, lease)
-	require.ErrorIs(t, err, records.ErrUnavailable)
-	require.False(t, errors.Is(err, records.ErrRefused))
+	require.ErrorIs(t, err, retry.ErrUnavailable)
+	require.False(t, errors.Is(err, retry.ErrRefused))
 	require.Zero(t, claims())
 	next = memstore.Unknown
 	_, err = fs.Claim(ctx, "p", block, records.Claim{Node: "n1"}, lease)
-	require.ErrorIs(t, err, records.ErrUnavailable)
-	require.False(t, errors.Is(err, records.ErrRefused))
+	require.ErrorIs(t, err, retry.ErrUnavailable)
+	require.False(t, errors.Is(err, retry.ErrRefused))
 	require.Equal(t, 1, claims(), "applied")
 	next = memstore.Pass
 	_, err = fs.Claim(ctx, "p", block, records.Claim{Node: "n1"}, lease)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 const identity = "default/web-0"
@@ -23,7 +24,7 @@ func (f *fixture) bind(t *testing.T, i int, node string, b netip.Prefix, claimRe
 	rec.Identity, rec.WindowSeconds = identity, 60
 	w := []records.IPWrite{{Pool: "p", Block: b, ClaimRev: claimRev, Addr: a, Record: rec, Reserve: true}}
 	res, err := f.Store.WriteBound(f.ctx, bd, w)
-	if errors.Is(err, records.ErrConflict) {
+	if errors.Is(err, retry.ErrConflict) {
 		// The reservation lease ended (a test revoked it): the retry
 		// is put on a new one.
 		res, err = f.Store.WriteBound(f.ctx, bd, w)
@@ -51,7 +52,7 @@ var bindingTests = []test{
 		// A second new binding of the identity lost the race, and writes nothing.
 		_, err = f.Store.WriteBound(f.ctx, records.Binding{Pool: "p", Identity: identity, Owner: owner(2)}, []records.IPWrite{
 			{Pool: "p", Block: blockA, ClaimRev: rev, Addr: netip.MustParseAddr("10.0.0.2"), Record: f.rec(2, "n1", records.StateReserved)}})
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		var we *records.WriteError
 		require.False(t, errors.As(err, &we), "the binding, not a write, failed: %v", err)
 		f.absent(t, blockA, netip.MustParseAddr("10.0.0.2"))
@@ -94,12 +95,12 @@ var bindingTests = []test{
 		stale := al
 		stale.Rev--
 		_, err = f.Store.Keep(f.ctx, bd, []records.Allocation{stale})
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.Equal(t, res.Rev, f.get(t, blockA, a, 0).Rev)
 		staleB := bd
 		staleB.Rev--
 		_, err = f.Store.Keep(f.ctx, staleB, []records.Allocation{al})
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		// The pod's DEL keeps its address for the identity.
 		before := f.Now()
 		end, err := f.Store.Keep(f.ctx, bd, []records.Allocation{al})
@@ -207,11 +208,11 @@ var bindingTests = []test{
 		bd, al := f.bind(t, 1, "n1", blockA, rev, a)
 		refs := []records.IPRef{{Pool: "p", Block: blockA, Addr: a}}
 		// The address is not as cur shows it (absent).
-		require.ErrorIs(t, f.Store.DropStaleBinding(f.ctx, bd, refs, nil), records.ErrConflict)
+		require.ErrorIs(t, f.Store.DropStaleBinding(f.ctx, bd, refs, nil), retry.ErrConflict)
 		stale := bd
 		stale.Rev--
 		cur := map[netip.Addr]records.Allocation{a: al}
-		require.ErrorIs(t, f.Store.DropStaleBinding(f.ctx, stale, refs, cur), records.ErrConflict)
+		require.ErrorIs(t, f.Store.DropStaleBinding(f.ctx, stale, refs, cur), retry.ErrConflict)
 		_, ok, err := f.Store.GetBinding(f.ctx, "p", identity)
 		require.NoError(t, err)
 		require.True(t, ok)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 var claimTests = []test{
@@ -45,7 +46,7 @@ var claimTests = []test{
 		_, err := f.Store.Claim(f.ctx, "p", blockA, records.Claim{Node: "n2"}, f.Grant(time.Minute))
 		var ce *records.ClaimError
 		require.ErrorAs(t, err, &ce)
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.Equal(t, records.ClaimError{Block: blockA, ClaimedBy: "n1", HomeNode: "n1", ClaimRev: rev, ClaimLease: lease}, *ce)
 		// Its own claim again (an answer lost): the same error names its lease.
 		_, err = f.Store.Claim(f.ctx, "p", blockA, records.Claim{Node: "n1"}, lease)
@@ -110,7 +111,7 @@ var claimTests = []test{
 		f.Revoke(lease)
 		_, err := f.Store.Claim(f.ctx, "p", blockA, records.Claim{Node: "n1"}, lease)
 		require.ErrorIs(t, err, records.ErrLeaseLost)
-		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		require.False(t, errors.Is(err, retry.ErrConflict) || errors.Is(err, retry.ErrUnavailable), "%v", err)
 		_, ok := f.block(t, blockA)
 		require.False(t, ok, "nothing written")
 	}},
@@ -165,9 +166,9 @@ var claimTests = []test{
 		rev, _ := f.claim(t, "n1", blockA)
 		a := netip.MustParseAddr("10.0.0.3")
 		al := f.write(t, blockA, rev, a, f.rec(1, "n1", records.StateAllocated), false)
-		require.ErrorIs(t, f.Store.Unclaim(f.ctx, "p", blockA, rev), records.ErrConflict, "not empty")
+		require.ErrorIs(t, f.Store.Unclaim(f.ctx, "p", blockA, rev), retry.ErrConflict, "not empty")
 		require.NoError(t, f.Store.DeleteIP(f.ctx, al))
-		require.ErrorIs(t, f.Store.Unclaim(f.ctx, "p", blockA, rev+100), records.ErrConflict, "another claim revision")
+		require.ErrorIs(t, f.Store.Unclaim(f.ctx, "p", blockA, rev+100), retry.ErrConflict, "another claim revision")
 		require.NoError(t, f.Store.Unclaim(f.ctx, "p", blockA, rev))
 		_, ok := f.block(t, blockA)
 		require.False(t, ok, "claim and home gone")

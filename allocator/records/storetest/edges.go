@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 // Edges of the contract a caller may not lean on today but a second
@@ -95,7 +96,7 @@ var edgeTests = []test{
 		w := records.IPWrite{Pool: "p", Block: blockA, ClaimRev: rev, Addr: addr("10.0.0.1"), Record: f.rec(1, "n1", records.StateAllocated)}
 		_, err := f.Store.WriteIPs(f.ctx, []records.IPWrite{w, w})
 		require.Error(t, err)
-		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		require.False(t, errors.Is(err, retry.ErrConflict) || errors.Is(err, retry.ErrUnavailable), "%v", err)
 		f.absent(t, blockA, w.Addr)
 	}},
 	{"edges/fence-compared-once", func(t *testing.T, f *fixture) {
@@ -140,7 +141,7 @@ var edgeTests = []test{
 		lease := f.Grant(time.Minute)
 		first := records.IPWrite{Pool: "p", Block: blockB, Addr: addr("10.0.0.17"), Record: f.rec(2, "n1", records.StateReserved), Reserve: true}
 		_, err := f.Store.Claim(f.ctx, "p", blockB, records.Claim{Node: "n1", First: &first}, lease)
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.False(t, errors.Is(err, records.ErrLeaseLost))
 		_, ok := f.block(t, blockB)
 		require.False(t, ok)
@@ -231,7 +232,7 @@ var txnSizeTests = []test{
 		// 128 writes: 129 compares with the claim's.
 		_, err = f.Store.WriteIPs(f.ctx, batch(1, 128, res.Rev, false))
 		require.Error(t, err)
-		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		require.False(t, errors.Is(err, retry.ErrConflict) || errors.Is(err, retry.ErrUnavailable), "%v", err)
 		require.Zero(t, count())
 		_, err = f.Store.WriteIPs(f.ctx, batch(1, 127, res.Rev, false))
 		require.NoError(t, err)
@@ -249,7 +250,7 @@ var txnSizeTests = []test{
 		}
 		_, err = f.Store.WriteIPs(f.ctx, ws)
 		require.Error(t, err)
-		require.False(t, errors.Is(err, records.ErrConflict) || errors.Is(err, records.ErrUnavailable), "%v", err)
+		require.False(t, errors.Is(err, retry.ErrConflict) || errors.Is(err, retry.ErrUnavailable), "%v", err)
 		_, err = f.Store.WriteIPs(f.ctx, ws[:64])
 		require.NoError(t, err)
 		lent, err := f.Store.ListLent(f.ctx, "big")
@@ -270,7 +271,7 @@ var moreEdgeTests = []test{
 		first := records.IPWrite{Pool: "p", Block: blockB, Addr: addr("10.0.0.17"), Record: f.rec(2, "n1", records.StateReserved), Reserve: true}
 		_, err := f.Store.Claim(f.ctx, "p", blockB, records.Claim{Node: "n1", First: &first}, lease)
 		require.ErrorIs(t, err, records.ErrLeaseLost)
-		require.False(t, errors.Is(err, records.ErrConflict))
+		require.False(t, errors.Is(err, retry.ErrConflict))
 		_, ok := f.block(t, blockB)
 		require.False(t, ok)
 		// The reservation lease is still good for the next write.

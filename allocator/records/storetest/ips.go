@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
 var ipTests = []test{
@@ -52,7 +53,7 @@ var ipTests = []test{
 		_, err := f.Store.WriteIPs(f.ctx, w)
 		var we *records.WriteError
 		require.ErrorAs(t, err, &we)
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		require.Equal(t, records.WriteError{Fenced: []netip.Prefix{blockA}}, *we)
 		f.absent(t, blockB, b) // all or nothing
 		// The claim gone with its lease fences every write into the block.
@@ -125,7 +126,7 @@ var ipTests = []test{
 		// written, and its retry is put on a new lease.
 		w := []records.IPWrite{{Pool: "p", Block: blockA, ClaimRev: rev, Addr: a, Record: f.rec(1, "n1", records.StateReserved), Reserve: true}}
 		_, err = f.Store.WriteIPs(f.ctx, w)
-		require.ErrorIs(t, err, records.ErrConflict)
+		require.ErrorIs(t, err, retry.ErrConflict)
 		f.absent(t, blockA, a)
 		res, err = f.Store.WriteIPs(f.ctx, w)
 		require.NoError(t, err)
@@ -147,7 +148,7 @@ var ipTests = []test{
 		al := f.write(t, blockA, rev, a, f.rec(1, "n1", records.StateAllocated), false)
 		stale := al
 		stale.Rev--
-		require.ErrorIs(t, f.Store.DeleteIP(f.ctx, stale), records.ErrConflict)
+		require.ErrorIs(t, f.Store.DeleteIP(f.ctx, stale), retry.ErrConflict)
 		f.get(t, blockA, a, al.Rev)
 		zero := al
 		zero.Rev = 0

@@ -16,8 +16,8 @@ import (
 // ErrConflict, ErrUnavailable and ErrRefused are defined here, the lowest
 // layer that must recognise them, and named so only here and in kvstore
 // (the etcd layer, below allocator/records). Every package above the
-// records names them records.ErrConflict, records.ErrUnavailable and
-// records.ErrRefused, the store contract's names.
+// records names them retry.ErrConflict, retry.ErrUnavailable and
+// retry.ErrRefused, the store contract's names.
 //
 // ErrConflict marks a transaction that lost a compare-and-swap race. Retry
 // retries only errors that wrap it.
