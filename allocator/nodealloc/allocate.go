@@ -238,6 +238,7 @@ func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[net
 // plan that fails is abandoned: its marks undone, what it borrowed given
 // back.
 func (a *Allocator) plan(ctx context.Context, r Request, pendErr error) (*planner.Plan, error) {
+	defer a.voice.say() // in order with the driver's own lines
 	p, err := a.n.Start(r, pendErr)
 	if err != nil {
 		return nil, err

@@ -190,7 +190,7 @@ func (c claimer) unclaim(ctx context.Context, ps *planner.Pool, b netip.Prefix) 
 }
 
 // giveBackEmpty unclaims the empty own blocks of ps that go back
-// (GivesBack), by the one path a release takes (unclaim). Addresses
+// (planner.Node.GivingBack), by the one path a release takes (unclaim). Addresses
 // kept for sticky identities whose windows have ended are freed first: no
 // release empties a block they were the last of.
 func (c claimer) giveBackEmpty(ctx context.Context, ps *planner.Pool) int {

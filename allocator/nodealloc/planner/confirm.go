@@ -106,7 +106,7 @@ func (n *Node) FinishConfirm(o records.Owner, p ConfirmPlan) ([]records.Allocati
 		}
 		done = append(done, *al)
 	}
-	n.Confirmed(o)
+	n.confirmed(o)
 	slices.SortFunc(done, func(x, y records.Allocation) int { return x.Addr.Compare(y.Addr) })
 	return done, nil
 }

@@ -17,7 +17,7 @@ func RefusedError(ps *Pool) error {
 // this node, naming the pool, its selector and the node's labels.
 func (n *Node) notSelected(ps *Pool) error {
 	return fmt.Errorf("%w: pool %s serves only nodes matching %q; node %s (labels %s) takes no new address there (kvipamctl pool show %s lists the nodes it serves)",
-		records.ErrNodeNotSelected, ps.spec.Name, ps.spec.NodeSelector, n.name, n.LabelText(), ps.spec.Name)
+		records.ErrNodeNotSelected, ps.spec.Name, ps.spec.NodeSelector, n.name, n.labelText(), ps.spec.Name)
 }
 
 // takeoverNotSelected is the error of a sticky identity's pod on a node
@@ -28,5 +28,5 @@ func (n *Node) takeoverNotSelected(ps *Pool, b records.Binding) error {
 		where = "kept for it until " + b.Since.Add(b.Window()).UTC().Format(time.RFC3339)
 	}
 	return fmt.Errorf("%w: sticky identity %s has %v in pool %s (%s), which serves only nodes matching %q; node %s (labels %s) cannot take them over: run the identity's pods on nodes the selector chooses (kvipamctl pool show %s lists them)",
-		records.ErrNodeNotSelected, b.Identity, b.Addrs, ps.spec.Name, where, ps.spec.NodeSelector, n.name, n.LabelText(), ps.spec.Name)
+		records.ErrNodeNotSelected, b.Identity, b.Addrs, ps.spec.Name, where, ps.spec.NodeSelector, n.name, n.labelText(), ps.spec.Name)
 }

@@ -68,9 +68,6 @@ func (n *Node) note(l Level, msg string, args ...any) {
 	n.events = append(n.events, Event{Kind: Note, Level: l, Msg: msg, Args: args})
 }
 
-// Allocated reports an allocation the driver wrote and cached itself.
-func (n *Node) Allocated(al *records.Allocation) { n.allocated(al) }
-
 // Ended reports the end of an allocation's interval the driver saw.
 func (n *Node) Ended(al *records.Allocation, how string) { n.ended(al, how) }
 

@@ -38,9 +38,6 @@ func NewNode(name string, labels map[string]string, now func() time.Time, held f
 	return &Node{name: name, labels: maps.Clone(labels), now: now, held: held, pools: map[string]*Pool{}}
 }
 
-// Name is the node's name.
-func (n *Node) Name() string { return n.name }
-
 // Now reads the node's clock.
 func (n *Node) Now() time.Time { return n.now() }
 
@@ -73,34 +70,34 @@ func (n *Node) Replace(pools []*Pool) {
 	}
 }
 
-// Selected reports whether ps's node selector chooses this node: only
+// selected reports whether ps's node selector chooses this node: only
 // then does the node take new blocks and addresses in it.
-func (n *Node) Selected(ps *Pool) bool { return ps.spec.Selects(n.labels) }
+func (n *Node) selected(ps *Pool) bool { return ps.spec.Selects(n.labels) }
 
 // Draining reports whether the node gives every empty block of ps back:
 // the pool is disabled or refused, or its selector no longer chooses the
 // node.
 func (n *Node) Draining(ps *Pool) bool {
-	return ps.spec.Disabled || ps.refused != nil || !n.Selected(ps)
+	return ps.spec.Disabled || ps.refused != nil || !n.selected(ps)
 }
 
-// GivesBack reports whether own block b of ps goes back to the pool once
+// givesBack reports whether own block b of ps goes back to the pool once
 // empty, even if it is the node's last: the pool is draining (Draining),
 // or b is in a draining cidr.
-func (n *Node) GivesBack(ps *Pool, b netip.Prefix) bool {
+func (n *Node) givesBack(ps *Pool, b netip.Prefix) bool {
 	return n.Draining(ps) || ps.spec.InDraining(b.Addr())
 }
 
 // Unclaimable reports whether own block b of ps goes back to the pool
 // now: it holds nothing but cooling addresses, and either it gives back
-// (GivesBack) or the node keeps another block of its family that hands
+// (givesBack) or the node keeps another block of its family that hands
 // out addresses (a node keeps one block per family ready for the next
 // pod).
 func (n *Node) Unclaimable(ps *Pool, b netip.Prefix) bool {
 	if ps.own[b] == nil || ps.holds(b) {
 		return false
 	}
-	return n.GivesBack(ps, b) || len(ps.servingOwn(allocator.FamilyOf(b.Addr()))) >= 2
+	return n.givesBack(ps, b) || len(ps.servingOwn(allocator.FamilyOf(b.Addr()))) >= 2
 }
 
 // HeldSet is the set of addresses this node's endpoints use.
@@ -114,8 +111,8 @@ func (n *Node) HeldSet() map[netip.Addr]bool {
 	return out
 }
 
-// LabelText is the node's labels for an error message.
-func (n *Node) LabelText() string {
+// labelText is the node's labels for an error message.
+func (n *Node) labelText() string {
 	if labels := allocator.FormatLabels(n.labels); labels != "" {
 		return labels
 	}
@@ -157,9 +154,9 @@ func (n *Node) CheckBinding(o records.Owner, id string) {
 	}
 }
 
-// Confirmed forgets, in every pool, that o's DEL checks a binding: o is
+// confirmed forgets, in every pool, that o's DEL checks a binding: o is
 // confirmed.
-func (n *Node) Confirmed(o records.Owner) {
+func (n *Node) confirmed(o records.Owner) {
 	for _, ps := range n.pools {
 		delete(ps.checkBinding, o.Key())
 	}

@@ -65,6 +65,7 @@ type Plan struct {
 	claimed netip.Prefix // the block claimed for the family
 	answer  error        // the store's answer to the last need
 	written *records.Allocation
+	room    bool // a borrow found the node's own blocks have room
 	sticky  stickyPlan
 }
 
@@ -189,7 +190,7 @@ func (n *Node) Advance(p *Plan) (Need, error) {
 			return need, nil
 		}
 		p.next++
-		p.stage, p.claimed, p.answer, p.written = stFresh, netip.Prefix{}, nil, nil
+		p.stage, p.claimed, p.answer, p.written, p.room = stFresh, netip.Prefix{}, nil, nil, false
 	}
 	if p.Req.Sticky != nil && p.Bind == nil {
 		n.bindPlan(p)
@@ -215,7 +216,7 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 		if ps.spec.Disabled {
 			return Need{}, false, fmt.Errorf("%w: pool %s is disabled and hands out no new addresses (kvipamctl pool enable %s)", records.ErrPoolDisabled, ps.spec.Name, ps.spec.Name)
 		}
-		if !n.Selected(ps) {
+		if !n.selected(ps) {
 			// Neither a claim nor a borrow: the pool's blocks are for the
 			// nodes its selector chooses.
 			return Need{}, false, n.notSelected(ps)
@@ -290,9 +291,11 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 			return n.takeWritten(p), true, nil
 		case p.answer != nil:
 			return Need{}, false, p.answer
+		case !p.room:
+			return Need{}, false, fmt.Errorf("plan of %s: a borrow ended with no answer", r.Owner.Key())
 		}
-		// Own blocks have room again (OwnRoom): plan normally.
-		p.stage = stFresh
+		// Own blocks have room again: plan normally.
+		p.stage, p.room = stFresh, false
 		return n.advanceFamily(p, f)
 	}
 	return Need{}, false, fmt.Errorf("plan of %s: stage %d out of order", r.Owner.Key(), p.stage)
@@ -310,7 +313,7 @@ func (p *Plan) Failed(err error) { p.answer = err }
 
 // OwnRoom folds a borrow that found the node's own blocks have room after
 // all: the family is planned again.
-func (p *Plan) OwnRoom() {}
+func (p *Plan) OwnRoom() { p.room = true }
 
 func (n *Node) takeWritten(p *Plan) Need {
 	p.Reused = append(p.Reused, p.written)
@@ -417,9 +420,6 @@ func (n *Node) dropIfLapsed(ps *Pool, al *records.Allocation) bool {
 	n.events = append(n.events, Event{Kind: Lapsed, Al: *al, End: exp})
 	return true
 }
-
-// DropIfLapsed is dropIfLapsed for the driver.
-func (n *Node) DropIfLapsed(ps *Pool, al *records.Allocation) bool { return n.dropIfLapsed(ps, al) }
 
 func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 	return func(yield func(K) bool) {

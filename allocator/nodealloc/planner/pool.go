@@ -368,13 +368,6 @@ func (ps *Pool) servingOwn(f allocator.Family) []netip.Prefix {
 // Spec is the pool's spec as the node holds it.
 func (ps *Pool) Spec() allocator.Pool { return ps.spec }
 
-// Refused is why the pool's spec is refused, nil if it is not.
-func (ps *Pool) Refused() error { return ps.refused }
-
-// PendingFor reports whether the owner whose key is key has a store call
-// of unknown outcome in ps.
-func (ps *Pool) PendingFor(key string) bool { return ps.pendingFor(key) }
-
 // Exhausted is the error of a family with no block left to claim.
 func (ps *Pool) Exhausted(f allocator.Family) error { return ps.exhausted(f) }
 

@@ -70,9 +70,9 @@ func (n *Node) Unclaimed(ps *Pool, b netip.Prefix) {
 }
 
 // GivingBack lists the own blocks of family f that go back once empty
-// (GivesBack), in address order.
+// (givesBack), in address order.
 func (n *Node) GivingBack(ps *Pool, f allocator.Family) []netip.Prefix {
-	return slices.DeleteFunc(ps.sortedOwn(f), func(b netip.Prefix) bool { return !n.GivesBack(ps, b) })
+	return slices.DeleteFunc(ps.sortedOwn(f), func(b netip.Prefix) bool { return !n.givesBack(ps, b) })
 }
 
 // KeptEnded names the own-block addresses of family f kept for sticky

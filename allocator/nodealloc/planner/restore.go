@@ -108,7 +108,7 @@ func (n *Node) Update(p allocator.Pool) {
 		ps = n.Read(p)
 		n.pools[p.Name] = ps
 		if ps.refused == nil {
-			n.note(Info, "serving a new pool", "pool", p.Name, "rev", p.Rev, "cidrs", len(p.CIDRs), "node_selector", p.NodeSelector, "selected", n.Selected(ps))
+			n.note(Info, "serving a new pool", "pool", p.Name, "rev", p.Rev, "cidrs", len(p.CIDRs), "node_selector", p.NodeSelector, "selected", n.selected(ps))
 		}
 		return
 	}
@@ -123,5 +123,5 @@ func (n *Node) Update(p allocator.Pool) {
 	// A shorter cooldown frees at once what has cooled long enough.
 	ps.thaw(n.now().Add(-p.Cooldown()))
 	n.note(Info, "pool spec changed", "pool", p.Name, "rev", p.Rev, "disabled", p.Disabled, "reserved", len(p.Reserved), "cidrs", len(p.CIDRs),
-		"node_selector", p.NodeSelector, "selected", n.Selected(ps), "reuse_cooldown", p.Cooldown())
+		"node_selector", p.NodeSelector, "selected", n.selected(ps), "reuse_cooldown", p.Cooldown())
 }

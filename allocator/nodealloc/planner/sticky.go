@@ -100,7 +100,7 @@ func (n *Node) advanceSticky(p *Plan) (Need, error) {
 			return Need{}, fmt.Errorf("%w: %s is held by pod %s/%s (%s on node %s); two live pods cannot share one identity",
 				records.ErrIdentityInUse, r.Sticky.Identity, b.Owner.Namespace, b.Owner.Pod, b.Owner.Key(), b.Node)
 		}
-		if !n.Selected(ps) {
+		if !n.selected(ps) {
 			// The selector binds the identity too: its addresses are
 			// routed where the pool's nodes are (a rack's BGP filters),
 			// so a pod elsewhere neither borrows nor takes them over.
