@@ -158,7 +158,7 @@ func (a *Allocator) release(ctx context.Context, ps *planner.Pool, al *records.A
 		if serr := a.settlePending(ctx); serr != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), serr)
 		}
-		if ps.At(al.Addr) == al {
+		if ps.StillCached([]*records.Allocation{al}) != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 		}
 		if al.Identity != "" && al.State != records.StateKept {
