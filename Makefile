@@ -74,7 +74,7 @@ bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
 	@run() { name=$$1; shift; echo "$$*" >> $(BENCH_OUT)/commands.txt; echo "$$*"; \
 		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
-	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/ && \
+	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/planner/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run claimcost KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimCost -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
