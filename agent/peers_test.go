@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"net"
 	"net/netip"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator"
@@ -47,9 +45,9 @@ func TestPeerRoutes(t *testing.T) {
 	blockA := ra.IPs[0].Block
 	lastB := rb.IPs[0].Block
 
-	require.Eventually(t, func() bool { return routeVia(t, hB, blockA) == "10.254.0.1" }, 10*time.Second, 20*time.Millisecond, "node-b routes node-a's block")
-	require.Eventually(t, func() bool { return routeVia(t, hA, lastB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
-	require.Empty(t, routeVia(t, hA, blockA), "no route to a node's own block")
+	require.Eventually(t, func() bool { return nstest.RouteVia(t, hB, routing.Protocol, blockA) == "10.254.0.1" }, 10*time.Second, 20*time.Millisecond, "node-b routes node-a's block")
+	require.Eventually(t, func() bool { return nstest.RouteVia(t, hA, routing.Protocol, lastB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
+	require.Empty(t, nstest.RouteVia(t, hA, routing.Protocol, blockA), "no route to a node's own block")
 
 	// node-b releases the pods of its second block; the empty block goes
 	// back to the pool and node-a drops the route.
@@ -61,19 +59,7 @@ func TestPeerRoutes(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	require.Eventually(t, func() bool { return routeVia(t, hA, lastB) == "" }, 10*time.Second, 20*time.Millisecond, "a freed block loses its route")
-}
-
-// routeVia returns the gateway of the kvipam route to dst, or "".
-func routeVia(t testing.TB, h *netlink.Handle, dst netip.Prefix) string {
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: routing.Protocol}, netlink.RT_FILTER_PROTOCOL)
-	require.NoError(t, err)
-	for _, r := range routes {
-		if r.Dst != nil && r.Dst.String() == (&net.IPNet{IP: net.IP(dst.Addr().AsSlice()), Mask: net.CIDRMask(dst.Bits(), 32)}).String() {
-			return r.Gw.String()
-		}
-	}
-	return ""
+	require.Eventually(t, func() bool { return nstest.RouteVia(t, hA, routing.Protocol, lastB) == "" }, 10*time.Second, 20*time.Millisecond, "a freed block loses its route")
 }
 
 // TestPeerRoutesSurviveRestart restarts one agent while watching its node
@@ -95,7 +81,7 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 	rb, err := b.c.Allocate(ctx, api.AllocateRequest{Owner: owner(1), Permanent: true})
 	require.NoError(t, err)
 	blockB := rb.IPs[0].Block
-	require.Eventually(t, func() bool { return routeVia(t, hA, blockB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
+	require.Eventually(t, func() bool { return nstest.RouteVia(t, hA, routing.Protocol, blockB) == "10.254.0.2" }, 10*time.Second, 20*time.Millisecond, "node-a routes node-b's block")
 
 	updates := make(chan netlink.RouteUpdate, 64)
 	done := make(chan struct{})
@@ -107,34 +93,8 @@ func TestPeerRoutesSurviveRestart(t *testing.T) {
 	a.shutdown()
 	a2 := startAgent(t, cfgA, Options{})
 	require.Eventually(t, func() bool { return a2.a.peers.Passes() >= 1 }, 10*time.Second, 10*time.Millisecond, "the restarted agent syncs its routes")
-	require.Equal(t, "10.254.0.2", routeVia(t, hA, blockB))
-	requireNoDelete(t, hA, updates, blockB)
-}
-
-// requireNoDelete reads route updates up to a marker route it adds, so
-// every earlier update has arrived, and fails on a delete of dst.
-func requireNoDelete(t *testing.T, h *netlink.Handle, updates <-chan netlink.RouteUpdate, dst netip.Prefix) {
-	t.Helper()
-	marker := &netlink.Route{Dst: ipNetOf(netip.MustParsePrefix("192.0.2.77/32")), Type: unix.RTN_BLACKHOLE}
-	require.NoError(t, h.RouteAdd(marker))
-	defer h.RouteDel(marker)
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case u := <-updates:
-			if u.Dst == nil {
-				continue
-			}
-			if u.Dst.String() == dst.String() {
-				require.NotEqual(t, uint16(unix.RTM_DELROUTE), u.Type, "the route to %s was removed", dst)
-			}
-			if u.Dst.String() == "192.0.2.77/32" {
-				return
-			}
-		case <-timeout:
-			t.Fatal("the marker route's update never came")
-		}
-	}
+	require.Equal(t, "10.254.0.2", nstest.RouteVia(t, hA, routing.Protocol, blockB))
+	nstest.RequireNoRouteDelete(t, hA, updates, blockB)
 }
 
 // twoNodes makes two scratch node namespaces joined by an underlay veth,

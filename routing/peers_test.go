@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/internal/testsupport/nstest"
@@ -80,44 +79,6 @@ func TestPeerRouterWaitsForBothLists(t *testing.T) {
 	require.Eventually(t, func() bool { return p.Passes() >= 1 }, 10*time.Second, 5*time.Millisecond, "the router woke for the homes")
 	close(src.go_)
 	require.Eventually(t, func() bool { return p.Passes() >= 2 }, 10*time.Second, 5*time.Millisecond, "and for the node records")
-	require.Equal(t, "10.254.0.2", routeVia(t, h, block))
-	requireNoDelete(t, h, updates, block)
-}
-
-// routeVia returns the gateway of the kvipam route to dst, or "".
-func routeVia(t testing.TB, h *netlink.Handle, dst netip.Prefix) string {
-	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: Protocol}, netlink.RT_FILTER_PROTOCOL)
-	require.NoError(t, err)
-	for _, r := range routes {
-		if r.Dst != nil && r.Dst.String() == (&net.IPNet{IP: net.IP(dst.Addr().AsSlice()), Mask: net.CIDRMask(dst.Bits(), 32)}).String() {
-			return r.Gw.String()
-		}
-	}
-	return ""
-}
-
-// requireNoDelete reads route updates up to a marker route it adds, so
-// every earlier update has arrived, and fails on a delete of dst.
-func requireNoDelete(t *testing.T, h *netlink.Handle, updates <-chan netlink.RouteUpdate, dst netip.Prefix) {
-	t.Helper()
-	marker := &netlink.Route{Dst: prefixNet(netip.MustParsePrefix("192.0.2.77/32")), Type: unix.RTN_BLACKHOLE}
-	require.NoError(t, h.RouteAdd(marker))
-	defer h.RouteDel(marker)
-	timeout := time.After(10 * time.Second)
-	for {
-		select {
-		case u := <-updates:
-			if u.Dst == nil {
-				continue
-			}
-			if u.Dst.String() == dst.String() {
-				require.NotEqual(t, uint16(unix.RTM_DELROUTE), u.Type, "the route to %s was removed", dst)
-			}
-			if u.Dst.String() == "192.0.2.77/32" {
-				return
-			}
-		case <-timeout:
-			t.Fatal("the marker route's update never came")
-		}
-	}
+	require.Equal(t, "10.254.0.2", nstest.RouteVia(t, h, Protocol, block))
+	nstest.RequireNoRouteDelete(t, h, updates, block)
 }
