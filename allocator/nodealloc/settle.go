@@ -49,6 +49,13 @@ func (r cacheReader) readBack(ctx context.Context, refs []records.IPRef) error {
 // of reservations and of kept records. A reservation read back from the
 // store expires with its lease, so a retried ADD after a restart does not
 // get one that has already lapsed.
+//
+// A lease is taken to end a second after the time the store answers:
+// LeaseExpiry answers in whole seconds, as etcd's TTL does, so the lease
+// may last up to a second past it. Taken as the end, it let a
+// reservation read back look lapsed while etcd still held it, and its
+// owner's next request got a second address of the family (found by
+// TestModelSimulated, seed 20261202).
 func (r cacheReader) expiries(ctx context.Context, als []records.Allocation) (map[int64]time.Time, error) {
 	out := map[int64]time.Time{}
 	for _, al := range als {
@@ -57,7 +64,7 @@ func (r cacheReader) expiries(ctx context.Context, als []records.Allocation) (ma
 			if err != nil {
 				return nil, err
 			}
-			out[al.Lease] = exp
+			out[al.Lease] = exp.Add(time.Second)
 		}
 	}
 	return out, nil
