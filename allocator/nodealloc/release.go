@@ -150,8 +150,12 @@ func (a *Allocator) release(ctx context.Context, ps *planner.Pool, al *records.A
 		a.n.Released(ps, al)
 	case errors.Is(err, retry.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
-		// delete what we have not seen.
-		_ = a.reads.loadBlock(ctx, ps, al.Block, 0)
+		// delete what we have not seen. If the block cannot be read
+		// now, the address is read back before the next request (its
+		// owner's retried ADD must not be answered from the cache).
+		if err := a.reads.loadBlock(ctx, ps, al.Block, 0); err != nil {
+			a.n.Park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
+		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	default:
 		a.n.Park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
