@@ -151,9 +151,10 @@ func (a *Allocator) release(ctx context.Context, ps *planner.Pool, al *records.A
 	case errors.Is(err, retry.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen. If the block cannot be read
-		// now, the address is read back before the next request (its
-		// owner's retried ADD must not be answered from the cache).
-		if err := a.reads.loadBlock(ctx, ps, al.Block, 0); err != nil {
+		// now, or is another node's (a borrowed address), the address
+		// is read back before the next request (its owner's retried ADD
+		// must not be answered from the cache).
+		if !ps.Owns(al.Block) || a.reads.loadBlock(ctx, ps, al.Block, 0) != nil {
 			a.n.Park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
