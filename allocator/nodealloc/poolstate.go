@@ -128,13 +128,18 @@ func (ps *poolState) noteCheckBinding(o, id string) {
 }
 
 // remember indexes al; expires is the reservation expiry if known. An
-// allocation already indexed at the same address is replaced.
+// allocation already indexed at the same address is replaced. An
+// owner's allocations are indexed in address order.
 func (ps *poolState) remember(al *records.Allocation, expires time.Time) {
 	if old := ps.byAddr[al.Addr]; old != nil {
 		ps.forget(old)
 	}
 	k := al.Owner.Key()
-	ps.byOwner[k] = append(ps.byOwner[k], al)
+	// In address order, whatever order they were learnt in (a settle
+	// or a reassert goes through a map): a release and a lookup answer
+	// in one order, and a seed replays.
+	i, _ := slices.BinarySearchFunc(ps.byOwner[k], al.Addr, func(x *records.Allocation, a netip.Addr) int { return x.Addr.Compare(a) })
+	ps.byOwner[k] = slices.Insert(ps.byOwner[k], i, al)
 	ps.byAddr[al.Addr] = al
 	if al.State == records.StateReserved && !expires.IsZero() {
 		ps.expires[al.Addr] = expires
