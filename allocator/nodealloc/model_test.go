@@ -1,11 +1,11 @@
 package nodealloc_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -16,16 +16,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
-	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
-	"github.com/kvipam/kvipam/kvstore"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 var (
@@ -106,6 +101,9 @@ type mOwner struct {
 	// reassert conflict: the pod should be deleted). Its binding may name
 	// it until the identity's next pod replaces it.
 	lost bool
+	// retired: an earlier container of a sticky identity that holds
+	// nothing, left out of the run's choices (retire).
+	retired bool
 	// revoked: its reservation's lease was revoked before its time
 	// (fResLease), which the store's contract does not foresee: the
 	// allocator trusts the expiry it was given and may tell the same
@@ -134,11 +132,11 @@ type keptFor struct {
 type mNode struct {
 	i     int
 	name  string
-	cli   *clientv3.Client
+	cli   *clientv3.Client // etcd's client of the node (etcdBackend)
 	hook  *hookStore
 	alloc *nodealloc.Allocator
-	sess  *kvstore.Session
-	logs  *bytes.Buffer // the allocator's log, for a report
+	sess  modelSession
+	logs  *logRing // the allocator's log, for a report
 }
 
 // modelRun is one run of TestModelNodeAllocator: its nodes, its model and
@@ -147,9 +145,10 @@ type mNode struct {
 type modelRun struct {
 	t      *testing.T
 	ctx    context.Context
+	b      modelBackend
+	name   string // the test's name, for the replay command
 	seed   uint64
 	rng    *rand.Rand
-	check  *clientv3.Client // the test's own view of etcd, without faults
 	pool   allocator.Pool
 	nodes  []*mNode
 	owners map[string]*mOwner
@@ -183,6 +182,7 @@ type modelRun struct {
 	// loaded: etcd refuses writes for load far more often than
 	// faultRates says (opRestart), at loadedBusyRate.
 	loaded bool
+	trace  modelTrace
 }
 
 // loadedBusyRate is the chance that etcd refuses a write for load ("too
@@ -224,51 +224,33 @@ const loadedBusyRate = 0.4
 //
 // Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=100000
 func TestModelNodeAllocator(t *testing.T) {
-	seed := *modelSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, *modelSteps)
-	pool := allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
+	pool := modelPool()
+	b := newEtcdBackend(t, pool)
+	runModel(t, b, modelSeedOrNow(), *modelSteps)
+}
+
+// modelPool is the pool the model runs on.
+func modelPool() allocator.Pool {
+	return allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
 		// 30 and 31 usable addresses: the pool fills, and nodes borrow
 		// across blocks.
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
-	e := etcdtest.Start(t)
-	ensurePool(t, e, pool)
-	spec := pool
-	// Keys of the extra cidr the pool operation adds and removes.
-	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
-	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
-		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
-		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{}}
-	for _, k := range writeKinds {
-		r.faults[k] = &[nFaults]int{}
-	}
-	const nodes, ordinaryPerNode, identities = 3, 4, 3
-	for i := range nodes {
-		n := &mNode{i: i, name: fmt.Sprintf("node-%d", i), cli: etcdtest.Client(t, e)}
-		n.hook = newHookStore(etcdstore.New(n.cli, etcdstore.Options{ReservationTTL: reservationTTL}))
-		r.hookUp(n)
-		r.nodes = append(r.nodes, n)
-		r.startAlloc(n)
-		for j := range ordinaryPerNode {
-			r.addOwner(records.Owner{ContainerID: fmt.Sprintf("n%d-o%d", i, j), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d-%d", i, j)}, i, "")
-		}
-	}
-	t.Cleanup(func() {
-		for _, n := range r.nodes {
-			if n.sess != nil {
-				n.sess.Close()
-			}
-		}
-	})
-	for i := range identities {
-		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
-	}
-	r.gens[lapseIdentity] = 0
+}
 
+func modelSeedOrNow() uint64 {
+	if *modelSeed != 0 {
+		return *modelSeed
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// runModel runs the model on backend b, whose store holds pool
+// modelPool(), for steps steps of seed.
+func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
+	r := newModelRun(t, b, seed)
+	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, steps)
 	start := time.Now()
-	for r.step = 0; r.step < *modelSteps && !r.failed; r.step++ {
+	for r.step = 0; r.step < steps && !r.failed; r.step++ {
 		r.resRevoked = false
 		r.expireReservations()
 		r.randomStep()
@@ -277,8 +259,12 @@ func TestModelNodeAllocator(t *testing.T) {
 		if !r.failed {
 			r.verify()
 		}
+		if st := r.b.state(); st != "" {
+			r.trace.add(fmt.Sprintf("%d: %s", r.step, st))
+		}
 	}
-	t.Logf("%d steps in %s", r.step, time.Since(start).Round(time.Millisecond))
+	r.close()
+	t.Logf("seed %d: %d steps in %s (trace hash %016x)", seed, r.step, time.Since(start).Round(time.Millisecond), r.trace.sum())
 	t.Log("faults injected, by write kind:\n" + r.table())
 	t.Log("operations (ok / refused / failed):\n" + r.opTable())
 	if *modelDump {
@@ -291,35 +277,68 @@ func TestModelNodeAllocator(t *testing.T) {
 	for _, row := range r.faults {
 		total += row[fUnknown]
 	}
-	if *modelFault > 0 && *modelSteps >= 200 {
+	if *modelFault > 0 && steps >= 200 {
 		require.NotZero(t, total, "the run must meet writes of unknown outcome")
+	}
+	return r
+}
+
+// newModelRun sets the run up on b: its nodes, restored, and its owners.
+func newModelRun(t *testing.T, b modelBackend, seed uint64) *modelRun {
+	pool := modelPool()
+	spec := pool
+	// Keys of the extra cidr the pool operation adds and removes.
+	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
+	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), b: b, name: t.Name(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
+		pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{}}
+	r.bindBackend()
+	for _, k := range writeKinds {
+		r.faults[k] = &[nFaults]int{}
+	}
+	const nodes, ordinaryPerNode, identities = 3, 4, 3
+	for i := range nodes {
+		n := &mNode{i: i, name: fmt.Sprintf("node-%d", i)}
+		n.hook = newHookStore(b.nodeStore(n))
+		r.hookUp(n)
+		r.nodes = append(r.nodes, n)
+		r.startAlloc(n)
+		for j := range ordinaryPerNode {
+			r.addOwner(records.Owner{ContainerID: fmt.Sprintf("n%d-o%d", i, j), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d-%d", i, j)}, i, "")
+		}
+	}
+	t.Cleanup(r.close)
+	for i := range identities {
+		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
+	}
+	r.gens[lapseIdentity] = 0
+	return r
+}
+
+// close ends the nodes' sessions.
+func (r *modelRun) close() {
+	for _, n := range r.nodes {
+		if n.sess != nil {
+			n.sess.Close()
+			n.sess = nil
+		}
 	}
 }
 
 // syncLent delivers to every node what changed in the pool's lent
 // addresses, as each agent's watch of the homes does (NoteLent).
 func (r *modelRun) syncLent() {
-	resp, err := r.check.Get(r.ctx, etcdstore.LentPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	now := map[netip.Addr]nodealloc.Loan{}
-	for _, kv := range resp.Kvs {
-		addr, err := netip.ParseAddr(strings.TrimPrefix(string(kv.Key), etcdstore.LentPrefix(r.pool.Name)))
-		if err != nil {
-			continue
-		}
-		if v, err := kvstore.Decode[records.Home](kv); err == nil {
-			now[addr] = nodealloc.Loan{Node: v.Value.Node, Rev: kv.ModRevision}
-		}
-	}
-	for addr, loan := range now {
-		if r.lent[addr] != loan {
+	now := r.b.lent()
+	for _, addr := range slices.SortedFunc(maps.Keys(now), netip.Addr.Compare) {
+		if loan := now[addr]; r.lent[addr] != loan {
 			for _, n := range r.nodes {
 				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, loan.Rev, true)
 			}
 		}
 	}
-	for addr, loan := range r.lent {
+	for _, addr := range slices.SortedFunc(maps.Keys(r.lent), netip.Addr.Compare) {
 		if _, ok := now[addr]; !ok {
+			loan := r.lent[addr]
 			for _, n := range r.nodes {
 				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, 0, false)
 			}
@@ -336,7 +355,7 @@ func (r *modelRun) fail(format string, args ...any) {
 	}
 	r.failed = true
 	from := max(0, len(r.log)-*modelLogLines)
-	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "))
+	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s\nreplay: %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "), r.replayCommand())
 	if *modelNodeLog > 0 {
 		for _, n := range r.nodes {
 			lines := strings.Split(n.logs.String(), "\n")
@@ -346,7 +365,9 @@ func (r *modelRun) fail(format string, args ...any) {
 }
 
 func (r *modelRun) logf(format string, args ...any) {
-	r.log = append(r.log, fmt.Sprintf("%d: ", r.step)+fmt.Sprintf(format, args...))
+	line := fmt.Sprintf("%d: ", r.step) + fmt.Sprintf(format, args...)
+	r.trace.add(line)
+	r.log = append(r.log, line)
 	if len(r.log) > 400 {
 		r.log = slices.Clone(r.log[200:])
 	}
@@ -386,12 +407,11 @@ func (r *modelRun) hookUp(n *mNode) {
 			if r.inject(kind, fRevoke) {
 				r.count(kind, fRevoke)
 				if n.sess != nil {
-					_, _ = r.check.Revoke(ctx, clientv3.LeaseID(n.sess.ID()))
+					r.b.revokeLease(n.sess.ID())
 				}
 			}
-			if r.inject(kind, fHistory) {
+			if r.inject(kind, fHistory) && r.b.revokeHistoryLease() {
 				r.count(kind, fHistory)
-				r.revokeHistoryLease()
 			}
 			if reserves(kind) && r.inject(kind, fResLease) && r.revokeReservationLease(n) {
 				r.count(kind, fResLease)
@@ -428,7 +448,7 @@ func (r *modelRun) hookUp(n *mNode) {
 
 // reqCtx is one request's context: bounded as the agent bounds one.
 func (r *modelRun) reqCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.ctx, modelRequestTimeout)
+	return r.b.request(r.ctx)
 }
 
 // kindOf names the write kind of a store call.
@@ -550,16 +570,6 @@ func (r *modelRun) table() string {
 	return b.String()
 }
 
-// revokeHistoryLease revokes the lease IP history is written on now, as
-// an etcd restored from a snapshot or an operator would.
-func (r *modelRun) revokeHistoryLease() {
-	resp, err := r.check.Get(r.ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend))
-	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
-		return
-	}
-	_, _ = r.check.Revoke(r.ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-}
-
 // reserves reports whether a write of kind may put a reservation.
 func reserves(kind string) bool {
 	return slices.Contains([]string{"create", "batch", "claim", "borrow", "bind/takeover"}, kind)
@@ -570,35 +580,30 @@ func reserves(kind string) bool {
 // last, and doubts the owners told a reservation on it: it lapses now,
 // before its time. It reports whether there was one.
 func (r *modelRun) revokeReservationLease(n *mNode) bool {
-	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
-	if err != nil {
-		return false
-	}
-	var newest *mvccpb.KeyValue
-	for _, kv := range resp.Kvs {
-		v, err := kvstore.Decode[records.Record](kv)
-		if err == nil && kv.Lease != 0 && v.Value.Node == n.name && v.Value.State == records.StateReserved && (newest == nil || kv.ModRevision > newest.ModRevision) {
-			newest = kv
+	als := r.b.readIPs()
+	var newest *records.Allocation
+	for i, al := range als {
+		if al.Lease != 0 && al.Node == n.name && al.State == records.StateReserved && (newest == nil || al.Rev > newest.Rev) {
+			newest = &als[i]
 		}
 	}
 	if newest == nil {
 		return false
 	}
-	if _, err := r.check.Revoke(r.ctx, clientv3.LeaseID(newest.Lease)); err != nil {
-		return false
-	}
+	lease := newest.Lease
+	r.b.revokeLease(lease)
 	// The owners of the records on it, told or not (an answer lost, then
 	// settled into the allocator's cache, is told later from there).
 	owners := map[string]bool{}
-	for _, kv := range resp.Kvs {
-		if v, err := kvstore.Decode[records.Record](kv); err == nil && kv.Lease == newest.Lease {
-			owners[v.Value.Owner.Key()] = true
+	for _, al := range als {
+		if al.Lease == lease {
+			owners[al.Owner.Key()] = true
 		}
 	}
 	r.resRevoked = true
-	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, newest.Lease, len(owners))
-	for k := range owners {
-		if mo := r.owners[k]; mo != nil {
+	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, lease, len(owners))
+	for _, k := range r.order {
+		if mo := r.owners[k]; owners[k] {
 			mo.unsure, mo.reserved, mo.revoked = true, false, true
 			for _, a := range mo.told {
 				r.noteRecent(a)
@@ -612,11 +617,11 @@ func (r *modelRun) revokeReservationLease(n *mNode) bool {
 // restores it.
 func (r *modelRun) startAlloc(n *mNode) {
 	if n.logs == nil {
-		n.logs = &bytes.Buffer{}
+		n.logs = newLogRing(nodeLogKeep)
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Output: n.logs, Level: hclog.Debug, DisableTime: true})
 	al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: n.hook, Logger: logger, Labels: map[string]string{"node": n.name},
-		Held: func() []netip.Addr { return r.heldOn(n.i) }})
+		Held: func() []netip.Addr { return r.heldOn(n.i) }, Now: r.b.now})
 	require.NoError(r.t, err)
 	n.alloc = al
 	r.recover(n, true)
@@ -648,7 +653,7 @@ func (r *modelRun) recover(n *mNode, force bool) {
 			if n.sess != nil {
 				n.sess.Close()
 			}
-			sess, err := kvstore.NewSession(r.ctx, n.cli, 30)
+			sess, err := r.b.newSession(n)
 			if err != nil {
 				if try > 20 {
 					r.fail("new session for %s: %v", n.name, err)
@@ -657,13 +662,6 @@ func (r *modelRun) recover(n *mNode, force bool) {
 				continue
 			}
 			n.sess = sess
-			// The agent's node record, on its lease: an operator's
-			// commands refuse a node that has one.
-			rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
-			if err := etcdstore.New(r.check, etcdstore.Options{}).WriteNode(r.ctx, rec, int64(sess.ID())); err != nil {
-				r.fail("node record of %s: %v", n.name, err)
-				return
-			}
 		}
 		err := n.alloc.Restore(r.ctx, n.sess)
 		if err == nil {
@@ -905,7 +903,7 @@ func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first erro
 	for _, k := range r.kept {
 		until = maxTime(until, k.from.Add(k.window+time.Second))
 	}
-	time.Sleep(time.Until(until))
+	r.b.sleep(until.Sub(r.b.now()))
 	if !r.freeInEtcd(addr) {
 		return
 	}
@@ -929,12 +927,11 @@ func maxTime(a, b time.Time) time.Time {
 
 // freeInEtcd reports whether etcd holds no allocation at addr.
 func (r *modelRun) freeInEtcd(addr netip.Addr) bool {
-	b, ok := r.pool.BlockFor(addr)
-	if !ok {
+	if _, ok := r.pool.BlockFor(addr); !ok {
 		return false
 	}
-	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, addr))
-	return err == nil && len(resp.Kvs) == 0
+	_, held := r.b.readIP(addr)
+	return !held
 }
 
 // claimer is the index of the node claiming addr's block, or -1.
@@ -943,12 +940,12 @@ func (r *modelRun) claimer(addr netip.Addr) int {
 	if !ok {
 		return -1
 	}
-	c, err := kvstore.GetJSON[records.Claim](r.ctx, r.check, etcdstore.ClaimKey(r.pool.Name, b))
-	if err != nil {
+	c, ok := r.b.claimOf(b)
+	if !ok {
 		return -1
 	}
 	for _, n := range r.nodes {
-		if n.name == c.Value.Node {
+		if n.name == c.Node {
 			return n.i
 		}
 	}
@@ -1032,7 +1029,7 @@ func (r *modelRun) release(mo *mOwner) {
 	r.op = "release"
 	n := r.nodes[mo.node]
 	r.recover(n, false)
-	from := time.Now()
+	from := r.b.now()
 	// The agent names the identity its endpoint's record has, or the
 	// DEL's request (both plugins send the pod's annotations); a failed
 	// DEL's is noted on the node's disk until its release lands, so the
@@ -1091,7 +1088,29 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
 	mo := r.addOwner(o, n.i, id)
 	mo.gen = r.gens[id]
+	r.retire(id)
 	return mo, n
+}
+
+// keptGenerations is how many of a sticky identity's latest containers
+// the run keeps choosing from (a late DEL of an earlier container);
+// older ones that hold nothing retire, so that a long run's steps cost
+// what its first ones do.
+const keptGenerations = 4
+
+// retire drops from the run's choices the containers of identity id
+// older than keptGenerations that hold nothing, surely: no operation
+// picks them again, and verify requires that etcd holds nothing for
+// them.
+func (r *modelRun) retire(id string) {
+	r.order = slices.DeleteFunc(r.order, func(k string) bool {
+		mo := r.owners[k]
+		if mo.identity != id || mo.gen > r.gens[id]-keptGenerations || len(mo.told) > 0 || mo.unsure || mo.delFail || mo.reserved {
+			return false
+		}
+		mo.retired = true
+		return true
+	})
 }
 
 // opStickyRetry retries the ADD of a sticky identity's latest container,
@@ -1099,7 +1118,7 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 func (r *modelRun) opStickyRetry() {
 	r.op = "bind/takeover"
 	var cands []*mOwner
-	for id := range r.gens {
+	for _, id := range slices.Sorted(maps.Keys(r.gens)) { // the seed's choices in one order
 		if last := r.latest(id); last != nil && !last.delFail && (last.unsure || r.rng.IntN(4) == 0) {
 			cands = append(cands, last)
 		}
@@ -1179,11 +1198,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	}
 	for _, mo := range lost {
 		for _, a := range mo.told {
-			b, _ := r.pool.BlockFor(a)
-			_, err := r.check.Delete(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
-			require.NoError(r.t, err)
-			_, err = r.check.Delete(r.ctx, etcdstore.LentKey(r.pool.Name, a))
-			require.NoError(r.t, err)
+			r.b.lose(a)
 		}
 	}
 	restart := r.rng.IntN(2) == 0
@@ -1214,7 +1229,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	r.op = "reassert"
 	for try := 0; ; try++ {
 		restored, conflicts, err := n.alloc.Reassert(r.ctx, held)
-		r.logf("%s Reassert: restored %v, conflicts %v, %v", n.name, addrsOf(restored), conflicts, err)
+		r.logf("%s Reassert: restored %v, conflicts %s, %v", n.name, addrsOf(restored), conflictText(conflicts), err)
 		r.tally("reassert", err)
 		for _, c := range conflicts {
 			// Reported, as the agent does (the pod should be deleted):
@@ -1295,18 +1310,15 @@ func (r *modelRun) opLapse(n *mNode) {
 	}
 	r.op = "lapse"
 	mo.stalled = true
-	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range mo.told {
-		for {
-			al, ok := r.readIP(a)
-			if !ok || al.Owner.Key() != mo.o.Key() || al.State != records.StateReserved {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.fail("the reservation of %s for %s is still in etcd long after its TTL: %+v", a, mo.o.Key(), al)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+		var al records.Allocation
+		if !r.await(60*time.Second, func() bool {
+			var ok bool
+			al, ok = r.readIP(a)
+			return !ok || al.Owner.Key() != mo.o.Key() || al.State != records.StateReserved
+		}) {
+			r.fail("the reservation of %s for %s is still in etcd long after its TTL: %+v", a, mo.o.Key(), al)
+			return
 		}
 	}
 	r.logf("the reservation of %s (%v) lapsed", mo.o.Key(), mo.told)
@@ -1349,25 +1361,22 @@ func (r *modelRun) opAwaitWindows() {
 	if len(r.kept) == 0 && len(r.maybeKept) == 0 {
 		return
 	}
-	addrs := map[netip.Addr]bool{}
-	for a := range r.kept {
-		addrs[a] = true
+	addrs := slices.SortedFunc(maps.Keys(r.kept), netip.Addr.Compare)
+	for _, a := range slices.SortedFunc(maps.Keys(r.maybeKept), netip.Addr.Compare) {
+		if _, ok := r.kept[a]; !ok {
+			addrs = append(addrs, a)
+		}
 	}
-	for a := range r.maybeKept {
-		addrs[a] = true
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for a := range addrs {
-		for {
-			al, ok := r.readIP(a)
-			if !ok || al.State != records.StateKept {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.fail("%s is still kept for %s long after its window: %+v", a, al.Identity, al)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+	deadline := r.b.now().Add(30 * time.Second)
+	for _, a := range addrs {
+		var al records.Allocation
+		if !r.await(deadline.Sub(r.b.now()), func() bool {
+			var ok bool
+			al, ok = r.readIP(a)
+			return !ok || al.State != records.StateKept
+		}) {
+			r.fail("%s is still kept for %s long after its window: %+v", a, al.Identity, al)
+			return
 		}
 		delete(r.kept, a)
 		delete(r.maybeKept, a)
@@ -1389,9 +1398,9 @@ func (r *modelRun) noteRecent(a netip.Addr) {
 // expireReservations doubts owners whose reservation is about to lapse:
 // etcd may drop it any time from then on.
 func (r *modelRun) expireReservations() {
-	now := time.Now()
-	for _, mo := range r.owners {
-		if mo.reserved && !mo.expires.IsZero() && now.After(mo.expires.Add(-time.Second)) {
+	now := r.b.now()
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.reserved && !mo.expires.IsZero() && now.After(mo.expires.Add(-time.Second)) {
 			mo.unsure, mo.reserved = true, false
 			for _, a := range mo.told {
 				r.noteRecent(a)
@@ -1406,7 +1415,7 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 	k := mo.o.Key()
 	fams := map[allocator.Family]netip.Addr{}
 	var got []netip.Addr
-	now := time.Now()
+	now := r.b.now()
 	for _, al := range als {
 		if al.Owner.Key() != k {
 			r.fail("%s was answered %s with the record of %s", k, al.Addr, al.Owner.Key())
@@ -1512,14 +1521,11 @@ func (r *modelRun) noteIdentity(id string, a netip.Addr) {
 // names as the identity's, after a write of unknown outcome: the binding
 // may have landed with addresses no answer told.
 func (r *modelRun) learnIdentity(id string) {
-	resp, err := r.check.Get(r.ctx, etcdstore.BindingKey(r.pool.Name, id))
-	require.NoError(r.t, err)
-	if len(resp.Kvs) == 0 {
+	b, ok := r.b.binding(id)
+	if !ok {
 		return
 	}
-	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
-	require.NoError(r.t, err)
-	for _, a := range v.Value.Addrs {
+	for _, a := range b.Addrs {
 		r.noteIdentity(id, a)
 	}
 }
@@ -1553,6 +1559,20 @@ func (r *modelRun) released(mo *mOwner, from time.Time, out []records.Allocation
 	mo.told, mo.unsure, mo.delFail, mo.reserved, mo.revoked = nil, false, false, false, false
 }
 
+// conflictText describes a Reassert's conflicts for the trace: what
+// each is, not where it sits in memory.
+func conflictText(cs []nodealloc.Conflict) string {
+	var out []string
+	for _, c := range cs {
+		held := ""
+		if c.HeldBy != nil {
+			held = fmt.Sprintf(" (held by %s at rev %d)", c.HeldBy.Owner.Key(), c.HeldBy.Rev)
+		}
+		out = append(out, fmt.Sprintf("%s %s: %s%s", c.Owner.Key(), c.Addr, c.Reason, held))
+	}
+	return "[" + strings.Join(out, "; ") + "]"
+}
+
 func addrsOf(als []records.Allocation) []netip.Addr {
 	out := make([]netip.Addr, len(als))
 	for i, al := range als {
@@ -1561,47 +1581,15 @@ func addrsOf(als []records.Allocation) []netip.Addr {
 	return out
 }
 
-func (r *modelRun) readIPs() []records.Allocation {
-	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	als, err := agenttest.DecodeAllocations(r.pool.Name, resp.Kvs)
-	require.NoError(r.t, err)
-	return als
-}
+func (r *modelRun) readIPs() []records.Allocation { return r.b.readIPs() }
 
 // history describes the IP history of addrs, for a report.
-func (r *modelRun) history(addrs []netip.Addr) string {
-	st := etcdstore.New(r.check, etcdstore.Options{})
-	var out []string
-	for _, a := range addrs {
-		hs, err := st.History(r.ctx, etcdstore.HistoryFilter{Pool: r.pool.Name, IP: a})
-		if err != nil {
-			return err.Error()
-		}
-		for _, h := range hs {
-			out = append(out, fmt.Sprintf("%s %s on %s %s at %s", h.IP, h.Owner.Key(), h.Node, h.Reason, h.End.Format(time.StampMilli)))
-		}
-	}
-	return strings.Join(out, "; ")
-}
+func (r *modelRun) history(addrs []netip.Addr) string { return r.b.history(addrs) }
 
 // lapsing reports whether a lease has ended or ends within a second.
-func (r *modelRun) lapsing(lease int64) bool {
-	resp, err := r.check.TimeToLive(r.ctx, clientv3.LeaseID(lease))
-	return err == nil && resp.TTL <= 1
-}
+func (r *modelRun) lapsing(lease int64) bool { return r.b.leaseLeft(lease) <= time.Second }
 
-func (r *modelRun) readIP(a netip.Addr) (records.Allocation, bool) {
-	b, _ := r.pool.BlockFor(a)
-	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
-	require.NoError(r.t, err)
-	if len(resp.Kvs) == 0 {
-		return records.Allocation{}, false
-	}
-	al, err := etcdstore.DecodeAllocation(r.pool.Name, resp.Kvs[0])
-	require.NoError(r.t, err)
-	return al, true
-}
+func (r *modelRun) readIP(a netip.Addr) (records.Allocation, bool) { return r.b.readIP(a) }
 
 // verify checks etcd, read without faults, against the model.
 func (r *modelRun) verify() {
@@ -1640,23 +1628,22 @@ func (r *modelRun) verify() {
 		slices.SortFunc(want, netip.Addr.Compare)
 		if !slices.Equal(got, want) {
 			r.fail("%s was told %v (reserved %v, until %s; now %s) but etcd holds %v for it (IP history of %v: %s)", k, want, mo.reserved,
-				mo.expires.Format(time.StampMilli), time.Now().Format(time.StampMilli), got, want, r.history(want))
+				mo.expires.Format(time.StampMilli), r.b.now().Format(time.StampMilli), got, want, r.history(want))
 			return
 		}
 	}
-	for k := range held {
-		if r.owners[k] == nil {
+	for _, k := range slices.Sorted(maps.Keys(held)) {
+		switch mo := r.owners[k]; {
+		case mo == nil:
 			r.fail("etcd holds %v for %s, which the model never saw", held[k], k)
+			return
+		case mo.retired:
+			r.fail("etcd holds %v for %s, an earlier container of %s which holds nothing", held[k], k, mo.identity)
 			return
 		}
 	}
 	// A binding names a container that holds its addresses.
-	resp, err := r.check.Get(r.ctx, etcdstore.StickyPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	for _, kv := range resp.Kvs {
-		v, err := kvstore.Decode[records.Binding](kv)
-		require.NoError(r.t, err)
-		b := v.Value
+	for _, b := range r.b.bindings() {
 		if b.Kept() {
 			continue
 		}
