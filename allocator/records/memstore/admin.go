@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -194,33 +195,28 @@ func (s *Store) PoolDeleted(name string) bool {
 }
 
 // ReleaseOwner releases every allocation of owner o in every pool, kept
-// ones too, with their lent homes, and the bindings that name it, as
-// kvipamctl release --owner does; the history says the operator
-// released them. It returns how many allocations went.
-func (s *Store) ReleaseOwner(o records.Owner) int {
+// ones too, with their lent homes, as kvipamctl release --owner does
+// for the owner of a node that is gone, and the bindings as it does
+// (dropBindings). The history says the operator released them. It
+// returns how many allocations went.
+func (s *Store) ReleaseOwner(o records.Owner, gone string) int {
 	s.lock()
 	defer s.mu.Unlock()
 	tx := s.begin()
-	n := 0
+	dropped := map[ipKey]records.Allocation{}
 	for _, k := range s.ipKeysWhere(func(al records.Allocation) bool { return al.Owner.Key() == o.Key() }) {
-		s.dropIP(tx, k, endOperator)
-		n++
+		dropped[k] = s.dropIP(tx, k, endOperator)
 	}
-	for k, e := range s.bindings {
-		if dec[records.Binding](e).Owner.Key() == o.Key() {
-			del(tx, s.bindings, k)
-		}
-	}
+	s.dropBindings(tx, dropped, gone, func(b records.Binding) bool { return b.Owner.Key() == o.Key() })
 	tx.end()
-	return n
+	return len(dropped)
 }
 
 // RemoveNode frees the blocks of a node that is gone, as kvipamctl node
 // remove does: for every block the node claims, or whose home it is
 // while no other node claims it, its claim, every allocation in it but
 // those other nodes borrowed, and its home unless one of those stays;
-// then the bindings the node wrote, with the addresses of their
-// identities it wrote elsewhere.
+// then the bindings as dropBindings says, those the node wrote in scope.
 func (s *Store) RemoveNode(node string) {
 	s.lock()
 	defer s.mu.Unlock()
@@ -241,6 +237,7 @@ func (s *Store) RemoveNode(node string) {
 			blocks = append(blocks, k)
 		}
 	}
+	dropped := map[ipKey]records.Allocation{}
 	for _, b := range blocks {
 		lent := false
 		for _, k := range s.ips.keys(b.pool, b.block) {
@@ -248,25 +245,72 @@ func (s *Store) RemoveNode(node string) {
 				lent = true
 				continue
 			}
-			s.dropIP(tx, k, endOperator)
+			dropped[k] = s.dropIP(tx, k, endOperator)
 		}
 		if !lent {
 			del(tx, s.homes, b)
 		}
 	}
-	for k, e := range s.bindings {
-		b := dec[records.Binding](e)
-		if b.Node != node {
+	s.dropBindings(tx, dropped, node, func(b records.Binding) bool { return b.Node == node })
+	tx.end()
+}
+
+// dropBindings deletes the bindings an operator's release takes with
+// it, as inspect's withBindings plans them: a binding some of whose
+// addresses went (dropped) goes, with the rest of its identity's
+// addresses (kept for it, or held by the pod it names) unless a live
+// node's (a node other than gone); and a binding in scope that is not
+// kept and whose pod holds none of its addresses goes too.
+func (s *Store) dropBindings(tx *batch, dropped map[ipKey]records.Allocation, gone string, scope func(records.Binding) bool) {
+	byAddr := func(pool string, a netip.Addr) (ipKey, bool) {
+		for bk, m := range s.ips {
+			if _, ok := m[a]; ok && bk.pool == pool {
+				return ipKey{pool, bk.block, a}, true
+			}
+		}
+		return ipKey{}, false
+	}
+	var keys []bindKey
+	for k := range s.bindings {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b bindKey) int { return strings.Compare(a.pool+"/"+a.identity, b.pool+"/"+b.identity) })
+	for _, k := range keys {
+		b := s.binding(k)
+		hit := false
+		for ik, al := range dropped {
+			if ik.pool == k.pool && al.Identity == b.Identity && slices.Contains(b.Addrs, ik.addr) {
+				hit = true
+			}
+		}
+		if hit {
+			for _, a := range b.Addrs {
+				ik, ok := byAddr(k.pool, a)
+				if !ok {
+					continue
+				}
+				al := s.allocation(ik)
+				if al.Identity != b.Identity || (al.State != records.StateKept && al.Owner.Key() != b.Owner.Key()) || al.Node != gone {
+					continue
+				}
+				dropped[ik] = s.dropIP(tx, ik, endOperator)
+			}
+			del(tx, s.bindings, k)
 			continue
 		}
-		for _, ik := range s.ipKeysWhere(func(al records.Allocation) bool {
-			return al.Identity == b.Identity && al.Pool == k.pool && al.Node == node
-		}) {
-			s.dropIP(tx, ik, endOperator)
+		if b.Kept() || !scope(b) {
+			continue
 		}
-		del(tx, s.bindings, k)
+		holds := false
+		for _, a := range b.Addrs {
+			if ik, ok := byAddr(k.pool, a); ok && s.allocation(ik).Owner.Key() == b.Owner.Key() {
+				holds = true
+			}
+		}
+		if !holds {
+			del(tx, s.bindings, k)
+		}
 	}
-	tx.end()
 }
 
 // endOperator is the history's reason for an operator's release.
@@ -288,8 +332,8 @@ func (s *Store) ipKeysWhere(keep func(records.Allocation) bool) []ipKey {
 }
 
 // dropIP deletes the allocation at k, its lent home if borrowed, and
-// records the interval's end.
-func (s *Store) dropIP(tx *batch, k ipKey, reason string) {
+// records the interval's end. It returns what it deleted.
+func (s *Store) dropIP(tx *batch, k ipKey, reason string) records.Allocation {
 	al := s.allocation(k)
 	s.ips.del(tx, k)
 	if al.Borrowed {
@@ -298,6 +342,7 @@ func (s *Store) dropIP(tx *batch, k ipKey, reason string) {
 	if al.State != records.StateKept {
 		s.record(tx, s.historyOf(al, s.now, reason))
 	}
+	return al
 }
 
 // PoolIPs returns every allocation of pool, kept ones too, in key
