@@ -43,6 +43,13 @@ type modelBackend interface {
 	sleep(d time.Duration)
 	// pollEvery is how often an await looks again.
 	pollEvery() time.Duration
+	// roundTrip is the time a store call takes, and betweenSteps the
+	// time between two steps: on etcd they pass by themselves; on the
+	// simulated store the clock moves by them, so that no two calls
+	// see one instant (a lease whose TTL etcd answers as 0 has ended
+	// by the next call, as on etcd).
+	roundTrip()
+	betweenSteps() time.Duration
 	// request is one request's context, bounded by modelRequestTimeout
 	// as the agent bounds one.
 	request(ctx context.Context) (context.Context, context.CancelFunc)
@@ -129,9 +136,11 @@ func (b *etcdBackend) newSession(n *mNode) (modelSession, error) {
 	return sess, nil
 }
 
-func (b *etcdBackend) now() time.Time           { return time.Now() }
-func (b *etcdBackend) sleep(d time.Duration)    { time.Sleep(d) }
-func (b *etcdBackend) pollEvery() time.Duration { return 50 * time.Millisecond }
+func (b *etcdBackend) now() time.Time              { return time.Now() }
+func (b *etcdBackend) sleep(d time.Duration)       { time.Sleep(d) }
+func (b *etcdBackend) pollEvery() time.Duration    { return 50 * time.Millisecond }
+func (b *etcdBackend) roundTrip()                  {}
+func (b *etcdBackend) betweenSteps() time.Duration { return 0 }
 
 func (b *etcdBackend) request(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, modelRequestTimeout)

@@ -136,6 +136,17 @@ func (b *simBackend) sleep(d time.Duration) {
 
 func (b *simBackend) pollEvery() time.Duration { return 100 * time.Millisecond }
 
+// simRoundTrip and simBetweenSteps are the time a store call takes and
+// the time between two steps on the simulated store: about what they
+// take on the embedded etcd.
+const (
+	simRoundTrip    = time.Millisecond
+	simBetweenSteps = 5 * time.Millisecond
+)
+
+func (b *simBackend) roundTrip()                  { b.sleep(simRoundTrip) }
+func (b *simBackend) betweenSteps() time.Duration { return simBetweenSteps }
+
 type simDeadline struct{}
 
 // request bounds a request by modelRequestTimeout on the fake clock:
@@ -227,11 +238,11 @@ func (b *simBackend) lose(a netip.Addr) { b.st.Lose(b.r.pool.Name, a) }
 // operator's transaction is on etcd (operatorWrite); a lost race of a
 // pool command is one the command's own retry absorbs, as etcdstore's.
 
-func (b *simBackend) releaseOwner(o records.Owner, _ inspect.Evidence) error {
+func (b *simBackend) releaseOwner(o records.Owner, ev inspect.Evidence) error {
 	if err := b.r.operatorRead(kindOperator); err != nil {
 		return err
 	}
-	return b.r.operatorWrite(kindOperator, nil, errTooMany(kindOperator), func() error { b.st.ReleaseOwner(o); return nil })
+	return b.r.operatorWrite(kindOperator, nil, errTooMany(kindOperator), func() error { b.st.ReleaseOwner(o, ev.ConfirmGone); return nil })
 }
 
 func (b *simBackend) removeNode(node string, _ inspect.Evidence) error {

@@ -251,6 +251,7 @@ func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
 	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, steps)
 	start := time.Now()
 	for r.step = 0; r.step < steps && !r.failed; r.step++ {
+		r.b.sleep(r.b.betweenSteps())
 		r.resRevoked = false
 		r.expireReservations()
 		r.randomStep()
@@ -388,6 +389,7 @@ func (r *modelRun) hookUp(n *mNode) {
 	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding") {
 		write := !slices.Contains(reads, op)
 		n.hook.Before(op, func(ctx context.Context) error {
+			r.b.roundTrip()
 			if write && kind != "" {
 				r.writes[kind]++
 			}
@@ -1531,7 +1533,9 @@ func (r *modelRun) learnIdentity(id string) {
 }
 
 // released records that mo's DEL succeeded, sent at from, answered out: a
-// sure sticky owner's permanent addresses are kept for its identity;
+// sure sticky owner's permanent addresses are kept for its identity
+// (but those the answer shows written back without it, after the
+// identity moved on);
 // everything else it held is free. An unsure sticky owner may have held
 // addresses it was never told (an answer lost): those the DEL kept are
 // the identity's too.
@@ -1543,11 +1547,18 @@ func (r *modelRun) released(mo *mOwner, from time.Time, out []records.Allocation
 			r.maybeKept[al.Addr] = true
 		}
 	}
+	// A record written back without its identity (a reassert after the
+	// identity moved on to a later pod) is freed by the DEL, not kept.
+	freed := func(a netip.Addr) bool {
+		return slices.ContainsFunc(out, func(al records.Allocation) bool { return al.Addr == a && al.Identity != mo.identity })
+	}
 	for _, a := range mo.told {
 		if r.holder[a] == k {
 			delete(r.holder, a)
 		}
 		switch {
+		case mo.identity != "" && freed(a):
+			r.noteRecent(a)
 		case mo.identity != "" && !mo.unsure && !mo.reserved:
 			r.kept[a] = keptFor{identity: mo.identity, from: from, window: time.Second}
 		case mo.identity != "":
