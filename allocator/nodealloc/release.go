@@ -177,7 +177,7 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 		if serr := a.settlePending(ctx); serr != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), serr)
 		}
-		if ps.byAddr[al.Addr] == al {
+		if ps.stillCached([]*records.Allocation{al}) != nil {
 			return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 		}
 		if al.Identity != "" && al.State != records.StateKept {

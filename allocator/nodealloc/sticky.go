@@ -377,10 +377,13 @@ func (a *Allocator) keepOwner(ctx context.Context, ps *poolState, als []*records
 }
 
 // stillCached returns the first of als that the cache still holds as it
-// was (same revision): etcd did not change it.
+// was (same owner, same revision): etcd did not change it. The cache may
+// hold it as another *Allocation: a block reloaded meanwhile (a claim
+// whose answer was lost, adopted in the same settle) indexes its records
+// anew.
 func (ps *poolState) stillCached(als []*records.Allocation) *records.Allocation {
 	for _, al := range als {
-		if cur := ps.byAddr[al.Addr]; cur == al {
+		if cur := ps.byAddr[al.Addr]; cur != nil && cur.Rev == al.Rev && cur.Owner.Key() == al.Owner.Key() {
 			return al
 		}
 	}
