@@ -182,7 +182,10 @@ type modelRun struct {
 	// loaded: etcd refuses writes for load far more often than
 	// faultRates says (opRestart), at loadedBusyRate.
 	loaded bool
-	trace  modelTrace
+	// loadedWrites and loadedBusy count, by write kind, the writes sent
+	// while etcd was loaded (restarts) and those it refused.
+	loadedWrites, loadedBusy map[string]int
+	trace                    modelTrace
 }
 
 // loadedBusyRate is the chance that etcd refuses a write for load ("too
@@ -268,6 +271,7 @@ func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
 	t.Logf("seed %d: %d steps in %s (trace hash %016x)", seed, r.step, time.Since(start).Round(time.Millisecond), r.trace.sum())
 	t.Log("faults injected, by write kind:\n" + r.table())
 	t.Log("operations (ok / refused / failed):\n" + r.opTable())
+	t.Log("writes while etcd was loaded, restarts (sent / refused, \"too many requests\"): " + r.loadedTable())
 	if *modelDump {
 		t.Log("last operations:\n  " + strings.Join(r.log[max(0, len(r.log)-*modelLogLines):], "\n  "))
 	}
@@ -281,6 +285,14 @@ func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
 	if *modelFault > 0 && steps >= 200 {
 		require.NotZero(t, total, "the run must meet writes of unknown outcome")
 	}
+	if *modelFault > 0 {
+		// A restart meets refused writes of every kind it sends.
+		for k, n := range r.loadedWrites {
+			if n >= 20 && !spared(k, fBusy) {
+				require.NotZero(t, r.loadedBusy[k], "%d %s writes while etcd was loaded, none refused", n, k)
+			}
+		}
+	}
 	return r
 }
 
@@ -292,7 +304,8 @@ func newModelRun(t *testing.T, b modelBackend, seed uint64) *modelRun {
 	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
 	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), b: b, name: t.Name(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
 		pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
-		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{}}
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{},
+		loadedWrites: map[string]int{}, loadedBusy: map[string]int{}}
 	r.bindBackend()
 	for _, k := range writeKinds {
 		r.faults[k] = &[nFaults]int{}
@@ -392,6 +405,9 @@ func (r *modelRun) hookUp(n *mNode) {
 			r.b.roundTrip()
 			if write && kind != "" {
 				r.writes[kind]++
+				if r.loaded {
+					r.loadedWrites[kind]++
+				}
 			}
 			if r.quiet {
 				return nil
@@ -428,6 +444,9 @@ func (r *modelRun) hookUp(n *mNode) {
 			}
 			if r.inject(kind, fBusy) || (r.loaded && !spared(kind, fBusy) && r.roll(loadedBusyRate)) {
 				r.count(kind, fBusy)
+				if r.loaded {
+					r.loadedBusy[kind]++
+				}
 				return errTooMany(op)
 			}
 			return nil
@@ -538,6 +557,15 @@ func (r *modelRun) tally(op string, err error) {
 	default:
 		row[2]++
 	}
+}
+
+// loadedTable lists the writes sent while etcd was loaded, by kind.
+func (r *modelRun) loadedTable() string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(r.loadedWrites)) {
+		out = append(out, fmt.Sprintf("%s %d/%d", k, r.loadedWrites[k], r.loadedBusy[k]))
+	}
+	return strings.Join(out, ", ")
 }
 
 func (r *modelRun) opTable() string {
@@ -763,8 +791,9 @@ func (r *modelRun) randomStep() {
 }
 
 // opRestart restarts a node's agent while etcd is loaded, as when many
-// agents restart at once: its restore, and the sweep of stale sticky
-// bindings in it, meet "too many requests" on two writes in five. It
+// agents restart at once: its restore, the sweep of stale sticky
+// bindings in it, and the reassert of its endpoints after it, meet "too
+// many requests" on two writes in five. It
 // restarts, when there is one, the node of an owner whose DEL failed
 // (the runtime retries that DEL later): the combination that found a
 // retried DEL answering success and leaving a binding that named a
@@ -783,6 +812,9 @@ func (r *modelRun) opRestart(n *mNode) {
 	r.op = "claim"
 	r.loaded = true
 	r.startAlloc(n)
+	// The agent compares its endpoints with etcd after a restore of its
+	// lease: the reassert's reads and writes meet the load too.
+	r.reassertEndpoints(n, nil)
 	r.loaded = false
 	r.tally("restart", nil)
 }
@@ -1210,14 +1242,29 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 		}
 		return
 	}(), restart)
+	// A restart, half the time on a loaded etcd (restore and reassert
+	// meet "too many requests" on two writes in five), as when many
+	// agents restart after a restore of etcd.
+	loaded := restart && r.rng.IntN(2) == 0
 	if restart {
 		r.op = "claim"
+		r.loaded = loaded
 		r.startAlloc(n)
+		r.loaded = false
 	}
 	if r.rng.IntN(2) == 0 {
 		r.delBeforeReassert(lost)
 	}
-	// The agent re-asserts all its endpoints.
+	r.loaded = loaded
+	r.reassertEndpoints(n, lost)
+	r.loaded = false
+}
+
+// reassertEndpoints re-asserts node n's endpoints, as the agent does
+// after a restore of its lease and when it finds etcd lost records: tried
+// again while it fails, then the owners whose records etcd lost (lost)
+// are doubted.
+func (r *modelRun) reassertEndpoints(n *mNode, lost []*mOwner) {
 	var held []nodealloc.HeldAddr
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == n.i && mo.hasEndpoint() {
