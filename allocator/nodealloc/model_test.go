@@ -159,6 +159,8 @@ type modelRun struct {
 	// (fResLease): a reservation told in it may have been on that lease,
 	// written before the revocation in the same request.
 	resRevoked bool
+	// resRevokedAt is when a reservation lease was last revoked.
+	resRevokedAt time.Time
 	// maybeKept are addresses of sticky owners released while unsure:
 	// etcd may keep them for a while; the window op waits for them too.
 	maybeKept  map[netip.Addr]bool
@@ -225,7 +227,8 @@ const loadedBusyRate = 0.4
 // It is driven by one goroutine, so a seed replays the same choices and
 // faults; lease and window timing still vary between runs.
 //
-// Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=100000
+// Run longer with: go test ./allocator/nodealloc -run TestModelNodeAllocator -model.steps=100000
+// (or on the simulated store, far faster: make model-sim).
 func TestModelNodeAllocator(t *testing.T) {
 	pool := modelPool()
 	b := newEtcdBackend(t, pool)
@@ -630,7 +633,7 @@ func (r *modelRun) revokeReservationLease(n *mNode) bool {
 			owners[al.Owner.Key()] = true
 		}
 	}
-	r.resRevoked = true
+	r.resRevoked, r.resRevokedAt = true, r.b.now()
 	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, lease, len(owners))
 	for _, k := range r.order {
 		if mo := r.owners[k]; owners[k] {
@@ -928,7 +931,8 @@ func (n *mNode) logOf(addr netip.Addr) string {
 }
 
 // probeWedged asks again, with no faults and once every window the model
-// knows of has ended, for an address etcd holds nothing for and that the
+// knows of has ended (and every reservation revoked early would have
+// lapsed), for an address etcd holds nothing for and that the
 // node refused as in use. A second refusal is a wedged address.
 func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first error) {
 	r.quiet = true
@@ -937,6 +941,11 @@ func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first erro
 	for _, k := range r.kept {
 		until = maxTime(until, k.from.Add(k.window+time.Second))
 	}
+	// A reservation whose lease was revoked before its time (fResLease)
+	// stays in its node's cache until the expiry it was given, which
+	// the allocator trusts: its address is not free there until then,
+	// whether or not its owner was told it (an answer lost).
+	until = maxTime(until, r.resRevokedAt.Add(reservationTTL+reservationTTL/4+time.Second))
 	r.b.sleep(until.Sub(r.b.now()))
 	if !r.freeInEtcd(addr) {
 		return
