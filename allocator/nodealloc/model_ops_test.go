@@ -356,6 +356,9 @@ func (r *modelRun) opPool() {
 	case err == nil && invalid:
 		r.fail("pool %s succeeded, leaving %+v, which is not a valid pool", what, cur)
 	}
+	if cur.NodeSelector != r.spec.NodeSelector {
+		r.selChangedAt = r.step
+	}
 	r.spec = cur
 	for _, n := range r.nodes {
 		n.alloc.UpdatePool(cur)

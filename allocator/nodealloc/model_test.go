@@ -88,6 +88,7 @@ type mOwner struct {
 	node     int
 	identity string // sticky identity, "" for an ordinary owner
 	gen      int    // the container's generation in its identity
+	born     int    // the step its container was made (a sticky identity's)
 	told     []netip.Addr
 	reserved bool
 	expires  time.Time
@@ -159,6 +160,8 @@ type modelRun struct {
 	// (fResLease): a reservation told in it may have been on that lease,
 	// written before the revocation in the same request.
 	resRevoked bool
+	// selChangedAt is the step the pool's node selector last changed.
+	selChangedAt int
 	// resRevokedAt is when a reservation lease was last revoked.
 	resRevokedAt time.Time
 	// maybeKept are addresses of sticky owners released while unsure:
@@ -1076,7 +1079,10 @@ func (r *modelRun) release(mo *mOwner) {
 	// The agent names the identity its endpoint's record has, or the
 	// DEL's request (both plugins send the pod's annotations); a failed
 	// DEL's is noted on the node's disk until its release lands, so the
-	// runtime's retry names it too, after a restart as well.
+	// runtime's retry names it too, after a restart as well. The agent
+	// removes the endpoint's record before the release: its addresses
+	// are no longer held (NodeConfig.Held) while the release runs.
+	mo.delFail = true
 	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, mo.identity)
 	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.identity, mo.told, mo.unsure, addrsOf(out), err)
 	r.tally("release", err)
@@ -1130,7 +1136,7 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 	o := records.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, r.gens[id]), IfName: "eth0", Namespace: "ns", Pod: name,
 		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
 	mo := r.addOwner(o, n.i, id)
-	mo.gen = r.gens[id]
+	mo.gen, mo.born = r.gens[id], r.step
 	r.retire(id)
 	return mo, n
 }
@@ -1189,6 +1195,11 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	res, err := n.alloc.Allocate(ctx, req)
 	r.logf("%s sticky Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), reserve, addrsOf(res.Allocations), err)
 	r.tally("sticky allocate", err)
+	if errors.Is(err, records.ErrNodeNotSelected) && len(r.idAddrs[mo.identity]) > 0 {
+		// Its row of its own: the run shows takeovers the selector
+		// refused.
+		r.tally("sticky unselected", err)
+	}
 	if err != nil && !refusal(err) {
 		// A takeover may have landed: the identity's other containers
 		// may hold less than they were told. And a binding may have
@@ -1490,8 +1501,16 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 		}
 		fams[f] = al.Addr
 		got = append(got, al.Addr)
-		if !mo.unsure && !slices.Contains(mo.told, al.Addr) {
+		switch {
+		case !mo.unsure && !slices.Contains(mo.told, al.Addr):
 			r.checkNew(mo, al.Addr, r.static, mo.identity != "" && r.idAddrs[mo.identity][al.Addr])
+		case mo.identity != "" && !slices.Contains(mo.told, al.Addr) && mo.born > r.selChangedAt &&
+			!r.spec.Selects(map[string]string{"node": r.nodes[mo.node].name}):
+			// A retried sticky ADD, whose earlier try's write may have
+			// landed: but the selector has left its node out since
+			// before the container's first ADD, so nothing could land.
+			r.fail("%s was handed %s on %s, which the pool's selector %q has left out since step %d, before its first ADD (step %d)",
+				k, al.Addr, r.nodes[mo.node].name, r.spec.NodeSelector, r.selChangedAt, mo.born)
 		}
 		r.noteIdentity(mo.identity, al.Addr)
 		if kf, ok := r.kept[al.Addr]; ok {
