@@ -313,7 +313,7 @@ func (a *Allocator) restoreBorrowed(ctx context.Context, ps *poolState) error {
 		}
 		var exp time.Time
 		if al.Lease != 0 {
-			if exp, err = a.cfg.Store.LeaseExpiry(ctx, al.Lease); err != nil {
+			if exp, err = a.leaseEnd(ctx, al.Lease); err != nil {
 				return err
 			}
 		}

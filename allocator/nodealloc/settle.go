@@ -162,7 +162,7 @@ func (a *Allocator) expiries(ctx context.Context, als []records.Allocation) (map
 	out := map[int64]time.Time{}
 	for _, al := range als {
 		if _, done := out[al.Lease]; al.Lease != 0 && !done {
-			exp, err := a.cfg.Store.LeaseExpiry(ctx, al.Lease)
+			exp, err := a.leaseEnd(ctx, al.Lease)
 			if err != nil {
 				return nil, err
 			}
@@ -170,6 +170,20 @@ func (a *Allocator) expiries(ctx context.Context, als []records.Allocation) (map
 		}
 	}
 	return out, nil
+}
+
+// leaseEnd is when a lease read back from the store has surely ended:
+// LeaseExpiry answers in whole seconds, as etcd's TTL does, so the lease
+// may last up to a second past it. Taken as the end, it let a
+// reservation read back look lapsed while etcd still held it, and its
+// owner's next request got a second address of the family
+// (TestModelSimulated, seed 20261202).
+func (a *Allocator) leaseEnd(ctx context.Context, lease int64) (time.Time, error) {
+	exp, err := a.cfg.Store.LeaseExpiry(ctx, lease)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return exp.Add(time.Second), nil
 }
 
 // settleAddr makes the cache at addr what etcd holds there (cur, or nil
