@@ -64,3 +64,45 @@ func TestReleaseFailedWhileBlockReloadedIsNotReleased(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, st.PoolIPs(pool.Name))
 }
+
+// TestReservationReadBackNotLapsedEarly: a reservation read back at a
+// restore whose lease etcd answers as ending within the second (its TTL
+// in whole seconds: 0) is still in etcd for up to a second: the owner's
+// retried ADD must get it, not a second address of the family while etcd
+// holds both (TestModelSimulated, seed 20261202, step 83847).
+func TestReservationReadBackNotLapsedEarly(t *testing.T) {
+	ctx := context.Background()
+	ttl := 4 * time.Second
+	st := memstore.New(memstore.Options{ReservationTTL: ttl})
+	pool := allocator.Pool{Name: "p", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.92.0.0/28")}}
+	_, err := st.EnsurePool(ctx, pool)
+	require.NoError(t, err)
+	lease := memLease{st: st, id: st.Grant(30 * time.Second)}
+	start := func() *nodealloc.Allocator {
+		al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: st, Now: st.Now})
+		require.NoError(t, err)
+		require.NoError(t, al.Restore(ctx, lease))
+		return al
+	}
+	o := records.Owner{ContainerID: "c1", IfName: "eth0"}
+	res, err := start().Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: true})
+	require.NoError(t, err)
+	first := res.Allocations[0].Addr
+
+	// The agent restarts when the reservation's lease has under a
+	// second left, and the runtime retries the ADD a moment later.
+	st.Advance(res.Expires.Sub(st.Now()) - 500*time.Millisecond)
+	st.KeepAlive(lease.id)
+	al := start()
+	st.Advance(10 * time.Millisecond)
+	res, err = al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: true})
+	require.NoError(t, err)
+	var mine []netip.Addr
+	for _, x := range st.PoolIPs(pool.Name) {
+		if x.Owner.Key() == o.Key() {
+			mine = append(mine, x.Addr)
+		}
+	}
+	require.Equal(t, []netip.Addr{first}, mine, "etcd holds one address of the family for the owner")
+	require.Equal(t, first, res.Allocations[0].Addr, "the retried ADD gets the reservation etcd still holds")
+}
