@@ -1198,7 +1198,7 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	if errors.Is(err, records.ErrNodeNotSelected) && len(r.idAddrs[mo.identity]) > 0 {
 		// Its row of its own: the run shows takeovers the selector
 		// refused.
-		r.tally("sticky unselected", err)
+		r.tally("takeover refused", err)
 	}
 	if err != nil && !refusal(err) {
 		// A takeover may have landed: the identity's other containers
