@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -332,7 +333,7 @@ func (a *Allocator) reloadLent(ctx context.Context, ps *poolState, f allocator.F
 			blocks[b] = true
 		}
 	}
-	for b := range blocks {
+	for _, b := range slices.SortedFunc(maps.Keys(blocks), netip.Prefix.Compare) { // read in one order
 		if err := a.reloadBlock(ctx, ps, b); err != nil {
 			a.log.Warn("reload block with lent addresses", "pool", ps.pool.Name, "block", b, "error", err)
 		}

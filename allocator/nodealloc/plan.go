@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -264,7 +265,7 @@ func (a *Allocator) pickFree(ctx context.Context, ps *poolState, f allocator.Fam
 	// Lapsed reservations, lent addresses given back and, last, the
 	// oldest address still cooling free room before a new block is
 	// claimed.
-	for addr := range ps.expires {
+	for _, addr := range slices.SortedFunc(maps.Keys(ps.expires), netip.Addr.Compare) { // lapses recorded in one order
 		if al := ps.byAddr[addr]; al != nil && allocator.FamilyOf(addr) == f {
 			a.dropIfLapsed(ps, al)
 		}

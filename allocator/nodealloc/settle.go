@@ -1,12 +1,14 @@
 package nodealloc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -70,6 +72,8 @@ func (a *Allocator) settlePending(ctx context.Context) error {
 			refs = append(refs, p.ref)
 		}
 	}
+	// Settled (and cooled) in address order, not the map's.
+	slices.SortFunc(refs, func(x, y records.IPRef) int { return cmp.Or(strings.Compare(x.Pool, y.Pool), x.Addr.Compare(y.Addr)) })
 	if len(refs) > 0 {
 		if err := a.readBack(ctx, refs); err != nil {
 			return fmt.Errorf("%w: read back %d writes of unknown outcome: %w", records.ErrUnavailable, len(refs), err)
