@@ -33,11 +33,12 @@ func (t *modelTrace) add(line string) {
 
 func (t *modelTrace) sum() uint64 { return t.h }
 
-// firstDiff is the first line where two kept traces differ, "" if none.
+// firstDiff is the first line where two kept traces differ, with the
+// lines before it, "" if none.
 func firstDiff(a, b []string) string {
 	for i := range min(len(a), len(b)) {
 		if a[i] != b[i] {
-			return fmt.Sprintf("line %d:\n  first:  %s\n  second: %s", i, a[i], b[i])
+			return fmt.Sprintf("line %d, after\n    %s\n  first:  %s\n  second: %s", i, strings.Join(a[max(0, i-12):i], "\n    "), a[i], b[i])
 		}
 	}
 	if len(a) != len(b) {
