@@ -228,7 +228,9 @@ const loadedBusyRate = 0.4
 // agent's choice (TestRetriedAddAfterNamespaceRebind).
 //
 // It is driven by one goroutine, so a seed replays the same choices and
-// faults; lease and window timing still vary between runs.
+// faults; lease and window timing still vary between runs (on the
+// simulated store they do not: TestModelSimulated replays a seed bit for
+// bit).
 //
 // Run longer with: go test ./allocator/nodealloc -run TestModelNodeAllocator -model.steps=100000
 // (or on the simulated store, far faster: make model-sim).
@@ -258,6 +260,11 @@ func modelSeedOrNow() uint64 {
 func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
 	r := newModelRun(t, b, seed)
 	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, steps)
+	defer func() {
+		if t.Failed() && !r.failed { // a failure outside the model's checks
+			t.Logf("seed %d, step %d; replay: %s", seed, r.step, r.replayCommand())
+		}
+	}()
 	start := time.Now()
 	for r.step = 0; r.step < steps && !r.failed; r.step++ {
 		r.b.sleep(r.b.betweenSteps())
