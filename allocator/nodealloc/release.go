@@ -167,9 +167,13 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 		a.logEnded(al, "released")
 	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
-		// delete what we have not seen.
+		// delete what we have not seen. If the block cannot be read
+		// now, the address is read back before the next request (its
+		// owner's retried ADD must not be answered from the cache).
 		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
-			_ = a.reloadBlock(ctx, ps, al.Block)
+			if rerr := a.reloadBlock(ctx, ps, al.Block); rerr != nil {
+				a.park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
+			}
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	default:
