@@ -2,6 +2,7 @@ package nodealloc_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -105,4 +106,44 @@ func TestReservationReadBackNotLapsedEarly(t *testing.T) {
 	}
 	require.Equal(t, []netip.Addr{first}, mine, "etcd holds one address of the family for the owner")
 	require.Equal(t, first, res.Allocations[0].Addr, "the retried ADD gets the reservation etcd still holds")
+}
+
+// TestReleaseConflictUnreadBlockReadBack: a DEL whose delete meets a
+// conflict (the record changed: here etcd lost it, restored from an
+// older snapshot) while the block cannot be read again must not leave
+// the cache holding the address for its owner: the owner's next ADD was
+// answered the address etcd held for nobody (TestModelSimulated, seed
+// 31337, step 30870).
+func TestReleaseConflictUnreadBlockReadBack(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New(memstore.Options{ReservationTTL: time.Minute})
+	pool := allocator.Pool{Name: "p", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.92.0.0/28")}}
+	_, err := st.EnsurePool(ctx, pool)
+	require.NoError(t, err)
+	hook := newHookStore(st)
+	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: hook, Now: st.Now})
+	require.NoError(t, err)
+	require.NoError(t, al.Restore(ctx, memLease{st: st, id: st.Grant(30 * time.Second)}))
+	o := records.Owner{ContainerID: "c1", IfName: "eth0"}
+	res, err := al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o})
+	require.NoError(t, err)
+	lost := res.Allocations[0].Addr
+	st.Lose(pool.Name, lost)
+
+	hook.Before("DeleteIP", failTimes(1, fmt.Errorf("delete: %w", records.ErrConflict)))
+	hook.Before("ListIPs", failTimes(1, errTimedOut("ListIPs")))
+	_, err = al.Release(ctx, o)
+	require.ErrorIs(t, err, records.ErrConflict)
+
+	res, err = al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o})
+	require.NoError(t, err)
+	held := map[netip.Addr]bool{}
+	for _, x := range st.PoolIPs(pool.Name) {
+		if x.Owner.Key() == o.Key() {
+			held[x.Addr] = true
+		}
+	}
+	for _, x := range res.Allocations {
+		require.True(t, held[x.Addr], "the ADD was answered %s, which etcd does not hold for the owner", x.Addr)
+	}
 }
