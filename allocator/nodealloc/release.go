@@ -168,12 +168,11 @@ func (a *Allocator) release(ctx context.Context, ps *poolState, al *records.Allo
 	case errors.Is(err, records.ErrConflict):
 		// Rewritten since we cached it: reload and report rather than
 		// delete what we have not seen. If the block cannot be read
-		// now, the address is read back before the next request (its
-		// owner's retried ADD must not be answered from the cache).
-		if _, ob := ps.ownBlockOf(al.Addr); ob != nil {
-			if rerr := a.reloadBlock(ctx, ps, al.Block); rerr != nil {
-				a.park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
-			}
+		// now, or is another node's (a borrowed address), the address
+		// is read back before the next request (its owner's retried ADD
+		// must not be answered from the cache).
+		if _, ob := ps.ownBlockOf(al.Addr); ob == nil || a.reloadBlock(ctx, ps, al.Block) != nil {
+			a.park(ps, al.Owner.Key(), "release", records.IPRef{Pool: al.Pool, Block: al.Block, Addr: al.Addr})
 		}
 		return fmt.Errorf("release %s of %s: %w", al.Addr, al.Owner.Key(), err)
 	default:
