@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test k8s-bin k8s-e2e race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos
+.PHONY: all build test k8s-bin k8s-e2e race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos model-sim
 
 all: build
 
@@ -99,6 +99,15 @@ bench-run: build
 # CHAOS_ROUTING (bgp: the agents announce to FRR, and what it heard is checked).
 chaos: build
 	CHAOS_DURATION=$${CHAOS_DURATION:-3m} $(GO) test -count=1 -v -run '^TestChaosRun$$' -timeout 90m ./e2e/
+
+# The node allocator's model test on the in-memory store and its fake
+# clock (TestModelSimulated): nothing sleeps, and a seed replays bit for
+# bit. It prints the seed, the time, the fault and operation tables, and
+# on a failure the one-line command that replays it. SEED=0 picks one.
+STEPS ?= 1000000
+SEED ?= 0
+model-sim:
+	$(GO) test -count=1 -v -timeout 60m -run '^TestModelSimulated$$' ./allocator/nodealloc -model.steps=$(STEPS) -model.seed=$(SEED)
 
 # The CNI parsers' fuzz targets, briefly (go test takes one -fuzz at a time).
 FUZZTIME ?= 15s

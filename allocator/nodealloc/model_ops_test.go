@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -14,7 +15,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
@@ -44,7 +44,7 @@ func (f faultKV) Txn(ctx context.Context) clientv3.Txn {
 
 // TimeToLive completes inspect.Client.
 func (f faultKV) TimeToLive(ctx context.Context, id clientv3.LeaseID, opts ...clientv3.LeaseOption) (*clientv3.LeaseTimeToLiveResponse, error) {
-	return f.r.check.TimeToLive(ctx, id, opts...)
+	return f.r.b.(*etcdBackend).check.TimeToLive(ctx, id, opts...)
 }
 
 type faultTxn struct {
@@ -89,67 +89,72 @@ const (
 // model fails a node's reads (readFailRate): past the call timeout, or
 // before it was sent.
 func (f faultKV) commitRead(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
-	r := f.r
-	if !r.quiet && r.roll(readFailRate**modelFault) {
-		r.reads++
-		if r.roll(0.5) {
-			return nil, context.DeadlineExceeded
-		}
-		return nil, fmt.Errorf("%s read: %w", f.kind, errInjected)
+	if err := f.r.operatorRead(f.kind); err != nil {
+		return nil, err
 	}
 	return txn.Commit()
 }
 
 func (f faultKV) commit(txn clientv3.Txn) (*clientv3.TxnResponse, error) {
-	r := f.r
-	r.call = "Txn"
-	r.writes[f.kind]++
-	if r.quiet {
-		return txn.Commit()
-	}
-	if r.inject(f.kind, fHistory) {
-		r.count(f.kind, fHistory)
-		r.revokeHistoryLease()
-	}
-	if r.inject(f.kind, fBefore) {
-		r.count(f.kind, fBefore)
-		return nil, fmt.Errorf("%s: %w", f.kind, errInjected)
-	}
-	if f.race != nil && r.inject(f.kind, fRace) {
-		r.count(f.kind, fRace)
-		f.race()
-	}
-	if r.inject(f.kind, fBusy) {
-		r.count(f.kind, fBusy)
-		return nil, rpctypes.ErrTooManyRequests
-	}
-	resp, err := txn.Commit()
-	if err == nil && r.inject(f.kind, fUnknown) {
-		r.count(f.kind, fUnknown)
-		return nil, fmt.Errorf("%s: %w", f.kind, errUnknown)
-	}
-	if err == nil && r.inject(f.kind, fTimedOut) {
-		r.count(f.kind, fTimedOut)
-		return nil, context.DeadlineExceeded
-	}
+	var resp *clientv3.TxnResponse
+	err := f.r.operatorWrite(f.kind, f.race, rpctypes.ErrTooManyRequests, func() (err error) {
+		resp, err = txn.Commit()
+		return err
+	})
 	return resp, err
 }
 
-// operatorStore is kvipamctl's store, its transactions faulted as kind.
-// A lost race rewrites pool's key as it is: its revision moves on, so the
-// command's compare fails and it must read again.
-func (r *modelRun) operatorStore(kind, pool string) *etcdstore.Store {
-	cli := clientv3.NewCtxClient(r.ctx)
-	cli.KV = faultKV{KV: r.check.KV, r: r, kind: kind, race: func() {
-		resp, err := r.check.Get(r.ctx, etcdstore.PoolKey(pool))
-		require.NoError(r.t, err)
-		if len(resp.Kvs) > 0 {
-			_, err = r.check.Put(r.ctx, etcdstore.PoolKey(pool), string(resp.Kvs[0].Value))
-			require.NoError(r.t, err)
+// operatorWrite sends an operator's write of kind (commit) through the
+// model's faults, on either backend: IP history's lease revoked, a
+// failure before it is sent, a lost race (race, if not nil, lands
+// another write first), etcd refusing it for load (busy, as the store's
+// client reports it), an unknown outcome, an answer past the call
+// timeout.
+func (r *modelRun) operatorWrite(kind string, race func(), busy error, commit func() error) error {
+	r.call = "Txn"
+	r.writes[kind]++
+	if r.quiet {
+		return commit()
+	}
+	if r.inject(kind, fHistory) && r.b.revokeHistoryLease() {
+		r.count(kind, fHistory)
+	}
+	if r.inject(kind, fBefore) {
+		r.count(kind, fBefore)
+		return fmt.Errorf("%s: %w", kind, errInjected)
+	}
+	if race != nil && r.inject(kind, fRace) {
+		r.count(kind, fRace)
+		race()
+	}
+	if r.inject(kind, fBusy) {
+		r.count(kind, fBusy)
+		return busy
+	}
+	err := commit()
+	if err == nil && r.inject(kind, fUnknown) {
+		r.count(kind, fUnknown)
+		return fmt.Errorf("%s: %w", kind, errUnknown)
+	}
+	if err == nil && r.inject(kind, fTimedOut) {
+		r.count(kind, fTimedOut)
+		return context.DeadlineExceeded
+	}
+	return err
+}
+
+// operatorRead is an operator's read (a snapshot), failed as the model
+// fails a node's reads (readFailRate): past the call timeout, or before
+// it was sent.
+func (r *modelRun) operatorRead(kind string) error {
+	if !r.quiet && r.roll(readFailRate**modelFault) {
+		r.reads++
+		if r.roll(0.5) {
+			return context.DeadlineExceeded
 		}
-	}}
-	cli.Lease = r.check.Lease
-	return etcdstore.New(cli, etcdstore.Options{})
+		return fmt.Errorf("%s read: %w", kind, errInjected)
+	}
+	return nil
 }
 
 // operatorTries is how many times the model runs an operator's command
@@ -170,28 +175,22 @@ const operatorTries = 8
 func (r *modelRun) opOperator(n *mNode) {
 	r.op = kindOperator
 	if n.sess != nil {
-		_ = n.sess.Revoke(r.ctx)
+		r.b.revokeLease(n.sess.ID())
+		n.sess.Close()
 		n.sess = nil
 	}
-	lastSeen := time.Now().UTC()
-	in := inspect.New(faultKV{KV: r.check, r: r, kind: kindOperator}, inspect.Options{History: etcdstore.NewHistoryRecorder(r.check, time.Hour)})
+	lastSeen := r.b.now().UTC()
 	var mine []*mOwner
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == n.i && (len(mo.told) > 0 || mo.unsure || mo.delFail) {
 			mine = append(mine, mo)
 		}
 	}
-	run := func(what string, plan func(s *inspect.Snapshot) (inspect.Plan, error)) bool {
+	run := func(what string, command func() error) bool {
 		defer func(q bool) { r.quiet = q }(r.quiet)
 		for try := 0; ; try++ {
 			r.quiet = r.quiet || try >= operatorTries // etcd calms down: then the command must succeed
-			s, err := in.Snapshot(r.ctx)
-			if err == nil {
-				var p inspect.Plan
-				if p, err = plan(s); err == nil {
-					_, err = in.Execute(r.ctx, p, nil)
-				}
-			}
+			err := command()
 			r.logf("operator %s: %v", what, err)
 			r.tally("operator", err)
 			if err == nil {
@@ -203,17 +202,13 @@ func (r *modelRun) opOperator(n *mNode) {
 			}
 		}
 	}
-	ev := inspect.Evidence{ConfirmGone: n.name, LastSeen: lastSeen, StatedBy: "model", StatedAt: time.Now().UTC()}
+	ev := inspect.Evidence{ConfirmGone: n.name, LastSeen: lastSeen, StatedBy: "model", StatedAt: r.b.now().UTC()}
 	for _, mo := range mine {
-		if !run("release --owner "+mo.o.Key(), func(s *inspect.Snapshot) (inspect.Plan, error) {
-			return inspect.PlanReleaseOwner(s, mo.o.ContainerID, mo.o.IfName, ev, false)
-		}) {
+		if !run("release --owner "+mo.o.Key(), func() error { return r.b.releaseOwner(mo.o, ev) }) {
 			return
 		}
 	}
-	if !run("node remove "+n.name, func(s *inspect.Snapshot) (inspect.Plan, error) {
-		return inspect.PlanNodeRemove(s, n.name, ev, false)
-	}) {
+	if !run("node remove "+n.name, func() error { return r.b.removeNode(n.name, ev) }) {
 		return
 	}
 	for _, mo := range mine {
@@ -226,7 +221,7 @@ func (r *modelRun) opOperator(n *mNode) {
 		mo.told, mo.unsure, mo.delFail, mo.reserved, mo.operator = nil, false, false, false, true
 	}
 	// Kept records in the node's blocks are gone with them.
-	for a := range r.kept {
+	for _, a := range slices.SortedFunc(maps.Keys(r.kept), netip.Addr.Compare) {
 		if _, ok := r.readIP(a); !ok {
 			delete(r.kept, a)
 			r.noteRecent(a)
@@ -247,7 +242,6 @@ func (r *modelRun) opOperator(n *mNode) {
 // may have landed.
 func (r *modelRun) opPool() {
 	r.op = kindPoolChange
-	st := r.operatorStore(kindPoolChange, r.pool.Name)
 	var change func(p *allocator.Pool) error
 	what := ""
 	k := r.rng.IntN(7)
@@ -335,9 +329,9 @@ func (r *modelRun) opPool() {
 	invalid := strings.HasPrefix(what, "remove-cidr") && want.Validate() != nil
 	var err error
 	if strings.HasPrefix(what, "remove-cidr") {
-		_, err = st.RemoveCIDR(r.ctx, r.pool.Name, extraCIDR, true)
+		err = r.b.removeCIDR(extraCIDR)
 	} else {
-		_, err = st.UpdatePool(r.ctx, r.pool.Name, change)
+		err = r.b.updatePool(change)
 	}
 	r.logf("pool %s: %v", what, err)
 	if strings.Contains(what, "drain-cidr") {
@@ -345,7 +339,7 @@ func (r *modelRun) opPool() {
 	} else {
 		r.tally("pool change", err)
 	}
-	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
+	cur, gerr := r.b.getPool(r.pool.Name)
 	require.NoError(r.t, gerr)
 	landed := samePool(cur, want)
 	// An answer lost, or past the call timeout: the change may have landed.
@@ -357,11 +351,14 @@ func (r *modelRun) opPool() {
 		r.fail("pool %s failed (%v), and etcd holds %+v, neither the old spec %+v nor the new %+v", what, err, cur, old, want)
 	case err != nil && landed && !samePool(want, old) && !unknown:
 		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
-	case err != nil && !unknown && !errors.Is(err, etcdstore.ErrPoolInUse) && !errors.Is(err, errInjected) && !errors.Is(err, retry.ErrUnavailable) &&
+	case err != nil && !unknown && !r.b.poolInUse(err) && !errors.Is(err, errInjected) && !errors.Is(err, retry.ErrUnavailable) &&
 		!(invalid && errors.Is(err, allocator.ErrInvalidPool)):
 		r.fail("pool %s: %v", what, err)
 	case err == nil && invalid:
 		r.fail("pool %s succeeded, leaving %+v, which is not a valid pool", what, cur)
+	}
+	if cur.NodeSelector != r.spec.NodeSelector {
+		r.selChangedAt = r.step
 	}
 	r.spec = cur
 	for _, n := range r.nodes {
@@ -420,13 +417,11 @@ var scratchPool = allocator.Pool{Name: "scratch", BlockSizeV4: 29, CIDRs: []neti
 func (r *modelRun) opPoolDelete(n *mNode) {
 	name := scratchPool.Name
 	state := func() (present, marked bool) {
-		_, err := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, name)
+		_, err := r.b.getPool(name)
 		if err != nil && !errors.Is(err, records.ErrPoolNotFound) {
 			require.NoError(r.t, err)
 		}
-		resp, gerr := r.check.Get(r.ctx, etcdstore.DeletedPoolKey(name))
-		require.NoError(r.t, gerr)
-		return err == nil, len(resp.Kvs) > 0
+		return err == nil, r.b.poolDeleted(name)
 	}
 	retried := func(what string, do func() error, done func() bool) bool {
 		defer func(q bool) { r.quiet = q }(r.quiet)
@@ -453,13 +448,11 @@ func (r *modelRun) opPoolDelete(n *mNode) {
 	}
 	present := func() bool { p, _ := state(); return p }
 	r.op = kindPoolCreate
-	create := r.operatorStore(kindPoolCreate, name)
-	if !retried("create", func() error { _, err := create.EnsurePool(r.ctx, scratchPool); return err }, present) {
+	if !retried("create", func() error { return r.b.createPool(scratchPool) }, present) {
 		return
 	}
 	r.op = kindPoolDelete
-	del := r.operatorStore(kindPoolDelete, name)
-	if !retried("delete", func() error { return del.DeletePool(r.ctx, name) }, func() bool { return !present() }) {
+	if !retried("delete", func() error { return r.b.deletePool(name) }, func() bool { return !present() }) {
 		return
 	}
 	r.op = "seed"
@@ -514,7 +507,7 @@ func (r *modelRun) opSeed(n *mNode) {
 	if created {
 		r.fail("seeding pool %s over etcd's spec created it again", r.pool.Name)
 	}
-	cur, gerr := etcdstore.New(r.check, etcdstore.Options{}).GetPool(r.ctx, r.pool.Name)
+	cur, gerr := r.b.getPool(r.pool.Name)
 	require.NoError(r.t, gerr)
 	if cur.Disabled != r.spec.Disabled || cur.NodeSelector != r.spec.NodeSelector || len(cur.Reserved) != len(r.spec.Reserved) || !slices.Equal(cur.Draining, r.spec.Draining) ||
 		!reflect.DeepEqual(cur.ReuseCooldown, r.spec.ReuseCooldown) || !reflect.DeepEqual(cur.Masquerade, r.spec.Masquerade) {

@@ -1,11 +1,11 @@
 package nodealloc_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -16,17 +16,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
-	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
-	"github.com/kvipam/kvipam/kvstore"
-	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 var (
@@ -94,6 +89,7 @@ type mOwner struct {
 	node     int
 	identity string // sticky identity, "" for an ordinary owner
 	gen      int    // the container's generation in its identity
+	born     int    // the step its container was made (a sticky identity's)
 	told     []netip.Addr
 	reserved bool
 	expires  time.Time
@@ -107,6 +103,9 @@ type mOwner struct {
 	// reassert conflict: the pod should be deleted). Its binding may name
 	// it until the identity's next pod replaces it.
 	lost bool
+	// retired: an earlier container of a sticky identity that holds
+	// nothing, left out of the run's choices (retire).
+	retired bool
 	// revoked: its reservation's lease was revoked before its time
 	// (fResLease), which the store's contract does not foresee: the
 	// allocator trusts the expiry it was given and may tell the same
@@ -135,11 +134,11 @@ type keptFor struct {
 type mNode struct {
 	i     int
 	name  string
-	cli   *clientv3.Client
+	cli   *clientv3.Client // etcd's client of the node (etcdBackend)
 	hook  *hookStore
 	alloc *nodealloc.Allocator
-	sess  *kvstore.Session
-	logs  *bytes.Buffer // the allocator's log, for a report
+	sess  modelSession
+	logs  *logRing // the allocator's log, for a report
 }
 
 // modelRun is one run of TestModelNodeAllocator: its nodes, its model and
@@ -148,9 +147,10 @@ type mNode struct {
 type modelRun struct {
 	t      *testing.T
 	ctx    context.Context
+	b      modelBackend
+	name   string // the test's name, for the replay command
 	seed   uint64
 	rng    *rand.Rand
-	check  *clientv3.Client // the test's own view of etcd, without faults
 	pool   allocator.Pool
 	nodes  []*mNode
 	owners map[string]*mOwner
@@ -161,6 +161,10 @@ type modelRun struct {
 	// (fResLease): a reservation told in it may have been on that lease,
 	// written before the revocation in the same request.
 	resRevoked bool
+	// selChangedAt is the step the pool's node selector last changed.
+	selChangedAt int
+	// resRevokedAt is when a reservation lease was last revoked.
+	resRevokedAt time.Time
 	// maybeKept are addresses of sticky owners released while unsure:
 	// etcd may keep them for a while; the window op waits for them too.
 	maybeKept  map[netip.Addr]bool
@@ -184,6 +188,10 @@ type modelRun struct {
 	// loaded: etcd refuses writes for load far more often than
 	// faultRates says (opRestart), at loadedBusyRate.
 	loaded bool
+	// loadedWrites and loadedBusy count, by write kind, the writes sent
+	// while etcd was loaded (restarts) and those it refused.
+	loadedWrites, loadedBusy map[string]int
+	trace                    modelTrace
 }
 
 // loadedBusyRate is the chance that etcd refuses a write for load ("too
@@ -221,55 +229,46 @@ const loadedBusyRate = 0.4
 // agent's choice (TestRetriedAddAfterNamespaceRebind).
 //
 // It is driven by one goroutine, so a seed replays the same choices and
-// faults; lease and window timing still vary between runs.
+// faults; lease and window timing still vary between runs (on the
+// simulated store they do not: TestModelSimulated replays a seed bit for
+// bit).
 //
-// Run longer with: go test ./allocator -run TestModelNodeAllocator -model.steps=100000
+// Run longer with: go test ./allocator/nodealloc -run TestModelNodeAllocator -model.steps=100000
+// (or on the simulated store, far faster: make model-sim).
 func TestModelNodeAllocator(t *testing.T) {
-	seed := *modelSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, *modelSteps)
-	pool := allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
+	pool := modelPool()
+	b := newEtcdBackend(t, pool)
+	runModel(t, b, modelSeedOrNow(), *modelSteps)
+}
+
+// modelPool is the pool the model runs on.
+func modelPool() allocator.Pool {
+	return allocator.Pool{Name: "model", BlockSizeV4: 29, BlockSizeV6: 125,
 		// 30 and 31 usable addresses: the pool fills, and nodes borrow
 		// across blocks.
 		CIDRs: []netip.Prefix{netip.MustParsePrefix("10.90.0.0/27"), netip.MustParsePrefix("fd00:90::/123")}}
-	e := etcdtest.Start(t)
-	ensurePool(t, e, pool)
-	spec := pool
-	// Keys of the extra cidr the pool operation adds and removes.
-	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
-	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
-		check: etcdtest.Client(t, e), pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
-		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{}}
-	for _, k := range writeKinds {
-		r.faults[k] = &[nFaults]int{}
-	}
-	const nodes, ordinaryPerNode, identities = 3, 4, 3
-	for i := range nodes {
-		n := &mNode{i: i, name: fmt.Sprintf("node-%d", i), cli: etcdtest.Client(t, e)}
-		n.hook = newHookStore(etcdstore.New(n.cli, etcdstore.Options{ReservationTTL: reservationTTL}))
-		r.hookUp(n)
-		r.nodes = append(r.nodes, n)
-		r.startAlloc(n)
-		for j := range ordinaryPerNode {
-			r.addOwner(records.Owner{ContainerID: fmt.Sprintf("n%d-o%d", i, j), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d-%d", i, j)}, i, "")
-		}
-	}
-	t.Cleanup(func() {
-		for _, n := range r.nodes {
-			if n.sess != nil {
-				n.sess.Close()
-			}
-		}
-	})
-	for i := range identities {
-		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
-	}
-	r.gens[lapseIdentity] = 0
+}
 
+func modelSeedOrNow() uint64 {
+	if *modelSeed != 0 {
+		return *modelSeed
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// runModel runs the model on backend b, whose store holds pool
+// modelPool(), for steps steps of seed.
+func runModel(t *testing.T, b modelBackend, seed uint64, steps int) *modelRun {
+	r := newModelRun(t, b, seed)
+	t.Logf("seed %d (replay with -model.seed=%d -model.steps=%d)", seed, seed, steps)
+	defer func() {
+		if t.Failed() && !r.failed { // a failure outside the model's checks
+			t.Logf("seed %d, step %d; replay: %s", seed, r.step, r.replayCommand())
+		}
+	}()
 	start := time.Now()
-	for r.step = 0; r.step < *modelSteps && !r.failed; r.step++ {
+	for r.step = 0; r.step < steps && !r.failed; r.step++ {
+		r.b.sleep(r.b.betweenSteps())
 		r.resRevoked = false
 		r.expireReservations()
 		r.randomStep()
@@ -278,10 +277,15 @@ func TestModelNodeAllocator(t *testing.T) {
 		if !r.failed {
 			r.verify()
 		}
+		if st := r.b.state(); st != "" {
+			r.trace.add(fmt.Sprintf("%d: %s", r.step, st))
+		}
 	}
-	t.Logf("%d steps in %s", r.step, time.Since(start).Round(time.Millisecond))
+	r.close()
+	t.Logf("seed %d: %d steps in %s (trace hash %016x)", seed, r.step, time.Since(start).Round(time.Millisecond), r.trace.sum())
 	t.Log("faults injected, by write kind:\n" + r.table())
 	t.Log("operations (ok / refused / failed):\n" + r.opTable())
+	t.Log("writes while etcd was loaded, restarts (sent / refused, \"too many requests\"): " + r.loadedTable())
 	if *modelDump {
 		t.Log("last operations:\n  " + strings.Join(r.log[max(0, len(r.log)-*modelLogLines):], "\n  "))
 	}
@@ -292,35 +296,77 @@ func TestModelNodeAllocator(t *testing.T) {
 	for _, row := range r.faults {
 		total += row[fUnknown]
 	}
-	if *modelFault > 0 && *modelSteps >= 200 {
+	if *modelFault > 0 && steps >= 200 {
 		require.NotZero(t, total, "the run must meet writes of unknown outcome")
+	}
+	if *modelFault > 0 {
+		// A restart meets refused writes of every kind it sends.
+		for k, n := range r.loadedWrites {
+			if n >= 20 && !spared(k, fBusy) {
+				require.NotZero(t, r.loadedBusy[k], "%d %s writes while etcd was loaded, none refused", n, k)
+			}
+		}
+	}
+	return r
+}
+
+// newModelRun sets the run up on b: its nodes, restored, and its owners.
+func newModelRun(t *testing.T, b modelBackend, seed uint64) *modelRun {
+	pool := modelPool()
+	spec := pool
+	// Keys of the extra cidr the pool operation adds and removes.
+	pool.CIDRs = append(slices.Clone(pool.CIDRs), extraCIDR)
+	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), b: b, name: t.Name(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
+		pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
+		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{},
+		loadedWrites: map[string]int{}, loadedBusy: map[string]int{}}
+	r.bindBackend()
+	for _, k := range writeKinds {
+		r.faults[k] = &[nFaults]int{}
+	}
+	const nodes, ordinaryPerNode, identities = 3, 4, 3
+	for i := range nodes {
+		n := &mNode{i: i, name: fmt.Sprintf("node-%d", i)}
+		n.hook = newHookStore(b.nodeStore(n))
+		r.hookUp(n)
+		r.nodes = append(r.nodes, n)
+		r.startAlloc(n)
+		for j := range ordinaryPerNode {
+			r.addOwner(records.Owner{ContainerID: fmt.Sprintf("n%d-o%d", i, j), IfName: "eth0", Namespace: "default", Pod: fmt.Sprintf("pod-%d-%d", i, j)}, i, "")
+		}
+	}
+	t.Cleanup(r.close)
+	for i := range identities {
+		r.gens[fmt.Sprintf("ns/web-%d", i)] = 0
+	}
+	r.gens[lapseIdentity] = 0
+	return r
+}
+
+// close ends the nodes' sessions.
+func (r *modelRun) close() {
+	for _, n := range r.nodes {
+		if n.sess != nil {
+			n.sess.Close()
+			n.sess = nil
+		}
 	}
 }
 
 // syncLent delivers to every node what changed in the pool's lent
 // addresses, as each agent's watch of the homes does (NoteLent).
 func (r *modelRun) syncLent() {
-	resp, err := r.check.Get(r.ctx, etcdstore.LentPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	now := map[netip.Addr]nodealloc.Loan{}
-	for _, kv := range resp.Kvs {
-		addr, err := netip.ParseAddr(strings.TrimPrefix(string(kv.Key), etcdstore.LentPrefix(r.pool.Name)))
-		if err != nil {
-			continue
-		}
-		if v, err := kvstore.Decode[records.Home](kv); err == nil {
-			now[addr] = nodealloc.Loan{Node: v.Value.Node, Rev: kv.ModRevision}
-		}
-	}
-	for addr, loan := range now {
-		if r.lent[addr] != loan {
+	now := r.b.lent()
+	for _, addr := range slices.SortedFunc(maps.Keys(now), netip.Addr.Compare) {
+		if loan := now[addr]; r.lent[addr] != loan {
 			for _, n := range r.nodes {
 				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, loan.Rev, true)
 			}
 		}
 	}
-	for addr, loan := range r.lent {
+	for _, addr := range slices.SortedFunc(maps.Keys(r.lent), netip.Addr.Compare) {
 		if _, ok := now[addr]; !ok {
+			loan := r.lent[addr]
 			for _, n := range r.nodes {
 				n.alloc.NoteLent(r.pool.Name, addr, loan.Node, 0, false)
 			}
@@ -337,7 +383,7 @@ func (r *modelRun) fail(format string, args ...any) {
 	}
 	r.failed = true
 	from := max(0, len(r.log)-*modelLogLines)
-	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "))
+	r.t.Errorf("seed %d, step %d: %s\nlast operations:\n  %s\nreplay: %s", r.seed, r.step, fmt.Sprintf(format, args...), strings.Join(r.log[from:], "\n  "), r.replayCommand())
 	if *modelNodeLog > 0 {
 		for _, n := range r.nodes {
 			lines := strings.Split(n.logs.String(), "\n")
@@ -347,7 +393,9 @@ func (r *modelRun) fail(format string, args ...any) {
 }
 
 func (r *modelRun) logf(format string, args ...any) {
-	r.log = append(r.log, fmt.Sprintf("%d: ", r.step)+fmt.Sprintf(format, args...))
+	line := fmt.Sprintf("%d: ", r.step) + fmt.Sprintf(format, args...)
+	r.trace.add(line)
+	r.log = append(r.log, line)
 	if len(r.log) > 400 {
 		r.log = slices.Clone(r.log[200:])
 	}
@@ -368,8 +416,12 @@ func (r *modelRun) hookUp(n *mNode) {
 	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding") {
 		write := !slices.Contains(reads, op)
 		n.hook.Before(op, func(ctx context.Context) error {
+			r.b.roundTrip()
 			if write && kind != "" {
 				r.writes[kind]++
+				if r.loaded {
+					r.loadedWrites[kind]++
+				}
 			}
 			if r.quiet {
 				return nil
@@ -387,12 +439,11 @@ func (r *modelRun) hookUp(n *mNode) {
 			if r.inject(kind, fRevoke) {
 				r.count(kind, fRevoke)
 				if n.sess != nil {
-					_, _ = r.check.Revoke(ctx, clientv3.LeaseID(n.sess.ID()))
+					r.b.revokeLease(n.sess.ID())
 				}
 			}
-			if r.inject(kind, fHistory) {
+			if r.inject(kind, fHistory) && r.b.revokeHistoryLease() {
 				r.count(kind, fHistory)
-				r.revokeHistoryLease()
 			}
 			if reserves(kind) && r.inject(kind, fResLease) && r.revokeReservationLease(n) {
 				r.count(kind, fResLease)
@@ -407,6 +458,9 @@ func (r *modelRun) hookUp(n *mNode) {
 			}
 			if r.inject(kind, fBusy) || (r.loaded && !spared(kind, fBusy) && r.roll(loadedBusyRate)) {
 				r.count(kind, fBusy)
+				if r.loaded {
+					r.loadedBusy[kind]++
+				}
 				return errTooMany(op)
 			}
 			return nil
@@ -429,7 +483,7 @@ func (r *modelRun) hookUp(n *mNode) {
 
 // reqCtx is one request's context: bounded as the agent bounds one.
 func (r *modelRun) reqCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.ctx, modelRequestTimeout)
+	return r.b.request(r.ctx)
 }
 
 // kindOf names the write kind of a store call.
@@ -519,6 +573,15 @@ func (r *modelRun) tally(op string, err error) {
 	}
 }
 
+// loadedTable lists the writes sent while etcd was loaded, by kind.
+func (r *modelRun) loadedTable() string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(r.loadedWrites)) {
+		out = append(out, fmt.Sprintf("%s %d/%d", k, r.loadedWrites[k], r.loadedBusy[k]))
+	}
+	return strings.Join(out, ", ")
+}
+
 func (r *modelRun) opTable() string {
 	names := make([]string, 0, len(r.ops))
 	for k := range r.ops {
@@ -551,16 +614,6 @@ func (r *modelRun) table() string {
 	return b.String()
 }
 
-// revokeHistoryLease revokes the lease IP history is written on now, as
-// an etcd restored from a snapshot or an operator would.
-func (r *modelRun) revokeHistoryLease() {
-	resp, err := r.check.Get(r.ctx, etcdstore.HistoryPrefix(), clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend))
-	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].Lease == 0 {
-		return
-	}
-	_, _ = r.check.Revoke(r.ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
-}
-
 // reserves reports whether a write of kind may put a reservation.
 func reserves(kind string) bool {
 	return slices.Contains([]string{"create", "batch", "claim", "borrow", "bind/takeover"}, kind)
@@ -571,35 +624,30 @@ func reserves(kind string) bool {
 // last, and doubts the owners told a reservation on it: it lapses now,
 // before its time. It reports whether there was one.
 func (r *modelRun) revokeReservationLease(n *mNode) bool {
-	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
-	if err != nil {
-		return false
-	}
-	var newest *mvccpb.KeyValue
-	for _, kv := range resp.Kvs {
-		v, err := kvstore.Decode[records.Record](kv)
-		if err == nil && kv.Lease != 0 && v.Value.Node == n.name && v.Value.State == records.StateReserved && (newest == nil || kv.ModRevision > newest.ModRevision) {
-			newest = kv
+	als := r.b.readIPs()
+	var newest *records.Allocation
+	for i, al := range als {
+		if al.Lease != 0 && al.Node == n.name && al.State == records.StateReserved && (newest == nil || al.Rev > newest.Rev) {
+			newest = &als[i]
 		}
 	}
 	if newest == nil {
 		return false
 	}
-	if _, err := r.check.Revoke(r.ctx, clientv3.LeaseID(newest.Lease)); err != nil {
-		return false
-	}
+	lease := newest.Lease
+	r.b.revokeLease(lease)
 	// The owners of the records on it, told or not (an answer lost, then
 	// settled into the allocator's cache, is told later from there).
 	owners := map[string]bool{}
-	for _, kv := range resp.Kvs {
-		if v, err := kvstore.Decode[records.Record](kv); err == nil && kv.Lease == newest.Lease {
-			owners[v.Value.Owner.Key()] = true
+	for _, al := range als {
+		if al.Lease == lease {
+			owners[al.Owner.Key()] = true
 		}
 	}
-	r.resRevoked = true
-	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, newest.Lease, len(owners))
-	for k := range owners {
-		if mo := r.owners[k]; mo != nil {
+	r.resRevoked, r.resRevokedAt = true, r.b.now()
+	r.logf("%s's reservation lease %x revoked (%d reservations on it)", n.name, lease, len(owners))
+	for _, k := range r.order {
+		if mo := r.owners[k]; owners[k] {
 			mo.unsure, mo.reserved, mo.revoked = true, false, true
 			for _, a := range mo.told {
 				r.noteRecent(a)
@@ -613,11 +661,11 @@ func (r *modelRun) revokeReservationLease(n *mNode) bool {
 // restores it.
 func (r *modelRun) startAlloc(n *mNode) {
 	if n.logs == nil {
-		n.logs = &bytes.Buffer{}
+		n.logs = newLogRing(nodeLogKeep)
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Output: n.logs, Level: hclog.Debug, DisableTime: true})
 	al, err := nodealloc.New(nodealloc.Config{Node: n.name, Store: n.hook, Logger: logger, Labels: map[string]string{"node": n.name},
-		Held: func() []netip.Addr { return r.heldOn(n.i) }})
+		Held: func() []netip.Addr { return r.heldOn(n.i) }, Now: r.b.now})
 	require.NoError(r.t, err)
 	n.alloc = al
 	r.recover(n, true)
@@ -649,7 +697,7 @@ func (r *modelRun) recover(n *mNode, force bool) {
 			if n.sess != nil {
 				n.sess.Close()
 			}
-			sess, err := kvstore.NewSession(r.ctx, n.cli, 30)
+			sess, err := r.b.newSession(n)
 			if err != nil {
 				if try > 20 {
 					r.fail("new session for %s: %v", n.name, err)
@@ -658,13 +706,6 @@ func (r *modelRun) recover(n *mNode, force bool) {
 				continue
 			}
 			n.sess = sess
-			// The agent's node record, on its lease: an operator's
-			// commands refuse a node that has one.
-			rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
-			if err := etcdstore.New(r.check, etcdstore.Options{}).WriteNode(r.ctx, rec, int64(sess.ID())); err != nil {
-				r.fail("node record of %s: %v", n.name, err)
-				return
-			}
 		}
 		err := n.alloc.Restore(r.ctx, n.sess)
 		if err == nil {
@@ -764,8 +805,9 @@ func (r *modelRun) randomStep() {
 }
 
 // opRestart restarts a node's agent while etcd is loaded, as when many
-// agents restart at once: its restore, and the sweep of stale sticky
-// bindings in it, meet "too many requests" on two writes in five. It
+// agents restart at once: its restore, the sweep of stale sticky
+// bindings in it, and the reassert of its endpoints after it, meet "too
+// many requests" on two writes in five. It
 // restarts, when there is one, the node of an owner whose DEL failed
 // (the runtime retries that DEL later): the combination that found a
 // retried DEL answering success and leaving a binding that named a
@@ -784,6 +826,9 @@ func (r *modelRun) opRestart(n *mNode) {
 	r.op = "claim"
 	r.loaded = true
 	r.startAlloc(n)
+	// The agent compares its endpoints with etcd after a restore of its
+	// lease: the reassert's reads and writes meet the load too.
+	r.reassertEndpoints(n, nil)
 	r.loaded = false
 	r.tally("restart", nil)
 }
@@ -897,7 +942,8 @@ func (n *mNode) logOf(addr netip.Addr) string {
 }
 
 // probeWedged asks again, with no faults and once every window the model
-// knows of has ended, for an address etcd holds nothing for and that the
+// knows of has ended (and every reservation revoked early would have
+// lapsed), for an address etcd holds nothing for and that the
 // node refused as in use. A second refusal is a wedged address.
 func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first error) {
 	r.quiet = true
@@ -906,7 +952,12 @@ func (r *modelRun) probeWedged(n *mNode, mo *mOwner, addr netip.Addr, first erro
 	for _, k := range r.kept {
 		until = maxTime(until, k.from.Add(k.window+time.Second))
 	}
-	time.Sleep(time.Until(until))
+	// A reservation whose lease was revoked before its time (fResLease)
+	// stays in its node's cache until the expiry it was given, which
+	// the allocator trusts: its address is not free there until then,
+	// whether or not its owner was told it (an answer lost).
+	until = maxTime(until, r.resRevokedAt.Add(reservationTTL+reservationTTL/4+time.Second))
+	r.b.sleep(until.Sub(r.b.now()))
 	if !r.freeInEtcd(addr) {
 		return
 	}
@@ -930,12 +981,11 @@ func maxTime(a, b time.Time) time.Time {
 
 // freeInEtcd reports whether etcd holds no allocation at addr.
 func (r *modelRun) freeInEtcd(addr netip.Addr) bool {
-	b, ok := r.pool.BlockFor(addr)
-	if !ok {
+	if _, ok := r.pool.BlockFor(addr); !ok {
 		return false
 	}
-	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, addr))
-	return err == nil && len(resp.Kvs) == 0
+	_, held := r.b.readIP(addr)
+	return !held
 }
 
 // claimer is the index of the node claiming addr's block, or -1.
@@ -944,12 +994,12 @@ func (r *modelRun) claimer(addr netip.Addr) int {
 	if !ok {
 		return -1
 	}
-	c, err := kvstore.GetJSON[records.Claim](r.ctx, r.check, etcdstore.ClaimKey(r.pool.Name, b))
-	if err != nil {
+	c, ok := r.b.claimOf(b)
+	if !ok {
 		return -1
 	}
 	for _, n := range r.nodes {
-		if n.name == c.Value.Node {
+		if n.name == c.Node {
 			return n.i
 		}
 	}
@@ -1033,11 +1083,14 @@ func (r *modelRun) release(mo *mOwner) {
 	r.op = "release"
 	n := r.nodes[mo.node]
 	r.recover(n, false)
-	from := time.Now()
+	from := r.b.now()
 	// The agent names the identity its endpoint's record has, or the
 	// DEL's request (both plugins send the pod's annotations); a failed
 	// DEL's is noted on the node's disk until its release lands, so the
-	// runtime's retry names it too, after a restart as well.
+	// runtime's retry names it too, after a restart as well. The agent
+	// removes the endpoint's record before the release: its addresses
+	// are no longer held (NodeConfig.Held) while the release runs.
+	mo.delFail = true
 	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, mo.identity)
 	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.identity, mo.told, mo.unsure, addrsOf(out), err)
 	r.tally("release", err)
@@ -1091,8 +1144,30 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 	o := records.Owner{ContainerID: fmt.Sprintf("%s-c%d", name, r.gens[id]), IfName: "eth0", Namespace: "ns", Pod: name,
 		PodUID: fmt.Sprintf("uid-%s-%d", name, r.gens[id])}
 	mo := r.addOwner(o, n.i, id)
-	mo.gen = r.gens[id]
+	mo.gen, mo.born = r.gens[id], r.step
+	r.retire(id)
 	return mo, n
+}
+
+// keptGenerations is how many of a sticky identity's latest containers
+// the run keeps choosing from (a late DEL of an earlier container);
+// older ones that hold nothing retire, so that a long run's steps cost
+// what its first ones do.
+const keptGenerations = 4
+
+// retire drops from the run's choices the containers of identity id
+// older than keptGenerations that hold nothing, surely: no operation
+// picks them again, and verify requires that etcd holds nothing for
+// them.
+func (r *modelRun) retire(id string) {
+	r.order = slices.DeleteFunc(r.order, func(k string) bool {
+		mo := r.owners[k]
+		if mo.identity != id || mo.gen > r.gens[id]-keptGenerations || len(mo.told) > 0 || mo.unsure || mo.delFail || mo.reserved {
+			return false
+		}
+		mo.retired = true
+		return true
+	})
 }
 
 // opStickyRetry retries the ADD of a sticky identity's latest container,
@@ -1100,7 +1175,7 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 func (r *modelRun) opStickyRetry() {
 	r.op = "bind/takeover"
 	var cands []*mOwner
-	for id := range r.gens {
+	for _, id := range slices.Sorted(maps.Keys(r.gens)) { // the seed's choices in one order
 		if last := r.latest(id); last != nil && !last.delFail && (last.unsure || r.rng.IntN(4) == 0) {
 			cands = append(cands, last)
 		}
@@ -1128,6 +1203,11 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 	res, err := n.alloc.Allocate(ctx, req)
 	r.logf("%s sticky Allocate %s reserve=%v: %v %v", n.name, mo.o.Key(), reserve, addrsOf(res.Allocations), err)
 	r.tally("sticky allocate", err)
+	if errors.Is(err, records.ErrNodeNotSelected) && len(r.idAddrs[mo.identity]) > 0 {
+		// Its row of its own: the run shows takeovers the selector
+		// refused.
+		r.tally("takeover refused", err)
+	}
 	if err != nil && !refusal(err) {
 		// A takeover may have landed: the identity's other containers
 		// may hold less than they were told. And a binding may have
@@ -1180,11 +1260,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	}
 	for _, mo := range lost {
 		for _, a := range mo.told {
-			b, _ := r.pool.BlockFor(a)
-			_, err := r.check.Delete(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
-			require.NoError(r.t, err)
-			_, err = r.check.Delete(r.ctx, etcdstore.LentKey(r.pool.Name, a))
-			require.NoError(r.t, err)
+			r.b.lose(a)
 		}
 	}
 	restart := r.rng.IntN(2) == 0
@@ -1194,14 +1270,29 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 		}
 		return
 	}(), restart)
+	// A restart, half the time on a loaded etcd (restore and reassert
+	// meet "too many requests" on two writes in five), as when many
+	// agents restart after a restore of etcd.
+	loaded := restart && r.rng.IntN(2) == 0
 	if restart {
 		r.op = "claim"
+		r.loaded = loaded
 		r.startAlloc(n)
+		r.loaded = false
 	}
 	if r.rng.IntN(2) == 0 {
 		r.delBeforeReassert(lost)
 	}
-	// The agent re-asserts all its endpoints.
+	r.loaded = loaded
+	r.reassertEndpoints(n, lost)
+	r.loaded = false
+}
+
+// reassertEndpoints re-asserts node n's endpoints, as the agent does
+// after a restore of its lease and when it finds etcd lost records: tried
+// again while it fails, then the owners whose records etcd lost (lost)
+// are doubted.
+func (r *modelRun) reassertEndpoints(n *mNode, lost []*mOwner) {
 	var held []nodealloc.HeldAddr
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == n.i && mo.hasEndpoint() {
@@ -1215,7 +1306,7 @@ func (r *modelRun) opStoreLoss(n *mNode) {
 	r.op = "reassert"
 	for try := 0; ; try++ {
 		restored, conflicts, err := n.alloc.Reassert(r.ctx, held)
-		r.logf("%s Reassert: restored %v, conflicts %v, %v", n.name, addrsOf(restored), conflicts, err)
+		r.logf("%s Reassert: restored %v, conflicts %s, %v", n.name, addrsOf(restored), conflictText(conflicts), err)
 		r.tally("reassert", err)
 		for _, c := range conflicts {
 			// Reported, as the agent does (the pod should be deleted):
@@ -1296,18 +1387,15 @@ func (r *modelRun) opLapse(n *mNode) {
 	}
 	r.op = "lapse"
 	mo.stalled = true
-	deadline := time.Now().Add(60 * time.Second)
 	for _, a := range mo.told {
-		for {
-			al, ok := r.readIP(a)
-			if !ok || al.Owner.Key() != mo.o.Key() || al.State != records.StateReserved {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.fail("the reservation of %s for %s is still in etcd long after its TTL: %+v", a, mo.o.Key(), al)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+		var al records.Allocation
+		if !r.await(60*time.Second, func() bool {
+			var ok bool
+			al, ok = r.readIP(a)
+			return !ok || al.Owner.Key() != mo.o.Key() || al.State != records.StateReserved
+		}) {
+			r.fail("the reservation of %s for %s is still in etcd long after its TTL: %+v", a, mo.o.Key(), al)
+			return
 		}
 	}
 	r.logf("the reservation of %s (%v) lapsed", mo.o.Key(), mo.told)
@@ -1350,25 +1438,22 @@ func (r *modelRun) opAwaitWindows() {
 	if len(r.kept) == 0 && len(r.maybeKept) == 0 {
 		return
 	}
-	addrs := map[netip.Addr]bool{}
-	for a := range r.kept {
-		addrs[a] = true
+	addrs := slices.SortedFunc(maps.Keys(r.kept), netip.Addr.Compare)
+	for _, a := range slices.SortedFunc(maps.Keys(r.maybeKept), netip.Addr.Compare) {
+		if _, ok := r.kept[a]; !ok {
+			addrs = append(addrs, a)
+		}
 	}
-	for a := range r.maybeKept {
-		addrs[a] = true
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for a := range addrs {
-		for {
-			al, ok := r.readIP(a)
-			if !ok || al.State != records.StateKept {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.fail("%s is still kept for %s long after its window: %+v", a, al.Identity, al)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
+	deadline := r.b.now().Add(30 * time.Second)
+	for _, a := range addrs {
+		var al records.Allocation
+		if !r.await(deadline.Sub(r.b.now()), func() bool {
+			var ok bool
+			al, ok = r.readIP(a)
+			return !ok || al.State != records.StateKept
+		}) {
+			r.fail("%s is still kept for %s long after its window: %+v", a, al.Identity, al)
+			return
 		}
 		delete(r.kept, a)
 		delete(r.maybeKept, a)
@@ -1390,9 +1475,9 @@ func (r *modelRun) noteRecent(a netip.Addr) {
 // expireReservations doubts owners whose reservation is about to lapse:
 // etcd may drop it any time from then on.
 func (r *modelRun) expireReservations() {
-	now := time.Now()
-	for _, mo := range r.owners {
-		if mo.reserved && !mo.expires.IsZero() && now.After(mo.expires.Add(-time.Second)) {
+	now := r.b.now()
+	for _, k := range r.order {
+		if mo := r.owners[k]; mo.reserved && !mo.expires.IsZero() && now.After(mo.expires.Add(-time.Second)) {
 			mo.unsure, mo.reserved = true, false
 			for _, a := range mo.told {
 				r.noteRecent(a)
@@ -1407,7 +1492,7 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 	k := mo.o.Key()
 	fams := map[allocator.Family]netip.Addr{}
 	var got []netip.Addr
-	now := time.Now()
+	now := r.b.now()
 	for _, al := range als {
 		if al.Owner.Key() != k {
 			r.fail("%s was answered %s with the record of %s", k, al.Addr, al.Owner.Key())
@@ -1424,8 +1509,16 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 		}
 		fams[f] = al.Addr
 		got = append(got, al.Addr)
-		if !mo.unsure && !slices.Contains(mo.told, al.Addr) {
+		switch {
+		case !mo.unsure && !slices.Contains(mo.told, al.Addr):
 			r.checkNew(mo, al.Addr, r.static, mo.identity != "" && r.idAddrs[mo.identity][al.Addr])
+		case mo.identity != "" && !slices.Contains(mo.told, al.Addr) && mo.born > r.selChangedAt &&
+			!r.spec.Selects(map[string]string{"node": r.nodes[mo.node].name}):
+			// A retried sticky ADD, whose earlier try's write may have
+			// landed: but the selector has left its node out since
+			// before the container's first ADD, so nothing could land.
+			r.fail("%s was handed %s on %s, which the pool's selector %q has left out since step %d, before its first ADD (step %d)",
+				k, al.Addr, r.nodes[mo.node].name, r.spec.NodeSelector, r.selChangedAt, mo.born)
 		}
 		r.noteIdentity(mo.identity, al.Addr)
 		if kf, ok := r.kept[al.Addr]; ok {
@@ -1513,20 +1606,19 @@ func (r *modelRun) noteIdentity(id string, a netip.Addr) {
 // names as the identity's, after a write of unknown outcome: the binding
 // may have landed with addresses no answer told.
 func (r *modelRun) learnIdentity(id string) {
-	resp, err := r.check.Get(r.ctx, etcdstore.BindingKey(r.pool.Name, id))
-	require.NoError(r.t, err)
-	if len(resp.Kvs) == 0 {
+	b, ok := r.b.binding(id)
+	if !ok {
 		return
 	}
-	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
-	require.NoError(r.t, err)
-	for _, a := range v.Value.Addrs {
+	for _, a := range b.Addrs {
 		r.noteIdentity(id, a)
 	}
 }
 
 // released records that mo's DEL succeeded, sent at from, answered out: a
-// sure sticky owner's permanent addresses are kept for its identity;
+// sure sticky owner's permanent addresses are kept for its identity
+// (but those the answer shows written back without it, after the
+// identity moved on);
 // everything else it held is free. An unsure sticky owner may have held
 // addresses it was never told (an answer lost): those the DEL kept are
 // the identity's too.
@@ -1538,11 +1630,18 @@ func (r *modelRun) released(mo *mOwner, from time.Time, out []records.Allocation
 			r.maybeKept[al.Addr] = true
 		}
 	}
+	// A record written back without its identity (a reassert after the
+	// identity moved on to a later pod) is freed by the DEL, not kept.
+	freed := func(a netip.Addr) bool {
+		return slices.ContainsFunc(out, func(al records.Allocation) bool { return al.Addr == a && al.Identity != mo.identity })
+	}
 	for _, a := range mo.told {
 		if r.holder[a] == k {
 			delete(r.holder, a)
 		}
 		switch {
+		case mo.identity != "" && freed(a):
+			r.noteRecent(a)
 		case mo.identity != "" && !mo.unsure && !mo.reserved:
 			r.kept[a] = keptFor{identity: mo.identity, from: from, window: time.Second}
 		case mo.identity != "":
@@ -1554,6 +1653,20 @@ func (r *modelRun) released(mo *mOwner, from time.Time, out []records.Allocation
 	mo.told, mo.unsure, mo.delFail, mo.reserved, mo.revoked = nil, false, false, false, false
 }
 
+// conflictText describes a Reassert's conflicts for the trace: what
+// each is, not where it sits in memory.
+func conflictText(cs []nodealloc.Conflict) string {
+	var out []string
+	for _, c := range cs {
+		held := ""
+		if c.HeldBy != nil {
+			held = fmt.Sprintf(" (held by %s at rev %d)", c.HeldBy.Owner.Key(), c.HeldBy.Rev)
+		}
+		out = append(out, fmt.Sprintf("%s %s: %s%s", c.Owner.Key(), c.Addr, c.Reason, held))
+	}
+	return "[" + strings.Join(out, "; ") + "]"
+}
+
 func addrsOf(als []records.Allocation) []netip.Addr {
 	out := make([]netip.Addr, len(als))
 	for i, al := range als {
@@ -1562,47 +1675,15 @@ func addrsOf(als []records.Allocation) []netip.Addr {
 	return out
 }
 
-func (r *modelRun) readIPs() []records.Allocation {
-	resp, err := r.check.Get(r.ctx, etcdstore.IPsPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	als, err := agenttest.DecodeAllocations(r.pool.Name, resp.Kvs)
-	require.NoError(r.t, err)
-	return als
-}
+func (r *modelRun) readIPs() []records.Allocation { return r.b.readIPs() }
 
 // history describes the IP history of addrs, for a report.
-func (r *modelRun) history(addrs []netip.Addr) string {
-	st := etcdstore.New(r.check, etcdstore.Options{})
-	var out []string
-	for _, a := range addrs {
-		hs, err := st.History(r.ctx, etcdstore.HistoryFilter{Pool: r.pool.Name, IP: a})
-		if err != nil {
-			return err.Error()
-		}
-		for _, h := range hs {
-			out = append(out, fmt.Sprintf("%s %s on %s %s at %s", h.IP, h.Owner.Key(), h.Node, h.Reason, h.End.Format(time.StampMilli)))
-		}
-	}
-	return strings.Join(out, "; ")
-}
+func (r *modelRun) history(addrs []netip.Addr) string { return r.b.history(addrs) }
 
 // lapsing reports whether a lease has ended or ends within a second.
-func (r *modelRun) lapsing(lease int64) bool {
-	resp, err := r.check.TimeToLive(r.ctx, clientv3.LeaseID(lease))
-	return err == nil && resp.TTL <= 1
-}
+func (r *modelRun) lapsing(lease int64) bool { return r.b.leaseLeft(lease) <= time.Second }
 
-func (r *modelRun) readIP(a netip.Addr) (records.Allocation, bool) {
-	b, _ := r.pool.BlockFor(a)
-	resp, err := r.check.Get(r.ctx, etcdstore.IPKey(r.pool.Name, b, a))
-	require.NoError(r.t, err)
-	if len(resp.Kvs) == 0 {
-		return records.Allocation{}, false
-	}
-	al, err := etcdstore.DecodeAllocation(r.pool.Name, resp.Kvs[0])
-	require.NoError(r.t, err)
-	return al, true
-}
+func (r *modelRun) readIP(a netip.Addr) (records.Allocation, bool) { return r.b.readIP(a) }
 
 // verify checks etcd, read without faults, against the model.
 func (r *modelRun) verify() {
@@ -1641,23 +1722,22 @@ func (r *modelRun) verify() {
 		slices.SortFunc(want, netip.Addr.Compare)
 		if !slices.Equal(got, want) {
 			r.fail("%s was told %v (reserved %v, until %s; now %s) but etcd holds %v for it (IP history of %v: %s)", k, want, mo.reserved,
-				mo.expires.Format(time.StampMilli), time.Now().Format(time.StampMilli), got, want, r.history(want))
+				mo.expires.Format(time.StampMilli), r.b.now().Format(time.StampMilli), got, want, r.history(want))
 			return
 		}
 	}
-	for k := range held {
-		if r.owners[k] == nil {
+	for _, k := range slices.Sorted(maps.Keys(held)) {
+		switch mo := r.owners[k]; {
+		case mo == nil:
 			r.fail("etcd holds %v for %s, which the model never saw", held[k], k)
+			return
+		case mo.retired:
+			r.fail("etcd holds %v for %s, an earlier container of %s which holds nothing", held[k], k, mo.identity)
 			return
 		}
 	}
 	// A binding names a container that holds its addresses.
-	resp, err := r.check.Get(r.ctx, etcdstore.StickyPrefix(r.pool.Name), clientv3.WithPrefix())
-	require.NoError(r.t, err)
-	for _, kv := range resp.Kvs {
-		v, err := kvstore.Decode[records.Binding](kv)
-		require.NoError(r.t, err)
-		b := v.Value
+	for _, b := range r.b.bindings() {
 		if b.Kept() {
 			continue
 		}

@@ -68,15 +68,12 @@ func (s *Store) EnsurePool(_ context.Context, p allocator.Pool) (allocator.Pool,
 	if err := allocator.CheckDisjoint(p, others); err != nil {
 		return allocator.Pool{}, err
 	}
-	b := s.begin()
-	put(b, s.pools, p.Name, p, 0)
-	p.Rev = b.end()
-	return p, nil
+	return s.putPool(p), nil
 }
 
-// SeedPool implements records.Store: create-if-absent. (etcdstore also
-// refuses a pool an operator deleted; this store has no DeletePool, so
-// no pool is ever marked deleted.)
+// SeedPool implements records.Store: create-if-absent; a pool an
+// operator deleted (DeletePool) is not created again: that wraps
+// ErrPoolDeleted, as etcdstore's.
 func (s *Store) SeedPool(_ context.Context, p allocator.Pool) (allocator.Pool, bool, error) {
 	if err := p.Validate(); err != nil {
 		return allocator.Pool{}, false, err
@@ -89,6 +86,9 @@ func (s *Store) SeedPool(_ context.Context, p allocator.Pool) (allocator.Pool, b
 			return v, false, nil
 		}
 		others = append(others, v)
+	}
+	if s.deleted[p.Name] {
+		return allocator.Pool{}, false, fmt.Errorf("seed pool %s: %w", p.Name, ErrPoolDeleted)
 	}
 	if err := allocator.CheckDisjoint(p, others); err != nil {
 		return allocator.Pool{}, false, err

@@ -45,6 +45,7 @@ type Store struct {
 	fences   map[string]entry // borrow fences, by node
 	bindings map[bindKey]entry
 	history  map[addrKey][]histRec
+	deleted  map[string]bool // pools an operator deleted (admin.go)
 
 	// The shared reservation lease, as etcdstore's reservationLeases.
 	resID      int64
@@ -80,6 +81,7 @@ func New(o Options) *Store {
 		now: o.Start, rev: 1, next: 0x1000, opts: o, lease: map[int64]*lease{},
 		pools: map[string]entry{}, claims: map[blockKey]entry{}, homes: map[blockKey]entry{}, ips: ipTable{},
 		lent: map[addrKey]entry{}, fences: map[string]entry{}, bindings: map[bindKey]entry{}, history: map[addrKey][]histRec{},
+		deleted: map[string]bool{},
 	}
 }
 

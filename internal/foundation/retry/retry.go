@@ -67,6 +67,26 @@ var Default = Policy{Attempts: 8, Initial: 2 * time.Millisecond, Max: 200 * time
 // callers are spread apart.
 var UnavailablePace = Policy{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, Multiplier: 2, Jitter: 0.5}
 
+// Wait is a pause between two attempts of Do: it returns when d has
+// passed, or an error to give up with (as when ctx ends).
+type Wait func(ctx context.Context, d time.Duration) error
+
+type waitKey struct{}
+
+// WithWait returns a context under which Do pauses with wait instead of
+// a timer, and without jitter: a simulation whose time is a fake clock
+// passes one that moves that clock, so that no retry sleeps for real and
+// a seed replays exactly. The deadline Policy.Unavailable leaves room
+// within is still ctx's.
+func WithWait(ctx context.Context, wait Wait) context.Context {
+	return context.WithValue(ctx, waitKey{}, wait)
+}
+
+func waitOf(ctx context.Context) Wait {
+	w, _ := ctx.Value(waitKey{}).(Wait)
+	return w
+}
+
 func (p Policy) backOff() *backoff.ExponentialBackOff {
 	eb := backoff.NewExponentialBackOff()
 	eb.InitialInterval = p.Initial
@@ -86,29 +106,39 @@ func Do(ctx context.Context, p Policy, op func(ctx context.Context) error) error
 	if p.Attempts == 0 {
 		p = Policy{Attempts: Default.Attempts, Initial: Default.Initial, Max: Default.Max, Multiplier: Default.Multiplier, Jitter: Default.Jitter, Unavailable: p.Unavailable}
 	}
-	conflicts, unavailable := p.backOff(), UnavailablePace.backOff()
+	pace, wait := UnavailablePace, waitOf(ctx)
+	if wait != nil {
+		p.Jitter, pace.Jitter = 0, 0
+	}
+	conflicts, unavailable := p.backOff(), pace.backOff()
 	for attempt := 1; ; attempt++ {
 		err := op(ctx)
 		if err == nil {
 			return nil
 		}
-		var wait time.Duration
+		var d time.Duration
 		switch {
 		case errors.Is(err, ErrConflict):
 			if p.Attempts > 0 && attempt >= p.Attempts {
 				return fmt.Errorf("%d attempts: %w", p.Attempts, err)
 			}
-			wait = conflicts.NextBackOff()
+			d = conflicts.NextBackOff()
 		case p.Unavailable && errors.Is(err, ErrUnavailable):
-			wait = unavailable.NextBackOff()
-			if !roomFor(ctx, wait) {
+			d = unavailable.NextBackOff()
+			if !roomFor(ctx, d) {
 				return err
 			}
 			attempt-- // not counted against Attempts
 		default:
 			return err
 		}
-		t := time.NewTimer(wait)
+		if wait != nil {
+			if werr := wait(ctx, d); werr != nil {
+				return fmt.Errorf("%w (gave up: %w)", err, werr)
+			}
+			continue
+		}
+		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -88,3 +88,38 @@ func TestRetryUnavailableInsideDeadline(t *testing.T) {
 	require.ErrorIs(t, err, retry.ErrUnavailable)
 	require.Equal(t, 1, n, "no room left before the deadline for a pause: answered at once")
 }
+
+// TestRetryWaitsWithContextWait: under WithWait, Do pauses through the
+// given wait, never a timer (an hour's pace would hang the test), with
+// the pace's durations exactly (no jitter), and gives up with the wait's
+// error.
+func TestRetryWaitsWithContextWait(t *testing.T) {
+	var waits []time.Duration
+	stop := errors.New("simulated deadline")
+	ctx := retry.WithWait(context.Background(), func(_ context.Context, d time.Duration) error {
+		waits = append(waits, d)
+		if len(waits) == 4 {
+			return stop
+		}
+		return nil
+	})
+	p := retry.Policy{Attempts: retry.Unlimited, Initial: time.Hour, Max: 4 * time.Hour, Multiplier: 2, Jitter: 0.5}
+	err := retry.Do(ctx, p, func(context.Context) error { return retry.ErrConflict })
+	require.ErrorIs(t, err, retry.ErrConflict)
+	require.ErrorIs(t, err, stop, "the wait's error ends the loop")
+	require.Equal(t, []time.Duration{time.Hour, 2 * time.Hour, 4 * time.Hour, 4 * time.Hour}, waits, "the pace without jitter")
+
+	waits = nil
+	busy := fmt.Errorf("too many requests: %w", retry.ErrUnavailable)
+	dl, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
+	n := 0
+	err = retry.Do(dl, retry.Policy{Attempts: 1, Unavailable: true}, func(context.Context) error {
+		if n++; n < 3 {
+			return busy
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []time.Duration{retry.UnavailablePace.Initial, 2 * retry.UnavailablePace.Initial}, waits, "unavailable retries pace through the wait too")
+}
