@@ -66,7 +66,10 @@ type Plan struct {
 	answer  error        // the store's answer to the last need
 	written *records.Allocation
 	room    bool // a borrow found the node's own blocks have room
-	sticky  stickyPlan
+	// verified are the owner's reservations read back from etcd in this
+	// plan before they are told again.
+	verified map[netip.Addr]bool
+	sticky   stickyPlan
 }
 
 // Pool is the pool the plan is for.
@@ -204,6 +207,17 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 	want, isStatic := p.static[f]
 	if p.stage == stFresh {
 		if al := n.live(ps, r.Owner, f, netip.Addr{}); al != nil {
+			if al.State == records.StateReserved && !p.verified[al.Addr] {
+				// A reservation is told again only as etcd holds it: its
+				// lease may have ended before the expiry the node was
+				// given (revoked), and another node may hold the address
+				// now. Only a retried ADD meets one, so the read is rare.
+				if p.verified == nil {
+					p.verified = map[netip.Addr]bool{}
+				}
+				p.verified[al.Addr] = true
+				return Need{Kind: ReadBack, Refs: []records.IPRef{{Pool: al.Pool, Block: al.Block, Addr: al.Addr}}}, false, nil
+			}
 			if isStatic && want != al.Addr {
 				return Need{}, false, fmt.Errorf("%w: %s already holds %s in pool %s, not %s", records.ErrBadRequest, r.Owner.Key(), al.Addr, ps.spec.Name, want)
 			}

@@ -167,6 +167,21 @@ func TestPlannerDecisions(t *testing.T) {
 		asked:  []NeedKind{Done},
 		reused: 1,
 	}, {
+		name: "a reservation is told again only after a read back says etcd holds it",
+		setup: func(w *world) {
+			w.own("10.0.0.0/30", 5)
+			w.ps.own[netip.MustParsePrefix("10.0.0.0/30")].ba.Mark(netip.MustParseAddr("10.0.0.1"))
+			rec := records.Record{Owner: owner("a"), Node: "node-a", State: records.StateReserved, Since: t0}
+			w.n.Wrote(w.ps, records.IPWrite{Pool: "p", Block: netip.MustParsePrefix("10.0.0.0/30"), Addr: netip.MustParseAddr("10.0.0.1"), Record: rec, Reserve: true},
+				records.WriteResult{Rev: 6, Expires: t0.Add(time.Hour)})
+		},
+		req: Request{Pool: "p", Owner: owner("a"), Families: v4},
+		steps: []step{{want: ReadBack, fold: func(w *world, p *Plan, n Need) {
+			w.n.ReadBack(n.Refs, nil, nil) // its lease was revoked early: etcd holds nothing there
+		}}},
+		asked:  []NeedKind{ReadBack, Done},
+		writes: []string{"10.0.0.2"},
+	}, {
 		name:    "a disabled pool hands out nothing new",
 		pool:    func(p *allocator.Pool) { p.Disabled = true },
 		req:     Request{Pool: "p", Owner: owner("a"), Families: v4},
