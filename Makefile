@@ -5,7 +5,7 @@ PKGS      := ./...
 # The whole suite; root-only tests skip themselves when not root.
 TEST_FLAGS ?= -count=1 -timeout 15m
 
-.PHONY: all build test k8s-bin k8s-e2e race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos model-sim
+.PHONY: all build test k8s-bin k8s-e2e race bench bench-quick bench-run fuzz demo lint check-layout generate check-generate clean image chaos model-sim release
 
 all: build
 
@@ -132,6 +132,14 @@ IMAGE_ARCHS ?= amd64,arm64
 MANIFESTS := deploy/kubernetes/kvipam-agent.yaml,deploy/kubernetes/uninstall/kvipam-uninstall.yaml
 image:
 	$(GO) run ./cmd/kvipam-image --out $(BIN)/kvipam-image.tar --ref $(IMAGE) --arch $(IMAGE_ARCHS) --ldflags '$(LDFLAGS)' --manifests $(MANIFESTS) --manifest-dir $(BIN)
+
+# A release (docs/releasing.md): make release VERSION=v1.2.3 builds every
+# released command for linux/amd64 and linux/arm64 and the image archive,
+# stamped with that VERSION, into bin/release/$(VERSION)/ with SHA256SUMS.
+# It refuses a VERSION that is not semver, a dirty tree, and a VERSION with
+# no CHANGELOG.md section. The steps are in scripts/release.sh.
+release:
+	VERSION='$(VERSION)' COMMIT='$(COMMIT)' LDFLAGS='$(LDFLAGS)' GO='$(GO)' MAKE='$(MAKE)' ./scripts/release.sh
 
 lint: check-layout
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
