@@ -66,14 +66,14 @@ fi
 # 3. The binaries, per architecture, with the flags kvipam-image uses (so
 # each is byte for byte the one in the image): static, -trimpath, no
 # symbol table and no build ID, plus the version and commit.
-mkdir -p "$out"
-stage=$(mktemp -d)
-trap 'rm -rf "$stage"' EXIT
 pkgs=()
 for c in $cmds; do
 	[ -d "cmd/$c" ] || die "no command cmd/$c"
 	pkgs+=("./cmd/$c")
 done
+mkdir -p "$out"
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
 for arch in $archs; do
 	echo "release: building ${cmds// /, } for linux/$arch" >&2
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch \
