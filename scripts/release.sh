@@ -64,8 +64,8 @@ fi
 [ ! -e "$out" ] || die "$out already exists: a release is never overwritten (remove it to build again)"
 
 # 3. The binaries, per architecture, with the flags kvipam-image uses (so
-# each is byte for byte the one in the image): static, -trimpath, no
-# symbol table and no build ID, plus the version and commit.
+# those the image carries too are byte for byte the same): static,
+# -trimpath, no symbol table and no build ID, plus the version and commit.
 pkgs=()
 for c in $cmds; do
 	[ -d "cmd/$c" ] || die "no command cmd/$c"
