@@ -346,6 +346,12 @@ func (a *Allocator) fulfil(ctx context.Context, p *planner.Plan, need planner.Ne
 			return err
 		}
 		p.Bound(cur)
+	case planner.Release:
+		for _, al := range need.Allocs {
+			if err := a.release(ctx, ps, al); err != nil {
+				return fmt.Errorf("release %s, which a takeover of its identity's addresses would double: %w", al.Addr, err)
+			}
+		}
 	case planner.Fence:
 		fence, err := a.fence.get(ctx)
 		if err != nil {

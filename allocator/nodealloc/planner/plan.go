@@ -126,6 +126,9 @@ const (
 	ReadBound
 	// Fence gets this node's borrow fence; fold with Fence.
 	Fence
+	// Release releases Allocs, the owner's addresses that a takeover of
+	// its identity's would double.
+	Release
 )
 
 // Need is what Advance asks of the driver.
@@ -136,6 +139,7 @@ type Need struct {
 	Addr   netip.Addr
 	First  *records.Record
 	Refs   []records.IPRef
+	Allocs []*records.Allocation
 }
 
 // Start begins planning r. pendErr is the error of the last attempt to

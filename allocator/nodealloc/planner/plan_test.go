@@ -254,6 +254,23 @@ func TestPlannerDecisions(t *testing.T) {
 		}}, {want: Fence, fold: func(w *world, p *Plan, n Need) { p.Fence(11) }}},
 		asked: []NeedKind{ReadBinding, ReadBound, Fence, Done}, writes: []string{"10.0.0.9"},
 	}, {
+		name: "a takeover first releases what the owner holds of its own in the families it takes",
+		setup: func(w *world) {
+			w.own("10.0.0.0/30", 5)
+			w.hold(owner("a"), "10.0.0.1", 6, false) // an earlier try's write that landed, read back
+		},
+		req: Request{Pool: "p", Owner: owner("a"), Families: v4, Sticky: &records.Sticky{Identity: "ns/web-0", Window: time.Minute}},
+		steps: []step{{want: ReadBinding, fold: func(w *world, p *Plan, n Need) {
+			p.Binding(records.Binding{Identity: "ns/web-0", Node: "node-b", Pool: "p", Addrs: []netip.Addr{netip.MustParseAddr("10.0.0.9")}, Rev: 3, WindowSeconds: 60, Since: t0}, true)
+		}}, {want: ReadBound, fold: func(w *world, p *Plan, n Need) {
+			p.Bound(map[netip.Addr]records.Allocation{netip.MustParseAddr("10.0.0.9"): {Record: records.Record{Owner: owner("b"), State: records.StateKept, Identity: "ns/web-0"}, Rev: 4}})
+		}}, {want: Release, fold: func(w *world, p *Plan, n Need) {
+			require.Len(w.t, n.Allocs, 1)
+			require.Equal(w.t, "10.0.0.1", n.Allocs[0].Addr.String())
+			w.n.Released(w.ps, n.Allocs[0])
+		}}, {want: Fence, fold: func(w *world, p *Plan, n Need) { p.Fence(11) }}},
+		asked: []NeedKind{ReadBinding, ReadBound, Release, Fence, Done}, writes: []string{"10.0.0.9"},
+	}, {
 		name:  "a takeover onto a node the selector leaves out",
 		pool:  func(p *allocator.Pool) { p.NodeSelector = "rack=r1" },
 		setup: func(w *world) {},

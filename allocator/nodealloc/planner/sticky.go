@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 )
 
@@ -112,6 +113,13 @@ func (n *Node) advanceSticky(p *Plan) (Need, error) {
 			// Taking kept addresses back is not handing out new ones.
 			n.note(Debug, "sticky identity takes its addresses back in a disabled pool", "identity", b.Identity)
 		}
+		if stray := strays(ps, r.Owner, b); len(stray) > 0 {
+			// The owner holds addresses of its own in the families the
+			// takeover gives it (an earlier try's write that landed,
+			// its answer lost, read back at a restart): taken over too,
+			// it would hold two of a family. They go first.
+			return Need{Kind: Release, Allocs: stray}, nil
+		}
 		s.stage = skFenced
 		for _, ref := range s.refs {
 			if ps.own[ref.Block] == nil && s.fence == 0 {
@@ -123,6 +131,22 @@ func (n *Node) advanceSticky(p *Plan) (Need, error) {
 		return n.takeover(p)
 	}
 	return Need{}, fmt.Errorf("sticky plan of %s: stage %d out of order", r.Owner.Key(), s.stage)
+}
+
+// strays lists what owner o holds in ps, in the families of b's
+// addresses, at addresses b does not name.
+func strays(ps *Pool, o records.Owner, b records.Binding) []*records.Allocation {
+	fams := map[allocator.Family]bool{}
+	for _, a := range b.Addrs {
+		fams[allocator.FamilyOf(a)] = true
+	}
+	var out []*records.Allocation
+	for _, al := range ps.byOwner[o.Key()] {
+		if fams[allocator.FamilyOf(al.Addr)] && !slices.Contains(b.Addrs, al.Addr) {
+			out = append(out, al)
+		}
+	}
+	return out
 }
 
 // unsynced names b's addresses, which name owner o, that the cache does
