@@ -181,10 +181,6 @@ func sortBlocks(bs []netip.Prefix) {
 	sort.Slice(bs, func(i, j int) bool { return allocator.BlockName(bs[i]) < allocator.BlockName(bs[j]) })
 }
 
-func sortAddrs(as []netip.Addr) {
-	sort.Slice(as, func(i, j int) bool { return as[i].String() < as[j].String() })
-}
-
 func sortIPKeys(ks []ipKey) {
 	sort.Slice(ks, func(i, j int) bool {
 		a, b := ks[i], ks[j]
