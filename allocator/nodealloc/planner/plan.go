@@ -252,7 +252,7 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 		// Lapsed reservations, lent addresses given back and, last, the
 		// oldest address still cooling free room before a new block is
 		// claimed.
-		for _, addr := range slices.SortedFunc(mapKeys(ps.expires), netip.Addr.Compare) {
+		for _, addr := range sortedAddrs(ps.expires) {
 			if al := ps.byAddr[addr]; al != nil && allocator.FamilyOf(addr) == f {
 				n.dropIfLapsed(ps, al)
 			}
@@ -437,14 +437,4 @@ func (n *Node) dropIfLapsed(ps *Pool, al *records.Allocation) bool {
 	n.ended(al, "reservation lapsed")
 	n.events = append(n.events, Event{Kind: Lapsed, Al: *al, End: exp})
 	return true
-}
-
-func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -348,7 +349,7 @@ func (ps *Pool) exhausted(f allocator.Family) error {
 
 // sortedAddrs lists m's addresses in order.
 func sortedAddrs[V any](m map[netip.Addr]V) []netip.Addr {
-	return slices.SortedFunc(mapKeys(m), netip.Addr.Compare)
+	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
 }
 
 // drop removes al from the cache and frees its address in the bitmap.
