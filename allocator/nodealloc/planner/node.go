@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
@@ -29,6 +30,7 @@ type Node struct {
 	now    func() time.Time
 	held   func() []netip.Addr
 	pools  map[string]*Pool
+	order  []*Pool // pools by name; changes only with the pools served
 	events []Event
 }
 
@@ -53,14 +55,9 @@ func (n *Node) Pool(name string) (*Pool, error) {
 // Lookup returns the cache of a served pool, or nil.
 func (n *Node) Lookup(name string) *Pool { return n.pools[name] }
 
-// Pools lists the served pools by name.
-func (n *Node) Pools() []*Pool {
-	out := make([]*Pool, 0, len(n.pools))
-	for _, name := range slices.Sorted(maps.Keys(n.pools)) {
-		out = append(out, n.pools[name])
-	}
-	return out
-}
+// Pools lists the served pools by name. The slice is the node's own:
+// read it, never change it.
+func (n *Node) Pools() []*Pool { return n.order }
 
 // Replace makes pools the served pools (a restore read them all).
 func (n *Node) Replace(pools []*Pool) {
@@ -68,6 +65,17 @@ func (n *Node) Replace(pools []*Pool) {
 	for _, ps := range pools {
 		n.pools[ps.spec.Name] = ps
 	}
+	n.sortPools()
+}
+
+// serve adds ps to the served pools.
+func (n *Node) serve(ps *Pool) {
+	n.pools[ps.spec.Name] = ps
+	n.sortPools()
+}
+
+func (n *Node) sortPools() {
+	n.order = slices.SortedFunc(maps.Values(n.pools), func(x, y *Pool) int { return strings.Compare(x.spec.Name, y.spec.Name) })
 }
 
 // selected reports whether ps's node selector chooses this node: only
@@ -138,8 +146,11 @@ func (n *Node) AnyPending(o records.Owner) bool {
 // pool, in address order.
 func (n *Node) Parked() []records.IPRef {
 	var refs []records.IPRef
-	for _, ps := range n.Pools() {
-		for _, addr := range slices.SortedFunc(maps.Keys(ps.unknown), netip.Addr.Compare) {
+	for _, ps := range n.order {
+		if len(ps.unknown) == 0 {
+			continue
+		}
+		for _, addr := range sortedAddrs(ps.unknown) {
 			refs = append(refs, ps.unknown[addr].ref)
 		}
 	}

@@ -106,7 +106,7 @@ func (n *Node) Update(p allocator.Pool) {
 		// New in etcd: the node holds nothing in it, since a pool is
 		// deleted only once nothing is left in it.
 		ps = n.Read(p)
-		n.pools[p.Name] = ps
+		n.serve(ps)
 		if ps.refused == nil {
 			n.note(Info, "serving a new pool", "pool", p.Name, "rev", p.Rev, "cidrs", len(p.CIDRs), "node_selector", p.NodeSelector, "selected", n.selected(ps))
 		}

@@ -53,6 +53,13 @@ func RefsOf(als []*records.Allocation) []records.IPRef {
 // and the cache at each address is what etcd holds (settleAddr).
 func (n *Node) ReadBack(refs []records.IPRef, got map[netip.Addr]records.Allocation, exp map[int64]time.Time) {
 	now := n.now()
+	var held map[netip.Addr]bool // the endpoints' addresses, read once if needed
+	heldAt := func(addr netip.Addr) bool {
+		if held == nil {
+			held = n.HeldSet()
+		}
+		return held[addr]
+	}
 	for _, ref := range refs {
 		ps := n.pools[ref.Pool]
 		if ps == nil {
@@ -64,7 +71,7 @@ func (n *Node) ReadBack(refs []records.IPRef, got map[netip.Addr]records.Allocat
 			al.Seen = now
 			cur = &al
 		}
-		n.settleAddr(ps, ref.Addr, cur, exp)
+		n.settleAddr(ps, ref.Addr, cur, exp, heldAt)
 	}
 }
 
@@ -72,7 +79,7 @@ func (n *Node) ReadBack(refs []records.IPRef, got map[netip.Addr]records.Allocat
 // for nothing; exp the expiry of leases). An allocation the cache held at
 // addr that etcd no longer has was released: its address cools. The bit
 // of an own block's address stays marked while anything holds it.
-func (n *Node) settleAddr(ps *Pool, addr netip.Addr, cur *records.Allocation, exp map[int64]time.Time) {
+func (n *Node) settleAddr(ps *Pool, addr netip.Addr, cur *records.Allocation, exp map[int64]time.Time, held func(netip.Addr) bool) {
 	var until time.Time
 	if cur != nil {
 		until = exp[cur.Lease]
@@ -100,7 +107,7 @@ func (n *Node) settleAddr(ps *Pool, addr netip.Addr, cur *records.Allocation, ex
 	case ob == nil || ps.planned[addr]:
 	case dropped != nil && ps.spec.Cooldown() > 0:
 		ps.coolAt(addr, n.now())
-	case dropped != nil || ps.cool.at[addr].IsZero() && !n.HeldSet()[addr]:
+	case dropped != nil || ps.cool.at[addr].IsZero() && !held(addr):
 		ob.ba.Unmark(addr)
 	}
 }
