@@ -153,17 +153,8 @@ var edgeTests = []test{
 		// A kept borrowed address keeps its home on the window's lease,
 		// and the lender's own takeover of it ends the loan.
 		revA, _ := f.claim(t, "lender", blockA)
-		fence, err := f.Store.FenceBorrower(f.ctx, records.Claim{Node: "n1"}, f.Grant(time.Minute))
-		require.NoError(t, err)
 		a := addr("10.0.0.5")
-		rec := f.rec(1, "n1", records.StateAllocated)
-		rec.Borrowed, rec.Identity = true, identity
-		bd := records.Binding{Pool: "p", Identity: identity, Addrs: []netip.Addr{a}, Owner: owner(1), Node: "n1", WindowSeconds: 30}
-		res, err := f.Store.WriteBound(f.ctx, bd, []records.IPWrite{{Pool: "p", Block: blockA, ClaimRev: fence, Addr: a, Record: rec, Borrowed: true}})
-		require.NoError(t, err)
-		bd.Rev = res.Rev
-		_, err = f.Store.Keep(f.ctx, bd, []records.Allocation{f.get(t, blockA, a, res.Rev)})
-		require.NoError(t, err)
+		f.keepBorrowed(t, a)
 		kept := f.get(t, blockA, a, 0)
 		require.True(t, kept.Borrowed)
 		snap, err := f.Store.PoolSnapshot(f.ctx, "p")
@@ -184,17 +175,8 @@ var edgeTests = []test{
 	}},
 	{"edges/keep-lapse-takes-lent", func(t *testing.T, f *fixture) {
 		f.claim(t, "lender", blockA)
-		fence, err := f.Store.FenceBorrower(f.ctx, records.Claim{Node: "n1"}, f.Grant(time.Minute))
-		require.NoError(t, err)
 		a := addr("10.0.0.6")
-		rec := f.rec(1, "n1", records.StateAllocated)
-		rec.Borrowed, rec.Identity = true, identity
-		bd := records.Binding{Pool: "p", Identity: identity, Addrs: []netip.Addr{a}, Owner: owner(1), Node: "n1", WindowSeconds: 30}
-		res, err := f.Store.WriteBound(f.ctx, bd, []records.IPWrite{{Pool: "p", Block: blockA, ClaimRev: fence, Addr: a, Record: rec, Borrowed: true}})
-		require.NoError(t, err)
-		bd.Rev = res.Rev
-		_, err = f.Store.Keep(f.ctx, bd, []records.Allocation{f.get(t, blockA, a, res.Rev)})
-		require.NoError(t, err)
+		f.keepBorrowed(t, a)
 		kb, _, err := f.Store.GetBinding(f.ctx, "p", identity)
 		require.NoError(t, err)
 		f.Revoke(kb.Lease)
@@ -203,6 +185,22 @@ var edgeTests = []test{
 		require.NoError(t, err)
 		require.Empty(t, lent)
 	}},
+}
+
+// keepBorrowed has node n1 borrow a in blockA (another node's) for the
+// sticky identity, bound, and keep it after its pod's DEL.
+func (f *fixture) keepBorrowed(t *testing.T, a netip.Addr) {
+	t.Helper()
+	fence, err := f.Store.FenceBorrower(f.ctx, records.Claim{Node: "n1"}, f.Grant(time.Minute))
+	require.NoError(t, err)
+	rec := f.rec(1, "n1", records.StateAllocated)
+	rec.Borrowed, rec.Identity = true, identity
+	bd := records.Binding{Pool: "p", Identity: identity, Addrs: []netip.Addr{a}, Owner: owner(1), Node: "n1", WindowSeconds: 30}
+	res, err := f.Store.WriteBound(f.ctx, bd, []records.IPWrite{{Pool: "p", Block: blockA, ClaimRev: fence, Addr: a, Record: rec, Borrowed: true}})
+	require.NoError(t, err)
+	bd.Rev = res.Rev
+	_, err = f.Store.Keep(f.ctx, bd, []records.Allocation{f.get(t, blockA, a, res.Rev)})
+	require.NoError(t, err)
 }
 
 // txnSizeTests: etcd refuses a transaction of more than --max-txn-ops
