@@ -34,21 +34,14 @@ func (l memLease) Lost() bool { return !l.st.LeaseAlive(l.id) }
 // release it (TestModelSimulated, seed 20261202, step 213442).
 func TestReleaseFailedWhileBlockReloadedIsNotReleased(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New(memstore.Options{ReservationTTL: time.Minute})
-	pool := allocator.Pool{Name: "p", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.92.0.0/28")}}
-	_, err := st.EnsurePool(ctx, pool)
-	require.NoError(t, err)
-	hook := newHookStore(st)
-	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: hook, Now: st.Now})
-	require.NoError(t, err)
-	require.NoError(t, al.Restore(ctx, memLease{st: st, id: st.Grant(30 * time.Second)}))
+	st, hook, al, pool := memNode(t)
 
 	o := records.Owner{ContainerID: "c1", IfName: "eth0"}
 	// The claim carrying the first address lands and its answer is
 	// lost; the adoption of the claim cannot read the block yet.
 	hook.After("Claim", commitThenFail(1))
 	hook.Before("ListIPs", failTimes(1, errTimedOut("ListIPs")))
-	_, err = al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: true})
+	_, err := al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o, Reserve: true})
 	require.Error(t, err)
 	held := st.PoolIPs(pool.Name)
 	require.Len(t, held, 1, "the claim and its first address landed")
@@ -117,14 +110,7 @@ func TestReservationReadBackNotLapsedEarly(t *testing.T) {
 // 31337, step 30870).
 func TestReleaseConflictUnreadBlockReadBack(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New(memstore.Options{ReservationTTL: time.Minute})
-	pool := allocator.Pool{Name: "p", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.92.0.0/28")}}
-	_, err := st.EnsurePool(ctx, pool)
-	require.NoError(t, err)
-	hook := newHookStore(st)
-	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: hook, Now: st.Now})
-	require.NoError(t, err)
-	require.NoError(t, al.Restore(ctx, memLease{st: st, id: st.Grant(30 * time.Second)}))
+	st, hook, al, pool := memNode(t)
 	o := records.Owner{ContainerID: "c1", IfName: "eth0"}
 	res, err := al.Allocate(ctx, nodealloc.Request{Pool: pool.Name, Owner: o})
 	require.NoError(t, err)
@@ -147,4 +133,20 @@ func TestReleaseConflictUnreadBlockReadBack(t *testing.T) {
 	for _, x := range res.Allocations {
 		require.True(t, held[x.Addr], "the ADD was answered %s, which etcd does not hold for the owner", x.Addr)
 	}
+}
+
+// memNode is node n1's allocator, restored, on a hooked memstore holding
+// one small pool.
+func memNode(t *testing.T) (*memstore.Store, *hookStore, *nodealloc.Allocator, allocator.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	st := memstore.New(memstore.Options{ReservationTTL: time.Minute})
+	pool := allocator.Pool{Name: "p", BlockSizeV4: 29, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.92.0.0/28")}}
+	_, err := st.EnsurePool(ctx, pool)
+	require.NoError(t, err)
+	hook := newHookStore(st)
+	al, err := nodealloc.New(nodealloc.Config{Node: "n1", Store: hook, Now: st.Now})
+	require.NoError(t, err)
+	require.NoError(t, al.Restore(ctx, memLease{st: st, id: st.Grant(30 * time.Second)}))
+	return st, hook, al, pool
 }
