@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,28 +34,61 @@ import (
 // (seeded by CHAOS_SEED), for CHAOS_DURATION. The history checker then
 // proves no address had two live owners, no answered ADD lost its
 // allocation and nothing leaked. It runs only when CHAOS_DURATION is set
-// (make chaos).
+// (make chaos). CHAOS_MIXED=v0.1.0 makes it a mixed-version run
+// (chaosversions_test.go): each node starts on that release or on HEAD,
+// and nodes are upgraded and rolled back during the run.
 func TestChaosRun(t *testing.T) {
 	dur, err := time.ParseDuration(os.Getenv("CHAOS_DURATION"))
 	if err != nil || dur <= 0 {
 		t.Skip("set CHAOS_DURATION (make chaos) to run the chaos workload")
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		seed, err = strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err, "CHAOS_SEED")
-	}
-	nodes := 4
+	cfg := chaosConfig{seed: chaosSeed(t), duration: dur, nodes: 4, routing: chaosRouting(t), mixed: os.Getenv("CHAOS_MIXED")}
 	if s := os.Getenv("CHAOS_NODES"); s != "" {
-		nodes, err = strconv.Atoi(s)
+		cfg.nodes, err = strconv.Atoi(s)
 		require.NoError(t, err, "CHAOS_NODES")
 	}
-	routing := chaosRouting(t)
-	t.Logf("chaos: seed=%d duration=%s nodes=%d routing=%q (replay with CHAOS_SEED=%d)", seed, dur, nodes, routing, seed)
+	runChaos(t, cfg)
+}
+
+// chaosSeed is CHAOS_SEED, or a new seed.
+func chaosSeed(t *testing.T) uint64 {
+	s := os.Getenv("CHAOS_SEED")
+	if s == "" {
+		return uint64(time.Now().UnixNano())
+	}
+	seed, err := strconv.ParseUint(s, 10, 64)
+	require.NoError(t, err, "CHAOS_SEED")
+	return seed
+}
+
+// chaosConfig is one chaos run's shape.
+type chaosConfig struct {
+	seed     uint64
+	duration time.Duration
+	nodes    int
+	// routing is "" (routes) or "bgp" (CHAOS_ROUTING).
+	routing string
+	// mixed, if set, is the release (v0.1.0) the nodes run beside HEAD:
+	// a mixed-version run.
+	mixed string
+}
+
+// runChaos runs one chaos workload and checks its whole history.
+func runChaos(t *testing.T, cfg chaosConfig) {
+	seed, dur, nodes, routing := cfg.seed, cfg.duration, cfg.nodes, cfg.routing
+	t.Logf("chaos: seed=%d duration=%s nodes=%d routing=%q mixed=%q (replay with CHAOS_SEED=%d)", seed, dur, nodes, routing, cfg.mixed, seed)
 	rng := rand.New(rand.NewPCG(seed, 19))
 
+	head := bins(t)
+	var v *chaosVersions
+	starts := slices.Repeat([]chaosBuild{{version: headVersion, dir: head}}, nodes)
+	if cfg.mixed != "" {
+		v = newChaosVersions(t, cfg.mixed, head, rng, nodes)
+		starts = v.startBuilds(nodes)
+	}
 	c := cluster.Start(t, cluster.Options{})
 	rec := chaos.Record(context.Background(), c.Client(t, cluster.RootUser))
+	ctl := clusterCtl(t, c, head) // HEAD's kvipamctl, the operator's
 	r := newRouter(t)
 	var fabric *chaosBGP
 	if routing == "bgp" {
@@ -62,14 +96,15 @@ func TestChaosRun(t *testing.T) {
 	}
 	members := make([]*chaosNode, nodes)
 	for i := range members {
-		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i, fabric)
+		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i, fabric, starts[i])
 	}
 	if fabric != nil {
 		fabric.start(t, members)
 	}
 
 	f := &chaosFaults{t: t, c: c, members: members, rng: rng, cli: c.Client(t, cluster.RootUser)}
-	w := &chaosWorkload{t: t, members: members, seed: seed, until: time.Now().Add(dur), faults: f}
+	w := &chaosWorkload{t: t, members: members, seed: seed, faults: f}
+	w.extend(time.Now().Add(dur))
 	var wg sync.WaitGroup
 	for i := range 2 * nodes {
 		wg.Go(func() { w.worker(i) })
@@ -77,17 +112,30 @@ func TestChaosRun(t *testing.T) {
 	// A run that ends early (a failed require) stops its workers before
 	// the cleanups run, so that they make no namespace after them.
 	defer func() { w.stopped.Store(true); wg.Wait() }()
-	// Every kind once, in order, then at random.
-	for k := 0; time.Now().Before(w.until); k++ {
+	// Every kind once, in order (the run lasts until they have fired,
+	// the workload going on), then at random.
+	kinds, ordered := faultKinds, faultKinds
+	if v != nil {
+		v.begin(members, ctl)
+		kinds, ordered = append(slices.Clone(faultKinds), versionSteps...), v.plan(faultKinds)
+	}
+	for k := 0; k < len(ordered) || time.Now().Before(w.deadline()); k++ {
 		time.Sleep(time.Duration(2000+rng.IntN(3000)) * time.Millisecond) // pacing, not synchronisation
-		if time.Now().After(w.until) {
-			break
+		var kind string
+		switch {
+		case k < len(ordered):
+			kind = ordered[k]
+			w.extend(time.Now().Add(30 * time.Second))
+		case time.Now().After(w.deadline()):
+			continue // the loop ends
+		default:
+			kind = kinds[rng.IntN(len(kinds))]
 		}
-		kind := k
-		if k >= len(faultKinds) {
-			kind = rng.IntN(len(faultKinds))
+		if slices.Contains(versionSteps, kind) {
+			v.step(kind)
+		} else {
+			f.inject(kind)
 		}
-		f.inject(faultKinds[kind])
 	}
 	wg.Wait()
 	f.heal()
@@ -111,7 +159,6 @@ func TestChaosRun(t *testing.T) {
 	ops := w.history()
 	findings := chaos.Check(ops, changes, final, end)
 	findings = append(findings, chaos.Placement(changes, rec.Homes())...)
-	ctl := members[0].n.clusterCtl(c)
 	ivs := ipHistory(t, ctl, netip.MustParsePrefix("10.12.0.0/28"))
 	findings = append(findings, chaos.History(ops, ivs, end)...)
 	var bgpFigures string
@@ -144,6 +191,9 @@ func TestChaosRun(t *testing.T) {
 			}
 		}
 	}
+	if v != nil {
+		v.report() // every step kind fired: the ordered plan has them all
+	}
 	if out, err := ctl("check"); err != nil {
 		t.Errorf("kvipamctl check after the run: %v\n%s", err, out)
 	}
@@ -158,6 +208,9 @@ func TestChaosRun(t *testing.T) {
 		skipped += n
 	}
 	summary := fmt.Sprintf("chaos: seed=%d ops=%d faults=%d skipped=%d duplicates=%d lost=%d leaks=%d", seed, len(ops), f.total, skipped, counts["duplicate"], counts["lost"], counts["leak"])
+	if v != nil {
+		summary += " " + v.figures()
+	}
 	if bgpFigures != "" {
 		summary += " " + bgpFigures
 	}
@@ -192,15 +245,23 @@ type chaosNode struct {
 	routedNode
 	proxies []*cutproxy.Proxy
 	state   string
+	// bins is the node's own directory of kvipam's binaries, and version
+	// the build they are (headVersion, or a release's): a mixed run
+	// upgrades and rolls the node back by switching them.
+	bins    *nodeBins
+	version string
 }
 
-// joinChaos starts node name at .host of subnet A; with a BGP fabric its
+// joinChaos starts node name at .host of subnet A, on the binaries of
+// build (a build's name and its bin directory); with a BGP fabric its
 // agent runs in the node's namespace, its proxies listen there, and it
 // announces to the fabric's router.
-func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int, fabric *chaosBGP) *chaosNode {
+func joinChaos(t *testing.T, c *cluster.Cluster, r *router, name string, host int, fabric *chaosBGP, build chaosBuild) *chaosNode {
 	n := newNode(t, name)
 	addr := r.attach(t, n, "A", host)
-	cn := &chaosNode{state: filepath.Join(n.dir, "state")}
+	cn := &chaosNode{state: filepath.Join(n.dir, "state"), version: build.version}
+	cn.bins = newNodeBins(t, filepath.Join(n.dir, "bin"), build.dir)
+	n.useBins(cn.bins.dir)
 	var endpoints []string
 	for _, ep := range c.Endpoints() {
 		u, err := url.Parse(ep)
@@ -239,13 +300,28 @@ type chaosWorkload struct {
 	members []*chaosNode
 	faults  *chaosFaults
 	seed    uint64
-	until   time.Time
-	failed  atomic.Int64
+	// until is when the workers stop starting pods (unix nanoseconds):
+	// extend, deadline.
+	until  atomic.Int64
+	failed atomic.Int64
 	// stopped ends the workers early: the run failed.
 	stopped atomic.Bool
 	mu      sync.Mutex
 	ops     []chaos.Op
 }
+
+// extend makes the run last until t at least.
+func (w *chaosWorkload) extend(t time.Time) {
+	for {
+		old := w.until.Load()
+		if old >= t.UnixNano() || w.until.CompareAndSwap(old, t.UnixNano()) {
+			return
+		}
+	}
+}
+
+// deadline is when the workers stop.
+func (w *chaosWorkload) deadline() time.Time { return time.Unix(0, w.until.Load()) }
 
 func (w *chaosWorkload) record(op chaos.Op) {
 	w.mu.Lock()
@@ -264,7 +340,7 @@ func (w *chaosWorkload) history() []chaos.Op {
 
 func (w *chaosWorkload) worker(id int) {
 	rng := rand.New(rand.NewPCG(w.seed, uint64(id)+100))
-	for gen := 0; time.Now().Before(w.until) && !w.stopped.Load(); gen++ {
+	for gen := 0; time.Now().Before(w.deadline()) && !w.stopped.Load(); gen++ {
 		m := w.members[rng.IntN(len(w.members))]
 		p, release, err := newEphemeralPod(w.t, fmt.Sprintf("w%d-%d", id, gen))
 		if err != nil {
@@ -293,7 +369,7 @@ func (w *chaosWorkload) worker(id int) {
 		w.record(op)
 		if err == nil {
 			time.Sleep(time.Duration(200+rng.IntN(3000)) * time.Millisecond) // the pod's life
-			if time.Now().After(w.until) {
+			if time.Now().After(w.deadline()) {
 				return // live at the end: it must still hold its address (released at cleanup)
 			}
 			_ = m.n.check(m.l, p)

@@ -132,11 +132,11 @@ func newNode(t testing.TB, name string) *node {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	n := &node{
-		t: t, name: name, bin: bin, host: newNS(t), dir: dir,
+		t: t, name: name, host: newNS(t), dir: dir,
 		socket: filepath.Join(dir, "agent.sock"), queue: filepath.Join(dir, "plugin-del-queue"),
 		agentLog: filepath.Join(dir, "agent.log"),
 	}
-	n.cni = libcni.NewCNIConfigWithCacheDir([]string{bin}, filepath.Join(dir, "cni-cache"), nil)
+	n.useBins(bin)
 
 	h := nlHandle(t, n.host)
 	lo, err := h.LinkByName("lo")
@@ -156,6 +156,14 @@ func newNode(t testing.TB, name string) *node {
 		return nil
 	}))
 	return n
+}
+
+// useBins makes dir the node's directory of binaries: its agent's,
+// kvipamctl's and its CNI plugins'. Call it before the node is used (its
+// plugins run while the test runs, from other goroutines).
+func (n *node) useBins(dir string) {
+	n.bin = dir
+	n.cni = libcni.NewCNIConfigWithCacheDir([]string{dir}, filepath.Join(n.dir, "cni-cache"), nil)
 }
 
 // do runs f with the calling thread in the node's host namespace: a
@@ -378,10 +386,17 @@ func datapathFlag() string {
 // root user (TLS): it appends the endpoints and client files to args.
 func (n *node) clusterCtl(c *cluster.Cluster) func(args ...string) ([]byte, error) {
 	n.t.Helper()
+	return clusterCtl(n.t, c, n.bin)
+}
+
+// clusterCtl returns a runner of bin's kvipamctl against cluster c as
+// its root user (TLS).
+func clusterCtl(t testing.TB, c *cluster.Cluster, bin string) func(args ...string) ([]byte, error) {
+	t.Helper()
 	f, err := c.ClientConfig(cluster.RootUser)
-	require.NoError(n.t, err)
+	require.NoError(t, err)
 	return func(args ...string) ([]byte, error) {
 		args = append(args, "--endpoints", strings.Join(c.Endpoints(), ","), "--cacert", f.CAFile, "--cert", f.CertFile, "--key", f.KeyFile)
-		return exec.Command(filepath.Join(n.bin, "kvipamctl"), args...).CombinedOutput()
+		return exec.Command(filepath.Join(bin, "kvipamctl"), args...).CombinedOutput()
 	}
 }
