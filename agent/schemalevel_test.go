@@ -106,7 +106,7 @@ func TestFeatureWaitsForOldestAgent(t *testing.T) {
 	old := runAgent(t, olderAgent(t, ocfg))
 	_, _, err = st.CancelDowngrade(ctx, "test")
 	require.NoError(t, err)
-	set, raised, err := st.RaiseSchema(ctx, "test", "test")
+	set, raised, err := st.RaiseSchema(ctx, schema.Highest(), "test", "test")
 	require.NoError(t, err)
 	require.False(t, raised, "a live node of level 1 keeps the level at 1")
 	require.Equal(t, schema.Base, set.Level)
@@ -202,7 +202,7 @@ func TestDowngradeBelowLevelRefused(t *testing.T) {
 	// Held: the agent of level 2 does not raise it (RaiseSchema is what
 	// its raiser calls on every node change; the older agent's start was
 	// one), and the feature is refused.
-	set, raised, err := st.RaiseSchema(ctx, "test", "test")
+	set, raised, err := st.RaiseSchema(ctx, schema.Highest(), "test", "test")
 	require.NoError(t, err)
 	require.False(t, raised)
 	require.Equal(t, schema.Base, set.Level)

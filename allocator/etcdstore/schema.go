@@ -84,14 +84,22 @@ func (s *Store) liveNodes(ctx context.Context) ([]NodeRecord, int64, error) {
 // nodes, if that is above it and no downgrade holds it, in one
 // compare-and-swap with the node records read: a node that joined or
 // changed meanwhile fails it, and it is tried again. by and version name
-// the writer. It returns the setting as it now is.
-func (s *Store) RaiseSchema(ctx context.Context, by, version string) (SchemaSetting, bool, error) {
+// the writer. want is the level the caller's view of the nodes expects:
+// if the stored level is already there (another agent raised it), or a
+// downgrade holds it, the node records are not read at all, so that a
+// fleet that sees its last node upgraded does not list every node record
+// once per agent. It returns the setting as it now is.
+func (s *Store) RaiseSchema(ctx context.Context, want schema.Level, by, version string) (SchemaSetting, bool, error) {
 	var out SchemaSetting
 	var raised bool
 	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
 		cur, err := s.ReadSchema(ctx)
 		if err != nil {
 			return err
+		}
+		if cur.Level >= want || cur.Downgrade {
+			out, raised = cur, false
+			return nil
 		}
 		nodes, rev, err := s.liveNodes(ctx)
 		if err != nil {

@@ -137,7 +137,7 @@ func (b *etcdBackend) newSession(n *mNode) (modelSession, error) {
 	}
 	// The agents raise the cluster's schema level once every live node
 	// understands it (agent.schemaRaiser): pool-max-blocks is usable.
-	if _, _, err := st.RaiseSchema(b.r.ctx, n.name, "model"); err != nil {
+	if _, _, err := st.RaiseSchema(b.r.ctx, schema.Highest(), n.name, "model"); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("raise the schema level: %w", err)
 	}
@@ -321,7 +321,7 @@ func (b *etcdBackend) updatePool(change func(p *allocator.Pool) error) error {
 	// it again).
 	before, err := st.ReadSchema(b.r.ctx)
 	if err == nil {
-		_, _, rerr := st.RaiseSchema(b.r.ctx, "model", "model")
+		_, _, rerr := st.RaiseSchema(b.r.ctx, schema.Highest(), "model", "model")
 		after, aerr := etcdstore.New(b.check, etcdstore.Options{}).ReadSchema(b.r.ctx)
 		require.NoError(b.r.t, aerr)
 		if after.Level < before.Level {

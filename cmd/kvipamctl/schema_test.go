@@ -39,7 +39,7 @@ func TestSchemaCommands(t *testing.T) {
 	// The agents raise the level once n0 is gone (agent.schemaRaiser;
 	// done by hand here), and set-max-blocks is accepted.
 	old.Kill(t)
-	_, raised, err := st.RaiseSchema(ctx, "n1", "test")
+	_, raised, err := st.RaiseSchema(ctx, schema.Highest(), "n1", "test")
 	require.NoError(t, err)
 	require.True(t, raised)
 	require.Contains(t, h.ok("pool", "set-max-blocks", "small", "2"), "max blocks per node 2")
