@@ -116,7 +116,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	// the workload going on), then at random.
 	kinds, ordered := faultKinds, faultKinds
 	if v != nil {
-		v.begin(members, ctl)
+		v.begin(members, c.Client(t, cluster.RootUser), ctl)
 		kinds, ordered = append(slices.Clone(faultKinds), versionSteps...), v.plan(faultKinds)
 	}
 	for k := 0; k < len(ordered) || time.Now().Before(w.deadline()); k++ {

@@ -1,25 +1,30 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/internal/testsupport/releasetest"
 )
 
 // A mixed-version chaos run (CHAOS_MIXED=v0.1.0 make chaos, and its short
 // form TestMixedVersionChaos): each node starts on the previous release's
 // binaries or on HEAD's, and the run upgrades nodes and rolls them back
-// beside the faults, as an operator does (docs/operations.md): node by
-// node, the downgrade enabled before the first node goes back, cancelled
-// once every node runs HEAD again.
+// beside the faults, as an operator does (docs/etcd-schema.md, "Schema
+// levels"): node by node, the downgrade enabled before the first node
+// goes back, cancelled once every node runs HEAD again.
 
 // TestMixedVersionChaos is the mixed-version chaos run's short form
 // (make test): 3 nodes, each starting on the previous release or on HEAD
@@ -88,17 +93,30 @@ func (b *nodeBins) install(from string) error {
 	return nil
 }
 
-// chaosVersions takes a mixed run's version steps. The run's injector
-// loop alone calls it, one step or fault at a time: not safe for
-// concurrent use.
+// chaosVersions takes a mixed run's version steps. The faults restart a
+// node's agent on whatever build it is on. After a rollback the
+// procedure holds the cluster's level at the release's while a node runs
+// it (the downgrade is enabled first); during an upgrade nothing holds
+// it: a node on the release paused or cut off past its lease is not
+// live, and the agents raise the level without it (schema levels count
+// live nodes only). The run counts the steps that find a node on the
+// release below the cluster's level (release-below-level). A fault may
+// then restart that node's agent above its level, the operator's mistake
+// the procedure forbids, which HEAD cannot stop: v0.1.0 predates levels
+// and starts all the same; kvipamctl check reports the node below-schema
+// and kvipamctl version marks it, the agents never lower the level,
+// set-max-blocks is refused while the node lives, but a max-blocks set
+// while it was not live is lost on it (it claims past the limit).
 type chaosVersions struct {
 	t       *testing.T
 	release chaosBuild
 	head    chaosBuild
 	rng     *rand.Rand
 	members []*chaosNode
-	// ctl is HEAD's kvipamctl: the operator's, whatever the nodes run.
-	ctl func(args ...string) ([]byte, error)
+	// ctl is HEAD's kvipamctl: the operator's, whatever the nodes run;
+	// store reads the cluster's level.
+	ctl   func(args ...string) ([]byte, error)
+	store *etcdstore.Store
 	// downgrade is set while a downgrade to the release is enabled, and
 	// feature while the chaos pool's max-blocks is set.
 	downgrade, feature bool
@@ -134,9 +152,10 @@ func (v *chaosVersions) startBuilds(nodes int) []chaosBuild {
 	return builds
 }
 
-// begin starts the version steps of a run of members.
-func (v *chaosVersions) begin(members []*chaosNode, ctl func(args ...string) ([]byte, error)) {
-	v.members, v.ctl = members, ctl
+// begin starts the version steps of a run of members, on etcd through
+// cli and HEAD's kvipamctl ctl.
+func (v *chaosVersions) begin(members []*chaosNode, cli *clientv3.Client, ctl func(args ...string) ([]byte, error)) {
+	v.members, v.ctl, v.store = members, ctl, etcdstore.New(cli, etcdstore.Options{})
 	for _, m := range members {
 		v.checkRuns(m)
 		v.t.Logf("chaos: node %s starts on %s (its agent reports %q)", m.n.name, m.version, m.n.status().Version)
@@ -145,27 +164,24 @@ func (v *chaosVersions) begin(members []*chaosNode, ctl func(args ...string) ([]
 }
 
 // plan is the run's ordered phase: the faults, each once, with the
-// version steps that fire every kind among them: an upgrade of each node
-// on the release (the last one raises the level and sets the feature),
-// a rollback (the feature cleared, the downgrade enabled first), and an
-// upgrade again (the downgrade cancelled).
+// version steps that fire every kind interleaved with the last of them:
+// an upgrade of each node on the release (the last one raises the level
+// and sets the feature), a rollback (the feature cleared, the downgrade
+// enabled first), and an upgrade again (the downgrade cancelled). The
+// first faults (a pause and a cut past the lease among them) meet the
+// cluster as it starts, an upgrade in progress with no downgrade held.
 func (v *chaosVersions) plan(faults []string) []string {
 	var steps []string
 	for range v.on(v.release.version) {
 		steps = append(steps, "upgrade")
 	}
 	steps = append(steps, "rollback", "upgrade")
-	var plan []string
-	for i, f := range faults {
-		plan = append(plan, f)
-		if i < len(steps) {
-			plan = append(plan, steps[i])
-		}
+	first := max(0, len(faults)-len(steps))
+	plan := slices.Clone(faults[:first])
+	for i, f := range faults[first:] {
+		plan = append(plan, f, steps[i])
 	}
-	if len(steps) > len(faults) {
-		plan = append(plan, steps[len(faults):]...)
-	}
-	return plan
+	return append(plan, steps[min(len(steps), len(faults)-first):]...)
 }
 
 // on is the members running version.
@@ -187,6 +203,7 @@ func (v *chaosVersions) log(kind, format string, args ...any) {
 // step takes an upgrade or a rollback; with no node to take it from (an
 // upgrade with every node on HEAD), it takes the other.
 func (v *chaosVersions) step(kind string) {
+	v.checkLevel()
 	if kind == "upgrade" && len(v.on(v.release.version)) == 0 {
 		kind = "rollback"
 	}
@@ -216,6 +233,34 @@ func (v *chaosVersions) step(kind string) {
 	}
 }
 
+// checkLevel counts and logs a node on the release running below the
+// cluster's level: raised by the agents while it was not live.
+func (v *chaosVersions) checkLevel() {
+	old := v.on(v.release.version)
+	if len(old) == 0 {
+		return
+	}
+	set, err := v.store.ReadSchema(context.Background())
+	if err != nil {
+		v.t.Logf("chaos: read the cluster's level: %v", err)
+		return
+	}
+	if set.Level > schema.Base {
+		out, _ := v.ctl("version")
+		v.log("release-below-level", "%s on %s below the cluster's level %d, raised by %s at %s while it was not live:\n%s",
+			names(old), v.release.version, set.Level, set.By, set.At.UTC().Format("15:04:05.000"), out)
+	}
+}
+
+// names are ms's node names.
+func names(ms []*chaosNode) string {
+	ns := make([]string, len(ms))
+	for i, m := range ms {
+		ns[i] = m.n.name
+	}
+	return strings.Join(ns, ", ")
+}
+
 // switchTo stops m's agent as a service manager does (SIGTERM, then
 // waits for it), switches m's binaries to build's, and starts the agent
 // again, waiting until it is ready.
@@ -241,9 +286,6 @@ func (v *chaosVersions) checkRuns(m *chaosNode) {
 // release's, then the downgrade is enabled, which pins the cluster's
 // level at the release's.
 func (v *chaosVersions) prepareRollback() {
-	if !schemaLanded {
-		return
-	}
 	if v.feature {
 		v.operator("feature-cleared", "pool", "set-max-blocks", chaosPool, "none")
 		v.feature = false
@@ -253,18 +295,15 @@ func (v *chaosVersions) prepareRollback() {
 }
 
 // completeUpgrade is the operator's procedure once every node runs HEAD:
-// the downgrade cancelled (if one was enabled), the level awaited (the
-// agents raise it), and the feature set, so that HEAD's nodes use it
-// until the next rollback.
+// the downgrade cancelled (if one was enabled), HEAD's level awaited (the
+// agents raise it), and the feature set, so that it shapes HEAD's nodes'
+// claims until the next rollback.
 func (v *chaosVersions) completeUpgrade() {
-	if !schemaLanded {
-		return
-	}
 	if v.downgrade {
 		v.operator("downgrade-cancel", "downgrade", "cancel")
 		v.downgrade = false
 	}
-	v.awaitLevel(2)
+	v.awaitLevel(schema.Highest())
 	v.operator("feature-set", "pool", "set-max-blocks", chaosPool, "2")
 	v.feature = true
 }
@@ -272,24 +311,17 @@ func (v *chaosVersions) completeUpgrade() {
 // tryFeature asks for the feature while a node runs the release: the
 // gate must refuse it.
 func (v *chaosVersions) tryFeature() {
-	if !schemaLanded {
-		return
-	}
 	old := v.on(v.release.version)
 	if len(old) == 0 {
 		return
 	}
-	names := make([]string, len(old))
-	for i, m := range old {
-		names[i] = m.n.name
-	}
 	out, err := v.ctl("pool", "set-max-blocks", chaosPool, "2")
 	if err == nil {
-		v.t.Errorf("kvipamctl pool set-max-blocks accepted while %s run %s:\n%s", strings.Join(names, ", "), v.release.version, out)
+		v.t.Errorf("kvipamctl pool set-max-blocks accepted while %s run %s:\n%s", names(old), v.release.version, out)
 		v.feature = true // cleared before the next rollback
 		return
 	}
-	v.log("feature-refused", "set-max-blocks while %s run %s: %s", strings.Join(names, ", "), v.release.version, strings.TrimSpace(string(out)))
+	v.log("feature-refused", "set-max-blocks while %s run %s: %s", names(old), v.release.version, strings.TrimSpace(string(out)))
 }
 
 // operator runs one of the operator's commands, which must succeed.
@@ -299,21 +331,51 @@ func (v *chaosVersions) operator(kind string, args ...string) {
 	v.log(kind, "kvipamctl %s", strings.Join(args, " "))
 }
 
-// awaitLevel waits until the cluster's level is level.
-func (v *chaosVersions) awaitLevel(level int) {
-	var out []byte
-	waitFor(v.t, time.Minute, fmt.Sprintf("the cluster's level %d", level), func() bool {
-		var err error
-		out, err = v.ctl("version")
-		return err == nil && strings.Contains(string(out), fmt.Sprintf("level %d", level))
-	})
-	v.log("level-raised", "kvipamctl version: %s", strings.TrimSpace(string(out)))
+// awaitLevel waits until the agents have raised the cluster's level to
+// level, following the schema key.
+func (v *chaosVersions) awaitLevel(level schema.Level) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	h := &levelWatch{want: level, reached: make(chan etcdstore.SchemaSetting, 1)}
+	done := make(chan error, 1)
+	go func() { done <- v.store.WatchSchema(ctx, h) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case set := <-h.reached:
+		v.log("level-raised", "the cluster's level is %d, raised by %s (%s) at %s", set.Level, set.By, set.Version, set.At.UTC().Format("15:04:05.000"))
+	case <-ctx.Done():
+		out, _ := v.ctl("version")
+		v.t.Fatalf("the cluster's level did not reach %d in 2 minutes (the agents raise it once every live node understands it):\n%s", level, out)
+	}
 }
+
+// levelWatch hands the first schema setting at a level of want or
+// above, not held by a downgrade, to reached.
+type levelWatch struct {
+	want    schema.Level
+	reached chan etcdstore.SchemaSetting
+}
+
+func (h *levelWatch) Reset(all []etcdstore.SchemaSetting) {
+	for _, s := range all {
+		h.Put(s)
+	}
+}
+
+func (h *levelWatch) Put(s etcdstore.SchemaSetting) {
+	if s.Level >= h.want && !s.Downgrade {
+		select {
+		case h.reached <- s:
+		default: // handed over already
+		}
+	}
+}
+
+func (h *levelWatch) Delete(etcdstore.SchemaSetting) {} // level 1: not reached
 
 // figures are the step counts for the run's summary line.
 func (v *chaosVersions) figures() string {
 	var fs []string
-	for _, k := range versionStepKinds {
+	for _, k := range slices.Concat(versionStepKinds, []string{"release-below-level"}) {
 		fs = append(fs, fmt.Sprintf("%s=%d", k, v.byKind[k]))
 	}
 	return "steps: " + strings.Join(fs, " ")
@@ -323,19 +385,14 @@ func (v *chaosVersions) figures() string {
 // fires each of them.
 func (v *chaosVersions) report() {
 	for _, k := range versionStepKinds {
-		if !schemaLanded && k != "upgrade" && k != "rollback" {
-			continue
-		}
 		if v.byKind[k] == 0 {
 			v.t.Errorf("version step %s never fired", k)
 		}
 	}
+	v.checkLevel()
 	final := map[string][]string{}
 	for _, m := range v.members {
 		final[m.version] = append(final[m.version], m.n.name)
 	}
 	v.t.Logf("chaos: %s; nodes at the end: %v", v.figures(), final)
 }
-
-// schemaLanded is TEMPORARY: the schema steps wait for the lead's kvipamctl commands.
-const schemaLanded = false
