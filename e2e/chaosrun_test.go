@@ -127,7 +127,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 			kind = ordered[k]
 			w.extend(time.Now().Add(30 * time.Second))
 		case time.Now().After(w.deadline()):
-			continue // the loop ends
+			continue // past the deadline: the loop's condition ends it
 		default:
 			kind = kinds[rng.IntN(len(kinds))]
 		}
