@@ -95,7 +95,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 		fabric = startChaosBGP(t, r, nodes)
 	}
 	members := make([]*chaosNode, nodes)
-	for i := range members {
+	for _, i := range joinOrder(starts) {
 		members[i] = joinChaos(t, c, r, fmt.Sprintf("ch%d", i), 11+i, fabric, starts[i])
 	}
 	if fabric != nil {

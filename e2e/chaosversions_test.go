@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -97,9 +98,9 @@ func (b *nodeBins) install(from string) error {
 // node's agent on whatever build it is on. After a rollback the
 // procedure holds the cluster's level at the release's while a node runs
 // it (the downgrade is enabled first); during an upgrade nothing holds
-// it: a node on the release paused or cut off past its lease is not
-// live, and the agents raise the level without it (schema levels count
-// live nodes only). The run counts the steps that find a node on the
+// it: a node on the release paused or cut off past its lease (or down,
+// or not yet joined) is not live, and the agents raise the level without
+// it (schema levels count live nodes only). The run counts the steps that find a node on the
 // release below the cluster's level (release-below-level). A fault may
 // then restart that node's agent above its level, the operator's mistake
 // the procedure forbids, which HEAD cannot stop: v0.1.0 predates levels
@@ -150,6 +151,30 @@ func (v *chaosVersions) startBuilds(nodes int) []chaosBuild {
 		}
 	}
 	return builds
+}
+
+// joinOrder is the order the nodes of builds join in: those on the
+// release first, as in an upgrade in progress, where every node ran the
+// release before some were upgraded. HEAD's agents raise the level to
+// the lowest live node's, so a HEAD node that joined first would raise
+// it above the release's nodes that join after it.
+func joinOrder(builds []chaosBuild) []int {
+	order := make([]int, len(builds))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Compare(rank(builds[a]), rank(builds[b]))
+	})
+	return order
+}
+
+// rank sorts HEAD after every release.
+func rank(b chaosBuild) int {
+	if b.version == headVersion {
+		return 1
+	}
+	return 0
 }
 
 // begin starts the version steps of a run of members, on etcd through
