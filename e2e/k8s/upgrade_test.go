@@ -26,8 +26,9 @@ const (
 	stepHold      = "Hold the roll and set the image"
 	stepNode      = "Replace the agent on NODE"
 	stepRelease   = "Release the roll"
+	stepClear     = "Clear what OLD does not know, for each POOL that validate names"
 	stepDowngrade = "Bring the level down to OLD's"
-	stepUnpin     = "After upgrading again: unpin the level"
+	stepUnhold    = "After upgrading again: the level no longer held"
 )
 
 // TestK8sRollingUpgradeAndRollback: docs/operations.md's upgrade and
@@ -64,9 +65,12 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 	w := c.startWorkload(t, ns)
 	want := map[string]string{"n1": oldRelease, "n2": oldRelease}
 	c.requireAgentVersions(t, want)
+	c.requireLevel(t, "v0.1.0 installed", 1, false)
 	proc.run(t, c, stepCheck)
 
-	roll := func(stage, image, version string) {
+	// roll is steps 1 to 3 with image; after each node's step, level and
+	// held are the cluster's schema level and whether a downgrade holds it.
+	roll := func(stage, image, version string, level func(node string) int, held bool) {
 		t.Helper()
 		t0 := time.Now()
 		proc.run(t, c, stepHold, "IMAGE="+image)
@@ -75,6 +79,7 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 			want[node] = version
 			step := fmt.Sprintf("%s, %s at %s", stage, node, version)
 			c.requireAgentVersions(t, want)
+			c.requireLevel(t, step, level(node), held)
 			_, err := c.kvipamctl("check")
 			require.NoError(t, err, "%s: kvipamctl check is clean", step)
 			w.requireKept(t, c, step)
@@ -84,11 +89,34 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 		proc.run(t, c, stepRelease)
 		logf("%s: both nodes at %s in %s", stage, version, time.Since(t0).Round(time.Second))
 	}
-	roll("upgrade", headRef, headVersion)
+	// Upgraded, the agents raise the level once both understand level 2;
+	// while n2 runs v0.1.0, level 2's feature is refused.
+	roll("upgrade", headRef, headVersion, func(node string) int {
+		if node == "n1" {
+			_, err := c.kvipamctl("pool", "set-max-blocks", "blue", "4")
+			require.Error(t, err, "pool set-max-blocks is refused while n2 runs v0.1.0")
+			return 1
+		}
+		return 2
+	}, false)
+	// Level 2's feature in use: the downgrade is refused, naming the pool,
+	// until the pool is cleared as the procedure says.
+	_, err = c.kvipamctl("pool", "set-max-blocks", "blue", "4")
+	require.NoError(t, err)
+	for _, verb := range []string{"validate", "enable"} {
+		out, err := c.kvipamctl("downgrade", verb, oldRelease)
+		require.Error(t, err, "downgrade %s %s with pool blue's max-blocks set", verb, oldRelease)
+		require.Contains(t, out, "blue", "downgrade %s names what needs level 2", verb)
+	}
+	c.requireLevel(t, "the downgrade refused", 2, false)
+	proc.run(t, c, stepClear, "POOL=blue")
 	proc.run(t, c, stepDowngrade, "OLD="+oldRelease)
-	roll("rollback", oldRef, oldRelease)
-	roll("upgrade again", headRef, headVersion)
-	proc.run(t, c, stepUnpin)
+	c.requireLevel(t, "the downgrade enabled", 1, true)
+	// Back to v0.1.0 and forward again under the held level.
+	roll("rollback", oldRef, oldRelease, func(string) int { return 1 }, true)
+	roll("upgrade again", headRef, headVersion, func(string) int { return 1 }, true)
+	proc.run(t, c, stepUnhold)
+	c.requireLevel(t, "the downgrade cancelled", 2, false)
 	proc.run(t, c, stepCheck)
 	w.finish(t, c)
 }
@@ -118,42 +146,67 @@ func (c *kcluster) freshInstall(tb testing.TB, manifest string) {
 	c.installFrom(tb, manifest)
 }
 
-// agentVersions is each live node's agent version, from its node record.
-func (c *kcluster) agentVersions() (map[string]string, error) {
-	out, err := c.kvipamctl("-o", "json", "node", "list")
-	if err != nil {
-		return nil, err
-	}
-	var rows []struct {
-		Node    string `json:"node"`
-		Alive   bool   `json:"alive"`
+// clusterLevel is kvipamctl version's view of etcd: the cluster's schema
+// level, whether a downgrade holds it, and each live node's version.
+type clusterLevel struct {
+	Level     int  `json:"level"`
+	Downgrade bool `json:"downgrade"`
+	Nodes     []struct {
+		Name    string `json:"name"`
 		Version string `json:"version"`
-	}
-	if err := json.Unmarshal([]byte(out), &rows); err != nil {
-		return nil, fmt.Errorf("decode kvipamctl node list: %w: %s", err, tail(out, 500))
-	}
-	v := map[string]string{}
-	for _, r := range rows {
-		if r.Alive {
-			v[r.Node] = r.Version
-		}
-	}
-	return v, nil
+		Level   int    `json:"level"`
+	} `json:"nodes"`
 }
 
-// requireAgentVersions awaits each node's agent reporting want's version
-// (the node record the agent writes as it starts).
+func (c *kcluster) clusterLevel() (clusterLevel, error) {
+	out, err := c.kvipamctl("-o", "json", "version")
+	if err != nil {
+		return clusterLevel{}, err
+	}
+	var v struct {
+		Cluster *clusterLevel `json:"cluster"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		return clusterLevel{}, fmt.Errorf("decode kvipamctl version: %w: %s", err, tail(out, 500))
+	}
+	if v.Cluster == nil {
+		return clusterLevel{}, fmt.Errorf("kvipamctl version says nothing of the cluster: %s", tail(out, 500))
+	}
+	return *v.Cluster, nil
+}
+
+// requireAgentVersions awaits kvipamctl version showing each node's
+// agent at want's version (the node record the agent writes as it
+// starts), and no other node.
 func (c *kcluster) requireAgentVersions(tb testing.TB, want map[string]string) {
 	tb.Helper()
 	require.NoError(tb, waitFor(time.Minute, fmt.Sprintf("agents at %v", want), func() error {
-		got, err := c.agentVersions()
+		cl, err := c.clusterLevel()
 		if err != nil {
 			return err
 		}
-		for n, v := range want {
-			if got[n] != v {
-				return fmt.Errorf("node records: %v", got)
-			}
+		got := map[string]string{}
+		for _, n := range cl.Nodes {
+			got[n.Name] = n.Version
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("kvipamctl version: %+v", cl.Nodes)
+		}
+		return nil
+	}))
+}
+
+// requireLevel awaits the cluster's schema level and whether a
+// downgrade holds it (the agents raise it as they see the node records).
+func (c *kcluster) requireLevel(tb testing.TB, step string, level int, held bool) {
+	tb.Helper()
+	require.NoError(tb, waitFor(time.Minute, fmt.Sprintf("%s: the cluster's level %d (held %v)", step, level, held), func() error {
+		cl, err := c.clusterLevel()
+		if err != nil {
+			return err
+		}
+		if cl.Level != level || cl.Downgrade != held {
+			return fmt.Errorf("kvipamctl version: level %d, held %v", cl.Level, cl.Downgrade)
 		}
 		return nil
 	}))
