@@ -35,7 +35,7 @@ func (c *kcluster) buildRelease(tb testing.TB, version string) releaseImage {
 	cache := filepath.Join(c.repo, ".cache", "release-image", commit)
 	r := releaseImage{version: version, tar: filepath.Join(cache, "kvipam-image.tar"),
 		agentYAML: filepath.Join(cache, "kvipam-agent.yaml"), ref: "ghcr.io/kvipam/kvipam:" + version}
-	if _, err := os.Stat(r.agentYAML); err == nil {
+	if _, err := os.Stat(r.tar); err == nil {
 		logf("release %s's image: cached in %s", version, cache)
 		return r
 	}

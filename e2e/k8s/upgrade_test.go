@@ -55,6 +55,13 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 	c.importImage(t, old.tar)
 	proc := c.readProcedure(t, opsDoc, opsSection)
 	c.freshInstall(t, old.agentYAML)
+	// A failure leaves the DaemonSet at any version: uninstalled (after
+	// the namespace's pods went), the next test installs HEAD's afresh.
+	t.Cleanup(func() {
+		if t.Failed() && c.installed {
+			c.uninstall(t)
+		}
+	})
 
 	const ns = "k8s-upgrade"
 	t.Cleanup(func() {
@@ -119,6 +126,15 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 	c.requireLevel(t, "the downgrade cancelled", 2, false)
 	proc.run(t, c, stepCheck)
 	w.finish(t, c)
+
+	// The DaemonSet as install leaves it, for the tests after this one:
+	// HEAD's manifest applied (the same template as the roll made: no
+	// agent restarts unless the two releases' manifests differ).
+	manifest, err := c.agentManifest()
+	require.NoError(t, err)
+	_, err = c.kubectl("apply", "-f", manifest)
+	require.NoError(t, err)
+	c.waitDaemonSet(t, "kvipam-agent")
 }
 
 // freshInstall installs kvipam from manifest (a release's) on a cluster
