@@ -141,6 +141,7 @@ func TestFeatureWaitsForOldestAgent(t *testing.T) {
 		_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Families: []string{"ipv4"}})
 		if err != nil {
 			require.Equal(t, api.CodeExhausted, apiErr(t, err).Code, "the %dth address: %v", i, err)
+			require.Contains(t, err.Error(), "This node holds the pool's max blocks per node (1) of ipv4")
 			break
 		}
 		got++
