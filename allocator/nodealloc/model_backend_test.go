@@ -17,6 +17,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -128,10 +129,17 @@ func (b *etcdBackend) newSession(n *mNode) (modelSession, error) {
 	}
 	// The agent's node record, on its lease: an operator's commands
 	// refuse a node that has one.
-	rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID())}
-	if err := etcdstore.New(b.check, etcdstore.Options{}).WriteNode(b.r.ctx, rec, int64(sess.ID())); err != nil {
+	rec := etcdstore.NodeRecord{Name: n.name, StartedAt: time.Now().UTC(), Lease: int64(sess.ID()), Features: schema.Names()}
+	st := etcdstore.New(b.check, etcdstore.Options{})
+	if err := st.WriteNode(b.r.ctx, rec, int64(sess.ID())); err != nil {
 		sess.Close()
 		return nil, fmt.Errorf("node record of %s: %w", n.name, err)
+	}
+	// The agents raise the cluster's schema level once every live node
+	// understands it (agent.schemaRaiser): pool-max-blocks is usable.
+	if _, _, err := st.RaiseSchema(b.r.ctx, schema.Highest(), n.name, "model"); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("raise the schema level: %w", err)
 	}
 	return sess, nil
 }
@@ -306,7 +314,21 @@ func (b *etcdBackend) removeNode(node string, ev inspect.Evidence) error {
 }
 
 func (b *etcdBackend) updatePool(change func(p *allocator.Pool) error) error {
-	_, err := b.r.operatorStore(kindPoolChange, b.r.pool.Name).UpdatePool(b.r.ctx, b.r.pool.Name, change)
+	st := b.r.operatorStore(kindPoolChange, b.r.pool.Name)
+	// An agent's raise of the schema level, its answer lost or its race
+	// lost as any operator write's here: the level never goes down, and a
+	// raise that failed leaves it as it was (the next node change raises
+	// it again).
+	before, err := st.ReadSchema(b.r.ctx)
+	if err == nil {
+		_, _, rerr := st.RaiseSchema(b.r.ctx, schema.Highest(), "model", "model")
+		after, aerr := etcdstore.New(b.check, etcdstore.Options{}).ReadSchema(b.r.ctx)
+		require.NoError(b.r.t, aerr)
+		if after.Level < before.Level {
+			b.r.fail("raising the schema level (%v) lowered it from %d to %d", rerr, before.Level, after.Level)
+		}
+	}
+	_, err = st.UpdatePool(b.r.ctx, b.r.pool.Name, change)
 	return err
 }
 

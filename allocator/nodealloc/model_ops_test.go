@@ -244,7 +244,7 @@ func (r *modelRun) opPool() {
 	r.op = kindPoolChange
 	var change func(p *allocator.Pool) error
 	what := ""
-	k := r.rng.IntN(7)
+	k := r.rng.IntN(8)
 	if r.spec.Disabled {
 		k = 0 // a drain lasts until the next pool change
 	}
@@ -259,6 +259,13 @@ func (r *modelRun) opPool() {
 		// the moment a node sees it (checkNew); its empty blocks go back.
 		what = "drain-cidr " + drain.String()
 		change = func(p *allocator.Pool) error { return p.Drain(drain) }
+	case k == 7:
+		// kvipamctl pool set-max-blocks: no limit, or one or two blocks
+		// of each family per node, beyond which a node borrows (schema
+		// feature pool-max-blocks; the nodes' records name it).
+		n := r.rng.IntN(3)
+		what = "set-max-blocks " + fmt.Sprint(n)
+		change = func(p *allocator.Pool) error { p.MaxBlocksPerNode = n; return nil }
 	case k == 5:
 		// kvipamctl pool set-masquerade: on, off, or the routing mode's
 		// default (unset). No node allocates by it; the change must land
