@@ -185,4 +185,6 @@ func (h storedLevel) Put(set etcdstore.SchemaSetting) {
 	h.v.changed()
 }
 
-func (h storedLevel) Delete(etcdstore.SchemaSetting) { h.Put(etcdstore.SchemaSetting{Level: schema.Base}) }
+func (h storedLevel) Delete(etcdstore.SchemaSetting) {
+	h.Put(etcdstore.SchemaSetting{Level: schema.Base})
+}

@@ -39,19 +39,19 @@ type SchemaSetting struct {
 // this binary does not know, a downgrade below a level in use.
 var ErrSchemaLevel = errors.New("schema level")
 
-// schemaKey is the cluster's schema level (SchemaSetting); no lease.
-func schemaKey() string { return Prefix + "settings/schema" }
+// SchemaKey is the cluster's schema level (SchemaSetting); no lease.
+func SchemaKey() string { return Prefix + "settings/schema" }
 
 // ReadSchema reads the cluster's schema level.
 func (s *Store) ReadSchema(ctx context.Context) (SchemaSetting, error) {
-	v, err := kvstore.GetJSON[SchemaSetting](ctx, s.kv, schemaKey())
+	v, err := kvstore.GetJSON[SchemaSetting](ctx, s.kv, SchemaKey())
 	switch {
 	case errors.Is(err, kvstore.ErrNotFound):
 		return SchemaSetting{Level: schema.Base}, nil
 	case err != nil:
 		return SchemaSetting{}, fmt.Errorf("read the schema level: %w", err)
 	case v.Value.Level < schema.Base:
-		return SchemaSetting{}, fmt.Errorf("read the schema level: %s holds level %d", schemaKey(), v.Value.Level)
+		return SchemaSetting{}, fmt.Errorf("read the schema level: %s holds level %d", SchemaKey(), v.Value.Level)
 	}
 	v.Value.Rev = v.ModRevision
 	return v.Value, nil
@@ -63,7 +63,7 @@ func NodeLevel(r NodeRecord) schema.Level { return schema.LevelOf(r.Features) }
 
 // settingUnchanged is the compare "the schema key is as read".
 func settingUnchanged(cur SchemaSetting) clientv3.Cmp {
-	return clientv3.Compare(clientv3.ModRevision(schemaKey()), "=", cur.Rev)
+	return clientv3.Compare(clientv3.ModRevision(SchemaKey()), "=", cur.Rev)
 }
 
 // liveNodes reads the live node records and the revision they were read
@@ -130,7 +130,7 @@ func (s *Store) putSetting(ctx context.Context, next *SchemaSetting, cmps ...cli
 	if err != nil {
 		return err
 	}
-	resp, err := s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpPut(schemaKey(), val)).Commit()
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpPut(SchemaKey(), val)).Commit()
 	if err != nil {
 		return fmt.Errorf("write the schema level: %w", kvstore.Unavailable(err))
 	}
@@ -301,7 +301,7 @@ func cmpVersion(v string) string {
 // WatchSchema follows the schema key as WatchNodes follows the node
 // records: Reset with the setting (or none), Put on a change.
 func (s *Store) WatchSchema(ctx context.Context, h Handler[SchemaSetting]) error {
-	key := schemaKey()
+	key := SchemaKey()
 	return s.follow(ctx, key, decoded[SchemaSetting]{h: h,
 		decode: func(kv *mvccpb.KeyValue) (SchemaSetting, bool) {
 			v, err := kvstore.Decode[SchemaSetting](kv)

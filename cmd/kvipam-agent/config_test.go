@@ -62,7 +62,7 @@ func TestLoadErrors(t *testing.T) {
 	moved := filepath.Join(dir, "moved.yaml")
 	require.NoError(t, os.WriteFile(moved, []byte("reuseCooldown: 45s\n"), 0o600))
 	maxBlocks := filepath.Join(dir, "maxblocks.yaml")
-	require.NoError(t, os.WriteFile(maxBlocks, []byte("etcd: {embedded: true}\npools:\n- name: p\n  cidrs: [10.0.0.0/16]\n  maxBlocksPerNode: 2\n"), 0o600))
+	require.NoError(t, os.WriteFile(maxBlocks, []byte("etcd: {embedded: true}\npools:\n- name: p\n  cidrs: [10.0.0.0/16]\n  blockSizeV4: 24\n  maxBlocksPerNode: 2\n"), 0o600))
 	for _, tc := range []struct {
 		name string
 		args []string
