@@ -77,6 +77,9 @@ type Agent struct {
 	ready *readiness
 	// testStore, set by a test before Run, wraps the allocator's store.
 	testStore storeWrapper
+	// knows is the etcd schema this agent understands: this binary's,
+	// unless a test standing for an older release set less before Run.
+	knows schemaKnowledge
 }
 
 // storeWrapper puts a layer between the allocator and etcd: a test puts
@@ -99,7 +102,7 @@ func New(cfg Config, o Options) (*Agent, error) {
 	if o.BootID == "" {
 		o.BootID = readBootID()
 	}
-	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}}
+	a := &Agent{cfg: cfg, opts: o, log: o.Logger, exhausted: &exhaustion{}, knows: thisBinary()}
 	a.m = newMetrics(o.Version)
 	a.exhausted.errors = a.m.exhausted
 	return a, nil
@@ -121,7 +124,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	pools := poolWatch{alloc: a.alloc, log: a.log.Named("pools")}
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
-		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) }}
+		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) },
+		schemaRaiser{store: a.store, node: a.cfg.Node, version: a.opts.Version, log: a.log.Named("schema")}.run}
 	// Masquerade follows the pools whatever the routing: under bgp or
 	// none a pool masquerades only if an operator turned it on, and a
 	// table left from another mode goes.
@@ -207,8 +211,12 @@ func (a *Agent) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The node's name first: another agent holding it refuses the start
-	// before anything else is written.
+	// A schema this agent does not understand refuses the start before
+	// anything is written; then the node's name: another agent holding it
+	// refuses the start before anything else is written.
+	if err := checkSchema(ctx, a.store, a.knows, a.opts.Version, a.log); err != nil {
+		return err
+	}
 	sess, err := a.takeName(ctx)
 	if err != nil {
 		return err

@@ -54,7 +54,8 @@ import (
 // record met later is contested (nameGuard.found).
 func (a *Agent) takeName(ctx context.Context) (*kvstore.Session, error) {
 	a.recorder = &nodeRecorder{store: a.store, node: a.cfg.Node, bootID: a.opts.BootID, version: a.opts.Version,
-		addrs: routing.NodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels, started: time.Now().UTC()}
+		addrs: routing.NodeAddresses(a.cfg.NodeAddresses, a.cfg.NetNS), labels: a.cfg.NodeLabels, started: time.Now().UTC(),
+		features: a.knows.features}
 	a.name = newNameGuard(a.recorder.incarnation(), a.m.nameTaken, a.log, a.cfg.RequestTimeout.Duration)
 	a.recorder.name = a.name
 	a.lease = &leaseKeeper{

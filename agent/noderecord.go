@@ -65,6 +65,8 @@ type nodeRecorder struct {
 	addrs   []string
 	labels  map[string]string
 	started time.Time
+	// features are the schema features the agent understands.
+	features []string
 
 	mu   sync.Mutex
 	lost []etcdstore.LostEndpoint
@@ -76,7 +78,7 @@ type nodeRecorder struct {
 // incarnation is the record without a lease and lost endpoints: who
 // this agent is.
 func (r *nodeRecorder) incarnation() etcdstore.NodeRecord {
-	return etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs, Labels: r.labels, StartedAt: r.started}
+	return etcdstore.NodeRecord{Name: r.node, BootID: r.bootID, Version: r.version, Addresses: r.addrs, Labels: r.labels, StartedAt: r.started, Features: r.features}
 }
 
 // write puts the record on lease, unless another agent holds the name.

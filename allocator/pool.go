@@ -69,6 +69,13 @@ type Pool struct {
 	// outside every pool has its source translated to its node's
 	// (masquerade.go). nil: the routing mode decides (MasqueradeOr).
 	Masquerade *bool `json:"masquerade,omitempty"`
+	// MaxBlocksPerNode, when above 0, is how many blocks of each family a
+	// node claims in the pool at most; beyond them it borrows addresses
+	// in other nodes' blocks, or the pool is exhausted for it. It keeps
+	// one node from taking a small pool's blocks from the rest. It is
+	// schema feature pool-max-blocks (allocator/schema): written only
+	// while every live node understands it.
+	MaxBlocksPerNode int `json:"maxBlocksPerNode,omitempty"`
 	// Rev is the etcd revision the spec was read at (not stored): block
 	// claims are fenced by it, so no node claims a block under a spec an
 	// operator has since changed (a CIDR removed, the pool deleted).
@@ -118,6 +125,9 @@ func (p Pool) validate(kept []netip.Prefix) error {
 		if err := ValidateCooldown(time.Duration(*p.ReuseCooldown)); err != nil {
 			return err
 		}
+	}
+	if p.MaxBlocksPerNode < 0 {
+		return fmt.Errorf("%w: maxBlocksPerNode %d is negative (0: no limit)", ErrInvalidPool, p.MaxBlocksPerNode)
 	}
 	if len(p.CIDRs) == 0 {
 		return fmt.Errorf("%w: no cidrs", ErrInvalidPool)

@@ -20,6 +20,9 @@ func MergeConfigured(stored, p Pool) Pool {
 	if p.Masquerade == nil {
 		p.Masquerade = stored.Masquerade
 	}
+	if p.MaxBlocksPerNode == 0 {
+		p.MaxBlocksPerNode = stored.MaxBlocksPerNode
+	}
 	res := slices.Clone(stored.Reserved)
 	for _, r := range p.Reserved {
 		if !slices.ContainsFunc(res, func(x Reservation) bool { return x.Range == r.Range }) {
@@ -36,7 +39,8 @@ func SameSpec(a, b Pool) bool {
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
 		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled &&
 		slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
-		sameSetting(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade)
+		sameSetting(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade) &&
+		a.MaxBlocksPerNode == b.MaxBlocksPerNode
 }
 
 // sameSetting reports whether two optional settings are the same: both

@@ -17,9 +17,12 @@ import (
 // gone (a node cut off from etcd loses it too), which is why kvipamctl node
 // remove also wants the operator's statement.
 type NodeRecord struct {
-	Name      string   `json:"name"`
-	BootID    string   `json:"bootID,omitempty"`
-	Version   string   `json:"version,omitempty"`
+	Name    string `json:"name"`
+	BootID  string `json:"bootID,omitempty"`
+	Version string `json:"version,omitempty"`
+	// Features are the schema features the agent understands
+	// (allocator/schema); none from v0.1.0, which predates them.
+	Features  []string `json:"features,omitempty"`
 	Addresses []string `json:"addresses,omitempty"`
 	// Labels are the node's labels (--node-labels), which pools' node
 	// selectors choose by: kvipamctl pool show lists the live nodes a

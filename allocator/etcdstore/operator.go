@@ -37,10 +37,10 @@ func NewOperator(cli OperatorClient, pageSize int) *Operator {
 
 // scanPrefixes are the record kinds ScanAll reads, in order.
 func scanPrefixes() []string {
-	return []string{PoolsPrefix(), nodesPrefix(), AllClaimsPrefix(), AllHomesPrefix(), AllIPsPrefix(), allStickyPrefix()}
+	return []string{SchemaKey(), PoolsPrefix(), nodesPrefix(), AllClaimsPrefix(), AllHomesPrefix(), AllIPsPrefix(), allStickyPrefix()}
 }
 
-// ScanAll hands every kvipam record (pools, nodes, claims, homes, lent
+// ScanAll hands every kvipam record (the schema level, pools, nodes, claims, homes, lent
 // addresses and allocations, sticky bindings) to add, one record kind
 // after the other, and returns the revision it read at: the later reads
 // are pinned to the revision of the first. A compaction of that revision

@@ -22,6 +22,8 @@ const (
 	KeyBinding KeyKind = "binding" // BindingKey
 	// KeyDeletedPool is DeletedPoolKey.
 	KeyDeletedPool KeyKind = "deleted-pool"
+	// KeySchema is the cluster's schema level (SchemaSetting).
+	KeySchema KeyKind = "schema"
 )
 
 // Key is a record key read back into the names that built it. Which
@@ -54,6 +56,9 @@ type Key struct {
 // key still keeps its block from being empty. A key under no kind's
 // subtree returns an error and a zero Key.
 func ParseKey(key string) (Key, error) {
+	if key == SchemaKey() {
+		return Key{Kind: KeySchema}, nil
+	}
 	for _, k := range []struct {
 		prefix string
 		parse  func(rest string) (Key, error)

@@ -71,14 +71,20 @@ func (s *Store) UpdatePool(ctx context.Context, name string, change func(p *allo
 }
 
 // putPool writes p if no pool changed after rev, and drops the mark of
-// a deleted pool of p's name: an operator made it again.
+// a deleted pool of p's name: an operator made it again. A pool that uses
+// a feature of a later schema level is written only while every live
+// node understands it (poolGate).
 func (s *Store) putPool(ctx context.Context, p allocator.Pool, rev int64, out *allocator.Pool) error {
 	val, err := kvstore.EncodeJSON(p)
 	if err != nil {
 		return err
 	}
+	gate, err := s.poolGate(ctx, p)
+	if err != nil {
+		return err
+	}
 	resp, err := s.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()).
+		If(append(gate, clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix())...).
 		Then(clientv3.OpPut(PoolKey(p.Name), val), clientv3.OpDelete(DeletedPoolKey(p.Name))).
 		Commit()
 	if err != nil {
@@ -222,8 +228,12 @@ func (s *Store) commitIfQuiet(ctx context.Context, name string, rev int64, ops [
 	quiet := func(prefix string) clientv3.Cmp {
 		return clientv3.Compare(clientv3.ModRevision(prefix), "<", rev+1).WithPrefix()
 	}
+	gate, err := s.poolGate(ctx, next)
+	if err != nil {
+		return err
+	}
 	resp, err := s.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(PoolKey(name)), "<", rev+1), quiet(ClaimsPrefix(name)), quiet(HomesPrefix(name)), quiet(IPsPrefix(name))).
+		If(append(gate, clientv3.Compare(clientv3.ModRevision(PoolKey(name)), "<", rev+1), quiet(ClaimsPrefix(name)), quiet(HomesPrefix(name)), quiet(IPsPrefix(name)))...).
 		Then(ops...).
 		Commit()
 	if err != nil {

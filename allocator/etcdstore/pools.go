@@ -99,9 +99,13 @@ func (s *Store) SeedPool(ctx context.Context, p allocator.Pool) (stored allocato
 		if err != nil {
 			return err
 		}
+		gate, err := s.poolGate(ctx, p)
+		if err != nil {
+			return err
+		}
 		resp, err := s.kv.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix(),
-				clientv3.Compare(clientv3.Version(DeletedPoolKey(p.Name)), "=", 0)).
+			If(append(gate, clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix(),
+				clientv3.Compare(clientv3.Version(DeletedPoolKey(p.Name)), "=", 0))...).
 			Then(clientv3.OpPut(PoolKey(p.Name), val)).
 			Commit()
 		if err != nil {

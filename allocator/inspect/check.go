@@ -58,6 +58,11 @@ const (
 	// KindStickyConflict: a sticky identity's binding names an address
 	// that another owner holds, or that nothing holds.
 	KindStickyConflict Kind = "sticky-conflict"
+	// KindBelowSchema: a live node that does not understand the cluster's
+	// schema level (an older release started without kvipamctl
+	// downgrade), or a pool that uses a feature above the level: records
+	// a node may misread or drop.
+	KindBelowSchema Kind = "below-schema"
 )
 
 // Finding is one breach found by Check.
@@ -109,6 +114,7 @@ func CheckSnapshot(s *Snapshot, ttls map[int64]int64) Report {
 	c.ips()
 	c.duplicates()
 	c.lostEndpoints()
+	c.schemaLevel()
 	c.bindings()
 	slices.SortFunc(c.out, func(a, b Finding) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), slices.Compare(a.Keys, b.Keys), cmp.Compare(a.Message, b.Message))

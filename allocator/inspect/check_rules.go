@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 )
 
 // The rules of CheckSnapshot, one method per group of records.
@@ -254,6 +256,29 @@ func (c *checker) bindings() {
 			case !b.Kept() && ip.State != records.StateKept && ip.Owner.Key() != b.Owner.Key():
 				c.add(KindStickyConflict, []string{b.Key, ip.Key}, "sticky identity %s is held by %s, but %s is %s's", b.Identity, b.Owner.Key(), addr, ip.Owner.Key())
 			}
+		}
+	}
+}
+
+// schemaLevel reports live nodes below the cluster's schema level, and
+// pools that need a level above it.
+func (c *checker) schemaLevel() {
+	level := max(c.s.Schema.Level, schema.Base)
+	for _, name := range slices.Sorted(maps.Keys(c.s.Nodes)) {
+		n := c.s.Nodes[name]
+		if l := etcdstore.NodeLevel(n.NodeRecord); l < level {
+			v := n.Version
+			if v == "" {
+				v = "an unknown version"
+			}
+			c.add(KindBelowSchema, []string{n.Key}, "node %s runs %s, which understands schema level %d, below the cluster's %d: it may misread or drop %s; upgrade it, or lower the level first (kvipamctl downgrade)",
+				name, v, l, level, strings.Join(schema.FeaturesAbove(l), ", "))
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.s.Pools)) {
+		p := c.s.Pools[name]
+		if need := schema.PoolNeeds(p.Pool); need > level {
+			c.add(KindBelowSchema, []string{p.Key}, "pool %s needs schema level %d, above the cluster's %d (written around the gate?): nodes may ignore its settings", name, need, level)
 		}
 	}
 }

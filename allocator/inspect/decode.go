@@ -51,7 +51,17 @@ var adders = map[etcdstore.KeyKind]func(*Snapshot, *mvccpb.KeyValue, etcdstore.K
 	etcdstore.KeyPool: (*Snapshot).addPool, etcdstore.KeyNode: (*Snapshot).addNode,
 	etcdstore.KeyClaim: (*Snapshot).addClaim, etcdstore.KeyHome: (*Snapshot).addHome,
 	etcdstore.KeyLent: (*Snapshot).addLent, etcdstore.KeyIP: (*Snapshot).addIP,
-	etcdstore.KeyBinding: (*Snapshot).addBinding,
+	etcdstore.KeyBinding: (*Snapshot).addBinding, etcdstore.KeySchema: (*Snapshot).addSchema,
+}
+
+func (s *Snapshot) addSchema(kv *mvccpb.KeyValue, _ etcdstore.Key) {
+	var set etcdstore.SchemaSetting
+	if err := decode(kv, &set); err != nil {
+		s.bad(kv, "%v", err)
+		return
+	}
+	set.Rev = kv.ModRevision
+	s.Schema = set
 }
 
 func decode[T any](kv *mvccpb.KeyValue, v *T) error {

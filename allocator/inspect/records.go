@@ -22,10 +22,12 @@ type BlockKey struct {
 // allocator's transactions compare.
 type Snapshot struct {
 	Revision int64
-	Pools    map[string]Pool
-	Nodes    map[string]Node
-	Claims   map[BlockKey]ClaimRec
-	Homes    map[BlockKey]HomeRec
+	// Schema is the cluster's schema level (level 1 when etcd has none).
+	Schema etcdstore.SchemaSetting
+	Pools  map[string]Pool
+	Nodes  map[string]Node
+	Claims map[BlockKey]ClaimRec
+	Homes  map[BlockKey]HomeRec
 	// Lent are the homes of borrowed addresses, by pool and address.
 	Lent map[LentKey]LentRec
 	// Bindings are the sticky identities' bindings.

@@ -240,7 +240,7 @@ What to choose: docs/routing.md, "Egress".`,
 			})
 		},
 	}
-	return append([]*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, masquerade, del}, a.drainCmds()...)
+	return append([]*cobra.Command{reserve, unreserve, disable, enable, addCIDR, removeCIDR, sel, cooldown, masquerade, a.maxBlocksCmd(), del}, a.drainCmds()...)
 }
 
 // selectNodes sets the pool's node selector and says which live nodes

@@ -68,6 +68,8 @@ type operatorStore interface {
 	namespaceBinder
 	stickyStore
 	historyReader
+	schemaReader
+	downgrader
 }
 
 var _ operatorStore = (*etcdstore.Store)(nil)

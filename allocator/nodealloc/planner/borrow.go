@@ -24,6 +24,9 @@ const enumerateLimit = 1 << 16
 // HasClaimable reports whether snap shows a block of family f that a
 // claim could take: no claim, no allocations, an address to hand out.
 func (ps *Pool) HasClaimable(f allocator.Family, snap records.PoolSnapshot) bool {
+	if ps.AtBlockLimit(f) {
+		return false // the node may claim no more (maxBlocksPerNode)
+	}
 	busy := map[netip.Prefix]bool{}
 	for _, bi := range snap.Blocks {
 		if bi.Claim != nil {

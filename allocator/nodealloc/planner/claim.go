@@ -31,6 +31,24 @@ func (ps *Pool) ChooseBlock(node string, f allocator.Family) (netip.Prefix, bool
 	})
 }
 
+// AtBlockLimit reports whether the node holds as many blocks of f as the
+// pool's maxBlocksPerNode allows (0: no limit). A requested (static)
+// address in a block nobody claims still claims it: the limit bounds
+// what the node takes for itself, not what a pod asks for.
+func (ps *Pool) AtBlockLimit(f allocator.Family) bool {
+	limit := ps.spec.MaxBlocksPerNode
+	if limit <= 0 {
+		return false
+	}
+	held := 0
+	for b := range ps.own {
+		if allocator.FamilyOf(b.Addr()) == f {
+			held++
+		}
+	}
+	return held >= limit
+}
+
 // ClaimDraft is a claim about to be sent: the block's bitmap as the node
 // will hold it, and the first address written with the claim, if any.
 type ClaimDraft struct {

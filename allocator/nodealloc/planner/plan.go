@@ -272,6 +272,12 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 				return n.planWrite(p, b, addr), true, nil
 			}
 		}
+		if ps.AtBlockLimit(f) {
+			// The pool's maxBlocksPerNode: no more blocks of f for this
+			// node; it borrows, as when no block is left to claim.
+			p.stage = stBorrowed
+			return Need{Kind: Borrow, Family: f}, false, nil
+		}
 		first := n.NewRecord(r, false)
 		p.stage = stClaimed
 		return Need{Kind: Claim, Family: f, First: &first}, false, nil

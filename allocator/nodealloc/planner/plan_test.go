@@ -146,6 +146,35 @@ func TestPlannerDecisions(t *testing.T) {
 		asked:  []NeedKind{Room, Claim, Borrow, Done},
 		reused: 1,
 	}, {
+		name: "at the pool's maxBlocksPerNode a full node borrows rather than claims",
+		pool: func(p *allocator.Pool) { p.MaxBlocksPerNode = 1 },
+		setup: func(w *world) {
+			w.own("10.0.0.0/30", 5)
+			for i, a := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+				w.hold(owner(fmt.Sprint("x", i)), a, 6, false)
+			}
+		},
+		req: Request{Pool: "p", Owner: owner("a"), Families: v4},
+		steps: []step{{want: Room}, {want: Borrow, fold: func(w *world, p *Plan, n Need) {
+			require.False(w.t, w.ps.HasClaimable(allocator.IPv4, records.PoolSnapshot{}), "no block is claimable at the limit")
+			p.Written(w.hold(owner("a"), "10.0.0.9", 9, true))
+		}}},
+		asked:  []NeedKind{Room, Borrow, Done},
+		reused: 1,
+	}, {
+		name: "below the pool's maxBlocksPerNode a full node claims",
+		pool: func(p *allocator.Pool) { p.MaxBlocksPerNode = 2 },
+		setup: func(w *world) {
+			w.own("10.0.0.0/30", 5)
+			for i, a := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+				w.hold(owner(fmt.Sprint("x", i)), a, 6, false)
+			}
+		},
+		req:    Request{Pool: "p", Owner: owner("a"), Families: v4},
+		steps:  []step{{want: Room}, {want: Claim, fold: claimAs("10.0.0.4/30", 7)}},
+		asked:  []NeedKind{Room, Claim, Done},
+		writes: []string{"10.0.0.4"},
+	}, {
 		name: "a borrow that finds own room plans again from the start",
 		setup: func(w *world) {
 			w.own("10.0.0.0/30", 5)

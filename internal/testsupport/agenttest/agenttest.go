@@ -16,6 +16,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
@@ -43,6 +44,10 @@ type Options struct {
 	ReservationTTL time.Duration
 	// HistoryRetention of IP history records. Default: the store's.
 	HistoryRetention time.Duration
+	// Older makes the agent stand for kvipam v0.1.0: its node record
+	// names no schema features (allocator/schema), so it is at level 1.
+	// Otherwise it names this build's.
+	Older bool
 }
 
 // Start starts an agent named name on e.
@@ -59,7 +64,10 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
 	tb.Cleanup(sess.Close)
-	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels}
+	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels, Features: schema.Names()}
+	if o.Older {
+		rec.Version, rec.Features = "v0.1.0", nil
+	}
 	if err := st.WriteNode(ctx, rec, sess.ID()); err != nil {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
