@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/schema"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -32,6 +33,16 @@ type SchemaSetting struct {
 	At      time.Time `json:"at"`
 	// Rev is the revision it was written at (not stored); 0: absent.
 	Rev int64 `json:"-"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
+}
+
+// rewritten is cur as a write changes it: what a newer version wrote in
+// it stays (docs/etcd-schema.md, "Fields a version does not know").
+func rewritten(cur SchemaSetting, level schema.Level, downgrade bool, by, version string, at time.Time) SchemaSetting {
+	next := cur
+	next.Level, next.Downgrade, next.By, next.Version, next.At, next.Rev = level, downgrade, by, version, at, 0
+	return next
 }
 
 // ErrSchemaLevel marks a write or a start that the cluster's schema level
@@ -114,7 +125,7 @@ func (s *Store) RaiseSchema(ctx context.Context, want schema.Level, by, version 
 			out, raised = cur, false
 			return nil
 		}
-		next := SchemaSetting{Level: to, By: by, Version: version, At: s.now().UTC()}
+		next := rewritten(cur, to, false, by, version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(nodesPrefix()), "<", rev+1).WithPrefix()); err != nil {
 			return err
 		}
@@ -207,7 +218,7 @@ func (s *Store) EnableDowngrade(ctx context.Context, to schema.Level, version st
 		if len(inUse) > 0 {
 			return downgradeRefused(to, inUse)
 		}
-		next := SchemaSetting{Level: to, Downgrade: true, By: "kvipamctl", Version: version, At: s.now().UTC()}
+		next := rewritten(cur, to, true, "kvipamctl", version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()); err != nil {
 			return err
 		}
@@ -241,7 +252,7 @@ func (s *Store) CancelDowngrade(ctx context.Context, version string) (SchemaSett
 			out, changed = cur, false
 			return nil
 		}
-		next := SchemaSetting{Level: cur.Level, By: "kvipamctl", Version: version, At: s.now().UTC()}
+		next := rewritten(cur, cur.Level, false, "kvipamctl", version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur)); err != nil {
 			return err
 		}
