@@ -81,6 +81,12 @@ func checkRoundTrip[T any](t *testing.T, data []byte) {
 	if json.Unmarshal(data, &plain) != nil || foldedTwice(data) {
 		return // not a record; or names one member twice, in two cases
 	}
+	if std, err := json.Marshal(plain); err != nil || json.Unmarshal(std, new(T)) != nil {
+		// encoding/json does not read back what it wrote of the known
+		// fields (a reserved range without its "range" is written as
+		// "invalid IP"): nothing jsonkeep could keep.
+		return
+	}
 	var kept T
 	require.NoError(t, jsonkeep.Unmarshal(data, &kept))
 	out, err := jsonkeep.Marshal(kept)
