@@ -218,6 +218,12 @@ func (c *Config) Validate() error {
 		if names[p.Name] {
 			bad("pool %s: given twice", p.Name)
 		}
+		if p.MaxBlocksPerNode != 0 {
+			// A schema feature (allocator/schema): written only once every
+			// live node understands it, which a seed at the first agent's
+			// start cannot know.
+			bad("pool %s: maxBlocksPerNode is not an agent setting: set it with kvipamctl pool set-max-blocks once every agent runs a release that understands it", p.Name)
+		}
 		names[p.Name] = true
 	}
 	if c.DefaultPool != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -69,11 +70,13 @@ func checkSchema(ctx context.Context, st schemaReader, knows schemaKnowledge, ve
 }
 
 // schemaRaiser raises the cluster's schema level once every live node
-// understands the next one (etcdstore.RaiseSchema): it tries at start and
-// whenever a node record or the level changes.
+// understands the next one (etcdstore.RaiseSchema). It follows the node
+// records and the level with two watches, and writes only when its view
+// says a raise is due: the lowest live node's level above the stored one
+// and no downgrade holding it.
 type schemaRaiser struct {
 	store interface {
-		RaiseSchema(ctx context.Context, by, version string) (etcdstore.SchemaSetting, bool, error)
+		RaiseSchema(ctx context.Context, want schema.Level, by, version string) (etcdstore.SchemaSetting, bool, error)
 		WatchNodes(ctx context.Context, h etcdstore.Handler[etcdstore.NodeInfo]) error
 		WatchSchema(ctx context.Context, h etcdstore.Handler[etcdstore.SchemaSetting]) error
 	}
@@ -82,35 +85,106 @@ type schemaRaiser struct {
 }
 
 func (r schemaRaiser) run(ctx context.Context) {
-	poke := make(chan struct{}, 1)
-	go func() { _ = r.store.WatchNodes(ctx, poker[etcdstore.NodeInfo](poke)) }()
-	go func() { _ = r.store.WatchSchema(ctx, poker[etcdstore.SchemaSetting](poke)) }()
+	v := &schemaView{levels: map[string]schema.Level{}, poke: make(chan struct{}, 1)}
+	go func() { _ = r.store.WatchNodes(ctx, nodeLevels{v}) }()
+	go func() { _ = r.store.WatchSchema(ctx, storedLevel{v}) }()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-poke:
+		case <-v.poke:
 		}
-		cur, raised, err := r.store.RaiseSchema(ctx, r.node, r.version)
+		want, due := v.due()
+		if !due {
+			continue
+		}
+		cur, raised, err := r.store.RaiseSchema(ctx, want, r.node, r.version)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			// The next change of a node record or of the level tries again.
-			r.log.Warn("could not raise the schema level", "error", err)
+			r.log.Warn("could not raise the schema level", "level", want, "error", err)
 		case raised:
 			r.log.Info("raised the cluster's schema level: every live node understands it", "level", cur.Level)
 		}
 	}
 }
 
-// poker is a watch handler that only says something changed.
-type poker[T any] chan struct{}
+// schemaView is what the raiser's watches saw: each live node's level
+// and the stored setting. It is safe for concurrent use.
+type schemaView struct {
+	mu     sync.Mutex
+	levels map[string]schema.Level
+	stored *etcdstore.SchemaSetting
+	poke   chan struct{}
+}
 
-func (p poker[T]) poke() {
+func (v *schemaView) changed() {
 	select {
-	case p <- struct{}{}:
+	case v.poke <- struct{}{}:
 	default:
 	}
 }
-func (p poker[T]) Reset([]T) { p.poke() }
-func (p poker[T]) Put(T)     { p.poke() }
-func (p poker[T]) Delete(T)  { p.poke() }
+
+// due is the level a raise would reach, and whether one is due.
+func (v *schemaView) due() (schema.Level, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.stored == nil {
+		return 0, false
+	}
+	live := make([]schema.Level, 0, len(v.levels))
+	for _, l := range v.levels {
+		live = append(live, l)
+	}
+	return schema.RaiseTo(v.stored.Level, v.stored.Downgrade, live)
+}
+
+// nodeLevels feeds the node records' levels to a schemaView.
+type nodeLevels struct{ v *schemaView }
+
+func (h nodeLevels) Reset(all []etcdstore.NodeInfo) {
+	h.v.mu.Lock()
+	clear(h.v.levels)
+	for _, n := range all {
+		h.v.levels[n.Name] = n.Level
+	}
+	h.v.mu.Unlock()
+	h.v.changed()
+}
+
+func (h nodeLevels) Put(n etcdstore.NodeInfo) {
+	h.v.mu.Lock()
+	h.v.levels[n.Name] = n.Level
+	h.v.mu.Unlock()
+	h.v.changed()
+}
+
+func (h nodeLevels) Delete(n etcdstore.NodeInfo) {
+	h.v.mu.Lock()
+	delete(h.v.levels, n.Name)
+	h.v.mu.Unlock()
+	h.v.changed()
+}
+
+// storedLevel feeds the stored setting to a schemaView; a deleted key is
+// level 1 again.
+type storedLevel struct{ v *schemaView }
+
+func (h storedLevel) Reset(all []etcdstore.SchemaSetting) {
+	set := etcdstore.SchemaSetting{Level: schema.Base}
+	if len(all) > 0 {
+		set = all[0]
+	}
+	h.Put(set)
+}
+
+func (h storedLevel) Put(set etcdstore.SchemaSetting) {
+	h.v.mu.Lock()
+	h.v.stored = &set
+	h.v.mu.Unlock()
+	h.v.changed()
+}
+
+func (h storedLevel) Delete(etcdstore.SchemaSetting) {
+	h.Put(etcdstore.SchemaSetting{Level: schema.Base})
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -46,6 +47,8 @@ type Handler[T any] interface {
 type NodeInfo struct {
 	Name      string
 	Addresses []netip.Addr
+	// Level is the schema level of the features it names (NodeLevel).
+	Level schema.Level
 }
 
 // WatchHomes lists every block home, then follows the changes until ctx
@@ -166,7 +169,7 @@ func decodeNodeInfo(kv *mvccpb.KeyValue) (NodeInfo, bool) {
 	if json.Unmarshal(kv.Value, &r) != nil {
 		return NodeInfo{}, false
 	}
-	n := NodeInfo{Name: strings.TrimPrefix(string(kv.Key), nodesPrefix())}
+	n := NodeInfo{Name: strings.TrimPrefix(string(kv.Key), nodesPrefix()), Level: NodeLevel(r)}
 	for _, s := range r.Addresses {
 		if a, err := netip.ParseAddr(s); err == nil {
 			n.Addresses = append(n.Addresses, a)

@@ -61,6 +61,8 @@ func TestLoadErrors(t *testing.T) {
 	require.NoError(t, os.WriteFile(bad, []byte("nodee: typo\n"), 0o600))
 	moved := filepath.Join(dir, "moved.yaml")
 	require.NoError(t, os.WriteFile(moved, []byte("reuseCooldown: 45s\n"), 0o600))
+	maxBlocks := filepath.Join(dir, "maxblocks.yaml")
+	require.NoError(t, os.WriteFile(maxBlocks, []byte("etcd: {embedded: true}\npools:\n- name: p\n  cidrs: [10.0.0.0/16]\n  blockSizeV4: 24\n  maxBlocksPerNode: 2\n"), 0o600))
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -76,6 +78,7 @@ func TestLoadErrors(t *testing.T) {
 		{"reuse-cooldown flag", []string{"--reuse-cooldown", "0s"}, nil, "kvipamctl pool set-cooldown"},
 		{"reuse-cooldown env", nil, map[string]string{"KVIPAM_REUSE_COOLDOWN": "0s"}, "KVIPAM_REUSE_COOLDOWN=\"0s\": reuse-cooldown is no longer an agent setting"},
 		{"reuse-cooldown key", []string{"--config", moved}, nil, "reuse-cooldown is no longer an agent setting"},
+		{"max-blocks key", []string{"--config", maxBlocks}, nil, "pool p: maxBlocksPerNode is not an agent setting: set it with kvipamctl pool set-max-blocks"},
 		{"cert without key", []string{"--pool", "p=10.0.0.0/16", "--etcd-endpoints", "http://e:2379", "--etcd-cert", "c.pem"}, nil, "keyFile"},
 		{"embedded with a certificate", []string{"--etcd-embedded", "--etcd-cert", "c.pem", "--etcd-key", "k.pem"}, nil, "the embedded etcd takes none"},
 		{"no etcd", []string{"--pool", "p=10.0.0.0/16"}, nil, "no endpoints, and no embedded etcd asked for"},

@@ -28,7 +28,7 @@ func TestSchemaCommands(t *testing.T) {
 	require.Equal(t, exitOK, h.json(&v, "version"))
 	require.NotNil(t, v.Cluster)
 	require.Equal(t, schema.Base, v.Cluster.Level)
-	require.Equal(t, []nodeVersion{{Name: "n0", Version: "v0.1.0", Level: 1}, {Name: "n1", Version: "test", Level: schema.Highest(), Features: schema.Names()}}, v.Cluster.Nodes)
+	require.Equal(t, []nodeVersion{{Name: "n0", Version: "v0.1.0", Level: 1}, {Name: "n1", Version: "unknown", Level: schema.Highest(), Features: schema.Names()}}, v.Cluster.Nodes)
 	code, out, errs := h.run("pool", "set-max-blocks", "small", "2")
 	require.Equal(t, exitError, code, out)
 	require.Contains(t, errs, "n0 (v0.1.0, level 1)")
@@ -39,7 +39,7 @@ func TestSchemaCommands(t *testing.T) {
 	// The agents raise the level once n0 is gone (agent.schemaRaiser;
 	// done by hand here), and set-max-blocks is accepted.
 	old.Kill(t)
-	_, raised, err := st.RaiseSchema(ctx, "n1", "test")
+	_, raised, err := st.RaiseSchema(ctx, schema.Highest(), "n1", "test")
 	require.NoError(t, err)
 	require.True(t, raised)
 	require.Contains(t, h.ok("pool", "set-max-blocks", "small", "2"), "max blocks per node 2")
