@@ -113,11 +113,14 @@ SEED ?= 0
 model-sim:
 	$(GO) test -count=1 -v -timeout 60m -run '^TestModelSimulated$$' ./allocator/nodealloc -model.steps=$(STEPS) -model.seed=$(SEED)
 
-# The CNI parsers' fuzz targets, briefly (go test takes one -fuzz at a time).
+# The fuzz targets, briefly (go test takes one -fuzz at a time): the CNI
+# parsers, and the etcd records' round trip of members a version does not
+# know.
 FUZZTIME ?= 15s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) ./cni/
+	$(GO) test -run '^$$' -fuzz '^FuzzUnknownFields$$' -fuzztime $(FUZZTIME) ./allocator/etcdstore/
 
 # go build -v names each package as it compiles: on a cold machine the
 # first build takes minutes, and says so rather than stay silent.

@@ -35,7 +35,7 @@ func awaitLevel(t *testing.T, cli *clientv3.Client, st *etcdstore.Store, want sc
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	wch := cli.Watch(ctx, etcdstore.Prefix+"settings/schema")
+	wch := cli.Watch(ctx, etcdstore.SchemaKey())
 	cur, err := st.ReadSchema(ctx)
 	require.NoError(t, err)
 	for cur.Level != want {
@@ -58,7 +58,7 @@ func TestNewerSchemaRefusedAtStart(t *testing.T) {
 	ctx := context.Background()
 	newer, err := json.Marshal(etcdstore.SchemaSetting{Level: schema.Highest() + 1, By: "node-9", Version: "v9.9.9", At: time.Now().UTC()})
 	require.NoError(t, err)
-	_, err = cli.Put(ctx, etcdstore.Prefix+"settings/schema", string(newer))
+	_, err = cli.Put(ctx, etcdstore.SchemaKey(), string(newer))
 	require.NoError(t, err)
 	before, err := cli.Get(ctx, etcdstore.Prefix, clientv3.WithPrefix())
 	require.NoError(t, err)
@@ -141,6 +141,7 @@ func TestFeatureWaitsForOldestAgent(t *testing.T) {
 		_, err := ta.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Families: []string{"ipv4"}})
 		if err != nil {
 			require.Equal(t, api.CodeExhausted, apiErr(t, err).Code, "the %dth address: %v", i, err)
+			require.Contains(t, err.Error(), "This node holds the pool's max blocks per node (1) of ipv4")
 			break
 		}
 		got++

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"time"
+
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 )
 
 var (
@@ -80,6 +82,9 @@ type Pool struct {
 	// claims are fenced by it, so no node claims a block under a spec an
 	// operator has since changed (a CIDR removed, the pool deleted).
 	Rev int64 `json:"-"`
+	// Unknown keeps the members a newer version wrote that this one
+	// does not know, so that a rewrite keeps them (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 const (

@@ -9,6 +9,7 @@ import "slices"
 // p's reserved ranges are added to the stored ones. Every store merges
 // by it.
 func MergeConfigured(stored, p Pool) Pool {
+	p.Unknown = stored.Unknown // what a newer version set stays too
 	p.Disabled = stored.Disabled
 	p.Draining = slices.Clone(stored.Draining)
 	if p.NodeSelector == "" {
@@ -34,10 +35,12 @@ func MergeConfigured(stored, p Pool) Pool {
 }
 
 // SameSpec reports whether two specs of a pool say the same, the
-// revision aside.
+// revision aside, in what this version knows of them (members a newer
+// version wrote, jsonkeep.Unknown, are not compared).
 func SameSpec(a, b Pool) bool {
+	sameRes := func(x, y Reservation) bool { return x.Range == y.Range && x.Reason == y.Reason }
 	return a.Name == b.Name && a.BlockSizeV4 == b.BlockSizeV4 && a.BlockSizeV6 == b.BlockSizeV6 &&
-		slices.Equal(a.CIDRs, b.CIDRs) && slices.Equal(a.Reserved, b.Reserved) && a.Disabled == b.Disabled &&
+		slices.Equal(a.CIDRs, b.CIDRs) && slices.EqualFunc(a.Reserved, b.Reserved, sameRes) && a.Disabled == b.Disabled &&
 		slices.Equal(a.Draining, b.Draining) && a.NodeSelector == b.NodeSelector &&
 		sameSetting(a.ReuseCooldown, b.ReuseCooldown) && sameSetting(a.Masquerade, b.Masquerade) &&
 		a.MaxBlocksPerNode == b.MaxBlocksPerNode

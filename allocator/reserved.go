@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 )
 
 // Reserved ranges. An operator keeps addresses of a pool back (a gateway,
@@ -131,6 +133,8 @@ func (r AddrRange) Size() uint64 {
 type Reservation struct {
 	Range  AddrRange `json:"range"`
 	Reason string    `json:"reason,omitempty"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // validateReserved checks that each reservation lies inside one CIDR of p

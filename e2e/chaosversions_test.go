@@ -23,9 +23,9 @@ import (
 // A mixed-version chaos run (CHAOS_MIXED=v0.1.0 make chaos, and its short
 // form TestMixedVersionChaos): each node starts on the previous release's
 // binaries or on HEAD's, and the run upgrades nodes and rolls them back
-// beside the faults, as an operator does (docs/etcd-schema.md, "Schema
-// levels"): node by node, the downgrade enabled before the first node
-// goes back, cancelled once every node runs HEAD again.
+// beside the faults, as an operator does (docs/operations.md, "Rolling
+// back"): node by node, the downgrade enabled before the first node goes
+// back, cancelled once every node runs HEAD again.
 
 // TestMixedVersionChaos is the mixed-version chaos run's short form
 // (make test): 3 nodes, each starting on the previous release or on HEAD
@@ -40,10 +40,6 @@ func TestMixedVersionChaos(t *testing.T) {
 
 // headVersion names the build under test in a run's logs.
 const headVersion = "HEAD"
-
-// previousRelease is the release TestMixedVersionChaos runs beside HEAD:
-// the last one in RELEASES, whose schema level (1) is below HEAD's.
-const previousRelease = "v0.1.0"
 
 // versionSteps are the steps a mixed run chooses beside the faults.
 var versionSteps = []string{"upgrade", "rollback"}

@@ -2,13 +2,13 @@ package kvstore
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
@@ -24,19 +24,23 @@ type Versioned[T any] struct {
 	Lease       clientv3.LeaseID
 }
 
-// Decode turns one etcd key-value into a Versioned value.
+// Decode turns one etcd key-value into a Versioned value. A record that
+// embeds jsonkeep.Unknown keeps the members it does not know (a newer
+// version's), and EncodeJSON writes them back: a record rewritten from
+// the one read loses nothing.
 func Decode[T any](kv *mvccpb.KeyValue) (Versioned[T], error) {
 	v := Versioned[T]{Key: string(kv.Key), ModRevision: kv.ModRevision, CreateRev: kv.CreateRevision, Lease: clientv3.LeaseID(kv.Lease)}
-	if err := json.Unmarshal(kv.Value, &v.Value); err != nil {
+	if err := jsonkeep.Unmarshal(kv.Value, &v.Value); err != nil {
 		return v, fmt.Errorf("decode %s: %w", kv.Key, err)
 	}
 	return v, nil
 }
 
-// EncodeJSON encodes v; kvipam's records are plain structs, so a failure is a
+// EncodeJSON encodes v, with the members its jsonkeep.Unknowns hold
+// (Decode); kvipam's records are plain structs, so a failure is a
 // programming error reported as an error rather than a panic.
 func EncodeJSON(v any) (string, error) {
-	b, err := json.Marshal(v)
+	b, err := jsonkeep.Marshal(v)
 	if err != nil {
 		return "", fmt.Errorf("encode %T: %w", v, err)
 	}

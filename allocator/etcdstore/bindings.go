@@ -3,6 +3,7 @@ package etcdstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,6 +12,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -24,27 +27,50 @@ type NamespaceBinding struct {
 	Namespace string    `json:"-"`
 	Pool      string    `json:"pool"`
 	Since     time.Time `json:"since"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // BindNamespace makes pool the default pool of namespace ns, in one
-// transaction that requires the pool to exist (else ErrPoolNotFound).
+// transaction that requires the pool to exist (else ErrPoolNotFound). A
+// binding ns has is rewritten from the one read (what a newer version
+// wrote in it stays), if unchanged since.
 func (s *Store) BindNamespace(ctx context.Context, ns, pool string) error {
 	if ns == "" || strings.ContainsAny(ns, "/ ") {
 		return fmt.Errorf("%w: namespace %q", records.ErrBadRequest, ns)
 	}
-	val, err := kvstore.EncodeJSON(NamespaceBinding{Pool: pool, Since: s.now().UTC()})
-	if err != nil {
-		return err
-	}
-	resp, err := s.kv.Txn(ctx).If(clientv3.Compare(clientv3.Version(PoolKey(pool)), ">", 0)).
-		Then(clientv3.OpPut(namespaceBindingKey(ns), val)).Commit()
-	if err != nil {
-		return fmt.Errorf("bind namespace %s: %w", ns, kvstore.Unavailable(err))
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("bind namespace %s to pool %s: %w", ns, pool, records.ErrPoolNotFound)
-	}
-	return nil
+	key := namespaceBindingKey(ns)
+	return retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		var b NamespaceBinding
+		same := kvstore.Absent(key)
+		v, err := kvstore.GetJSON[NamespaceBinding](ctx, s.kv, key)
+		switch {
+		case errors.Is(err, kvstore.ErrNotFound):
+		case errors.Is(err, retry.ErrUnavailable):
+			return fmt.Errorf("bind namespace %s: %w", ns, err)
+		case err != nil: // unreadable (written by hand): replaced
+			same = kvstore.Unchanged(key, v.ModRevision)
+		default:
+			b, same = v.Value, kvstore.Unchanged(key, v.ModRevision)
+		}
+		b.Pool, b.Since = pool, s.now().UTC()
+		val, err := kvstore.EncodeJSON(b)
+		if err != nil {
+			return err
+		}
+		pk := PoolKey(pool)
+		resp, err := s.kv.Txn(ctx).If(kvstore.Exists(pk), same).
+			Then(clientv3.OpPut(key, val)).Else(clientv3.OpGet(pk, clientv3.WithCountOnly())).Commit()
+		switch {
+		case err != nil:
+			return fmt.Errorf("bind namespace %s: %w", ns, kvstore.Unavailable(err))
+		case resp.Succeeded:
+			return nil
+		case resp.Responses[0].GetResponseRange().Count == 0:
+			return fmt.Errorf("bind namespace %s to pool %s: %w", ns, pool, records.ErrPoolNotFound)
+		}
+		return fmt.Errorf("bind namespace %s: its binding changed meanwhile: %w", ns, retry.ErrConflict)
+	})
 }
 
 // UnbindNamespace removes ns's binding; none is not an error.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -39,7 +40,11 @@ func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64)
 		if kvs[0].Lease == lease {
 			return kvs[0].ModRevision, nil // our own write, answer lost
 		}
-		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, kvs[0].ModRevision)).Then(put).Commit()
+		moved, err := movedFence(c, kvs[0], lease)
+		if err != nil {
+			return 0, err
+		}
+		resp, err = s.kv.Txn(ctx).If(kvstore.Unchanged(key, kvs[0].ModRevision)).Then(moved).Commit()
 		if err != nil {
 			return 0, fmt.Errorf("borrow fence of node %s: %w", c.Node, leaseErr(kvstore.Unavailable(err)))
 		}
@@ -48,6 +53,47 @@ func (s *Store) FenceBorrower(ctx context.Context, c records.Claim, lease int64)
 		}
 	}
 	return 0, fmt.Errorf("borrow fence of node %s: changed concurrently: %w", c.Node, retry.ErrConflict)
+}
+
+// movedFence is the put that moves the fence held, of an older lease of
+// the node, to lease: c, with what a newer version wrote in the fence.
+func movedFence(c records.Claim, held *mvccpb.KeyValue, lease int64) (clientv3.Op, error) {
+	if v, err := kvstore.Decode[records.Claim](held); err == nil {
+		c.Unknown = v.Value.Unknown
+	}
+	val, err := kvstore.EncodeJSON(c)
+	if err != nil {
+		return clientv3.Op{}, err
+	}
+	return clientv3.OpPut(string(held.Key), val, clientv3.WithLease(clientv3.LeaseID(lease))), nil
+}
+
+// lentHomes reads the homes at keys (LentKey), in one round trip, for
+// writes that rewrite them: a home is rewritten from the one read, so
+// what a newer version wrote in it stays. A home absent, or unreadable,
+// is missing from the map. The home changes only with its allocation,
+// whose revision those writes compare.
+func (s *Store) lentHomes(ctx context.Context, keys []string) (map[string]records.Home, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	gets := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		gets[i] = clientv3.OpGet(k)
+	}
+	resp, err := s.kv.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read %d lent homes: %w", len(keys), kvstore.Unavailable(err))
+	}
+	out := map[string]records.Home{}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			if v, err := kvstore.Decode[records.Home](kv); err == nil {
+				out[string(kv.Key)] = v.Value
+			}
+		}
+	}
+	return out, nil
 }
 
 // ListLent implements records.Store.

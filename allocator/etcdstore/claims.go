@@ -225,6 +225,10 @@ func (s *Store) Reclaim(ctx context.Context, pool string, prev records.BlockInfo
 		return 0, fmt.Errorf("reclaim block %s: home is not node %s: %w", b, c.Node, records.ErrNotOwned)
 	}
 	ck, hk := ClaimKey(pool, b), HomeKey(pool, b)
+	if prev.Claim != nil {
+		// The claim is rewritten: what a newer version wrote in it stays.
+		c.Unknown = prev.Claim.Unknown
+	}
 	claim, err := kvstore.EncodeJSON(c)
 	if err != nil {
 		return 0, err

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -42,6 +43,8 @@ type HistoryRecord struct {
 	// node-remove or operator-release (an operator's audited release),
 	// kept-for-identity or taken-over-by-identity (sticky identities).
 	Reason string `json:"reason"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // Reasons an interval ends.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -31,6 +32,8 @@ type historySettingJSON struct {
 	Retention string    `json:"retention"`
 	Node      string    `json:"node,omitempty"`
 	At        time.Time `json:"at"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // PublishHistoryRetention stores retention as the agents' IP-history
@@ -42,14 +45,16 @@ func (s *Store) PublishHistoryRetention(ctx context.Context, retention time.Dura
 		return false, fmt.Errorf("history retention %s is negative", retention)
 	}
 	// An unreadable record (written by hand) is replaced.
-	cur, found, err := s.HistoryRetention(ctx)
+	stored, cur, found, err := s.historySetting(ctx)
 	switch {
 	case err != nil && !errors.Is(err, errBadSetting):
 		return false, err
 	case err == nil && found && cur.Retention == retention:
 		return false, nil
 	}
-	val, err := kvstore.EncodeJSON(historySettingJSON{Retention: retention.String(), Node: node, At: s.now().UTC()})
+	// Rewritten from the record read: what a newer version wrote stays.
+	stored.Retention, stored.Node, stored.At = retention.String(), node, s.now().UTC()
+	val, err := kvstore.EncodeJSON(stored)
 	if err != nil {
 		return false, err
 	}
@@ -66,19 +71,27 @@ var errBadSetting = errors.New("unreadable setting")
 // when no agent has stored one yet. A record that cannot be read (written
 // by hand) is an error.
 func (s *Store) HistoryRetention(ctx context.Context) (h HistorySetting, found bool, err error) {
+	_, h, found, err = s.historySetting(ctx)
+	return h, found, err
+}
+
+// historySetting reads the setting as stored and as HistoryRetention
+// gives it. A record it cannot read is errBadSetting, with what it
+// decoded of it.
+func (s *Store) historySetting(ctx context.Context) (stored historySettingJSON, h HistorySetting, found bool, err error) {
 	v, err := kvstore.GetJSON[historySettingJSON](ctx, s.kv, historySettingKey())
 	switch {
 	case errors.Is(err, kvstore.ErrNotFound):
-		return HistorySetting{}, false, nil
+		return historySettingJSON{}, HistorySetting{}, false, nil
 	case err != nil:
 		if !errors.Is(err, retry.ErrUnavailable) {
 			err = fmt.Errorf("%w: %w", errBadSetting, err)
 		}
-		return HistorySetting{}, false, err
+		return historySettingJSON{}, HistorySetting{}, false, err
 	}
 	d, err := time.ParseDuration(v.Value.Retention)
 	if err != nil || d < 0 {
-		return HistorySetting{}, false, fmt.Errorf("%w: %s: retention %q", errBadSetting, historySettingKey(), v.Value.Retention)
+		return v.Value, HistorySetting{}, false, fmt.Errorf("%w: %s: retention %q", errBadSetting, historySettingKey(), v.Value.Retention)
 	}
-	return HistorySetting{Retention: d, Node: v.Value.Node, At: v.Value.At}, true, nil
+	return v.Value, HistorySetting{Retention: d, Node: v.Value.Node, At: v.Value.At}, true, nil
 }

@@ -81,6 +81,16 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		resLease = lease
 		res.Expires = expires
 	}
+	var rewritten []string
+	for _, w := range writes {
+		if w.Borrowed && w.PrevRev != 0 {
+			rewritten = append(rewritten, LentKey(w.Pool, w.Addr))
+		}
+	}
+	lent, err := s.lentHomes(ctx, rewritten)
+	if err != nil {
+		return res, err
+	}
 	fenced := map[string]bool{}
 	fence := func(c clientv3.Cmp, key string) {
 		if !fenced[key] {
@@ -118,7 +128,9 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		puts = append(puts, clientv3.OpPut(key, val, opts...))
 		switch {
 		case w.Borrowed:
-			home, err := kvstore.EncodeJSON(records.Home{Node: w.Record.Node, Since: w.Record.Since})
+			h := lent[LentKey(w.Pool, w.Addr)] // none for a new loan
+			h.Node, h.Since = w.Record.Node, w.Record.Since
+			home, err := kvstore.EncodeJSON(h)
 			if err != nil {
 				return res, err
 			}
@@ -130,7 +142,7 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 		}
 	}
 	var resp *clientv3.TxnResponse
-	err := s.hist.Commit(ctx, ended, func(hist []clientv3.Op) (err error) {
+	err = s.hist.Commit(ctx, ended, func(hist []clientv3.Op) (err error) {
 		resp, err = s.kv.Txn(ctx).If(cmps...).Then(append(slices.Clip(puts), hist...)...).Commit()
 		return err
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/kvstore"
 )
 
@@ -39,6 +40,9 @@ type NodeRecord struct {
 	// node's blocks were freed while it was away. kvipamctl check reports
 	// each one.
 	LostEndpoints []LostEndpoint `json:"lostEndpoints,omitempty"`
+	// Unknown keeps the members a newer version wrote that this one
+	// does not know, so that a rewrite keeps them (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // LostEndpoint is a pod endpoint of a node whose addresses its owner no
@@ -61,6 +65,8 @@ type LostEndpoint struct {
 	// find its blocks freed (node remove); otherwise why an allocation
 	// etcd had lost could not be written back (reassert).
 	Reason string `json:"reason,omitempty"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // LostIP is one lost address and who holds it now.
@@ -74,6 +80,9 @@ type LostIP struct {
 	HeldByNode string `json:"heldByNode,omitempty"`
 	// Unknown is set when the holder could not be read.
 	Unknown bool `json:"unknown,omitempty"`
+	// Extra: members this version does not know (jsonkeep; not embedded,
+	// as the name Unknown is taken).
+	Extra jsonkeep.Unknown `json:"-"`
 }
 
 // Holder describes who holds the address now, for people: an owner and

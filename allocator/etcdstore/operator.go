@@ -37,7 +37,7 @@ func NewOperator(cli OperatorClient, pageSize int) *Operator {
 
 // scanPrefixes are the record kinds ScanAll reads, in order.
 func scanPrefixes() []string {
-	return []string{schemaKey(), PoolsPrefix(), nodesPrefix(), AllClaimsPrefix(), AllHomesPrefix(), AllIPsPrefix(), allStickyPrefix()}
+	return []string{SchemaKey(), PoolsPrefix(), nodesPrefix(), AllClaimsPrefix(), AllHomesPrefix(), AllIPsPrefix(), allStickyPrefix()}
 }
 
 // ScanAll hands every kvipam record (the schema level, pools, nodes, claims, homes, lent

@@ -56,7 +56,7 @@ type Key struct {
 // key still keeps its block from being empty. A key under no kind's
 // subtree returns an error and a zero Key.
 func ParseKey(key string) (Key, error) {
-	if key == schemaKey() {
+	if key == SchemaKey() {
 		return Key{Kind: KeySchema}, nil
 	}
 	for _, k := range []struct {

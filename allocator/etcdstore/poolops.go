@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -26,6 +27,8 @@ import (
 type DeletedPool struct {
 	Name      string    `json:"name"`
 	DeletedAt time.Time `json:"deletedAt"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // ErrPoolInUse is returned when a cidr or a pool still holds allocations

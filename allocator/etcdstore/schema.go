@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/schema"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
 )
@@ -32,6 +33,16 @@ type SchemaSetting struct {
 	At      time.Time `json:"at"`
 	// Rev is the revision it was written at (not stored); 0: absent.
 	Rev int64 `json:"-"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
+}
+
+// rewritten is cur as a write changes it: what a newer version wrote in
+// it stays (docs/etcd-schema.md, "Fields a version does not know").
+func rewritten(cur SchemaSetting, level schema.Level, downgrade bool, by, version string, at time.Time) SchemaSetting {
+	next := cur
+	next.Level, next.Downgrade, next.By, next.Version, next.At, next.Rev = level, downgrade, by, version, at, 0
+	return next
 }
 
 // ErrSchemaLevel marks a write or a start that the cluster's schema level
@@ -39,19 +50,19 @@ type SchemaSetting struct {
 // this binary does not know, a downgrade below a level in use.
 var ErrSchemaLevel = errors.New("schema level")
 
-// schemaKey is the cluster's schema level (SchemaSetting); no lease.
-func schemaKey() string { return Prefix + "settings/schema" }
+// SchemaKey is the cluster's schema level (SchemaSetting); no lease.
+func SchemaKey() string { return Prefix + "settings/schema" }
 
 // ReadSchema reads the cluster's schema level.
 func (s *Store) ReadSchema(ctx context.Context) (SchemaSetting, error) {
-	v, err := kvstore.GetJSON[SchemaSetting](ctx, s.kv, schemaKey())
+	v, err := kvstore.GetJSON[SchemaSetting](ctx, s.kv, SchemaKey())
 	switch {
 	case errors.Is(err, kvstore.ErrNotFound):
 		return SchemaSetting{Level: schema.Base}, nil
 	case err != nil:
 		return SchemaSetting{}, fmt.Errorf("read the schema level: %w", err)
 	case v.Value.Level < schema.Base:
-		return SchemaSetting{}, fmt.Errorf("read the schema level: %s holds level %d", schemaKey(), v.Value.Level)
+		return SchemaSetting{}, fmt.Errorf("read the schema level: %s holds level %d", SchemaKey(), v.Value.Level)
 	}
 	v.Value.Rev = v.ModRevision
 	return v.Value, nil
@@ -63,7 +74,7 @@ func NodeLevel(r NodeRecord) schema.Level { return schema.LevelOf(r.Features) }
 
 // settingUnchanged is the compare "the schema key is as read".
 func settingUnchanged(cur SchemaSetting) clientv3.Cmp {
-	return clientv3.Compare(clientv3.ModRevision(schemaKey()), "=", cur.Rev)
+	return clientv3.Compare(clientv3.ModRevision(SchemaKey()), "=", cur.Rev)
 }
 
 // liveNodes reads the live node records and the revision they were read
@@ -114,7 +125,7 @@ func (s *Store) RaiseSchema(ctx context.Context, want schema.Level, by, version 
 			out, raised = cur, false
 			return nil
 		}
-		next := SchemaSetting{Level: to, By: by, Version: version, At: s.now().UTC()}
+		next := rewritten(cur, to, false, by, version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(nodesPrefix()), "<", rev+1).WithPrefix()); err != nil {
 			return err
 		}
@@ -130,7 +141,7 @@ func (s *Store) putSetting(ctx context.Context, next *SchemaSetting, cmps ...cli
 	if err != nil {
 		return err
 	}
-	resp, err := s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpPut(schemaKey(), val)).Commit()
+	resp, err := s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpPut(SchemaKey(), val)).Commit()
 	if err != nil {
 		return fmt.Errorf("write the schema level: %w", kvstore.Unavailable(err))
 	}
@@ -207,7 +218,7 @@ func (s *Store) EnableDowngrade(ctx context.Context, to schema.Level, version st
 		if len(inUse) > 0 {
 			return downgradeRefused(to, inUse)
 		}
-		next := SchemaSetting{Level: to, Downgrade: true, By: "kvipamctl", Version: version, At: s.now().UTC()}
+		next := rewritten(cur, to, true, "kvipamctl", version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()); err != nil {
 			return err
 		}
@@ -241,7 +252,7 @@ func (s *Store) CancelDowngrade(ctx context.Context, version string) (SchemaSett
 			out, changed = cur, false
 			return nil
 		}
-		next := SchemaSetting{Level: cur.Level, By: "kvipamctl", Version: version, At: s.now().UTC()}
+		next := rewritten(cur, cur.Level, false, "kvipamctl", version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur)); err != nil {
 			return err
 		}
@@ -301,7 +312,7 @@ func cmpVersion(v string) string {
 // WatchSchema follows the schema key as WatchNodes follows the node
 // records: Reset with the setting (or none), Put on a change.
 func (s *Store) WatchSchema(ctx context.Context, h Handler[SchemaSetting]) error {
-	key := schemaKey()
+	key := SchemaKey()
 	return s.follow(ctx, key, decoded[SchemaSetting]{h: h,
 		decode: func(kv *mvccpb.KeyValue) (SchemaSetting, bool) {
 			v, err := kvstore.Decode[SchemaSetting](kv)

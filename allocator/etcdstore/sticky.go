@@ -92,19 +92,35 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 	withLease := clientv3.WithLease(lease.ID)
 	key := BindingKey(b.Pool, b.Identity)
 	cmps := []clientv3.Cmp{kvstore.Unchanged(key, b.Rev)}
+	var lentKeys []string
+	for _, al := range als {
+		if al.Borrowed {
+			lentKeys = append(lentKeys, LentKey(al.Pool, al.Addr))
+		}
+	}
+	lent, err := s.lentHomes(ctx, lentKeys)
+	if err != nil {
+		_, _ = s.cli.Revoke(ctx, lease.ID)
+		return time.Time{}, fmt.Errorf("keep %s: %w", b.Identity, err)
+	}
 	var ops []clientv3.Op
 	for _, al := range als {
 		k := IPKey(al.Pool, al.Block, al.Addr)
 		cmps = append(cmps, kvstore.Unchanged(k, al.Rev))
-		rec := records.Record{Owner: records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
-			State: records.StateKept, Since: s.now().UTC(), Borrowed: al.Borrowed, Identity: b.Identity}
+		// Rewritten from the record read (what a newer version wrote
+		// in it stays), held for the identity by no pod.
+		rec := al.Record
+		rec.Owner = records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}
+		rec.State, rec.Since, rec.Identity, rec.WindowSeconds = records.StateKept, s.now().UTC(), b.Identity, 0
 		val, err := kvstore.EncodeJSON(rec)
 		if err != nil {
 			return time.Time{}, err
 		}
 		ops = append(ops, clientv3.OpPut(k, val, withLease))
 		if al.Borrowed {
-			home, err := kvstore.EncodeJSON(records.Home{Node: al.Node, Since: rec.Since})
+			h := lent[LentKey(al.Pool, al.Addr)]
+			h.Node, h.Since = al.Node, rec.Since
+			home, err := kvstore.EncodeJSON(h)
 			if err != nil {
 				return time.Time{}, err
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -103,21 +104,22 @@ func TestWatchNodes(t *testing.T) {
 	ctx := context.Background()
 	cli := etcdtest.Client(t, etcdtest.Start(t))
 	st := etcdstore.New(cli, etcdstore.Options{})
-	put := func(name string, addrs ...string) clientv3.LeaseID {
+	put := func(name string, features []string, addrs ...string) clientv3.LeaseID {
 		t.Helper()
 		lease, err := cli.Grant(ctx, 60)
 		require.NoError(t, err)
-		require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: name, Addresses: addrs, Lease: int64(lease.ID)}, int64(lease.ID)))
+		require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: name, Addresses: addrs, Lease: int64(lease.ID), Features: features}, int64(lease.ID)))
 		return lease.ID
 	}
-	put("node-a", "192.0.2.1", "2001:db8::1")
+	put("node-a", nil, "192.0.2.1", "2001:db8::1")
 
 	r := follow(t, func(ctx context.Context, r recorder) error { return st.WatchNodes(ctx, nodes{r}) })
-	require.Equal(t, resetNodes{{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}}}, r.next(t))
+	require.Equal(t, resetNodes{{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}, Level: schema.Base}}, r.next(t))
 
-	// An address that does not parse is dropped; the rest of the record is kept.
-	lease := put("node-b", "192.0.2.2", "not-an-address")
-	require.Equal(t, putNode{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.2")}}, r.next(t))
+	// An address that does not parse is dropped; the rest of the record
+	// is kept. The features it names give its schema level.
+	lease := put("node-b", schema.Names(), "192.0.2.2", "not-an-address")
+	require.Equal(t, putNode{Name: "node-b", Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.2")}, Level: schema.Highest()}, r.next(t))
 
 	// The record sits on the node's lease: when the lease ends, it goes.
 	_, err := cli.Revoke(ctx, lease)

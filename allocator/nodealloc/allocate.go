@@ -579,7 +579,11 @@ func (a *Allocator) borrow(ctx context.Context, ps *planner.Pool, r Request, f a
 		}
 		cands := a.n.Lendables(ps, f, snap, r.Owner)
 		if len(cands) == 0 {
-			return records.ExplainExhausted(ctx, a.cfg.Store, ps.Spec(), f, snap)
+			e := records.ExplainExhausted(ctx, a.cfg.Store, ps.Spec(), f, snap)
+			if ps.AtBlockLimit(f) {
+				e.MaxBlocks = ps.Spec().MaxBlocksPerNode
+			}
+			return e
 		}
 		b, addr := cands[0].Block, cands[0].Free[0]
 		if cooldown := ps.Spec().Cooldown(); cooldown > 0 {

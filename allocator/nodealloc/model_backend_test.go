@@ -18,6 +18,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/allocator/schema"
+	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/testsupport/agenttest"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -314,22 +315,95 @@ func (b *etcdBackend) removeNode(node string, ev inspect.Evidence) error {
 }
 
 func (b *etcdBackend) updatePool(change func(p *allocator.Pool) error) error {
-	st := b.r.operatorStore(kindPoolChange, b.r.pool.Name)
-	// An agent's raise of the schema level, its answer lost or its race
-	// lost as any operator write's here: the level never goes down, and a
-	// raise that failed leaves it as it was (the next node change raises
-	// it again).
-	before, err := st.ReadSchema(b.r.ctx)
-	if err == nil {
-		_, _, rerr := st.RaiseSchema(b.r.ctx, schema.Highest(), "model", "model")
-		after, aerr := etcdstore.New(b.check, etcdstore.Options{}).ReadSchema(b.r.ctx)
-		require.NoError(b.r.t, aerr)
-		if after.Level < before.Level {
-			b.r.fail("raising the schema level (%v) lowered it from %d to %d", rerr, before.Level, after.Level)
+	b.schemaStep()
+	truth := etcdstore.New(b.check, etcdstore.Options{})
+	level, err := truth.ReadSchema(b.r.ctx)
+	require.NoError(b.r.t, err)
+	_, err = b.r.operatorStore(kindPoolChange, b.r.pool.Name).UpdatePool(b.r.ctx, b.r.pool.Name, change)
+	if errors.Is(err, etcdstore.ErrSchemaLevel) {
+		// Refused by the level: only a spec that needs more than the
+		// level held (kvipamctl downgrade enable) may be.
+		want, gerr := truth.GetPool(b.r.ctx, b.r.pool.Name)
+		require.NoError(b.r.t, gerr)
+		require.NoError(b.r.t, change(&want))
+		if need := schema.PoolNeeds(want); need <= level.Level {
+			b.r.fail("pool change refused by the schema level (%v), but it needs level %d and the level is %d", err, need, level.Level)
 		}
 	}
-	_, err = st.UpdatePool(b.r.ctx, b.r.pool.Name, change)
 	return err
+}
+
+// schemaStep writes the schema level as the agents and kvipamctl do,
+// under the fault injector (answers lost, races lost, refusals), before
+// a pool change: an agent's raise (the model's nodes all understand
+// every feature), or now and then kvipamctl downgrade enable 1 or
+// cancel. It checks each against the truth: a raise never lowers the
+// level and never passes a hold; enable is refused, writing nothing,
+// while the pool needs more than level 1, and held the level at 1 when
+// it succeeded; cancel ended the hold when it succeeded.
+func (b *etcdBackend) schemaStep() {
+	r := b.r
+	truth := etcdstore.New(b.check, etcdstore.Options{})
+	before, err := truth.ReadSchema(r.ctx)
+	require.NoError(r.t, err)
+	pool, err := truth.GetPool(r.ctx, r.pool.Name)
+	require.NoError(r.t, err)
+	st := r.schemaStore()
+	var what string
+	switch k := r.rng.IntN(6); {
+	case k == 0:
+		what = "downgrade enable 1"
+		_, err = st.EnableDowngrade(r.ctx, schema.Base, "model")
+	case k == 1:
+		what = "downgrade cancel"
+		_, _, err = st.CancelDowngrade(r.ctx, "model")
+	default:
+		what = "raise"
+		_, _, err = st.RaiseSchema(r.ctx, schema.Highest(), "model", "model")
+	}
+	r.tally(kindSchema+" "+what, err)
+	after, aerr := truth.ReadSchema(r.ctx)
+	require.NoError(r.t, aerr)
+	unknown := errors.Is(err, errUnknown) || errors.Is(err, context.DeadlineExceeded)
+	// A lost race rewrites the key as it is: compare what it says.
+	same := func(a, b etcdstore.SchemaSetting) bool { return a.Level == b.Level && a.Downgrade == b.Downgrade }
+	switch what {
+	case "raise":
+		if after.Level < before.Level || (before.Downgrade && !same(after, before)) {
+			r.fail("raise (%v): the level went from %+v to %+v", err, before, after)
+		}
+	case "downgrade enable 1":
+		switch {
+		case schema.PoolNeeds(pool) > schema.Base && (err == nil || !errors.Is(err, etcdstore.ErrSchemaLevel) && !errors.Is(err, errInjected) && !unknown && !errors.Is(err, retry.ErrUnavailable)):
+			r.fail("downgrade enable while pool %+v needs level %d: %v", pool, schema.PoolNeeds(pool), err)
+		case schema.PoolNeeds(pool) > schema.Base && !same(after, before):
+			r.fail("refused downgrade enable (%v) changed the level from %+v to %+v", err, before, after)
+		case err == nil && (after.Level != schema.Base || !after.Downgrade):
+			r.fail("downgrade enable succeeded, and the level is %+v", after)
+		}
+	case "downgrade cancel":
+		if err == nil && after.Downgrade {
+			r.fail("downgrade cancel succeeded, and the level is still held: %+v", after)
+		}
+	}
+}
+
+// schemaStore is the store of the agents' and kvipamctl's writes of the
+// schema level, faulted as kindSchema: a lost race rewrites the schema
+// key as it is, so that the writer's compare fails and it reads again.
+func (r *modelRun) schemaStore() *etcdstore.Store {
+	b := r.b.(*etcdBackend)
+	cli := clientv3.NewCtxClient(r.ctx)
+	cli.KV = faultKV{KV: b.check.KV, r: r, kind: kindSchema, race: func() {
+		resp, err := b.check.Get(r.ctx, etcdstore.SchemaKey())
+		require.NoError(r.t, err)
+		if len(resp.Kvs) > 0 {
+			_, err = b.check.Put(r.ctx, etcdstore.SchemaKey(), string(resp.Kvs[0].Value))
+			require.NoError(r.t, err)
+		}
+	}}
+	cli.Lease = b.check.Lease
+	return etcdstore.New(cli, etcdstore.Options{})
 }
 
 func (b *etcdBackend) removeCIDR(cidr netip.Prefix) error {

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
@@ -82,7 +83,8 @@ const (
 	kindOperator   = "operator delete" // kvipamctl release, node remove
 	kindPoolChange = "pool change"     // pool disable, reserve, select, set-cooldown, set-masquerade, add-cidr, remove-cidr, drain-cidr, undrain-cidr
 	kindPoolCreate = "pool create"
-	kindPoolDelete = "pool delete" // with the deleted-pool mark
+	kindPoolDelete = "pool delete"  // with the deleted-pool mark
+	kindSchema     = "schema level" // the agents' raise, kvipamctl downgrade enable and cancel
 )
 
 // commitRead commits a transaction that only reads, failing it as the
@@ -359,7 +361,9 @@ func (r *modelRun) opPool() {
 	case err != nil && landed && !samePool(want, old) && !unknown:
 		r.fail("pool %s failed (%v) before it could land, and etcd holds the new spec %+v", what, err, cur)
 	case err != nil && !unknown && !r.b.poolInUse(err) && !errors.Is(err, errInjected) && !errors.Is(err, retry.ErrUnavailable) &&
-		!(invalid && errors.Is(err, allocator.ErrInvalidPool)):
+		!(invalid && errors.Is(err, allocator.ErrInvalidPool)) && !errors.Is(err, etcdstore.ErrSchemaLevel):
+		// A refusal by the schema level is checked where it can come
+		// from (etcdBackend.updatePool).
 		r.fail("pool %s: %v", what, err)
 	case err == nil && invalid:
 		r.fail("pool %s succeeded, leaving %+v, which is not a valid pool", what, cur)

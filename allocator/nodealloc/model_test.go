@@ -41,7 +41,7 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "claim", "unclaim", "unbind", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete}
+		"lapse-record", "claim", "unclaim", "unbind", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete, kindSchema}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed", "reservation lease lost"}
 )
 

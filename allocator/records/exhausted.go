@@ -35,6 +35,9 @@ type ExhaustedError struct {
 	Orphaned     int
 	OrphanedHeld int
 	OrphanNodes  []string
+	// MaxBlocks, when set, is the pool's maxBlocksPerNode, which this
+	// node holds: it may claim no block more, free or not.
+	MaxBlocks int
 }
 
 // Temporary reports whether addresses will come free without adding any:
@@ -62,9 +65,16 @@ func (e *ExhaustedError) Error() string {
 	if e.OrphanedHeld > 0 {
 		why = append(why, fmt.Sprintf("%d addresses in orphaned blocks of %s come free with kvipamctl node remove", e.OrphanedHeld, strings.Join(e.OrphanNodes, ", ")))
 	}
-	if e.Temporary() {
+	switch {
+	case e.MaxBlocks > 0 && uint64(e.Claimed+e.Orphaned) < e.Blocks:
+		fmt.Fprintf(&b, ". This node holds the pool's max blocks per node (%d) of %s, full, and no other node's block has a free address to borrow", e.MaxBlocks, e.Family)
+		if e.Temporary() {
+			fmt.Fprintf(&b, "; %s", strings.Join(why, "; "))
+		}
+		fmt.Fprintf(&b, "; raise it (kvipamctl pool set-max-blocks %s) or serve the pool from more nodes", e.Pool)
+	case e.Temporary():
 		fmt.Fprintf(&b, ". Temporary: %s", strings.Join(why, "; "))
-	} else {
+	default:
 		fmt.Fprintf(&b, ". Permanent: every address is in use; add a cidr (kvipamctl pool add-cidr %s) or free addresses", e.Pool)
 	}
 	return b.String()

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 )
 
 // Sticky identities. A pod that asks for it (kvipam.io/sticky) keeps its
@@ -58,6 +60,8 @@ type Binding struct {
 	Pool  string `json:"-"`
 	Rev   int64  `json:"-"`
 	Lease int64  `json:"-"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // Kept reports whether no pod holds the binding now.

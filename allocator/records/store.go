@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
@@ -35,6 +36,8 @@ type Owner struct {
 	// Network is the CNI network name, so GC from one network never
 	// collects another network's attachments in a shared pool.
 	Network string `json:"network,omitempty"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // Key is the identity of an attachment: container ID and interface name,
@@ -71,6 +74,9 @@ type Record struct {
 	// with its record (etcd restored) can be written back
 	// (allocator/nodealloc/reassert.go).
 	WindowSeconds int64 `json:"windowSeconds,omitempty"`
+	// Unknown keeps the members a newer version wrote that this one
+	// does not know, so that a rewrite keeps them (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // Allocation is a Record as read from the store, with its place and the
@@ -113,6 +119,8 @@ type Claim struct {
 	// on the reservation lease, as WriteIPs puts one. A node that starts
 	// answers its first pod after one transaction, not two.
 	First *IPWrite `json:"-"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // Home is the value stored for the node a block belongs to. It has no lease:
@@ -121,6 +129,8 @@ type Claim struct {
 type Home struct {
 	Node  string    `json:"node"`
 	Since time.Time `json:"since"`
+	// Unknown: members this version does not know (jsonkeep).
+	jsonkeep.Unknown `json:"-"`
 }
 
 // BlockInfo is what the store knows of one block that has a claim or a home.

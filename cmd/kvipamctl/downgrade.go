@@ -30,7 +30,7 @@ validate says what keeps it up (a record that uses a newer feature, such
 as a pool's max-blocks), enable lowers it and holds it (the agents stop
 raising it), cancel lets the agents raise it again once every live node
 understands more. VERSION is a release (v0.1.0) or a level (1).
-docs/operations.md, "Upgrades and rollbacks".`,
+docs/operations.md, "Upgrading agents (rolling)" and "Upgrading bare-metal agents".`,
 	}
 	validate := &cobra.Command{
 		Use:   "validate VERSION",

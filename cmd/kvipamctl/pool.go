@@ -331,7 +331,7 @@ func (a *app) poolShow(ctx context.Context, w io.Writer, name string) error {
 		}
 		row(tw, "Serving nodes:", nodes)
 		row(tw, "Cooldown:", cooldownCell(p.Pool))
-		row(tw, "Max blocks per node:", maxBlocksCell(p.Pool))
+		row(tw, "Max blocks:", maxBlocksCell(p.Pool)+" per node and family")
 		row(tw, "Masquerade:", masqueradeCell(p.Pool))
 		for _, r := range p.Reserved {
 			row(tw, "Reserved:", r.Range.String(), r.Reason)

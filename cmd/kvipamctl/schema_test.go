@@ -28,7 +28,7 @@ func TestSchemaCommands(t *testing.T) {
 	require.Equal(t, exitOK, h.json(&v, "version"))
 	require.NotNil(t, v.Cluster)
 	require.Equal(t, schema.Base, v.Cluster.Level)
-	require.Equal(t, []nodeVersion{{Name: "n0", Version: "v0.1.0", Level: 1}, {Name: "n1", Version: "test", Level: schema.Highest(), Features: schema.Names()}}, v.Cluster.Nodes)
+	require.Equal(t, []nodeVersion{{Name: "n0", Version: "v0.1.0", Level: 1}, {Name: "n1", Version: "unknown", Level: schema.Highest(), Features: schema.Names()}}, v.Cluster.Nodes)
 	code, out, errs := h.run("pool", "set-max-blocks", "small", "2")
 	require.Equal(t, exitError, code, out)
 	require.Contains(t, errs, "n0 (v0.1.0, level 1)")

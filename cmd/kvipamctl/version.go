@@ -49,7 +49,7 @@ func (a *app) versionCmd() *cobra.Command {
 etcd, the cluster's schema level (the features every live node
 understands, raised by the agents; held by kvipamctl downgrade enable)
 and each live node's version and level. --client, or no etcd named
-(--endpoints, KVIPAM_ETCD_ENDPOINTS), prints kvipamctl's side only. docs/operations.md, "Upgrades and rollbacks".`,
+(--endpoints, KVIPAM_ETCD_ENDPOINTS), prints kvipamctl's side only. docs/operations.md, "Upgrading agents (rolling)" and "Upgrading bare-metal agents".`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := a.etcdConfig(); clientOnly || err != nil {

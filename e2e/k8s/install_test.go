@@ -25,7 +25,13 @@ var pools = map[string][]string{
 // ConfigMap edited as docs/kubernetes.md step 3 says: etcd by address,
 // and the pools; and the datapath when c.datapath sets one.
 func (c *kcluster) agentManifest() (string, error) {
-	b, err := os.ReadFile(c.agentYAML)
+	return c.editManifest(c.agentYAML, filepath.Join(c.dir, "kvipam-agent.yaml"))
+}
+
+// editManifest writes src (a release's rendered kvipam-agent.yaml) to out
+// with agentManifest's edits.
+func (c *kcluster) editManifest(src, out string) (string, error) {
+	b, err := os.ReadFile(src)
 	if err != nil {
 		return "", err
 	}
@@ -33,7 +39,7 @@ func (c *kcluster) agentManifest() (string, error) {
 	oldEP := `endpoints: ["https://192.0.2.11:2379", "https://192.0.2.12:2379", "https://192.0.2.13:2379"]`
 	oldPools := "    pools:\n    - name: default\n      cidrs: [\"10.244.0.0/16\", \"fd00:244::/64\"]\n      blockSizeV4: 26\n      blockSizeV6: 120\n"
 	if !strings.Contains(s, oldEP) || !strings.Contains(s, oldPools) {
-		return "", fmt.Errorf("%s: the ConfigMap's endpoints or pools are not as docs/kubernetes.md shows them", c.agentYAML)
+		return "", fmt.Errorf("%s: the ConfigMap's endpoints or pools are not as docs/kubernetes.md shows them", src)
 	}
 	s = strings.Replace(s, oldEP, fmt.Sprintf(`endpoints: [%q]`, etcdURL), 1)
 	var np strings.Builder
@@ -45,11 +51,10 @@ func (c *kcluster) agentManifest() (string, error) {
 	if c.datapath != "" && c.datapath != "auto" {
 		const oldDP = "    datapath: auto\n"
 		if !strings.Contains(s, oldDP) {
-			return "", fmt.Errorf("%s: the ConfigMap's datapath is not as docs/kubernetes.md shows it", c.agentYAML)
+			return "", fmt.Errorf("%s: the ConfigMap's datapath is not as docs/kubernetes.md shows it", src)
 		}
 		s = strings.Replace(s, oldDP, "    datapath: "+c.datapath+"\n", 1)
 	}
-	out := filepath.Join(c.dir, "kvipam-agent.yaml")
 	return out, os.WriteFile(out, []byte(s), 0o644)
 }
 
@@ -60,6 +65,12 @@ func (c *kcluster) install(tb testing.TB) {
 	if c.installed {
 		return
 	}
+	c.installFrom(tb, c.agentYAML)
+}
+
+// installFrom is install with src as the rendered manifest (a release's).
+func (c *kcluster) installFrom(tb testing.TB, src string) {
+	tb.Helper()
 	t0 := time.Now()
 	p := func(n string) string { return filepath.Join(c.pki, n) }
 	c.etcdAccess(tb)
@@ -68,7 +79,7 @@ func (c *kcluster) install(tb testing.TB) {
 			"--from-file=ca.crt="+p("ca.crt"), "--from-file=tls.crt="+p("kvipam.crt"), "--from-file=tls.key="+p("kvipam.key"))
 		require.NoError(tb, err)
 	}
-	manifest, err := c.agentManifest()
+	manifest, err := c.editManifest(src, filepath.Join(c.dir, "kvipam-agent.yaml"))
 	require.NoError(tb, err)
 	_, err = c.kubectl("apply", "-f", manifest)
 	require.NoError(tb, err)

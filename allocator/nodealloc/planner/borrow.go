@@ -24,7 +24,7 @@ const enumerateLimit = 1 << 16
 // HasClaimable reports whether snap shows a block of family f that a
 // claim could take: no claim, no allocations, an address to hand out.
 func (ps *Pool) HasClaimable(f allocator.Family, snap records.PoolSnapshot) bool {
-	if ps.atBlockLimit(f) {
+	if ps.AtBlockLimit(f) {
 		return false // the node may claim no more (maxBlocksPerNode)
 	}
 	busy := map[netip.Prefix]bool{}

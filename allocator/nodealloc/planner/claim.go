@@ -31,11 +31,11 @@ func (ps *Pool) ChooseBlock(node string, f allocator.Family) (netip.Prefix, bool
 	})
 }
 
-// atBlockLimit reports whether the node holds as many blocks of f as the
+// AtBlockLimit reports whether the node holds as many blocks of f as the
 // pool's maxBlocksPerNode allows (0: no limit). A requested (static)
 // address in a block nobody claims still claims it: the limit bounds
 // what the node takes for itself, not what a pod asks for.
-func (ps *Pool) atBlockLimit(f allocator.Family) bool {
+func (ps *Pool) AtBlockLimit(f allocator.Family) bool {
 	limit := ps.spec.MaxBlocksPerNode
 	if limit <= 0 {
 		return false

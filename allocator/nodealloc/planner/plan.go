@@ -272,7 +272,7 @@ func (n *Node) advanceFamily(p *Plan, f allocator.Family) (Need, bool, error) {
 				return n.planWrite(p, b, addr), true, nil
 			}
 		}
-		if ps.atBlockLimit(f) {
+		if ps.AtBlockLimit(f) {
 			// The pool's maxBlocksPerNode: no more blocks of f for this
 			// node; it borrows, as when no block is left to claim.
 			p.stage = stBorrowed

@@ -186,6 +186,14 @@ func (n *Node) bindPlan(p *Plan) {
 	r := p.Req
 	nb := records.Binding{Identity: r.Sticky.Identity, Owner: r.Owner, Node: n.name, Since: n.now().UTC(),
 		WindowSeconds: int64(r.Sticky.Window / time.Second), Pool: p.ps.spec.Name, Rev: p.sticky.rev}
+	if old := p.sticky.b; p.sticky.rev != 0 {
+		// The binding replaced: what a newer version wrote in it stays,
+		// and in its owner's, if that is this owner.
+		nb.Unknown = old.Unknown
+		if old.Owner.Key() == r.Owner.Key() {
+			nb.Owner.Unknown = old.Owner.Unknown
+		}
+	}
 	for _, al := range p.Reused {
 		nb.Addrs = append(nb.Addrs, al.Addr)
 	}
@@ -214,6 +222,9 @@ func (n *Node) takeover(p *Plan) (Need, error) {
 				return Need{}, fmt.Errorf("sticky identity %s: its address %s is held by %s on node %s: %w", b.Identity, ref.Addr, c.Owner.Key(), c.Node, records.ErrIPInUse)
 			}
 			w.PrevRev = c.Rev
+			// The record read is rewritten: what a newer version
+			// wrote in it stays.
+			w.Record.Unknown = c.Unknown
 			if c.State != records.StateKept {
 				w.Ends = &c
 			}

@@ -97,11 +97,12 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	tx := s.begin()
 	now := s.now.UTC()
 	for _, al := range als {
-		rec := records.Record{Owner: records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}, Node: al.Node,
-			State: records.StateKept, Since: now, Borrowed: al.Borrowed, Identity: b.Identity}
+		rec := al.Record // rewritten from the record read, as etcdstore does
+		rec.Owner = records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}
+		rec.State, rec.Since, rec.Identity, rec.WindowSeconds = records.StateKept, now, b.Identity, 0
 		s.ips.put(tx, ik(al.Pool, al.Block, al.Addr), rec, lease)
 		if al.Borrowed {
-			put(tx, s.lent, addrKey{al.Pool, al.Addr}, records.Home{Node: al.Node, Since: now}, lease)
+			put(tx, s.lent, addrKey{al.Pool, al.Addr}, s.lentHome(addrKey{al.Pool, al.Addr}, al.Node, now), lease)
 		}
 	}
 	kept := b

@@ -164,6 +164,9 @@ func (s *Store) Reclaim(_ context.Context, pool string, prev records.BlockInfo, 
 	if !s.live(lease) {
 		return 0, fmt.Errorf("reclaim block %s of pool %s: %w", b, pool, leaseLost(lease))
 	}
+	if prev.Claim != nil {
+		c.Unknown = prev.Claim.Unknown // rewritten, as etcdstore does
+	}
 	tx := s.begin()
 	put(tx, s.claims, key, c, lease)
 	return tx.end(), nil

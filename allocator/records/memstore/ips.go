@@ -128,7 +128,11 @@ func (s *Store) writeIPs(writes []records.IPWrite, guard func() bool, also func(
 		s.ips.put(tx, ik(w.Pool, w.Block, w.Addr), w.Record, l)
 		switch {
 		case w.Borrowed:
-			put(tx, s.lent, addrKey{w.Pool, w.Addr}, records.Home{Node: w.Record.Node, Since: w.Record.Since}, l)
+			h := records.Home{Node: w.Record.Node, Since: w.Record.Since}
+			if w.PrevRev != 0 {
+				h = s.lentHome(addrKey{w.Pool, w.Addr}, w.Record.Node, w.Record.Since)
+			}
+			put(tx, s.lent, addrKey{w.Pool, w.Addr}, h, l)
 		case w.PrevRev != 0 && w.Record.Identity != "":
 			// A kept address taken over in the writer's own block: it
 			// is no longer lent to anyone.

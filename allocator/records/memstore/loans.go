@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/kvipam/kvipam/allocator/records"
 )
@@ -20,9 +21,23 @@ func (s *Store) FenceBorrower(_ context.Context, c records.Claim, lease int64) (
 	if !s.live(lease) {
 		return 0, fmt.Errorf("borrow fence of node %s: %w", c.Node, leaseLost(lease))
 	}
+	if e, ok := s.fences[c.Node]; ok {
+		c.Unknown = dec[records.Claim](e).Unknown // moved, as etcdstore does
+	}
 	tx := s.begin()
 	put(tx, s.fences, c.Node, c, lease)
 	return tx.end(), nil
+}
+
+// lentHome is the home of a lent address that node holds since: the
+// one at k rewritten, if any, as etcdstore rewrites it.
+func (s *Store) lentHome(k addrKey, node string, since time.Time) records.Home {
+	var h records.Home
+	if e, ok := s.lent[k]; ok {
+		h = dec[records.Home](e)
+	}
+	h.Node, h.Since = node, since
+	return h
 }
 
 // ListLent implements records.Store.

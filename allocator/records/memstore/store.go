@@ -4,7 +4,8 @@
 // each kind of record (claim, home, allocation, lent address, borrow
 // fence, binding, pool) has a map of its own, and every value is kept as
 // JSON, so fields a record does not store (json:"-") are lost as they are
-// in etcd.
+// in etcd, and members a newer version wrote are kept as they are there
+// (jsonkeep).
 //
 // It is held to the same conformance suite as etcdstore
 // (allocator/records/storetest): a difference between the two is a
@@ -13,7 +14,6 @@
 package memstore
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 )
 
 // Store is an in-memory records.Store. It is safe for concurrent use;
@@ -115,10 +116,12 @@ func bk(pool string, b netip.Prefix) blockKey { return blockKey{pool, b.Masked()
 
 func ik(pool string, b netip.Prefix, a netip.Addr) ipKey { return ipKey{pool, b.Masked(), a} }
 
-// enc encodes a record. The records are plain structs of strings,
-// numbers, times and addresses: encoding cannot fail.
+// enc encodes a record, as etcdstore does: with the members a newer
+// version wrote that the record does not know (jsonkeep). The records
+// are plain structs of strings, numbers, times and addresses: encoding
+// cannot fail.
 func enc(v any) []byte {
-	b, err := json.Marshal(v)
+	b, err := jsonkeep.Marshal(v)
 	if err != nil {
 		panic(fmt.Sprintf("memstore: encode %T: %v", v, err))
 	}
@@ -128,7 +131,7 @@ func enc(v any) []byte {
 // dec decodes a value enc wrote.
 func dec[T any](e entry) T {
 	var v T
-	if err := json.Unmarshal(e.val, &v); err != nil {
+	if err := jsonkeep.Unmarshal(e.val, &v); err != nil {
 		panic(fmt.Sprintf("memstore: decode %T: %v", v, err))
 	}
 	return v

@@ -64,7 +64,7 @@ func Start(tb testing.TB, e *kvstore.Embedded, name string, o Options) *Agent {
 		tb.Fatalf("agent %s: %v", name, err)
 	}
 	tb.Cleanup(sess.Close)
-	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels, Version: "test", Features: schema.Names()}
+	rec := etcdstore.NodeRecord{Name: name, StartedAt: time.Now().UTC(), Lease: sess.ID(), Labels: o.Labels, Features: schema.Names()}
 	if o.Older {
 		rec.Version, rec.Features = "v0.1.0", nil
 	}

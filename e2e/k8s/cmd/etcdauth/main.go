@@ -6,9 +6,12 @@
 //
 //	etcdauth --endpoint URL --cacert CA --cert CRT --key KEY --root-password PW
 //	etcdauth --endpoint URL --cacert CA --cert CRT --key KEY --check-user
+//	etcdauth --endpoint URL --cacert CA --cert CRT --key KEY --forget
 //
 // --check-user reads /kvipam/ and /registry/ as the certificate's user and
-// prints what each answered.
+// prints what each answered. --forget is docs/kubernetes.md's last
+// uninstall step, etcdctl del --prefix /kvipam/, and prints how many keys
+// went.
 package main
 
 import (
@@ -37,6 +40,7 @@ func run() error {
 	key := flag.String("key", "", "its key")
 	rootPW := flag.String("root-password", "", "the root user's password")
 	check := flag.Bool("check-user", false, "read /kvipam/ and /registry/ and print the answers")
+	forget := flag.Bool("forget", false, "delete every key under /kvipam/")
 	flag.Parse()
 	pair, err := tls.LoadX509KeyPair(*cert, *key)
 	if err != nil {
@@ -61,6 +65,14 @@ func run() error {
 			_, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 			fmt.Printf("%s: %v\n", prefix, err)
 		}
+		return nil
+	}
+	if *forget {
+		r, err := cli.Delete(ctx, "/kvipam/", clientv3.WithPrefix())
+		if err != nil {
+			return fmt.Errorf("del --prefix /kvipam/: %w", err)
+		}
+		fmt.Printf("etcdctl del --prefix /kvipam/: %d keys\n", r.Deleted)
 		return nil
 	}
 	noPassword := &clientv3.UserAddOptions{NoPassword: true}

@@ -3,6 +3,7 @@
 //
 //	kt sleep                    wait for SIGTERM or SIGINT (a pod's main process)
 //	kt ping ADDR                ICMP echo to ADDR (IPv4 or IPv6) until one reply, at most 20 tries
+//	kt ping-loop ADDR...        a pod's main process: ICMP echo to each ADDR every 100 ms until SIGTERM (ping-loop below)
 //	kt install-cni SRC BIN CONF copy SRC's plugins into BIN and its *.conflist into CONF, atomically
 //	kt udp-send ADDR            a UDP datagram to ADDR port 9999 every 100 ms, 100 of them
 //	kt udp-source ADDR          listen on ADDR port 9999, print the source address of the first datagram (at most 60 s)
@@ -34,6 +35,8 @@ func main() {
 		<-c
 	case len(os.Args) == 3 && os.Args[1] == "ping":
 		err = ping(os.Args[2])
+	case len(os.Args) >= 3 && os.Args[1] == "ping-loop":
+		err = pingLoop(os.Args[2:])
 	case len(os.Args) == 3 && os.Args[1] == "udp-send":
 		err = udpSend(os.Args[2])
 	case len(os.Args) == 3 && os.Args[1] == "udp-source":
@@ -44,7 +47,7 @@ func main() {
 			fmt.Println("installed")
 		}
 	default:
-		err = errors.New("usage: kt sleep | kt ping ADDR | kt udp-send ADDR | kt udp-source ADDR | kt install-cni SRC BIN CONF")
+		err = errors.New("usage: kt sleep | kt ping ADDR | kt ping-loop ADDR... | kt udp-send ADDR | kt udp-source ADDR | kt install-cni SRC BIN CONF")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kt:", err)
