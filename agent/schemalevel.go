@@ -88,18 +88,26 @@ func (r schemaRaiser) run(ctx context.Context) {
 	v := &schemaView{levels: map[string]schema.Level{}, poke: make(chan struct{}, 1)}
 	go func() { _ = r.store.WatchNodes(ctx, nodeLevels{v}) }()
 	go func() { _ = r.store.WatchSchema(ctx, storedLevel{v}) }()
+	// A raise that waits for nodes away is tried again after awayRetry:
+	// what frees it (kvipamctl node remove) changes no node record.
+	var again <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-v.poke:
+		case <-again:
 		}
+		again = nil
 		want, due := v.due()
 		if !due {
 			continue
 		}
 		cur, raised, err := r.store.RaiseSchema(ctx, want, r.node, r.version)
 		switch {
+		case errors.Is(err, etcdstore.ErrNodesAway):
+			r.log.Info("the schema level waits for nodes that are away", "level", want, "reason", err)
+			again = time.After(awayRetry)
 		case err != nil && ctx.Err() == nil:
 			// The next change of a node record or of the level tries again.
 			r.log.Warn("could not raise the schema level", "level", want, "error", err)
@@ -108,6 +116,9 @@ func (r schemaRaiser) run(ctx context.Context) {
 		}
 	}
 }
+
+// awayRetry is how often a raise that waits for nodes away is tried.
+const awayRetry = 30 * time.Second
 
 // schemaView is what the raiser's watches saw: each live node's level
 // and the stored setting. It is safe for concurrent use.

@@ -94,10 +94,12 @@ func (b *nodeBins) install(from string) error {
 // node's agent on whatever build it is on. After a rollback the
 // procedure holds the cluster's level at the release's while a node runs
 // it (the downgrade is enabled first); during an upgrade nothing holds
-// it: a node on the release paused or cut off past its lease (or down,
-// or not yet joined) is not live, and the agents raise the level without
-// it (schema levels count live nodes only). The run counts the steps that find a node on the
-// release below the cluster's level (release-below-level). A fault may
+// it but the nodes: a node on the release paused or cut off past its
+// lease (or down) is not live, but while it holds blocks it is away and
+// the agents wait for it (etcdstore.ErrNodesAway); one that holds
+// nothing, or has not joined yet, is not counted. The run counts the
+// steps that find a node on the release below the cluster's level
+// (release-below-level). A fault may
 // then restart that node's agent above its level, the operator's mistake
 // the procedure forbids, which HEAD cannot stop: v0.1.0 predates levels
 // and starts all the same; kvipamctl check reports the node below-schema

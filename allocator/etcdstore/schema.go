@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,12 @@ func rewritten(cur SchemaSetting, level schema.Level, downgrade bool, by, versio
 	return next
 }
 
+// ErrNodesAway is returned by RaiseSchema when a raise waits for nodes
+// that hold blocks or borrowed addresses but have no live record: their
+// version is unknown until they come back (or kvipamctl node remove
+// frees what they held). The error names them.
+var ErrNodesAway = errors.New("nodes away")
+
 // ErrSchemaLevel marks a write or a start that the cluster's schema level
 // does not allow: a feature not every live node understands, a level
 // this binary does not know, a downgrade below a level in use.
@@ -75,6 +82,30 @@ func NodeLevel(r NodeRecord) schema.Level { return schema.LevelOf(r.Features) }
 // settingUnchanged is the compare "the schema key is as read".
 func settingUnchanged(cur SchemaSetting) clientv3.Cmp {
 	return clientv3.Compare(clientv3.ModRevision(SchemaKey()), "=", cur.Rev)
+}
+
+// awayNodes names the nodes that hold a block home or a lent address's
+// home but have no live record among live: a node down, rebooting or cut
+// off, which may come back as any release. The cluster counts them as
+// etcd counts a member that is down: their level is unknown, so the
+// base level.
+func (s *Store) awayNodes(ctx context.Context, live []NodeRecord) ([]string, error) {
+	resp, err := s.kv.Get(ctx, AllHomesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list homes: %w", kvstore.Unavailable(err))
+	}
+	alive := map[string]bool{}
+	for _, n := range live {
+		alive[n.Name] = true
+	}
+	var away []string
+	for _, kv := range resp.Kvs {
+		if h, ok := decodeHome(kv); ok && h.Node != "" && !alive[h.Node] && !slices.Contains(away, h.Node) {
+			away = append(away, h.Node)
+		}
+	}
+	slices.Sort(away)
+	return away, nil
 }
 
 // liveNodes reads the live node records and the revision they were read
@@ -124,6 +155,15 @@ func (s *Store) RaiseSchema(ctx context.Context, want schema.Level, by, version 
 		if !ok {
 			out, raised = cur, false
 			return nil
+		}
+		away, err := s.awayNodes(ctx, nodes)
+		if err != nil {
+			return err
+		}
+		if len(away) > 0 {
+			out, raised = cur, false
+			return fmt.Errorf("%w: level %d waits for %s, which hold blocks or borrowed addresses and have no live record (their version is unknown): "+
+				"bring them back, or free what they held with kvipamctl node remove", ErrNodesAway, to, strings.Join(away, ", "))
 		}
 		next := rewritten(cur, to, false, by, version, s.now().UTC())
 		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(nodesPrefix()), "<", rev+1).WithPrefix()); err != nil {
@@ -292,6 +332,9 @@ func (s *Store) poolGate(ctx context.Context, p allocator.Pool) ([]clientv3.Cmp,
 			ErrSchemaLevel, p.Name, schema.PoolMaxBlocks, need, strings.Join(behind, ", "))
 	case cur.Level < need:
 		why := "the agents have not raised it yet"
+		if away, err := s.awayNodes(ctx, nodes); err == nil && len(away) > 0 {
+			why = fmt.Sprintf("it waits for %s, which hold blocks but have no live record (their version is unknown): bring them back, or kvipamctl node remove them", strings.Join(away, ", "))
+		}
 		if cur.Downgrade {
 			why = "a downgrade holds it (kvipamctl downgrade cancel)"
 		}

@@ -138,7 +138,9 @@ func (b *etcdBackend) newSession(n *mNode) (modelSession, error) {
 	}
 	// The agents raise the cluster's schema level once every live node
 	// understands it (agent.schemaRaiser): pool-max-blocks is usable.
-	if _, _, err := st.RaiseSchema(b.r.ctx, schema.Highest(), n.name, "model"); err != nil {
+	// A node stopped by the model (its blocks held, its record gone) is
+	// away: the level waits for it (ErrNodesAway).
+	if _, _, err := st.RaiseSchema(b.r.ctx, schema.Highest(), n.name, "model"); err != nil && !errors.Is(err, etcdstore.ErrNodesAway) {
 		sess.Close()
 		return nil, fmt.Errorf("raise the schema level: %w", err)
 	}
