@@ -190,6 +190,23 @@ func podSpecNet(ns, name, node string, hostNet bool) string {
 	return string(b)
 }
 
+// stickyStatefulSet is StatefulSet db of one pod in ns, whose pods keep
+// their addresses across re-creation (kvipam.io/sticky, 10 minutes).
+func stickyStatefulSet(ns string) map[string]any {
+	return map[string]any{
+		"apiVersion": "apps/v1", "kind": "StatefulSet",
+		"metadata": map[string]any{"name": "db", "namespace": ns},
+		"spec": map[string]any{
+			"serviceName": "db", "replicas": 1,
+			"selector": map[string]any{"matchLabels": map[string]string{"app": "db"}},
+			"template": map[string]any{
+				"metadata": map[string]any{"labels": map[string]string{"app": "db"}, "annotations": map[string]string{"kvipam.io/sticky": "10m"}},
+				"spec":     podTemplateSpec(""),
+			},
+		},
+	}
+}
+
 func podTemplateSpec(node string) map[string]any {
 	spec := map[string]any{
 		"terminationGracePeriodSeconds": 2,

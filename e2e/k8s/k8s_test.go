@@ -171,19 +171,7 @@ func TestK8sStickyStatefulSetAcrossNodes(t *testing.T) {
 		_, _ = c.kubectl("uncordon", "n2")
 		c.deleteNamespace(t, ns)
 	})
-	tmpl := podTemplateSpec("")
-	sts := map[string]any{
-		"apiVersion": "apps/v1", "kind": "StatefulSet",
-		"metadata": map[string]any{"name": "db", "namespace": ns},
-		"spec": map[string]any{
-			"serviceName": "db", "replicas": 1,
-			"selector": map[string]any{"matchLabels": map[string]string{"app": "db"}},
-			"template": map[string]any{
-				"metadata": map[string]any{"labels": map[string]string{"app": "db"}, "annotations": map[string]string{"kvipam.io/sticky": "10m"}},
-				"spec":     tmpl,
-			},
-		},
-	}
+	sts := stickyStatefulSet(ns)
 	b, err := json.Marshal(sts)
 	require.NoError(t, err)
 	_, err = c.kubectlIn(string(b), "create", "-f", "-")

@@ -279,18 +279,7 @@ func (c *kcluster) startWorkload(tb testing.TB, ns string) *workload {
 	for _, p := range w.pods {
 		requireIPsIn(tb, p, "default")
 	}
-	sts := map[string]any{
-		"apiVersion": "apps/v1", "kind": "StatefulSet",
-		"metadata": map[string]any{"name": "db", "namespace": ns},
-		"spec": map[string]any{
-			"serviceName": "db", "replicas": 1,
-			"selector": map[string]any{"matchLabels": map[string]string{"app": "db"}},
-			"template": map[string]any{
-				"metadata": map[string]any{"labels": map[string]string{"app": "db"}, "annotations": map[string]string{"kvipam.io/sticky": "10m"}},
-				"spec":     podTemplateSpec(""),
-			},
-		},
-	}
+	sts := stickyStatefulSet(ns)
 	b, err := json.Marshal(sts)
 	require.NoError(tb, err)
 	_, err = c.kubectlIn(string(b), "create", "-f", "-")

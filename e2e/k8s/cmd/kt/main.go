@@ -20,10 +20,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 )
 
 func main() {
@@ -60,48 +56,21 @@ func ping(target string) error {
 	if err != nil {
 		return fmt.Errorf("parse %q: %w", target, err)
 	}
-	network, listen := "ip4:icmp", "0.0.0.0"
-	var typ, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
-	proto := 1
-	if addr.Is6() {
-		network, listen = "ip6:ipv6-icmp", "::"
-		typ, reply, proto = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, 58
-	}
-	c, err := icmp.ListenPacket(network, listen)
+	e, err := openEcho(addr, os.Getpid()&0xffff)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", network, err)
+		return err
 	}
-	defer c.Close()
-	id := os.Getpid() & 0xffff
+	defer e.Close()
 	var last error
 	for seq := 1; seq <= 20; seq++ {
-		msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("kvipam")}}
-		b, err := msg.Marshal(nil)
-		if err != nil {
-			return fmt.Errorf("marshal: %w", err)
+		from, err := e.echo(seq, time.Second)
+		if err == nil {
+			fmt.Printf("reply from %s seq %d\n", from, seq)
+			return nil
 		}
-		if _, err := c.WriteTo(b, &net.IPAddr{IP: addr.AsSlice()}); err != nil {
-			last = fmt.Errorf("send to %s: %w", addr, err)
+		last = err
+		if errors.Is(err, errSend) {
 			time.Sleep(500 * time.Millisecond)
-			continue
-		}
-		deadline := time.Now().Add(time.Second)
-		_ = c.SetReadDeadline(deadline)
-		for {
-			buf := make([]byte, 1500)
-			n, from, err := c.ReadFrom(buf)
-			if err != nil {
-				last = fmt.Errorf("no reply from %s: %w", addr, err)
-				break
-			}
-			m, err := icmp.ParseMessage(proto, buf[:n])
-			if err != nil || m.Type != reply {
-				continue
-			}
-			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq {
-				fmt.Printf("reply from %s seq %d\n", from, seq)
-				return nil
-			}
 		}
 	}
 	return last

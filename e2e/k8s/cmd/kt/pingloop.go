@@ -2,16 +2,11 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
-
-	"golang.org/x/net/icmp"
-	"golang.org/x/net/ipv4"
-	"golang.org/x/net/ipv6"
 )
 
 // Pinging in a loop: one echo to each target at a time, the next 100 ms
@@ -76,21 +71,13 @@ func pingLoop(targets []string) error {
 }
 
 func pingTarget(addr netip.Addr, id int, out chan<- string, stop <-chan struct{}) error {
-	network, listen := "ip4:icmp", "0.0.0.0"
-	var typ, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
-	proto := 1
-	if addr.Is6() {
-		network, listen = "ip6:ipv6-icmp", "::"
-		typ, reply, proto = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, 58
-	}
-	c, err := icmp.ListenPacket(network, listen)
+	e, err := openEcho(addr, id)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", network, err)
+		return err
 	}
-	defer c.Close()
+	defer e.Close()
 	var up bool
 	var sent, lost int
-	buf := make([]byte, 1500)
 	for seq := 1; ; seq++ {
 		select {
 		case <-stop:
@@ -100,29 +87,8 @@ func pingTarget(addr netip.Addr, id int, out chan<- string, stop <-chan struct{}
 			return nil
 		default:
 		}
-		msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: []byte("kvipam")}}
-		b, err := msg.Marshal(nil)
-		if err != nil {
-			return fmt.Errorf("marshal: %w", err)
-		}
-		answered := false
-		if _, err := c.WriteTo(b, &net.IPAddr{IP: addr.AsSlice()}); err == nil {
-			deadline := time.Now().Add(loopTimeout)
-			_ = c.SetReadDeadline(deadline)
-			for !answered {
-				n, _, err := c.ReadFrom(buf)
-				if err != nil {
-					break
-				}
-				m, err := icmp.ParseMessage(proto, buf[:n])
-				if err != nil || m.Type != reply {
-					continue
-				}
-				if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == seq&0xffff {
-					answered = true
-				}
-			}
-		}
+		_, err := e.echo(seq&0xffff, loopTimeout)
+		answered := err == nil
 		switch {
 		case answered && !up:
 			up = true
