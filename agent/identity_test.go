@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/internal/testsupport/syncbuf"
 	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
@@ -80,6 +81,9 @@ func TestDuplicateNodeNameRefused(t *testing.T) {
 	cfgA.NodeAddresses = []string{"192.0.2.1"}
 	optsA := Options{BootID: "boot-a", Version: "v-a"}
 	a := startAgent(t, cfgA, optsA)
+	// The agent raises the schema level once it sees itself the only
+	// live node: awaited, so that the state compared below is settled.
+	awaitLevel(t, cli, etcdstore.New(cli, etcdstore.Options{}), schema.Highest())
 	var held []api.IPConfig
 	for i := range 3 {
 		r, err := a.c.Allocate(ctx, api.AllocateRequest{Owner: owner(i), Permanent: true})

@@ -75,13 +75,18 @@ func (n *Node) advanceStatic(p *Plan, f allocator.Family, want netip.Addr) (Need
 			delete(ps.cool.at, want) // asked for by name: no cooldown
 			ob.ba.Unmark(want)
 		}
-		if ob.ba.IsUsed(want) && !ps.writing(want) && !n.HeldSet()[want] {
+		al := ps.byAddr[want]
+		// A reservation of another owner, its write done: its lease may
+		// have ended in etcd before this node's estimate of its end (read
+		// at a restore, with a margin), so etcd is asked, not the cache.
+		lapsing := al != nil && al.State == records.StateReserved && al.Owner.Key() != p.Req.Owner.Key() && !ps.planned[want]
+		if ob.ba.IsUsed(want) && (!ps.writing(want) || lapsing) && !n.HeldSet()[want] {
 			// Marked for no write of this node: kept for an identity or
 			// lent, as last read (an operator may have released it since),
 			// or for an endpoint that used want when the block was loaded
-			// and has gone since, its DEL finding nothing to release. Read
-			// the block again rather than refuse an address etcd may hold
-			// for nobody.
+			// and has gone since, its DEL finding nothing to release; or a
+			// reservation that may have lapsed. Read the block again
+			// rather than refuse an address etcd may hold for nobody.
 			p.stage = stStaticLoad
 			return Need{Kind: Reload, Block: b}, false, nil
 		}
