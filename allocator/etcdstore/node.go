@@ -2,14 +2,12 @@ package etcdstore
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
-	"github.com/kvipam/kvipam/kvstore"
 )
 
 // NodeRecord is the value of NodeKey: who a node is while it is alive. It
@@ -103,13 +101,9 @@ func (ip LostIP) Holder() string {
 // ListNodes reads the live nodes' records (a node's record goes with its
 // lease), sorted by name.
 func (s *Store) ListNodes(ctx context.Context) ([]NodeRecord, error) {
-	vs, _, err := kvstore.ListJSON[NodeRecord](ctx, s.kv, nodesPrefix())
+	out, _, err := s.liveNodes(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list node records: %w", err)
-	}
-	out := make([]NodeRecord, len(vs))
-	for i, v := range vs {
-		out[i] = v.Value
+		return nil, err
 	}
 	slices.SortFunc(out, func(a, b NodeRecord) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil

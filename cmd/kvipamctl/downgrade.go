@@ -37,11 +37,7 @@ docs/operations.md, "Upgrading agents (rolling)" and "Upgrading bare-metal agent
 		Short: "Say whether the cluster's level could go down to what VERSION understands, and if not what keeps it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			to, err := schema.ParseTarget(args[0])
-			if err != nil {
-				return err
-			}
-			return a.withStore(cmd.Context(), func(s operatorStore) error {
+			return a.withTarget(cmd.Context(), args[0], func(s operatorStore, to schema.Level) error {
 				inUse, err := s.ValidateDowngrade(cmd.Context(), to)
 				if err != nil {
 					return err
@@ -59,11 +55,7 @@ docs/operations.md, "Upgrading agents (rolling)" and "Upgrading bare-metal agent
 		Short: "Lower the cluster's level to what VERSION understands and hold it there",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			to, err := schema.ParseTarget(args[0])
-			if err != nil {
-				return err
-			}
-			return a.withStore(cmd.Context(), func(s operatorStore) error {
+			return a.withTarget(cmd.Context(), args[0], func(s operatorStore, to schema.Level) error {
 				set, err := s.EnableDowngrade(cmd.Context(), to, buildinfo.Read().Version)
 				if err != nil {
 					return err
@@ -94,6 +86,16 @@ docs/operations.md, "Upgrading agents (rolling)" and "Upgrading bare-metal agent
 	}
 	cmd.AddCommand(validate, enable, cancel)
 	return cmd
+}
+
+// withTarget runs f on the store with the level a downgrade's VERSION
+// argument names (a release or a level).
+func (a *app) withTarget(ctx context.Context, arg string, f func(operatorStore, schema.Level) error) error {
+	to, err := schema.ParseTarget(arg)
+	if err != nil {
+		return err
+	}
+	return a.withStore(ctx, func(s operatorStore) error { return f(s, to) })
 }
 
 // maxBlocksCmd is pool set-max-blocks.
