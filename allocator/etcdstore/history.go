@@ -41,7 +41,9 @@ type HistoryRecord struct {
 	// Reason is how the interval ended: released (a DEL or GC by the
 	// owner's node), reservation-lapsed (an ADD that never finished),
 	// node-remove or operator-release (an operator's audited release),
-	// kept-for-identity or taken-over-by-identity (sticky identities).
+	// kept-for-identity or taken-over-by-identity (sticky identities),
+	// migrated or alternate-ended (live migration: the forwarding owner
+	// moved on at the cut-over; the second owner left).
 	Reason string `json:"reason"`
 	// Unknown: members this version does not know (jsonkeep).
 	jsonkeep.Unknown `json:"-"`
@@ -59,6 +61,12 @@ const (
 	// from a pod whose DEL had not reached etcd (its node was cut off, or
 	// the DEL was queued).
 	EndTakenOver = "taken-over-by-identity"
+	// EndMigrated: a live migration's cut-over; the address went on
+	// with the identity's pod on the target node.
+	EndMigrated = "migrated"
+	// EndAlternateEnded: a live migration's second, non-forwarding owner
+	// left (its DEL, or the migration failed).
+	EndAlternateEnded = "alternate-ended"
 )
 
 // HistoryOf is the record of al's interval ending at end.

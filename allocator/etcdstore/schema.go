@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator"
+	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
@@ -207,17 +208,29 @@ func (u LevelInUse) String() string {
 // levelsInUse lists the records that need a level above to, and the
 // revision of the pools read, for a compare that none changed since.
 func (s *Store) levelsInUse(ctx context.Context, to schema.Level) ([]LevelInUse, int64, error) {
-	pools, rev, err := kvstore.ListJSON[allocator.Pool](ctx, s.kv, PoolsPrefix())
+	resp, err := s.kv.Txn(ctx).Then(clientv3.OpGet(PoolsPrefix(), clientv3.WithPrefix()), clientv3.OpGet(allStickyPrefix(), clientv3.WithPrefix())).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("list pools: %w", err)
+		return nil, 0, fmt.Errorf("list pools and sticky bindings: %w", kvstore.Unavailable(err))
 	}
 	var out []LevelInUse
-	for _, v := range pools {
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		v, err := kvstore.Decode[allocator.Pool](kv)
+		if err != nil {
+			return nil, 0, err
+		}
 		if need := schema.PoolNeeds(v.Value); need > to {
 			out = append(out, LevelInUse{What: "pool " + v.Value.Name, Uses: schema.PoolMaxBlocks, Needs: need})
 		}
 	}
-	return out, rev, nil
+	if need := schema.MigrationNeeds(); need > to {
+		for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+			v, err := kvstore.Decode[records.Binding](kv)
+			if err == nil && v.Value.Alternate != nil {
+				out = append(out, LevelInUse{What: "the live migration of " + v.Value.Identity, Uses: schema.MigrationOwner, Needs: need})
+			}
+		}
+	}
+	return out, resp.Header.Revision, nil
 }
 
 // ValidateDowngrade lists what keeps the cluster from going down to
@@ -259,7 +272,8 @@ func (s *Store) EnableDowngrade(ctx context.Context, to schema.Level, version st
 			return downgradeRefused(to, inUse)
 		}
 		next := rewritten(cur, to, true, "kvipamctl", version, s.now().UTC())
-		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix()); err != nil {
+		if err := s.putSetting(ctx, &next, settingUnchanged(cur), clientv3.Compare(clientv3.ModRevision(PoolsPrefix()), "<", rev+1).WithPrefix(),
+			clientv3.Compare(clientv3.ModRevision(allStickyPrefix()), "<", rev+1).WithPrefix()); err != nil {
 			return err
 		}
 		out = next
@@ -273,7 +287,7 @@ func downgradeRefused(to schema.Level, inUse []LevelInUse) error {
 	for i, u := range inUse {
 		names[i] = u.String()
 	}
-	return fmt.Errorf("%w: cannot go down to level %d while records need more: %s (clear them first: kvipamctl pool set-max-blocks POOL none)",
+	return fmt.Errorf("%w: cannot go down to level %d while records need more: %s (clear them first: kvipamctl pool set-max-blocks POOL none; let live migrations end)",
 		ErrSchemaLevel, to, strings.Join(names, "; "))
 }
 

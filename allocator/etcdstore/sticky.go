@@ -112,6 +112,10 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 		rec := al.Record
 		rec.Owner = records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}
 		rec.State, rec.Since, rec.Identity, rec.WindowSeconds = records.StateKept, s.now().UTC(), b.Identity, 0
+		// No pod holds a kept address: nor does a live migration's
+		// second owner (the allocator hands the addresses to a live
+		// alternate instead of keeping them: CutOver).
+		rec.Alternate = nil
 		val, err := kvstore.EncodeJSON(rec)
 		if err != nil {
 			return time.Time{}, err
@@ -128,7 +132,7 @@ func (s *Store) Keep(ctx context.Context, b records.Binding, als []records.Alloc
 		}
 	}
 	kept := b
-	kept.Owner, kept.Node, kept.Since = records.Owner{}, "", s.now().UTC()
+	kept.Owner, kept.Node, kept.Since, kept.Alternate = records.Owner{}, "", s.now().UTC(), nil
 	val, err := kvstore.EncodeJSON(kept)
 	if err != nil {
 		return time.Time{}, err

@@ -30,6 +30,7 @@ type Store interface {
 	records.IPs
 	records.Loans
 	records.Bindings
+	records.Migrations
 }
 
 // Config configures an Allocator.
@@ -112,6 +113,8 @@ type Allocator struct {
 	// history (lapses.go); they have their own lock, so recording never
 	// waits behind allocation.
 	lapsed lapses
+	// alts are the migration targets this node admitted (migrate.go).
+	alts admitted
 }
 
 // New checks cfg. Call Restore before anything else.

@@ -241,6 +241,20 @@ func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.A
 	if err != nil {
 		return err
 	}
+	if ok && b.Alternate != nil {
+		// A live migration: the addresses go to the alternate, or the
+		// alternate goes (migrate.go).
+		handled, err := a.leave(ctx, ps, identity, owner)
+		if err != nil {
+			return fmt.Errorf("release %s of sticky identity %s during a live migration: %w", owner.Key(), identity, err)
+		}
+		if handled {
+			return takenOver()
+		}
+		if b, ok, err = a.cfg.Store.GetBinding(ctx, ps.Spec().Name, identity); err != nil {
+			return err
+		}
+	}
 	if !ok || b.Owner.Key() != owner.Key() {
 		return takenOver()
 	}
@@ -296,6 +310,13 @@ func (a *Allocator) dropBinding(ctx context.Context, ps *planner.Pool, id string
 	err := retry.Do(ctx, pol, func(ctx context.Context) error {
 		if read == nil {
 			b, ok, err := a.cfg.Store.GetBinding(ctx, ps.Spec().Name, id)
+			if err == nil && ok && sweep == nil && b.Alternate != nil {
+				// A live migration's pod leaves (migrate.go).
+				if _, err := a.leave(ctx, ps, id, o); err != nil {
+					return err
+				}
+				b, ok, err = a.cfg.Store.GetBinding(ctx, ps.Spec().Name, id)
+			}
 			if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() || planner.HeldAny(b, held) {
 				return err
 			}

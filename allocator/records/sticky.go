@@ -56,6 +56,9 @@ type Binding struct {
 	Since time.Time `json:"since"`
 	// WindowSeconds is how long the addresses are kept after a DEL.
 	WindowSeconds int64 `json:"windowSeconds"`
+	// Alternate is the identity's second, non-forwarding owner during a
+	// live migration (migration.go).
+	Alternate *Alternate `json:"alternate,omitempty"`
 	// Pool, Rev and Lease are where and how the store holds it (not stored).
 	Pool  string `json:"-"`
 	Rev   int64  `json:"-"`

@@ -74,6 +74,9 @@ type Record struct {
 	// with its record (etcd restored) can be written back
 	// (allocator/nodealloc/reassert.go).
 	WindowSeconds int64 `json:"windowSeconds,omitempty"`
+	// Alternate is the address's second, non-forwarding owner during a
+	// live migration (migration.go); nil otherwise.
+	Alternate *Alternate `json:"alternate,omitempty"`
 	// Unknown keeps the members a newer version wrote that this one
 	// does not know, so that a rewrite keeps them (jsonkeep).
 	jsonkeep.Unknown `json:"-"`
@@ -187,6 +190,7 @@ type Store interface {
 	IPs
 	Loans
 	Bindings
+	Migrations
 }
 
 // PoolReader reads pool specs.

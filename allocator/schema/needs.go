@@ -35,3 +35,6 @@ func RaiseTo(stored Level, downgrade bool, live []Level) (Level, bool) {
 	}
 	return low, low > stored
 }
+
+// MigrationNeeds is the level a live migration's alternate owner needs.
+func MigrationNeeds() Level { return levelOf(MigrationOwner) }

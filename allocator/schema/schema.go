@@ -47,9 +47,16 @@ type Feature struct {
 // An agent that does not know the field would claim past the limit.
 const PoolMaxBlocks = "pool-max-blocks"
 
+// MigrationOwner is an address's second, non-forwarding owner during a
+// live migration (records.Alternate, in the sticky binding and in each
+// address's record). An agent that does not know it would release the
+// addresses at the source pod's DEL while the target pod runs on them.
+const MigrationOwner = "migration-owner"
+
 // features are every feature this binary understands, by level.
 var features = []Feature{
 	{Name: PoolMaxBlocks, Level: 2, Since: "v0.2.0", What: "pool spec field maxBlocksPerNode (kvipamctl pool set-max-blocks)"},
+	{Name: MigrationOwner, Level: 3, Since: "v0.2.0", What: "a live migration's second owner of a sticky identity's addresses (alternate, in bindings and address records)"},
 }
 
 // releases maps each release to the highest level it understands

@@ -26,6 +26,11 @@ type Request struct {
 	Reserve bool
 	// Sticky, if set, makes the addresses follow an identity (sticky.go).
 	Sticky *records.Sticky
+	// Migration, with Sticky, marks the target pod of a live migration
+	// of the identity (KubeVirt's kubevirt.io/migrationJobName): it is
+	// admitted as the identity's alternate while another pod holds it
+	// (nodealloc.Allocator.Admit).
+	Migration string
 }
 
 // Result is what an owner holds in a pool after a request.
@@ -35,6 +40,10 @@ type Result struct {
 	// Expires is when the reservation lapses unless confirmed; zero for
 	// permanent allocations.
 	Expires time.Time
+	// Alternate says the owner was admitted as a live migration's
+	// second, non-forwarding owner of Allocations, which are still
+	// another pod's until the cut-over.
+	Alternate bool
 }
 
 // Plan is a request being planned: its addresses are chosen (and marked

@@ -245,6 +245,9 @@ func (n *Node) takeover(p *Plan) (Need, error) {
 	p.Writes = writes
 	nb := b
 	nb.Owner, nb.Node, nb.Since, nb.WindowSeconds = r.Owner, n.name, now, int64(r.Sticky.Window/time.Second)
+	// A takeover ends any live migration of the identity: the records
+	// written name no alternate, nor does the binding.
+	nb.Alternate = nil
 	p.Bind = &nb
 	n.note(Info, "sticky identity takes its addresses over", "identity", b.Identity, "ips", b.Addrs, "from_node", b.Node, "kept", b.Kept())
 	return Need{Kind: Done}, nil

@@ -99,14 +99,14 @@ func (s *Store) Keep(_ context.Context, b records.Binding, als []records.Allocat
 	for _, al := range als {
 		rec := al.Record // rewritten from the record read, as etcdstore does
 		rec.Owner = records.Owner{Namespace: al.Namespace, Pod: al.Pod, Network: al.Network}
-		rec.State, rec.Since, rec.Identity, rec.WindowSeconds = records.StateKept, now, b.Identity, 0
+		rec.State, rec.Since, rec.Identity, rec.WindowSeconds, rec.Alternate = records.StateKept, now, b.Identity, 0, nil
 		s.ips.put(tx, ik(al.Pool, al.Block, al.Addr), rec, lease)
 		if al.Borrowed {
 			put(tx, s.lent, addrKey{al.Pool, al.Addr}, s.lentHome(addrKey{al.Pool, al.Addr}, al.Node, now), lease)
 		}
 	}
 	kept := b
-	kept.Owner, kept.Node, kept.Since = records.Owner{}, "", now
+	kept.Owner, kept.Node, kept.Since, kept.Alternate = records.Owner{}, "", now, nil
 	put(tx, s.bindings, key, kept, lease)
 	for _, al := range als {
 		s.record(tx, s.historyOf(al, s.now, endKept))

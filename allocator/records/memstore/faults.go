@@ -202,3 +202,15 @@ func (f *faulty) DropStaleBinding(ctx context.Context, b records.Binding, refs [
 	_, err := do(f, "DropStaleBinding", b, none(func() error { return f.s.DropStaleBinding(ctx, b, refs, cur) }))
 	return err
 }
+
+func (f *faulty) Admit(ctx context.Context, b records.Binding, cur []records.Allocation, alt records.Alternate) (records.Binding, error) {
+	return do(f, "Admit", b, func() (records.Binding, error) { return f.s.Admit(ctx, b, cur, alt) })
+}
+
+func (f *faulty) CutOver(ctx context.Context, b records.Binding, cur []records.Allocation, keepOld bool) (records.Binding, error) {
+	return do(f, "CutOver", b, func() (records.Binding, error) { return f.s.CutOver(ctx, b, cur, keepOld) })
+}
+
+func (f *faulty) DropAlternate(ctx context.Context, b records.Binding, cur []records.Allocation) (records.Binding, error) {
+	return do(f, "DropAlternate", b, func() (records.Binding, error) { return f.s.DropAlternate(ctx, b, cur) })
+}

@@ -17,10 +17,12 @@ import (
 
 // Reasons an interval ends (etcdstore's End* constants).
 const (
-	endReleased  = "released"
-	endLapsed    = "reservation-lapsed"
-	endKept      = "kept-for-identity"
-	endTakenOver = "taken-over-by-identity"
+	endReleased       = "released"
+	endLapsed         = "reservation-lapsed"
+	endKept           = "kept-for-identity"
+	endTakenOver      = "taken-over-by-identity"
+	endMigrated       = "migrated"
+	endAlternateEnded = "alternate-ended"
 )
 
 // histRec is one ended interval.

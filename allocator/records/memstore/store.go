@@ -47,6 +47,7 @@ type Store struct {
 	bindings map[bindKey]entry
 	history  map[addrKey][]histRec
 	deleted  map[string]bool // pools an operator deleted (admin.go)
+	down     map[string]bool // nodes with no live record (migration.go)
 
 	// The shared reservation lease, as etcdstore's reservationLeases.
 	resID      int64
