@@ -62,6 +62,8 @@ type Agent struct {
 	dp        Datapath
 	reaper    *linkReaper
 	endpoints *endpointManager
+	// migrations is the node's side of live migrations (migration.go).
+	migrations *migrations
 	lease     *leaseKeeper
 	probe     *etcdProbe
 	recorder  *nodeRecorder
@@ -125,7 +127,8 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 	tasks := []func(context.Context){a.batch.run, a.probe.run, a.maintain, a.reaper.run, a.confirms.run,
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) },
-		schemaRaiser{store: a.store, node: a.cfg.Node, version: a.opts.Version, log: a.log.Named("schema")}.run}
+		schemaRaiser{store: a.store, node: a.cfg.Node, version: a.opts.Version, log: a.log.Named("schema")}.run,
+		func(ctx context.Context) { a.migrations.run(ctx, a.store) }}
 	// Masquerade follows the pools whatever the routing: under bgp or
 	// none a pool masquerades only if an operator turned it on, and a
 	// table left from another mode goes.
@@ -262,6 +265,8 @@ func (a *Agent) start(ctx context.Context) error {
 		lost: lostReports{recorder: a.recorder, gauge: a.m.lostEPs, lease: a.lease, log: a.log}, reaper: a.reaper,
 		freed: a.exhausted, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
+	a.migrations = &migrations{node: a.cfg.Node, alloc: a.alloc, eps: a.endpoints, routes: hostRoutes{netns: a.cfg.NetNS}, log: a.log.Named("migration")}
+	a.endpoints.migrations = a.migrations
 	a.m.reg.MustRegister(poolCollector{
 		usage:  a.alloc,
 		blocks: &blockCounts{pools: servedPools{alloc: a.alloc}, store: a.store, ttl: 15 * time.Second},
@@ -385,7 +390,7 @@ func (a *Agent) listen() (*http.Server, net.Listener, error) {
 	h := &handlers{
 		node: a.cfg.Node, labels: a.cfg.NodeLabels, pools: a.alloc, defaultPool: a.cfg.PoolForRequest(), bindings: a.bindings, podMTU: a.podMTU,
 		datapath: a.dp.Name(), resTTL: a.cfg.ReservationTTL.Duration,
-		alloc: queuedAllocations{a.batch}, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp,
+		alloc: queuedAllocations{batch: a.batch, migrations: a.alloc}, exhausted: a.exhausted, endpoints: a.endpoints, counters: a.dp,
 		garbage: a.gc, owners: a.alloc,
 	}
 	st := statusReporter{node: a.cfg.Node, version: a.opts.Version, datapath: a.dp.Name(), embedded: a.embedded != nil, etcd: a.cli,

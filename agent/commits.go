@@ -10,6 +10,16 @@ import (
 // queuedAllocations serves one allocate request through the group commit.
 type queuedAllocations struct {
 	batch *groupCommit[nodealloc.Request, nodealloc.Outcome]
+	// migrations admits live migrations' targets, one at a time: they
+	// are rare, and each reads and rewrites another pod's records.
+	migrations interface {
+		Admit(ctx context.Context, req nodealloc.Request) (nodealloc.Result, bool, error)
+	}
+}
+
+// Admit admits a live migration's target (nodealloc.Allocator.Admit).
+func (q queuedAllocations) Admit(ctx context.Context, req nodealloc.Request) (nodealloc.Result, bool, error) {
+	return q.migrations.Admit(ctx, req)
 }
 
 // Allocate queues req for the next batch and waits for its outcome.

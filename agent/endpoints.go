@@ -50,6 +50,9 @@ type endpointManager struct {
 		retiredEndpoint(ep api.Endpoint)
 		reap() error
 	}
+	// migrations, if set, is told of every endpoint created: a live
+	// migration's second owner is watched for its guest.
+	migrations interface{ created(api.Endpoint) }
 	delQueueDir string
 	log         hclog.Logger
 
@@ -72,6 +75,8 @@ func (m *endpointManager) lockOwner(o api.Owner) (unlock func()) {
 // endpointAllocator is what the endpoint manager needs of the allocator.
 type endpointAllocator interface {
 	Lookup(o records.Owner) []records.Allocation
+	// Alternate is what a live migration's target was admitted to.
+	Alternate(o records.Owner) []records.Allocation
 	Confirm(ctx context.Context, o records.Owner) ([]records.Allocation, error)
 	ReleaseAs(ctx context.Context, o records.Owner, identity string) ([]records.Allocation, error)
 	ReleaseAllocation(ctx context.Context, al records.Allocation) (bool, error)
@@ -90,14 +95,21 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	defer m.lockOwner(req.Owner)()
 	owner := req.Owner
 	held := m.alloc.Lookup(owner)
+	alternate := false
+	if len(held) == 0 {
+		// A live migration's target holds its identity's addresses as
+		// their second, non-forwarding owner: nothing to confirm.
+		held, alternate = m.alloc.Alternate(owner), true
+	}
 	if len(held) == 0 {
 		return api.Endpoint{}, fmt.Errorf("no reservation for %s: allocate first, or it expired: %w", owner.Key(), ErrNotFound)
 	}
 	var ips []netip.Addr
-	var identity string
+	var identity, pool string
 	var window int64
 	for _, al := range held {
 		ips = append(ips, al.Addr)
+		pool = al.Pool
 		if al.Identity != "" {
 			identity, window = al.Identity, al.WindowSeconds
 		}
@@ -112,14 +124,17 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	confirmed := make(chan error, 1)
 	var confirmTook time.Duration
 	go func() {
-		_, err := m.alloc.Confirm(ctx, owner)
+		var err error
+		if !alternate {
+			_, err = m.alloc.Confirm(ctx, owner)
+		}
 		confirmTook = time.Since(start)
 		confirmed <- err
 	}()
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
-		StickyIdentity: identity, StickyWindowSeconds: window,
+		StickyIdentity: identity, StickyWindowSeconds: window, Pool: pool, Alternate: alternate,
 	}
 	m.records.assignID(&ep)
 	datapath, record, err := m.program(ctx, &ep)
@@ -133,6 +148,9 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	}
 	if err != nil {
 		return api.Endpoint{}, err
+	}
+	if m.migrations != nil {
+		m.migrations.created(ep)
 	}
 	m.log.Debug("endpoint created", "owner", ep.Owner.Key(), "id", ep.ID, "ips", ep.IPs, "host_if", ep.HostIfName,
 		"confirm", confirmTook, "datapath", datapath, "record", record, "took", time.Since(start))
@@ -352,4 +370,21 @@ func (m *endpointManager) recheck(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.checkEndpoints(ctx, m.records.list())
+}
+
+// setAlternate marks o's endpoint a live migration's second owner (alt)
+// or its forwarding one, and calls apply with the endpoint under the
+// owner's lock first (the host routes follow the mark). It reports the
+// endpoint, and false when o has none or it is marked so already.
+func (m *endpointManager) setAlternate(o api.Owner, alt bool, apply func(api.Endpoint) error) (api.Endpoint, bool, error) {
+	defer m.lockOwner(o)()
+	ep, ok := m.records.get(o)
+	if !ok || ep.Alternate == alt {
+		return ep, false, nil
+	}
+	if err := apply(ep); err != nil {
+		return ep, false, err
+	}
+	ep.Alternate = alt
+	return ep, true, m.records.put(ep)
 }

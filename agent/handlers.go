@@ -101,6 +101,8 @@ type poolBinder interface{ poolFor(ns string) string }
 // requestAllocator serves one allocate request.
 type requestAllocator interface {
 	Allocate(ctx context.Context, req nodealloc.Request) (nodealloc.Result, error)
+	// Admit admits a live migration's target (nodealloc.Allocator.Admit).
+	Admit(ctx context.Context, req nodealloc.Request) (nodealloc.Result, bool, error)
 }
 
 // counterSource reads the datapath's per-endpoint counters.
@@ -153,6 +155,17 @@ func (h *handlers) allocate(ctx context.Context, req api.AllocateRequest) (api.A
 	areq, err := h.toRequest(req)
 	if err != nil {
 		return api.AllocateResponse{}, err
+	}
+	if areq.Migration != "" {
+		// A live migration's target: admitted as the identity's second
+		// owner while another pod holds it; else an ordinary takeover.
+		res, ok, err := h.alloc.Admit(ctx, areq)
+		if err != nil {
+			return api.AllocateResponse{}, err
+		}
+		if ok {
+			return h.allocateResponse(res), nil
+		}
 	}
 	res, err := h.alloc.Allocate(ctx, areq)
 	h.exhausted.note(areq, err)
@@ -228,6 +241,12 @@ func (h *handlers) toRequest(req api.AllocateRequest) (nodealloc.Request, error)
 		}
 		out.Sticky = s
 	}
+	if req.Migration != "" {
+		if out.Sticky == nil {
+			return out, &FieldError{Field: "migration", Msg: "a live migration's target needs a sticky identity (sticky, and ipClaim or the pod's name): only a sticky identity's addresses follow a VM"}
+		}
+		out.Migration = req.Migration
+	}
 	return out, nil
 }
 
@@ -272,7 +291,7 @@ func stickyOf(owner api.Owner, sticky, ipClaim string) (*records.Sticky, error) 
 }
 
 func (h *handlers) allocateResponse(res nodealloc.Result) api.AllocateResponse {
-	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(records.StateAllocated)}
+	out := api.AllocateResponse{Pool: res.Pool, MTU: h.podMTU, State: string(records.StateAllocated), Alternate: res.Alternate}
 	for _, al := range res.Allocations {
 		gw := api.GatewayV4
 		if al.Addr.Is6() {

@@ -38,6 +38,13 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 	var keep []api.Endpoint
 	var lost []etcdstore.LostEndpoint
 	for _, ep := range eps {
+		if ep.Alternate {
+			// A live migration's second owner holds no record of its
+			// own: the migration's watch of bindings checks it
+			// (migration.go).
+			keep = append(keep, ep)
+			continue
+		}
 		held := m.alloc.Lookup(ep.Owner)
 		mine := map[netip.Addr]bool{}
 		for _, al := range held {

@@ -37,6 +37,9 @@ func (m *endpointManager) reassert(ctx context.Context, eps []api.Endpoint, repo
 	var held []nodealloc.HeldAddr
 	byOwner := map[string]api.Endpoint{}
 	for _, ep := range eps {
+		if ep.Alternate {
+			continue // a live migration's second owner: no record of its own to write back
+		}
 		byOwner[ep.Owner.Key()] = ep
 		for _, ip := range ep.IPs {
 			if ip.IsValid() {

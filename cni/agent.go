@@ -40,7 +40,7 @@ func NewAgentClient(socket string, timeout time.Duration) Agent { return client.
 // addresses.
 func allocate(ctx context.Context, ag Agent, c *Config, o api.Owner, permanent bool) (*api.AllocateResponse, error) {
 	req := api.AllocateRequest{
-		Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim,
+		Owner: o, PodPool: c.PodPool, Sticky: stickyText(c.Sticky), IPClaim: c.IPClaim, Migration: c.Migration,
 		Pool: c.Pool, Families: c.Families, IPs: c.IPs, Permanent: permanent,
 	}
 	var alloc *api.AllocateResponse

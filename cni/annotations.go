@@ -13,6 +13,11 @@ const (
 	AnnotationIPs     = "kvipam.io/ips"
 	AnnotationSticky  = "kvipam.io/sticky"
 	AnnotationIPClaim = "kvipam.io/ip-claim"
+	// AnnotationMigrationTarget marks the target pod of a live migration
+	// of the pod's sticky identity; its value names the migration.
+	// KubeVirt's own marker, AnnotationKubeVirtMigration, is read too.
+	AnnotationMigrationTarget   = "kvipam.io/migration-target"
+	AnnotationKubeVirtMigration = "kubevirt.io/migrationJobName"
 )
 
 // applyAnnotations takes the pod's pool (it comes before a namespace
@@ -40,6 +45,19 @@ func (c *Config) applyAnnotations(ann map[string]string) error {
 			return invalidConf("pod annotation %s needs %s (how long its addresses are kept)", AnnotationIPClaim, AnnotationSticky)
 		}
 		c.IPClaim = v
+	}
+	for _, key := range []string{AnnotationMigrationTarget, AnnotationKubeVirtMigration} {
+		v, ok := ann[key]
+		if !ok || c.Migration != "" {
+			continue
+		}
+		if v = strings.TrimSpace(v); v == "" {
+			return invalidConf("pod annotation %s is empty: it names the migration", key)
+		}
+		if c.Sticky == 0 {
+			return invalidConf("pod annotation %s needs %s: only a sticky identity's addresses follow a VM through a live migration", key, AnnotationSticky)
+		}
+		c.Migration = v
 	}
 	v, ok := ann[AnnotationIPs]
 	if !ok {

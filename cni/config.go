@@ -59,6 +59,9 @@ type Config struct {
 	// its identity), IPClaim its kvipam.io/ip-claim identity name.
 	Sticky  time.Duration
 	IPClaim string
+	// Migration names the live migration whose target the pod is
+	// (annotations.go): its ADD is admitted as the identity's alternate.
+	Migration string
 	// EgressLimited: the runtime's bandwidth capability limits the pod's
 	// egress, so a chained bandwidth plugin adds an ingress qdisc on the
 	// host veth (the agent's bpf datapath then attaches with TCX).

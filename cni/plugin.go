@@ -141,6 +141,9 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 	spec := PodSpec{
 		Netns: args.Netns, IfName: args.IfName, HostIfName: HostVethName(o.ContainerID, o.IfName),
 		MTU: podMTU(c.MTU, alloc.MTU), GatewayV4: gw4, GatewayV6: gw6,
+		// A live migration's target forwards nothing until the cut-over:
+		// the agent routes its addresses to it then.
+		NoHostRoutes: alloc.Alternate,
 	}
 	for _, al := range als {
 		spec.Addrs = append(spec.Addrs, al.Addr)

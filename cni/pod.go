@@ -31,6 +31,10 @@ type PodSpec struct {
 	Addrs []netip.Prefix
 	// GatewayV4 and GatewayV6 are the pod's link-local next hops.
 	GatewayV4, GatewayV6 netip.Addr
+	// NoHostRoutes leaves out the host's route to each address through
+	// the veth (a live migration's target: the agent adds them at the
+	// cut-over).
+	NoHostRoutes bool
 }
 
 // PodLinks are the two ends of a set-up attachment.

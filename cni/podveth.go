@@ -117,6 +117,9 @@ func (v *PodVeth) Configure(s PodSpec) (*PodLinks, error) {
 		return nil, err
 	}
 	for _, a := range s.Addrs {
+		if s.NoHostRoutes {
+			break
+		}
 		r := &netlink.Route{LinkIndex: v.hv.Attrs().Index, Dst: hostPrefix(a.Addr(), a.Addr().BitLen())}
 		if a.Addr().Is4() {
 			r.Scope = netlink.SCOPE_LINK

@@ -107,6 +107,12 @@ type AllocateRequest struct {
 	// its DEL for the identity's next pod on any node.
 	Sticky  string `json:"sticky,omitempty"`
 	IPClaim string `json:"ipClaim,omitempty"`
+	// Migration, with Sticky, marks the pod as the target of a live
+	// migration of its sticky identity (KubeVirt's
+	// kubevirt.io/migrationJobName, or kvipam.io/migration-target): while
+	// another pod holds the identity, it is admitted as the identity's
+	// second, non-forwarding owner (AllocateResponse.Alternate).
+	Migration string `json:"migration,omitempty"`
 }
 
 // IPConfig is one allocated address and how to reach the node from it.
@@ -131,6 +137,10 @@ type AllocateResponse struct {
 	// Expires is when a reservation lapses unless an endpoint is created.
 	Expires *time.Time `json:"expires,omitempty"`
 	MTU     int        `json:"mtu"`
+	// Alternate says the pod was admitted as a live migration's second,
+	// non-forwarding owner of IPs: the plugin routes nothing to it on the
+	// host; the agent does at the cut-over (the guest's announcement).
+	Alternate bool `json:"alternate,omitempty"`
 }
 
 // ReleaseRequest frees an owner's IPs and removes its endpoint.
@@ -211,10 +221,16 @@ type Endpoint struct {
 	// StickyIdentity and StickyWindowSeconds are the sticky identity the
 	// endpoint's addresses follow, if any: kept on disk so that an agent
 	// restarted after etcd lost the records writes them back with it.
-	StickyIdentity      string    `json:"stickyIdentity,omitempty"`
-	StickyWindowSeconds int64     `json:"stickyWindowSeconds,omitempty"`
-	Datapath            string    `json:"datapath"`
-	Created             time.Time `json:"created"`
+	StickyIdentity      string `json:"stickyIdentity,omitempty"`
+	StickyWindowSeconds int64  `json:"stickyWindowSeconds,omitempty"`
+	// Pool is the pool of the endpoint's addresses.
+	Pool string `json:"pool,omitempty"`
+	// Alternate marks a live migration's second, non-forwarding owner:
+	// the node routes its addresses to the pod that forwards, and this
+	// endpoint's guest announcement cuts over to it.
+	Alternate bool      `json:"alternate,omitempty"`
+	Datapath  string    `json:"datapath"`
+	Created   time.Time `json:"created"`
 	// Counters are the datapath's per-endpoint counters (bpf mode only),
 	// filled when the list is asked for with ?stats=1.
 	Counters *Counters `json:"counters,omitempty"`

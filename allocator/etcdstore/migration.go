@@ -218,3 +218,45 @@ func (s *Store) DropAlternate(ctx context.Context, b records.Binding, cur []reco
 	nb.Alternate = nil
 	return s.commitMigration(ctx, "drop the alternate", nb, cmps, puts, ended)
 }
+
+// CutOverIdentity is an operator's cut-over (kvipamctl ip migrate
+// --cut-over): identity's alternate in pool becomes the owner its
+// addresses route to, the former owner its alternate until its DEL. It
+// reads the binding and the records afresh after a lost race.
+func (s *Store) CutOverIdentity(ctx context.Context, pool, identity string) (records.Binding, error) {
+	var out records.Binding
+	err := retry.Do(ctx, retry.Policy{}, func(ctx context.Context) error {
+		b, ok, err := s.GetBinding(ctx, pool, identity)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return fmt.Errorf("sticky identity %s in pool %s: %w", identity, pool, records.ErrNotFound)
+		case b.Alternate == nil:
+			return fmt.Errorf("%w: sticky identity %s has no migration in progress (no alternate); kvipamctl claim show %s --pool %s", records.ErrMigration, identity, identity, pool)
+		}
+		p, err := s.GetPool(ctx, pool)
+		if err != nil {
+			return err
+		}
+		var refs []records.IPRef
+		for _, addr := range b.Addrs {
+			if blk, ok := p.BlockFor(addr); ok {
+				refs = append(refs, records.IPRef{Pool: pool, Block: blk, Addr: addr})
+			}
+		}
+		got, err := s.GetIPs(ctx, refs)
+		if err != nil {
+			return err
+		}
+		var cur []records.Allocation
+		for _, r := range refs {
+			if al, ok := got[r.Addr]; ok {
+				cur = append(cur, al)
+			}
+		}
+		out, err = s.CutOver(ctx, b, cur, true)
+		return err
+	})
+	return out, err
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -233,4 +234,25 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, retry.ErrConflict)
 	}
 	return freed, nil
+}
+
+// WatchSticky lists every pool's sticky bindings, then follows the
+// changes until ctx ends, as WatchHomes does: how an agent learns that a
+// live migration of one of its pods was cut over, or its alternate left.
+// A deleted binding names only its Pool and Identity.
+func (s *Store) WatchSticky(ctx context.Context, h Handler[records.Binding]) error {
+	prefix := allStickyPrefix()
+	return s.follow(ctx, prefix, decoded[records.Binding]{h: h, decode: func(kv *mvccpb.KeyValue) (records.Binding, bool) {
+		v, err := kvstore.Decode[records.Binding](kv)
+		if err != nil {
+			return records.Binding{}, false
+		}
+		b := v.Value
+		b.Pool, _, _ = strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "/")
+		b.Rev, b.Lease = kv.ModRevision, kv.Lease
+		return b, true
+	}, fromKey: func(key string) (records.Binding, bool) {
+		pool, identity, ok := strings.Cut(strings.TrimPrefix(key, prefix), "/")
+		return records.Binding{Pool: pool, Identity: identity}, ok
+	}})
 }

@@ -94,9 +94,9 @@ func (a *app) renderBindings(ctx context.Context, s records.LeaseReader, w io.Wr
 		rows = append(rows, r)
 	}
 	return a.render(w, rows, func(tw io.Writer) {
-		row(tw, "POOL", "IDENTITY", "ADDRESSES", "HELD BY", "NODE", "KEPT FOR", "WINDOW")
+		row(tw, "POOL", "IDENTITY", "ADDRESSES", "HELD BY", "NODE", "KEPT FOR", "WINDOW", "ALTERNATE")
 		for _, r := range rows {
-			row(tw, r.Pool, r.Identity, joinAddrs(r.Addrs), r.Holder, r.Node, r.KeptFor, r.Window().String())
+			row(tw, r.Pool, r.Identity, joinAddrs(r.Addrs), r.Holder, r.Node, r.KeptFor, r.Window().String(), alternateText(r.Alternate))
 		}
 	})
 }

@@ -66,7 +66,7 @@ func (a *app) ipCmd() *cobra.Command {
 	list.Flags().StringVar(&f.Node, "node", "", "only addresses of this node")
 	list.Flags().StringVar(&f.Owner, "owner", "", "only addresses of this container ID")
 	list.Flags().StringVar(&state, "state", "", "only addresses in this state: allocated or reserved")
-	cmd.AddCommand(list, a.ipHistoryCmd())
+	cmd.AddCommand(list, a.ipShowCmd(), a.ipHistoryCmd(), a.ipMigrateCmd())
 	return cmd
 }
 
@@ -83,13 +83,13 @@ func (a *app) ipList(ctx context.Context, w io.Writer, f inspect.IPFilter) error
 		return err
 	}
 	return a.render(w, ips, func(tw io.Writer) {
-		row(tw, "POOL", "IP", "STATE", "NODE", "CONTAINER", "IFNAME", "POD", "POD UID", "SINCE")
+		row(tw, "POOL", "IP", "STATE", "NODE", "CONTAINER", "IFNAME", "POD", "POD UID", "SINCE", "ALTERNATE")
 		for _, ip := range ips {
 			pod := ip.Pod
 			if pod != "" && ip.Namespace != "" {
 				pod = ip.Namespace + "/" + pod
 			}
-			row(tw, ip.Pool, ip.Addr, ip.State, ip.Node, ip.ContainerID, ip.IfName, pod, ip.PodUID, ip.Since)
+			row(tw, ip.Pool, ip.Addr, ip.State, ip.Node, ip.ContainerID, ip.IfName, pod, ip.PodUID, ip.Since, alternateText(ip.Alternate))
 		}
 	})
 }

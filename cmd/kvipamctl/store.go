@@ -51,6 +51,8 @@ type stickyStore interface {
 	ListBindings(ctx context.Context, pool string) ([]records.Binding, error)
 	GetBinding(ctx context.Context, pool, identity string) (records.Binding, bool, error)
 	ReleaseBinding(ctx context.Context, pool, identity string) ([]netip.Addr, error)
+	// CutOverIdentity is kvipamctl ip migrate --cut-over.
+	CutOverIdentity(ctx context.Context, pool, identity string) (records.Binding, error)
 	records.LeaseReader
 }
 
