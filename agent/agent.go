@@ -64,17 +64,17 @@ type Agent struct {
 	endpoints *endpointManager
 	// migrations is the node's side of live migrations (migration.go).
 	migrations *migrations
-	lease     *leaseKeeper
-	probe     *etcdProbe
-	recorder  *nodeRecorder
-	name      *nameGuard
-	rec       *reconciler
-	gc        *collector
-	exhausted *exhaustion
-	peers     *routing.Peers // nil with routing none
-	speaker   *bgp.Speaker   // routing bgp only
-	bindings  *nsBindings
-	podMTU    int
+	lease      *leaseKeeper
+	probe      *etcdProbe
+	recorder   *nodeRecorder
+	name       *nameGuard
+	rec        *reconciler
+	gc         *collector
+	exhausted  *exhaustion
+	peers      *routing.Peers // nil with routing none
+	speaker    *bgp.Speaker   // routing bgp only
+	bindings   *nsBindings
+	podMTU     int
 
 	ready *readiness
 	// testStore, set by a test before Run, wraps the allocator's store.

@@ -52,7 +52,7 @@ type endpointManager struct {
 	}
 	// migrations, if set, is told of every endpoint created: a live
 	// migration's second owner is watched for its guest.
-	migrations interface{ created(api.Endpoint) }
+	migrations  interface{ created(api.Endpoint) }
 	delQueueDir string
 	log         hclog.Logger
 
