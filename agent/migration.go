@@ -231,6 +231,10 @@ func (m *migrations) stopForwarding(ep api.Endpoint, b records.Binding) {
 	}
 }
 
+// leftForwarding takes ep's host routes away (endpointManager's restore:
+// a pod cut over to another node while the agent was down).
+func (m *migrations) leftForwarding(ep api.Endpoint) error { return m.routes.del(ep) }
+
 // hostRoutes are the host's routes to pods through their veths, in the
 // datapath's network namespace (the plugin makes them at ADD).
 type hostRoutes struct{ netns string }
