@@ -191,6 +191,8 @@ func TestMigrationTargetAdmittedAsSecondOwner(t *testing.T) {
 	out, err := m.ctl("ip", "list", "--pool", migrationPool)
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "e2e/virt-launcher-vm1-dst", "ip list shows the second owner")
+	out, err = m.ctl("check")
+	require.NoError(t, err, "kvipamctl check is clean during a migration: %s", out)
 	m.answeredBy(m.source, target)
 
 	// A retried ADD of the target gets the same, and writes nothing new.
