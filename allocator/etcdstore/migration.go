@@ -258,12 +258,7 @@ func (s *Store) CutOverIdentity(ctx context.Context, pool, identity string) (rec
 		if err != nil {
 			return err
 		}
-		var refs []records.IPRef
-		for _, addr := range b.Addrs {
-			if blk, ok := p.BlockFor(addr); ok {
-				refs = append(refs, records.IPRef{Pool: pool, Block: blk, Addr: addr})
-			}
-		}
+		refs := bindingRefs(p, b)
 		got, err := s.GetIPs(ctx, refs)
 		if err != nil {
 			return err
