@@ -16,6 +16,7 @@ import (
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/internal/testsupport/releasetest"
 )
@@ -291,10 +292,10 @@ func awaitLevel(t *testing.T, ctl ctlFunc, level int) {
 }
 
 // levelRaised (old-to-new, HEAD's kvipamctl): v0.1.0's data is level 1;
-// once both restored nodes run HEAD's agents they raise it to 2, and a
-// level-2 write (a pool's max-blocks) is taken.
+// once both restored nodes run HEAD's agents they raise it to HEAD's
+// highest, and a level-2 write (a pool's max-blocks) is taken.
 func levelRaised(t *testing.T, ctl ctlFunc) {
-	awaitLevel(t, ctl, 2)
+	awaitLevel(t, ctl, int(schema.Highest()))
 	out, err := ctl("pool", "set-max-blocks", "default", "8")
 	require.NoError(t, err, "pool set-max-blocks at level 2:\n%s", out)
 	out, err = ctl("version")
@@ -304,13 +305,13 @@ func levelRaised(t *testing.T, ctl ctlFunc) {
 
 // lowerForRollback (new-to-old, HEAD's kvipamctl on HEAD's cluster c) is
 // the operator's rollback procedure before the snapshot: the agents have
-// raised the level to 2 and a pool uses it (max-blocks 1); a downgrade to
+// raised the level to HEAD's highest and a pool uses level 2 (max-blocks 1); a downgrade to
 // v0.1.0 is refused while it does; the max-blocks cleared, it is
 // validated and enabled, and the level is held at 1. It returns a
 // snapshot of c taken before the procedure, at level 2.
 func lowerForRollback(t *testing.T, c *cluster.Cluster, ctl ctlFunc) (aboveOld string) {
 	t.Helper()
-	awaitLevel(t, ctl, 2)
+	awaitLevel(t, ctl, int(schema.Highest()))
 	out, err := ctl("pool", "set-max-blocks", "default", "1")
 	require.NoError(t, err, "pool set-max-blocks at level 2:\n%s", out)
 	aboveOld = filepath.Join(t.TempDir(), "level2.db")
@@ -320,7 +321,7 @@ func lowerForRollback(t *testing.T, c *cluster.Cluster, ctl ctlFunc) (aboveOld s
 	out, err = ctl("downgrade", "enable", previousRelease)
 	require.Error(t, err, "a downgrade while a pool sets max-blocks:\n%s", out)
 	t.Logf("kvipamctl downgrade enable %s while a pool sets max-blocks: %s", previousRelease, out)
-	require.Equal(t, 2, schemaOf(t, ctl).Level, "the refused downgrade changed nothing")
+	require.Equal(t, int(schema.Highest()), schemaOf(t, ctl).Level, "the refused downgrade changed nothing")
 	for _, args := range [][]string{
 		{"pool", "set-max-blocks", "default", "none"},
 		{"downgrade", "validate", previousRelease},
@@ -350,7 +351,7 @@ func olderAgentAboveItsLevel(t *testing.T, old, head release, aboveOld string) {
 	c := cluster.Start(t, cluster.Options{})
 	require.NoError(t, c.RestoreFrom(ctx, aboveOld, 1_000_000))
 	headCtl := head.ctl(t, c)
-	require.Equal(t, 2, schemaOf(t, headCtl).Level, "the snapshot holds level 2")
+	require.Equal(t, int(schema.Highest()), schemaOf(t, headCtl).Level, "the snapshot holds HEAD's level")
 	n := newNode(t, "sc")
 	n.useBinaries(old.bin)
 	n.startAgent(snapshotAgentOpts(c)) // ready: v0.1.0 does not refuse
