@@ -100,9 +100,14 @@ var migrationTests = []test{
 			require.ErrorIs(t, err, retry.ErrConflict, "stale %d", which)
 			f.unchanged(t, m, map[netip.Addr]string{})
 		}
+		// A record missing: the pod holds part of the identity's
+		// addresses; the target gets all or none.
+		_, err := f.Store.Admit(f.ctx, m.b, m.cur[:1], alt)
+		require.ErrorIs(t, err, records.ErrMigration)
+		f.unchanged(t, m, map[netip.Addr]string{})
 		// The target's node has no live record: refused, nothing written.
 		f.NodeLive("n2", false)
-		_, err := f.Store.Admit(f.ctx, m.b, m.cur, alt)
+		_, err = f.Store.Admit(f.ctx, m.b, m.cur, alt)
 		require.Error(t, err)
 		f.unchanged(t, m, map[netip.Addr]string{})
 		f.NodeLive("n2", true)
