@@ -51,6 +51,18 @@ func (ps *Pool) StillCached(als []*records.Allocation) *records.Allocation {
 	return nil
 }
 
+// Current returns the cached allocations at the addresses of als that
+// owner o still holds, as the cache has them now (read back since).
+func (ps *Pool) Current(als []*records.Allocation, o records.Owner) []*records.Allocation {
+	var out []*records.Allocation
+	for _, al := range als {
+		if cur := ps.byAddr[al.Addr]; cur != nil && cur.Owner.Key() == o.Key() && cur.Identity == al.Identity && cur.State == al.State {
+			out = append(out, cur)
+		}
+	}
+	return out
+}
+
 // CheckingBinding returns the sticky identity whose binding the DEL of
 // the owner whose key is key checks (Pool.checkBinding).
 func (ps *Pool) CheckingBinding(key string) (string, bool) {

@@ -201,6 +201,13 @@ func (n *Node) bindPlan(p *Plan) {
 		nb.Addrs = append(nb.Addrs, w.Addr)
 	}
 	slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+	if old := p.sticky.b; p.sticky.rev != 0 && old.Alternate != nil && old.Owner.Key() == r.Owner.Key() &&
+		len(p.Writes) == 0 && slices.Equal(nb.Addrs, old.Addrs) {
+		// The owner's ADD retried during a live migration: its records,
+		// reused as they are, name the alternate still, and so does
+		// the binding (records.Alternate).
+		nb.Alternate = old.Alternate
+	}
 	p.Bind = &nb
 }
 
