@@ -198,3 +198,69 @@ func TestMigrationTargetOnUnselectedNodeRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, bd.Alternate)
 }
+
+// TestMigrationReassertAfterAlternateLeft: a record etcd lost is written
+// back naming the alternate its binding names, not the one the cache
+// last saw. Found by the model test (TestModelSimulated seed 4747): the
+// source's node had read its record while a target was its alternate;
+// the target's DEL dropped it; the record, lost and written back from
+// the cache, named the departed target while the binding named nobody.
+func TestMigrationReassertAfterAlternateLeft(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, onePool)
+	a := startNode(t, e, "a", []string{"one"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"one"}, nodeOpts{})
+	migrationLive(t, a, b)
+	src, dst, _ := migrated(t, a, b, "one")
+	bd, _, err := a.store.GetBinding(ctx, "one", "ns/vm-0")
+	require.NoError(t, err)
+	refs, err := a.alloc.BoundRefs(bd)
+	require.NoError(t, err)
+	require.NoError(t, a.alloc.Learn(ctx, refs)) // a's cache: the record naming the alternate
+	_, err = b.alloc.ReleaseAs(ctx, dst, "ns/vm-0")
+	require.NoError(t, err)
+	x := bd.Addrs[0]
+	_, err = a.cli.Delete(ctx, etcdstore.IPKey("one", refs[0].Block, x)) // etcd restored from an older snapshot
+	require.NoError(t, err)
+	restored, conflicts, err := a.alloc.Reassert(ctx, []nodealloc.HeldAddr{{Owner: src, Addr: x, Identity: "ns/vm-0", WindowSeconds: 60}})
+	require.NoError(t, err)
+	require.Empty(t, conflicts)
+	require.Len(t, restored, 1)
+	als := storeIPs(t, a.cli, "one")
+	require.Len(t, als, 1)
+	require.Nil(t, als[0].Alternate, "written back naming the alternate that left")
+}
+
+// TestMigrationTargetAddRetriedAfterUnlearnedHandOver: the target, the
+// owner since a hand-over its node has not learned, has its ADD retried
+// (a plain sticky ADD: nothing to migrate from), and the binding's write
+// fails before it is sent. The addresses, read back as the pod's, are
+// not given back as if the failed request had borrowed them. Found by
+// the model test (TestModelNodeAllocator seed 4704): the binding and the
+// records went, with the pod running.
+func TestMigrationTargetAddRetriedAfterUnlearnedHandOver(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, dualPool)
+	a := startNode(t, e, "a", []string{"dual"}, nodeOpts{})
+	h := newHookStore(nil)
+	b := startNode(t, e, "b", []string{"dual"}, nodeOpts{wrap: func(s records.Store) records.Store { h.Store = s; return h }})
+	migrationLive(t, a, b)
+	src, dst, req := migrated(t, a, b, "dual")
+	_, err := a.alloc.ReleaseAs(ctx, src, "ns/vm-0")
+	require.NoError(t, err)
+	h.Before("WriteBound", failTimes(100, errInjected))
+	treq := nodealloc.Request{Pool: "dual", Owner: dst, Sticky: req.Sticky}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err = b.alloc.Allocate(wctx, treq)
+	require.Error(t, err)
+	bd, ok, err := a.store.GetBinding(ctx, "dual", "ns/vm-0")
+	require.NoError(t, err)
+	require.True(t, ok, "the binding went with the failed ADD")
+	require.Equal(t, dst.Key(), bd.Owner.Key())
+	als := storeIPs(t, a.cli, "dual")
+	require.Len(t, als, 2, "the running pod's addresses were given back")
+	for _, al := range als {
+		require.Equal(t, dst.Key(), al.Owner.Key())
+	}
+}
