@@ -192,6 +192,7 @@ func (b *etcdBackend) bindings() []records.Binding {
 	for _, kv := range resp.Kvs {
 		v, err := kvstore.Decode[records.Binding](kv)
 		require.NoError(r.t, err)
+		v.Value.Pool, v.Value.Rev, v.Value.Lease = r.pool.Name, kv.ModRevision, kv.Lease
 		out = append(out, v.Value)
 	}
 	return out
@@ -206,6 +207,7 @@ func (b *etcdBackend) binding(id string) (records.Binding, bool) {
 	}
 	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
 	require.NoError(r.t, err)
+	v.Value.Pool, v.Value.Rev, v.Value.Lease = r.pool.Name, resp.Kvs[0].ModRevision, resp.Kvs[0].Lease
 	return v.Value, true
 }
 
