@@ -414,8 +414,16 @@ func (r *modelRun) migLeft(mo *mOwner, otherLive bool) {
 
 // forwards records that mo owns addrs, and forwards them: a cut-over, or
 // the addresses handed to it at the other pod's DEL.
-func (r *modelRun) forwards(mo *mOwner, addrs []netip.Addr) {
+func (r *modelRun) forwards(mo *mOwner, bound []netip.Addr) {
 	k := mo.o.Key()
+	// Those etcd holds for it: a binding may name an address another
+	// owner holds now (the identity's record lost, the address reused).
+	var addrs []netip.Addr
+	for _, a := range bound {
+		if al, ok := r.readIP(a); ok && al.Owner.Key() == k {
+			addrs = append(addrs, a)
+		}
+	}
 	for _, a := range addrs {
 		if h := r.holder[a]; h != "" && h != k {
 			ho := r.owners[h]
