@@ -2,6 +2,7 @@ package etcdstore_test
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records/storetest"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
@@ -28,8 +30,17 @@ func TestConformance(t *testing.T) {
 			_, err := cli.Revoke(ctx, l.ID)
 			require.NoError(t, err)
 		}
+		st := etcdstore.New(cli, etcdstore.Options{})
+		// The cluster runs at the highest level, as a cluster of this
+		// version's agents does (a live migration needs level 3).
+		raiser := etcdstore.NodeRecord{Name: "schema-raiser", Features: schema.Names()}
+		require.NoError(t, st.WriteNode(ctx, raiser, 0))
+		_, _, err = st.RaiseSchema(ctx, schema.Highest(), "test", "test")
+		require.NoError(t, err)
+		_, err = cli.Delete(ctx, etcdstore.NodeKey(raiser.Name))
+		require.NoError(t, err)
 		return storetest.Harness{
-			Store: etcdstore.New(cli, etcdstore.Options{}),
+			Store: st,
 			Grant: func(ttl time.Duration) int64 {
 				resp, err := cli.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
 				require.NoError(t, err)
@@ -40,6 +51,26 @@ func TestConformance(t *testing.T) {
 				require.NoError(t, err)
 			},
 			Now: time.Now,
+			NodeLive: func(node string, live bool) {
+				if !live {
+					_, err := cli.Delete(ctx, etcdstore.NodeKey(node))
+					require.NoError(t, err)
+					return
+				}
+				if _, ok, err := st.ReadNode(ctx, node); err == nil && ok {
+					return
+				}
+				require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: node, Features: schema.Names()}, 0))
+			},
+			History: func(pool string, a netip.Addr) []storetest.Interval {
+				hs, err := st.History(ctx, etcdstore.HistoryFilter{Pool: pool, IP: a})
+				require.NoError(t, err)
+				var out []storetest.Interval
+				for _, h := range hs {
+					out = append(out, storetest.Interval{Owner: h.Owner, Node: h.Node, Reason: h.Reason})
+				}
+				return out
+			},
 		}
 	})
 }

@@ -106,6 +106,9 @@ func (s *Store) Admit(ctx context.Context, b records.Binding, cur []records.Allo
 		return records.Binding{}, fmt.Errorf("%w: live migration of %s needs %s (level %d), and the cluster runs at level %d: %s",
 			ErrSchemaLevel, b.Identity, schema.MigrationOwner, need, set.Level, why)
 	}
+	if err := records.CoversBinding(b, cur); err != nil {
+		return records.Binding{}, fmt.Errorf("admit %s as the alternate of %s: %w", alt.Owner.Key(), b.Identity, err)
+	}
 	cmps, err := migrationGuards(b, cur)
 	if err != nil {
 		return records.Binding{}, err

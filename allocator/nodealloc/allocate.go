@@ -85,7 +85,7 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 		}
 		planned[k] = true
 		before := a.n.HeldBy(r)
-		p, err := a.plan(ctx, r, pendErr)
+		p, err := a.plan(ctx, r, pendErr, before)
 		if errors.Is(err, retry.ErrUnavailable) {
 			// etcd did not answer in time: the request is tried again on
 			// its own, inside its deadline (allocateOne).
@@ -97,7 +97,6 @@ func (a *Allocator) allocateChunk(ctx context.Context, reqs []Request) []Outcome
 			out[i].Err = err
 			continue
 		}
-		p.Before = before
 		plans[i] = p
 		writes = append(writes, p.Writes...)
 	}
@@ -192,7 +191,7 @@ func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[net
 		if err := a.ready(); err != nil {
 			return err
 		}
-		p, err := a.plan(ctx, req, a.settlePending(ctx))
+		p, err := a.plan(ctx, req, a.settlePending(ctx), before)
 		if err != nil {
 			return err
 		}
@@ -200,7 +199,7 @@ func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[net
 		for planner.OnlyTaken(err) && ctx.Err() == nil {
 			a.n.Undo(p)
 			a.fence.lostIf(a.reads.learn(ctx, err))
-			if p, err = a.plan(ctx, req, a.settlePending(ctx)); err != nil {
+			if p, err = a.plan(ctx, req, a.settlePending(ctx), before); err != nil {
 				return err
 			}
 			res, err = write(ctx, p)
@@ -236,13 +235,14 @@ func (a *Allocator) allocateOne(ctx context.Context, req Request, before map[net
 // plan plans r with the planner, meeting each need it reports. pendErr is
 // the error of the last attempt to settle writes of unknown outcome. A
 // plan that fails is abandoned: its marks undone, what it borrowed given
-// back.
-func (a *Allocator) plan(ctx context.Context, r Request, pendErr error) (*planner.Plan, error) {
+// back. before is what the owner held when the request came in (Plan.Before).
+func (a *Allocator) plan(ctx context.Context, r Request, pendErr error, before map[netip.Addr]bool) (*planner.Plan, error) {
 	defer a.voice.say() // in order with the driver's own lines
 	p, err := a.n.Start(r, pendErr)
 	if err != nil {
 		return nil, err
 	}
+	p.Before = before
 	for {
 		need, err := a.n.Advance(p)
 		if err == nil && need.Kind == planner.Done {

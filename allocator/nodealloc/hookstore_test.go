@@ -310,3 +310,31 @@ func (h *hookStore) SeedPool(ctx context.Context, p allocator.Pool) (allocator.P
 	out, created, err := h.Store.SeedPool(ctx, p)
 	return out, created, h.post(ctx, "SeedPool", err)
 }
+
+// Admit, CutOver and DropAlternate are a live migration's writes.
+func (h *hookStore) Admit(ctx context.Context, b records.Binding, cur []records.Allocation, alt records.Alternate) (records.Binding, error) {
+	h.see("Admit", b)
+	if err := h.pre(ctx, "Admit"); err != nil {
+		return records.Binding{}, err
+	}
+	nb, err := h.Store.Admit(ctx, b, cur, alt)
+	return nb, h.post(ctx, "Admit", err)
+}
+
+func (h *hookStore) CutOver(ctx context.Context, b records.Binding, cur []records.Allocation, keepOld bool) (records.Binding, error) {
+	h.see("CutOver", b)
+	if err := h.pre(ctx, "CutOver"); err != nil {
+		return records.Binding{}, err
+	}
+	nb, err := h.Store.CutOver(ctx, b, cur, keepOld)
+	return nb, h.post(ctx, "CutOver", err)
+}
+
+func (h *hookStore) DropAlternate(ctx context.Context, b records.Binding, cur []records.Allocation) (records.Binding, error) {
+	h.see("DropAlternate", b)
+	if err := h.pre(ctx, "DropAlternate"); err != nil {
+		return records.Binding{}, err
+	}
+	nb, err := h.Store.DropAlternate(ctx, b, cur)
+	return nb, h.post(ctx, "DropAlternate", err)
+}

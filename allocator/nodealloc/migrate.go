@@ -91,6 +91,14 @@ func (a *Allocator) readMigration(ctx context.Context, ps *planner.Pool, identit
 	return r, true, nil
 }
 
+// notSelected refuses a migration's target on this node when the pool's
+// selector leaves it out (planner.Node.NotSelected), read under mu.
+func (a *Allocator) notSelected(ps *planner.Pool, b records.Binding) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n.NotSelected(ps, b)
+}
+
 // migrationPool is the pool of a migration's request, read under mu.
 func (a *Allocator) migrationPool(name string) (*planner.Pool, error) {
 	a.mu.Lock()
@@ -131,6 +139,9 @@ func (a *Allocator) Admit(ctx context.Context, req Request) (res Result, ok bool
 			// Admitted already: a retried ADD, or an answer lost.
 			res, ok = migrationResult(ps, r.cur), true
 			return nil
+		}
+		if err := a.notSelected(ps, r.b); err != nil {
+			return err
 		}
 		alt := records.Alternate{Owner: o, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), Migration: req.Migration}
 		if _, err := a.cfg.Store.Admit(ctx, r.b, r.cur, alt); err != nil {
@@ -304,3 +315,61 @@ func (a *Allocator) leaveMigration(ctx context.Context, ps *planner.Pool, r migr
 // errMigrationLeft says a migration was left and the binding changed:
 // read it again and go on as for any sticky owner.
 var errMigrationLeft = fmt.Errorf("live migration left, binding changed: %w", retry.ErrConflict)
+
+// allBound is als with the owner's records at the rest of b's
+// addresses, read back: the cache may know only some of them (a live
+// migration's cut-over made the owner theirs on another node's write,
+// and this node read back only those of its own blocks since). All are
+// kept together, or the rest stays the owner's for good.
+func (a *Allocator) allBound(ctx context.Context, ps *planner.Pool, b records.Binding, als []*records.Allocation) ([]*records.Allocation, error) {
+	var missing []records.IPRef
+	refs, err := ps.BoundRefs(b)
+	if err != nil {
+		return als, nil // out of the pool now: left to kvipamctl check
+	}
+	for _, ref := range refs {
+		if !slices.ContainsFunc(als, func(al *records.Allocation) bool { return al.Addr == ref.Addr }) {
+			missing = append(missing, ref)
+		}
+	}
+	if len(missing) == 0 {
+		return als, nil
+	}
+	if err := a.reads.readBack(ctx, missing); err != nil {
+		return nil, err
+	}
+	out := slices.Clone(als)
+	for _, ref := range missing {
+		if al := ps.At(ref.Addr); al != nil && al.Owner.Key() == b.Owner.Key() && al.Identity == b.Identity && al.State == records.StateAllocated {
+			out = append(out, al)
+		}
+	}
+	return out, nil
+}
+
+// unlearned reads back the addresses of identity id's binding when it
+// names o, whose DEL found none of them cached: a live migration's
+// cut-over made o their owner on another node's write (the source's
+// DEL handing them over), or on o's own whose answer was lost, and the
+// cache has not learned it yet (Learn). It returns what o holds of them
+// now, to keep; nothing if the binding does not name o.
+func (a *Allocator) unlearned(ctx context.Context, ps *planner.Pool, id string, o records.Owner) ([]*records.Allocation, error) {
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.Spec().Name, id)
+	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
+		return nil, err
+	}
+	refs, err := ps.BoundRefs(b)
+	if err != nil {
+		return nil, nil // out of the pool now: left to dropBinding and kvipamctl check
+	}
+	if err := a.reads.readBack(ctx, refs); err != nil {
+		return nil, err
+	}
+	var out []*records.Allocation
+	for _, al := range ps.OfOwner(o.Key()) {
+		if al.Identity == id && al.State == records.StateAllocated {
+			out = append(out, al)
+		}
+	}
+	return out, nil
+}

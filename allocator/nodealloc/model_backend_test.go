@@ -63,6 +63,11 @@ type modelBackend interface {
 	binding(id string) (records.Binding, bool)
 	lent() map[netip.Addr]nodealloc.Loan
 	claimOf(b netip.Prefix) (records.Claim, bool)
+	// homeOf is the node block b's home names ("" for none).
+	homeOf(b netip.Prefix) string
+	// nodeLive reports whether node has a live record (its agent's, on
+	// its lease).
+	nodeLive(node string) bool
 	// leaseLeft is the time lease has left (0 or less: ended).
 	leaseLeft(lease int64) time.Duration
 	getPool(name string) (allocator.Pool, error)
@@ -187,6 +192,7 @@ func (b *etcdBackend) bindings() []records.Binding {
 	for _, kv := range resp.Kvs {
 		v, err := kvstore.Decode[records.Binding](kv)
 		require.NoError(r.t, err)
+		v.Value.Pool, v.Value.Rev, v.Value.Lease = r.pool.Name, kv.ModRevision, kv.Lease
 		out = append(out, v.Value)
 	}
 	return out
@@ -201,6 +207,7 @@ func (b *etcdBackend) binding(id string) (records.Binding, bool) {
 	}
 	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
 	require.NoError(r.t, err)
+	v.Value.Pool, v.Value.Rev, v.Value.Lease = r.pool.Name, resp.Kvs[0].ModRevision, resp.Kvs[0].Lease
 	return v.Value, true
 }
 
@@ -227,6 +234,20 @@ func (b *etcdBackend) claimOf(blk netip.Prefix) (records.Claim, bool) {
 		return records.Claim{}, false
 	}
 	return c.Value, true
+}
+
+func (b *etcdBackend) homeOf(blk netip.Prefix) string {
+	h, err := kvstore.GetJSON[records.Home](b.r.ctx, b.check, etcdstore.HomeKey(b.r.pool.Name, blk))
+	if err != nil {
+		return ""
+	}
+	return h.Value.Node
+}
+
+func (b *etcdBackend) nodeLive(node string) bool {
+	resp, err := b.check.Get(b.r.ctx, etcdstore.NodeKey(node), clientv3.WithCountOnly())
+	require.NoError(b.r.t, err)
+	return resp.Count > 0
 }
 
 func (b *etcdBackend) leaseLeft(lease int64) time.Duration {

@@ -175,6 +175,9 @@ const operatorTries = 8
 // fresh snapshot and run again until it succeeds. The node then starts
 // again, with nothing.
 func (r *modelRun) opOperator(n *mNode) {
+	if r.migratesOn(n) {
+		return // left out: a node stopped in the middle of a live migration
+	}
 	r.op = kindOperator
 	if n.sess != nil {
 		r.b.revokeLease(n.sess.ID())

@@ -144,7 +144,41 @@ const (
 	simBetweenSteps = 5 * time.Millisecond
 )
 
-func (b *simBackend) roundTrip()                  { b.sleep(simRoundTrip) }
+func (b *simBackend) roundTrip() {
+	b.sleep(simRoundTrip)
+	b.syncNodes()
+}
+
+// syncNodes gives the store each node's liveness, as etcd has it from
+// the node records on the agents' leases: a node whose lease was
+// revoked or lapsed has none (a migration's admit and cut-over to it
+// are refused, memstore.NodeDown).
+func (b *simBackend) syncNodes() {
+	if b.r == nil {
+		return
+	}
+	for _, n := range b.r.nodes {
+		b.st.NodeDown(n.name, !b.nodeLive(n.name))
+	}
+}
+
+func (b *simBackend) nodeLive(node string) bool {
+	for _, n := range b.r.nodes {
+		if n.name == node {
+			return n.sess != nil && b.st.LeaseAlive(n.sess.ID())
+		}
+	}
+	return false
+}
+
+func (b *simBackend) homeOf(blk netip.Prefix) string {
+	got, err := b.st.GetBlocks(context.Background(), b.r.pool.Name, []netip.Prefix{blk})
+	require.NoError(b.r.t, err)
+	if bi, ok := got[blk.Masked()]; ok && bi.Home != nil {
+		return bi.Home.Node
+	}
+	return ""
+}
 func (b *simBackend) betweenSteps() time.Duration { return simBetweenSteps }
 
 type simDeadline struct{}
@@ -227,7 +261,10 @@ func (b *simBackend) state() string {
 	return fmt.Sprintf("rev %d at %s", b.st.Rev(), b.now().Format(time.RFC3339Nano))
 }
 
-func (b *simBackend) revokeLease(id int64) { b.st.Revoke(id) }
+func (b *simBackend) revokeLease(id int64) {
+	b.st.Revoke(id)
+	b.syncNodes()
+}
 
 // revokeHistoryLease: the in-memory store's history has no lease.
 func (b *simBackend) revokeHistoryLease() bool { return false }

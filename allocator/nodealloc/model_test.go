@@ -41,7 +41,7 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "claim", "unclaim", "unbind", "seed", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete, kindSchema}
+		"lapse-record", "claim", "unclaim", "unbind", "seed", "admit", "cut over", "drop alternate", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete, kindSchema}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed", "reservation lease lost"}
 )
 
@@ -106,6 +106,15 @@ type mOwner struct {
 	// retired: an earlier container of a sticky identity that holds
 	// nothing, left out of the run's choices (retire).
 	retired bool
+	// alt: the addresses it was told it holds as a live migration's
+	// alternate (second, non-forwarding owner); altUnsure: it may be
+	// the alternate or not (a write of unknown outcome).
+	alt       []netip.Addr
+	altUnsure bool
+	// gone: its DEL succeeded. migrant: a pod of a live migration the
+	// model ran (its source or target), which etcd may name as an
+	// alternate (model_migrate_test.go).
+	gone, migrant bool
 	// revoked: its reservation's lease was revoked before its time
 	// (fResLease), which the store's contract does not foresee: the
 	// allocator trusts the expiry it was given and may tell the same
@@ -192,6 +201,10 @@ type modelRun struct {
 	// while etcd was loaded (restarts) and those it refused.
 	loadedWrites, loadedBusy map[string]int
 	trace                    modelTrace
+	// migs are the live migrations in progress, by identity, and migN
+	// numbers their pods (model_migrate_test.go).
+	migs map[string]*mMigration
+	migN int
 }
 
 // loadedBusyRate is the chance that etcd refuses a write for load ("too
@@ -319,7 +332,7 @@ func newModelRun(t *testing.T, b modelBackend, seed uint64) *modelRun {
 	r := &modelRun{spec: spec, ops: map[string]*[3]int{}, idAddrs: map[string]map[netip.Addr]bool{}, t: t, ctx: context.Background(), b: b, name: t.Name(), seed: seed, rng: rand.New(rand.NewPCG(seed, 1)),
 		pool: pool, owners: map[string]*mOwner{}, holder: map[netip.Addr]string{},
 		kept: map[netip.Addr]keptFor{}, maybeKept: map[netip.Addr]bool{}, gens: map[string]int{}, faults: map[string]*[nFaults]int{}, writes: map[string]int{},
-		loadedWrites: map[string]int{}, loadedBusy: map[string]int{}}
+		loadedWrites: map[string]int{}, loadedBusy: map[string]int{}, migs: map[string]*mMigration{}}
 	r.bindBackend()
 	for _, k := range writeKinds {
 		r.faults[k] = &[nFaults]int{}
@@ -413,7 +426,8 @@ func (r *modelRun) hookUp(n *mNode) {
 	var kind string // the kind of the write in flight (one goroutine)
 	n.hook.Observe(func(op string, arg any) { kind, r.call = r.kindOf(op, arg), op })
 	reads := []string{"ListBlocks", "GetBlocks", "ListIPs", "GetIPs", "LeaseExpiry", "PoolSnapshot", "GetBinding", "ListBindings", "ListLent"}
-	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding") {
+	for _, op := range append(slices.Clone(reads), "Claim", "Reclaim", "Unclaim", "WriteIPs", "DeleteIP", "FenceBorrower", "WriteBound", "Keep", "RecordLapsed", "SeedPool", "DropStaleBinding",
+		"Admit", "CutOver", "DropAlternate") {
 		write := !slices.Contains(reads, op)
 		n.hook.Before(op, func(ctx context.Context) error {
 			r.b.roundTrip()
@@ -507,6 +521,12 @@ func (r *modelRun) kindOf(op string, arg any) string {
 		return "lapse-record"
 	case "SeedPool":
 		return "seed"
+	case "Admit":
+		return "admit"
+	case "CutOver":
+		return "cut over"
+	case "DropAlternate":
+		return "drop alternate"
 	case "WriteIPs":
 		if r.op == "reassert" {
 			return "reassert"
@@ -677,6 +697,7 @@ func (r *modelRun) heldOn(i int) []netip.Addr {
 	for _, k := range r.order {
 		if mo := r.owners[k]; mo.node == i && mo.hasEndpoint() {
 			out = append(out, mo.told...)
+			out = append(out, mo.alt...) // a migration target's endpoint
 		}
 	}
 	return out
@@ -750,9 +771,12 @@ func refusal(err error) bool {
 func (r *modelRun) randomStep() {
 	n := r.nodes[r.rng.IntN(len(r.nodes))]
 	r.recover(n, false)
+	defer r.endMigrations()
 	switch p := r.rng.IntN(100); {
-	case p < 16:
+	case p < 12:
 		r.opAllocate(n)
+	case p < 16:
+		r.opMigrate()
 	case p < 18:
 		if !skip("restart") {
 			r.opRestart(n)
@@ -800,7 +824,7 @@ func (r *modelRun) randomStep() {
 			r.opPoolDelete(n)
 		}
 	default:
-		r.opAllocate(n)
+		r.opMigrate()
 	}
 }
 
@@ -1020,7 +1044,9 @@ func (r *modelRun) opConfirm() {
 	if len(reserved) > 0 && r.rng.IntN(4) > 0 {
 		mo = reserved[r.rng.IntN(len(reserved))]
 	}
-	if mo.delFail {
+	if mo.delFail || (mo.migrant && !mo.reserved) {
+		// A migration's pod got its addresses by a cut-over, not by
+		// an ADD of its own to confirm.
 		return
 	}
 	r.confirm(mo)
@@ -1091,14 +1117,17 @@ func (r *modelRun) release(mo *mOwner) {
 	// removes the endpoint's record before the release: its addresses
 	// are no longer held (NodeConfig.Held) while the release runs.
 	mo.delFail = true
+	otherLive := r.otherLive(mo)
 	out, err := n.alloc.ReleaseAs(r.ctx, mo.o, mo.identity)
 	r.logf("%s Release %s as %q (told %v, unsure %v): %v %v", n.name, mo.o.Key(), mo.identity, mo.told, mo.unsure, addrsOf(out), err)
 	r.tally("release", err)
 	if err != nil {
 		mo.unsure, mo.delFail = true, true
+		r.migDelFailed(mo)
 		r.after(n, err)
 		return
 	}
+	r.migLeft(mo, otherLive)
 	r.released(mo, from, out)
 	r.after(n, nil)
 }
@@ -1135,6 +1164,11 @@ func (r *modelRun) newContainer(n *mNode, id string) (*mOwner, *mNode) {
 	if last != nil && (len(last.told) > 0 || last.unsure || last.delFail) && skip("livetakeover") {
 		return nil, nil
 	}
+	if r.migs[id] != nil {
+		// A VM's pods are not re-created during its live migration
+		// (left out: a takeover in the middle of one).
+		return nil, nil
+	}
 	if last != nil && r.rng.IntN(2) == 0 {
 		n = r.nodes[last.node] // re-created on the same node
 		r.recover(n, false)
@@ -1162,7 +1196,8 @@ const keptGenerations = 4
 func (r *modelRun) retire(id string) {
 	r.order = slices.DeleteFunc(r.order, func(k string) bool {
 		mo := r.owners[k]
-		if mo.identity != id || mo.gen > r.gens[id]-keptGenerations || len(mo.told) > 0 || mo.unsure || mo.delFail || mo.reserved {
+		if mo.identity != id || mo.gen > r.gens[id]-keptGenerations || len(mo.told) > 0 || mo.unsure || mo.delFail || mo.reserved ||
+			len(mo.alt) > 0 || mo.altUnsure || r.inMigration(mo) {
 			return false
 		}
 		mo.retired = true
@@ -1221,6 +1256,7 @@ func (r *modelRun) stickyAdd(n *mNode, mo *mOwner, reserve bool) {
 		r.learnIdentity(mo.identity)
 	}
 	r.answer(mo, res, err)
+	r.migTakenOver(mo, err)
 	if err == nil {
 		// The identity's kept addresses are all taken over: none stays
 		// kept beside the new pod's.
@@ -1251,7 +1287,7 @@ func (r *modelRun) answer(mo *mOwner, res nodealloc.Result, err error) {
 func (r *modelRun) opStoreLoss(n *mNode) {
 	var lost []*mOwner
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i && !mo.unsure && len(mo.told) > 0 && r.rng.IntN(2) == 0 {
+		if mo := r.owners[k]; mo.node == n.i && !mo.unsure && len(mo.told) > 0 && r.migs[mo.identity] == nil && r.rng.IntN(2) == 0 {
 			lost = append(lost, mo)
 		}
 	}
@@ -1563,7 +1599,7 @@ func (r *modelRun) tell(mo *mOwner, als []records.Allocation, expires time.Time)
 	for _, a := range got {
 		r.holder[a] = k
 	}
-	mo.told, mo.unsure, mo.delFail, mo.operator, mo.stalled = got, false, false, false, false
+	mo.told, mo.unsure, mo.delFail, mo.operator, mo.stalled, mo.gone = got, false, false, false, false, false
 	// A reservation lapses no earlier than its record's time plus the
 	// reservation TTL; an answer may not know its expiry (after a Restore).
 	mo.reserved, mo.expires = false, expires
@@ -1735,6 +1771,10 @@ func (r *modelRun) verify() {
 			r.fail("etcd holds %v for %s, an earlier container of %s which holds nothing", held[k], k, mo.identity)
 			return
 		}
+	}
+	r.verifyMigrations(als)
+	if r.failed {
+		return
 	}
 	// A binding names a container that holds its addresses.
 	for _, b := range r.b.bindings() {

@@ -80,7 +80,18 @@ func (a *Allocator) ReleaseAs(ctx context.Context, o records.Owner, identity str
 			// or kept it (keep); gone from the cache, the binding is
 			// checked here.
 			if !cached {
-				if err := a.dropBinding(ctx, ps, id, o, nil); err != nil {
+				if als, err := a.unlearned(ctx, ps, id, o); err != nil || len(als) > 0 {
+					if err == nil {
+						err = a.keep(ctx, ps, als)
+					}
+					if err != nil {
+						errs = append(errs, err)
+						continue
+					}
+					for _, al := range als {
+						out = append(out, *al)
+					}
+				} else if err := a.dropBinding(ctx, ps, id, o, nil); err != nil {
 					errs = append(errs, err)
 					continue
 				}
@@ -223,25 +234,13 @@ func (c claimer) giveBackEmpty(ctx context.Context, ps *planner.Pool) int {
 // reassert wrote them back) the binding still names the owner, who holds
 // none of its addresses: it goes (dropBinding), whether the keep was
 // refused for it or its outcome was settled from etcd.
-//
-// A record still the owner's but rewritten meanwhile by another node (a
-// live migration's second owner admitted or gone: migrate.go) is read
-// back and kept at its new revision: it was not taken over.
 func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.Allocation) error {
-	for attempt := 0; ; attempt++ {
-		err := a.keepOnce(ctx, ps, als)
-		if !errors.Is(err, errRewritten) || attempt == 3 {
-			return err
-		}
-		als = ps.OfOwnerAt(als)
-	}
+	return a.keepFrom(ctx, ps, als, 2)
 }
 
-// errRewritten is a keep refused for records rewritten in place: still
-// the owner's, at a new revision.
-var errRewritten = fmt.Errorf("sticky records rewritten meanwhile, still the owner's: %w", retry.ErrConflict)
-
-func (a *Allocator) keepOnce(ctx context.Context, ps *planner.Pool, als []*records.Allocation) error {
+// keepFrom is keep, trying again (again times at most) with the records
+// as read back when a Keep finds them rewritten still the owner's.
+func (a *Allocator) keepFrom(ctx context.Context, ps *planner.Pool, als []*records.Allocation, again int) error {
 	identity, owner := als[0].Identity, als[0].Owner
 	takenOver := func() error {
 		if err := a.reads.readBack(ctx, planner.RefsOf(als)); err != nil {
@@ -276,6 +275,9 @@ func (a *Allocator) keepOnce(ctx context.Context, ps *planner.Pool, als []*recor
 	if !ok || b.Owner.Key() != owner.Key() {
 		return takenOver()
 	}
+	if als, err = a.allBound(ctx, ps, b, als); err != nil {
+		return err
+	}
 	vals := make([]records.Allocation, len(als))
 	for i, al := range als {
 		vals[i] = *al
@@ -283,11 +285,21 @@ func (a *Allocator) keepOnce(ctx context.Context, ps *planner.Pool, als []*recor
 	end, err := a.cfg.Store.Keep(ctx, b, vals)
 	switch {
 	case errors.Is(err, retry.ErrConflict):
-		if err := takenOver(); err != nil {
+		if err := a.reads.readBack(ctx, planner.RefsOf(als)); err != nil {
 			return err
 		}
-		if fresh := ps.OfOwnerAt(als); len(fresh) == len(als) {
-			return errRewritten
+		if cur := ps.Current(als, owner); len(cur) > 0 && again > 0 {
+			// Still the pod's, at another revision: a live migration's
+			// write rewrote the records since they were cached (its
+			// alternate dropped at this DEL, its node not live; or
+			// admitted or dropped by a write whose answer was lost).
+			// They are kept as they are now; a Keep at the revisions
+			// cached left them the pod's for good (found by the model
+			// test, TestModelSimulated seeds 2 and 5).
+			return a.keepFrom(ctx, ps, cur, again-1)
+		}
+		if err := takenOver(); err != nil {
+			return err
 		}
 		return a.dropBinding(ctx, ps, identity, owner, nil)
 	case planner.OutcomeUnknown(err):
@@ -297,6 +309,9 @@ func (a *Allocator) keepOnce(ctx context.Context, ps *planner.Pool, als []*recor
 		}
 		if still := ps.StillCached(als); still != nil {
 			return fmt.Errorf("keep %s for sticky identity %s: %w", owner.Key(), identity, err)
+		}
+		if cur := ps.Current(als, owner); len(cur) > 0 && again > 0 {
+			return a.keepFrom(ctx, ps, cur, again-1) // rewritten, as above
 		}
 		// Settled: kept (the binding says so), or etcd had lost them
 		// and the binding, which names the owner, goes.

@@ -3,6 +3,8 @@ package records
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvipam/kvipam/internal/foundation/jsonkeep"
@@ -63,4 +65,17 @@ type Migrations interface {
 	// DropAlternate removes b's alternate from b and from the records at
 	// cur: its pod is gone, or the migration failed.
 	DropAlternate(ctx context.Context, b Binding, cur []Allocation) (Binding, error)
+}
+
+// CoversBinding checks that cur has a record at every address of b: an
+// alternate is admitted to all of an identity's addresses or to none (a
+// pod that holds only some of them, its other records lost, is not
+// migrated: the target would hold part of the identity).
+func CoversBinding(b Binding, cur []Allocation) error {
+	for _, a := range b.Addrs {
+		if !slices.ContainsFunc(cur, func(al Allocation) bool { return al.Addr == a }) {
+			return fmt.Errorf("%w: %s of %s has no record: its pod holds only part of the identity's addresses", ErrMigration, a, b.Identity)
+		}
+	}
+	return nil
 }

@@ -30,3 +30,14 @@ func (n *Node) takeoverNotSelected(ps *Pool, b records.Binding) error {
 	return fmt.Errorf("%w: sticky identity %s has %v in pool %s (%s), which serves only nodes matching %q; node %s (labels %s) cannot take them over: run the identity's pods on nodes the selector chooses (kvipamctl pool show %s lists them)",
 		records.ErrNodeNotSelected, b.Identity, b.Addrs, ps.spec.Name, where, ps.spec.NodeSelector, n.name, n.labelText(), ps.spec.Name)
 }
+
+// NotSelected refuses this node b's addresses in ps when the pool's
+// selector leaves it out, as a takeover is refused: a live migration's
+// target is not admitted there (its addresses would route to a node the
+// pool does not serve). Nil when the node is selected.
+func (n *Node) NotSelected(ps *Pool, b records.Binding) error {
+	if n.selected(ps) {
+		return nil
+	}
+	return n.takeoverNotSelected(ps, b)
+}

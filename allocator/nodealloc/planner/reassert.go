@@ -25,6 +25,9 @@ func (n *Node) ReassertRecord(ps *Pool, o records.Owner, addr netip.Addr, identi
 		rec = old.Record
 		rec.Node, rec.State, rec.Borrowed = n.name, records.StateAllocated, false
 	}
+	// A live migration's alternate is the binding's to say
+	// (ReassertBinding), not the cache's, which may be stale.
+	rec.Alternate = nil
 	return rec
 }
 
@@ -36,6 +39,9 @@ func (n *Node) ReassertRecord(ps *Pool, o records.Owner, addr netip.Addr, identi
 func (n *Node) ReassertBinding(ps *Pool, rec *records.Record, held []netip.Addr, b records.Binding, ok bool) *records.Binding {
 	switch {
 	case ok && b.Owner.Key() == rec.Owner.Key():
+		// Written back as the binding has it: during a live migration,
+		// naming its alternate.
+		rec.Alternate = b.Alternate
 		return nil
 	case ok:
 		n.note(Warn, "sticky identity moved on while etcd had lost a running pod's record; written back without it",

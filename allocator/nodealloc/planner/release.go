@@ -51,12 +51,12 @@ func (ps *Pool) StillCached(als []*records.Allocation) *records.Allocation {
 	return nil
 }
 
-// OfOwnerAt is the cache's allocations at als' addresses that are still
-// their owner's, sticky and allocated (at whatever revision).
-func (ps *Pool) OfOwnerAt(als []*records.Allocation) []*records.Allocation {
+// Current returns the cached allocations at the addresses of als that
+// owner o still holds, as the cache has them now (read back since).
+func (ps *Pool) Current(als []*records.Allocation, o records.Owner) []*records.Allocation {
 	var out []*records.Allocation
 	for _, al := range als {
-		if cur := ps.byAddr[al.Addr]; cur != nil && cur.Owner.Key() == al.Owner.Key() && cur.Identity == al.Identity && cur.State == records.StateAllocated {
+		if cur := ps.byAddr[al.Addr]; cur != nil && cur.Owner.Key() == o.Key() && cur.Identity == al.Identity && cur.State == al.State {
 			out = append(out, cur)
 		}
 	}

@@ -76,6 +76,15 @@ func (n *Node) advanceSticky(p *Plan) (Need, error) {
 				// them into the cache if it lost track, so the retry
 				// gets them and not new ones.
 				if refs := n.unsynced(ps, b, r.Owner); len(refs) > 0 {
+					// They were the owner's before this request: not
+					// borrowed by it, nor given back if it fails (a live
+					// migration's cut-over made them its on another
+					// node's write, which this node has not learned).
+					for _, ref := range refs {
+						if p.Before != nil {
+							p.Before[ref.Addr] = true
+						}
+					}
 					return Need{Kind: ReadBack, Refs: refs}, nil
 				}
 			}
@@ -201,6 +210,13 @@ func (n *Node) bindPlan(p *Plan) {
 		nb.Addrs = append(nb.Addrs, w.Addr)
 	}
 	slices.SortFunc(nb.Addrs, netip.Addr.Compare)
+	if old := p.sticky.b; p.sticky.rev != 0 && old.Alternate != nil && old.Owner.Key() == r.Owner.Key() &&
+		len(p.Writes) == 0 && slices.Equal(nb.Addrs, old.Addrs) {
+		// The owner's ADD retried during a live migration: its records,
+		// reused as they are, name the alternate still, and so does
+		// the binding (records.Alternate).
+		nb.Alternate = old.Alternate
+	}
 	p.Bind = &nb
 }
 

@@ -357,3 +357,24 @@ func (s *Store) PoolIPs(pool string) []records.Allocation {
 	}
 	return out
 }
+
+// Interval is one ended interval of an address in IP history, as
+// etcdstore.History reads it: who held it, on which node, and how it
+// ended.
+type Interval struct {
+	Owner  records.Owner
+	Node   string
+	Reason string
+}
+
+// HistoryOf returns the ended intervals of addr in pool, oldest end
+// first.
+func (s *Store) HistoryOf(pool string, addr netip.Addr) []Interval {
+	s.lock()
+	defer s.mu.Unlock()
+	var out []Interval
+	for _, h := range s.history[addrKey{pool, addr}] {
+		out = append(out, Interval{Owner: h.owner, Node: h.node, Reason: h.reason})
+	}
+	return out
+}

@@ -60,6 +60,9 @@ func (s *Store) Admit(_ context.Context, b records.Binding, cur []records.Alloca
 	case b.Alternate != nil && !s.down[b.Alternate.Node]:
 		return records.Binding{}, fmt.Errorf("%w: admit %s: %s has an alternate already", records.ErrMigration, alt.Owner.Key(), b.Identity)
 	}
+	if err := records.CoversBinding(b, cur); err != nil {
+		return records.Binding{}, fmt.Errorf("admit %s as the alternate of %s: %w", alt.Owner.Key(), b.Identity, err)
+	}
 	if err := s.migrationOK("admit", b, cur); err != nil {
 		return records.Binding{}, err
 	}

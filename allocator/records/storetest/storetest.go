@@ -35,6 +35,19 @@ type Harness struct {
 	// Now is the store's clock: what it stamps records with and counts
 	// leases by.
 	Now func() time.Time
+	// NodeLive gives node a live record (its agent runs) or takes it
+	// away: a live migration's admit and cut-over to a node need one.
+	NodeLive func(node string, live bool)
+	// History reads the ended intervals of addr in pool (IP history),
+	// oldest end first.
+	History func(pool string, addr netip.Addr) []Interval
+}
+
+// Interval is one ended interval of an address in IP history.
+type Interval struct {
+	Owner  records.Owner
+	Node   string
+	Reason string
 }
 
 // tolerance is how far the suite lets a time the store reports be from
@@ -56,6 +69,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Harness) {
 	all = append(all, ipTests...)
 	all = append(all, loanTests...)
 	all = append(all, bindingTests...)
+	all = append(all, migrationTests...)
 	all = append(all, edgeTests...)
 	all = append(all, txnSizeTests...)
 	all = append(all, moreEdgeTests...)
