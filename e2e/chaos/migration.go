@@ -253,3 +253,38 @@ func holderText(r Holder) string {
 	}
 	return strings.TrimSpace(fmt.Sprintf("%s on %s (alternate %q)", r.Owner, r.Node, r.Alternate))
 }
+
+// MigrationCounts are the live migration writes seen in the bindings'
+// changes: admissions, cut-overs (the former owner kept as the
+// alternate), hand-overs (the owner's DEL: the alternate forwards
+// alone) and alternates dropped (the alternate's DEL).
+type MigrationCounts struct {
+	Admits, CutOvers, HandOvers, Drops int
+}
+
+// CountMigrations counts the migration writes in bindings.
+func CountMigrations(bindings []BindingChange) MigrationCounts {
+	byID := map[string][]BindingChange{}
+	for _, b := range bindings {
+		byID[b.Identity] = append(byID[b.Identity], b)
+	}
+	var n MigrationCounts
+	for _, bs := range byID {
+		slices.SortStableFunc(bs, func(a, b BindingChange) int { return cmp.Compare(a.Rev, b.Rev) })
+		for i := 1; i < len(bs); i++ {
+			prev, cur := bs[i-1], bs[i]
+			switch {
+			case cur.Deleted || prev.Deleted:
+			case prev.Alternate == "" && cur.Alternate != "" && cur.Owner == prev.Owner:
+				n.Admits++
+			case prev.Alternate != "" && cur.Owner == prev.Alternate && cur.Alternate == prev.Owner:
+				n.CutOvers++
+			case prev.Alternate != "" && cur.Owner == prev.Alternate && cur.Alternate == "":
+				n.HandOvers++
+			case prev.Alternate != "" && cur.Alternate == "" && cur.Owner == prev.Owner:
+				n.Drops++
+			}
+		}
+	}
+	return n
+}

@@ -58,6 +58,15 @@ func checkAll(ops []Op, changes []Change, bindings []BindingChange, final Final)
 func TestCheckerMigrationCleanHistory(t *testing.T) {
 	ops, changes, bindings, final := migrated()
 	require.Empty(t, checkAll(ops, changes, bindings, final))
+	require.Equal(t, MigrationCounts{Admits: 1, CutOvers: 1, Drops: 1}, CountMigrations(bindings))
+	// IP history: s's interval as the owner ended at the cut-over, its
+	// interval as the alternate at its DEL.
+	ivs := []Interval{
+		{Addr: x, Owner: "s/eth0", Start: at(5), End: at(205), Reason: "migrated"},
+		{Addr: x, Owner: "s/eth0", Start: at(205), End: at(305), Reason: "alternate-ended"},
+	}
+	require.Empty(t, History(ops, ivs, at(1000)))
+	require.Equal(t, []string{"history"}, kinds(History(ops, ivs[:1], at(1000))), "the alternate's interval missing")
 
 	// Failed: t's DEL drops the alternate, s forwards on.
 	ops, changes, bindings, final = migrated()
@@ -73,6 +82,7 @@ func TestCheckerMigrationCleanHistory(t *testing.T) {
 	changes = append(changes[:2], changes[3])
 	bindings = append(bindings[:2], bindings[3])
 	require.Empty(t, checkAll(ops, changes, bindings, final))
+	require.Equal(t, MigrationCounts{Admits: 1, HandOvers: 1}, CountMigrations(bindings))
 }
 
 // TestCheckerCatchesMigrationDuplicate: two live pods of one address are
