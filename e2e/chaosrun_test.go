@@ -119,6 +119,11 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	// Every kind once, in order (the run lasts until they have fired,
 	// the workload going on), then at random.
 	kinds, ordered := faultKinds, faultKinds
+	if vms != nil {
+		kinds = append(slices.Clone(faultKinds), migrationFaultKinds...)
+		ordered = kinds
+	}
+	planned := kinds // each fires at least once in a long run
 	if v != nil {
 		v.begin(members, c.Client(t, cluster.RootUser), ctl)
 		kinds, ordered = append(slices.Clone(faultKinds), versionSteps...), v.plan(faultKinds)
@@ -181,7 +186,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	t.Logf("chaos: faults by kind %v; recoveries %d (agents ready again, etcd healthy again); operations %d (%d failed, as expected under faults); %d borrowed and %d sticky-kept writes; %d IP history intervals agree",
 		f.byKind, f.recoveries, len(ops), w.failed.Load(), borrowed, kept, len(ivs))
 	if dur >= 2*time.Minute {
-		for _, k := range faultKinds {
+		for _, k := range planned {
 			if f.byKind[k] == 0 {
 				t.Errorf("fault kind %s never fired", k)
 			}

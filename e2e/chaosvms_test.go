@@ -7,10 +7,13 @@ import (
 	"net/netip"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/agent/announce"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
@@ -224,4 +227,59 @@ func (v *chaosVMs) figures(bindings []chaos.BindingChange) string {
 		chaosVMCount, v.started.Load(), v.admitted.Load(), int64(v.guestCutOvers)+v.operatorCutOvers.Load(), v.guestCutOvers, v.announced.Load(), v.operatorCutOvers.Load(), v.cutOverFailed.Load(),
 		v.failed.Load(), v.handedOver.Load(), v.handedBack.Load(), v.stopped.Load(),
 		e.Admits, e.CutOvers, e.HandOvers, e.Drops)
+}
+
+// migrationFaultKinds are the faults aimed at a VM's migration, in a
+// run's plan when it has VMs.
+var migrationFaultKinds = []string{"agent-kill-mid-migration", "etcd-cut-mid-migration"}
+
+// midMigration waits for a migration write (a binding naming an
+// alternate: an admission, or a cut-over that kept the former owner) and
+// at once kills the agent of one of its two nodes, or cuts that node off
+// from etcd for 8 s (past its lease); with no migration written in 20 s
+// it is skipped.
+func (f *chaosFaults) midMigration(kind string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for resp := range f.cli.Watch(ctx, etcdstore.StickyPrefix("chaos"), clientv3.WithPrefix()) {
+		for _, ev := range resp.Events {
+			if ev.Type != clientv3.EventTypePut {
+				continue
+			}
+			b, err := kvstore.Decode[records.Binding](ev.Kv)
+			if err != nil || b.Value.Alternate == nil {
+				continue
+			}
+			node, role := b.Value.Node, "the forwarding owner's"
+			if f.rng.IntN(2) == 0 {
+				node, role = b.Value.Alternate.Node, "the alternate's"
+			}
+			i := slices.IndexFunc(f.members, func(m *chaosNode) bool { return m.n.name == node })
+			if i < 0 {
+				continue
+			}
+			m := f.members[i]
+			what := fmt.Sprintf("migration %s of %s at revision %d (owner %s on %s, alternate %s on %s): %s node %s",
+				b.Value.Alternate.Migration, b.Value.Identity, ev.Kv.ModRevision, b.Value.Owner.Key(), b.Value.Node,
+				b.Value.Alternate.Owner.Key(), b.Value.Alternate.Node, role, node)
+			switch kind {
+			case "agent-kill-mid-migration":
+				f.log(kind, "SIGKILL agent right after %s", what)
+				m.n.killAgent()
+				m.n.startAgent(m.n.agentArgs)
+				f.recoveries++
+			default:
+				f.log(kind, "cut off from etcd for 8s (lease TTL 5s; packets dropped) right after %s", what)
+				for _, p := range m.proxies {
+					p.Stall()
+				}
+				time.Sleep(8 * time.Second)
+				for _, p := range m.proxies {
+					p.Heal()
+				}
+			}
+			return
+		}
+	}
+	f.skip(kind, "no migration written in 20s")
 }
