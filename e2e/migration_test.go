@@ -13,8 +13,10 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvipam/kvipam/agent/announce"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/e2e/cluster"
+	"github.com/kvipam/kvipam/internal/testsupport/guestannounce"
 )
 
 // Live migration of a VM between nodes, as KubeVirt runs one: the VM's
@@ -189,6 +191,8 @@ func TestMigrationTargetAdmittedAsSecondOwner(t *testing.T) {
 	out, err := m.ctl("ip", "list", "--pool", migrationPool)
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "e2e/virt-launcher-vm1-dst", "ip list shows the second owner")
+	out, err = m.ctl("check")
+	require.NoError(t, err, "kvipamctl check is clean during a migration: %s", out)
 	m.answeredBy(m.source, target)
 
 	// A retried ADD of the target gets the same, and writes nothing new.
@@ -375,4 +379,34 @@ func TestMigrationAgentKilledAtEachStep(t *testing.T) {
 // routedVia reports whether n routes ip/32 through gateway via.
 func routedVia(t *testing.T, n *node, ip, via netip.Addr) bool {
 	return hasRoute(nlHandle(t, n.host), netip.PrefixFrom(ip, ip.BitLen()), via.String())
+}
+
+// TestMigrationCutOverOnGuestAnnouncement: the guest, now running in the
+// target pod, announces itself (a gratuitous ARP, or QEMU's RARP); the
+// target's agent sees it on the target's host veth and cuts over: the
+// target forwards, its node routes to it, the other nodes route to its
+// node, and the client's pings are answered by the target. A second
+// announcement changes nothing.
+func TestMigrationCutOverOnGuestAnnouncement(t *testing.T) {
+	for _, kind := range []announce.Kind{announce.GratuitousARP, announce.RARP} {
+		t.Run(string(kind), func(t *testing.T) {
+			m := startMigrationRig(t)
+			target := m.admit("virt-launcher-vm1-dst")
+			m.answeredBy(m.source, target)
+			require.NoError(t, guestannounce.Send(target.ns.Path(), "eth0", kind, m.x, nil))
+			waitFor(t, 20*time.Second, "the cut-over on the guest's "+string(kind), func() bool {
+				b := m.binding()
+				return b.Owner.ContainerID == target.rt.ContainerID
+			})
+			m.owners(target, m.dst, m.source)
+			waitFor(t, 20*time.Second, "the target's node to route to the target", func() bool { return hostRouteTo(t, m.dst.n, m.x) })
+			waitFor(t, 20*time.Second, "the far node to route to the target's node", func() bool { return routedVia(t, m.far.n, m.x, m.dst.addr) })
+			waitFor(t, 20*time.Second, "the source's node to route to the target's node", func() bool { return routedVia(t, m.src.n, m.x, m.dst.addr) })
+			m.answeredBy(target, m.source)
+			rev := m.binding().Rev
+			require.NoError(t, guestannounce.Send(target.ns.Path(), "eth0", kind, m.x, nil))
+			m.answeredBy(target, m.source)
+			require.Equal(t, rev, m.binding().Rev, "a second announcement writes nothing")
+		})
+	}
 }
