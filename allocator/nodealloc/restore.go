@@ -227,10 +227,8 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *planner.Pool) {
 // claims was borrowed (allocate.go): it is borrowed again, by the same
 // create-if-absent. An address held by another owner in etcd, or in
 // another node's orphaned block, is a conflict: nothing is written, and
-// the agent reports it; but an address whose record names the endpoint's
-// owner as its live migration's alternate (cut over to another node, and
-// the agent's watch of bindings not there yet) is held, and only read
-// back. This node's own orphaned block means its lease
+// the agent reports it; an address whose record names the owner as its
+// live migration's alternate (cut over away) is held, and read back. This node's own orphaned block means its lease
 // is gone: Reassert answers ErrLeaseLost, and after Restore has
 // re-claimed the block the next pass writes back. Until Reassert has
 // run, the allocator keeps the endpoints' addresses out of its free
@@ -318,10 +316,7 @@ func (a *Allocator) reassert(ctx context.Context, held []HeldAddr) (restored []r
 		if al, ok := cur[addr]; ok {
 			switch c := ps.At(addr); {
 			case al.Alternate != nil && al.Alternate.Owner.Key() == it.h.Owner.Key() && al.Owner.Key() != it.h.Owner.Key():
-				// A live migration cut over away from the owner, now
-				// the address's second owner: it holds the address, and
-				// the cache learns who forwards (the agent's watch of
-				// bindings marks its endpoint).
+				// Cut over away: held as the alternate; the cache learns who forwards.
 				if c == nil || c.Rev != al.Rev {
 					known = append(known, records.IPRef{Pool: ps.Spec().Name, Block: it.block, Addr: addr})
 				}
