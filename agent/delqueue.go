@@ -20,7 +20,20 @@ func (m *endpointManager) drain(ctx context.Context) error {
 				return nil
 			}
 		}
-		ips, _, err := m.release(ctx, e.Owner, "", "")
+		// The sticky identity the DEL names, as the release handler reads
+		// it: the allocator drops a binding naming the owner even when
+		// it knows nothing of it (a migration's target admitted, its
+		// endpoint never made). An entry that names a bad one is
+		// released without it.
+		var identity string
+		if e.Sticky != "" {
+			if s, err := stickyOf(e.Owner, e.Sticky, e.IPClaim); err == nil {
+				identity = s.Identity
+			} else {
+				m.log.Warn("queued DEL names no valid sticky identity; released without it", "owner", e.Owner.Key(), "error", err)
+			}
+		}
+		ips, _, err := m.release(ctx, e.Owner, "", identity)
 		if err == nil {
 			m.log.Info("applied queued DEL", "owner", e.Owner.Key(), "released", ips)
 		}

@@ -61,7 +61,7 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.L
 	if derr := deleteVeth(); derr != nil {
 		return false, fmt.Errorf("release %s: %w; and %w", o.Key(), err, derr)
 	}
-	if qerr := delqueue.Enqueue(c.DelQueueDir, owner); qerr != nil {
+	if qerr := delqueue.EnqueueRelease(c.DelQueueDir, req); qerr != nil {
 		return false, fmt.Errorf("release %s: %w; and could not queue it: %w", o.Key(), err, qerr)
 	}
 	log.Warn("agent unreachable; release queued for the agent's next start", "owner", o.Key(), "queue", c.DelQueueDir, "error", err)

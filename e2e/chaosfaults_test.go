@@ -88,6 +88,8 @@ func (f *chaosFaults) inject(kind string) {
 		f.recoveries++
 	case "agent-kill-mid-add":
 		f.killMidAdd()
+	case "agent-kill-mid-migration", "etcd-cut-mid-migration":
+		f.midMigration(kind)
 	case "agent-pause":
 		f.log(kind, "SIGSTOP agent %s for 7s (lease TTL 5s), then SIGCONT", m.n.name)
 		_ = m.n.agent.Process.Signal(syscall.SIGSTOP)

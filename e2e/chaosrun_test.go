@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -18,10 +17,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sys/unix"
 
-	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/e2e/chaos"
 	"github.com/kvipam/kvipam/e2e/cluster"
 	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
@@ -109,12 +106,24 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	for i := range 2 * nodes {
 		wg.Go(func() { w.worker(i) })
 	}
+	var vms *chaosVMs
+	if cfg.mixed == "" && nodes >= 2 {
+		vms = &chaosVMs{w: w, c: c, ctl: head}
+		for i := range chaosVMCount {
+			wg.Go(func() { vms.run(i) })
+		}
+	}
 	// A run that ends early (a failed require) stops its workers before
 	// the cleanups run, so that they make no namespace after them.
 	defer func() { w.stopped.Store(true); wg.Wait() }()
 	// Every kind once, in order (the run lasts until they have fired,
 	// the workload going on), then at random.
 	kinds, ordered := faultKinds, faultKinds
+	if vms != nil {
+		kinds = append(slices.Clone(faultKinds), migrationFaultKinds...)
+		ordered = kinds
+	}
+	planned := kinds // each fires at least once in a long run
 	if v != nil {
 		v.begin(members, c.Client(t, cluster.RootUser), ctl)
 		kinds, ordered = append(slices.Clone(faultKinds), versionSteps...), v.plan(faultKinds)
@@ -146,18 +155,10 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	time.Sleep(12 * time.Second)
 	changes, werr := rec.Stop()
 	require.NoError(t, werr, "the recorder saw the whole history")
-	cli := c.Client(t, cluster.RootUser)
-	resp, err := cli.Get(context.Background(), etcdstore.AllIPsPrefix(), clientv3.WithPrefix())
-	require.NoError(t, err)
-	final := map[netip.Addr]string{}
-	for _, kv := range resp.Kvs {
-		k, _ := etcdstore.ParseKey(string(kv.Key))
-		if al, err := etcdstore.DecodeAllocation(k.Pool, kv); err == nil && al.ContainerID != "" {
-			final[al.Addr] = al.Owner.Key()
-		}
-	}
+	final := chaosFinal(t, c.Client(t, cluster.RootUser))
 	ops := w.history()
-	findings := chaos.Check(ops, changes, final, end)
+	findings := chaos.Check(ops, changes, final.Owners(), end)
+	findings = append(findings, chaos.Migrations(ops, changes, rec.Bindings(), final, end)...)
 	findings = append(findings, chaos.Placement(changes, rec.Homes())...)
 	ivs := ipHistory(t, ctl, netip.MustParsePrefix("10.12.0.0/28"))
 	findings = append(findings, chaos.History(ops, ivs, end)...)
@@ -185,7 +186,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	t.Logf("chaos: faults by kind %v; recoveries %d (agents ready again, etcd healthy again); operations %d (%d failed, as expected under faults); %d borrowed and %d sticky-kept writes; %d IP history intervals agree",
 		f.byKind, f.recoveries, len(ops), w.failed.Load(), borrowed, kept, len(ivs))
 	if dur >= 2*time.Minute {
-		for _, k := range faultKinds {
+		for _, k := range planned {
 			if f.byKind[k] == 0 {
 				t.Errorf("fault kind %s never fired", k)
 			}
@@ -198,7 +199,7 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 		t.Errorf("kvipamctl check after the run: %v\n%s", err, out)
 	}
 	if t.Failed() {
-		keepHistory(t, seed, ops, changes, members)
+		keepHistory(t, seed, ops, changes, rec.Bindings(), members)
 	}
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
 		t.Logf("chaos: %d file descriptors open at the end (pods release their namespaces)", len(fds))
@@ -211,31 +212,13 @@ func runChaos(t *testing.T, cfg chaosConfig) {
 	if v != nil {
 		summary += " " + v.figures()
 	}
+	if vms != nil {
+		summary += fmt.Sprintf(" forwarding=%d owner=%d %s", counts["forwarding"], counts["owner"], vms.figures(rec.Bindings()))
+	}
 	if bgpFigures != "" {
 		summary += " " + bgpFigures
 	}
 	t.Logf("%s", summary)
-}
-
-// ipHistory reads the ended ownership intervals of every address of
-// pool from kvipamctl ip history, as an operator would.
-func ipHistory(t *testing.T, ctl func(args ...string) ([]byte, error), pool netip.Prefix) []chaos.Interval {
-	var ivs []chaos.Interval
-	for a := pool.Addr().Next(); pool.Contains(a.Next()); a = a.Next() {
-		out, err := ctl("ip", "history", a.String(), "--pool", "chaos", "-o", "json")
-		require.NoError(t, err, "kvipamctl ip history %s: %s", a, out)
-		var rows []struct {
-			etcdstore.HistoryRecord
-			Current bool `json:"current"`
-		}
-		require.NoError(t, json.Unmarshal(out, &rows), "kvipamctl ip history %s -o json", a)
-		for _, r := range rows {
-			if !r.Current {
-				ivs = append(ivs, chaos.Interval{Addr: a, Owner: r.Owner.Key(), Start: r.Start, End: r.End, Reason: r.Reason})
-			}
-		}
-	}
-	return ivs
 }
 
 // chaosNode is a chaos run's node: its agent reaches etcd through
@@ -354,44 +337,58 @@ func (w *chaosWorkload) worker(id int) {
 			p.rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "e2e"}, {"K8S_POD_NAME", name}, {"K8S_POD_UID", podUID(p.name)}}
 			p.rt.CapabilityArgs = map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{"kvipam.io/sticky": "1m"}}
 		}
-		owner := p.rt.ContainerID + "/" + p.rt.IfName
-		ctx, cancel := w.faults.pluginContext("ADD of " + owner + " on " + m.n.name)
-		start := time.Now()
-		res, err := m.n.addCtx(ctx, m.l, p)
-		cancel()
-		op := chaos.Op{Kind: "add", Owner: owner, Identity: identity, Window: time.Minute, Node: m.n.name, Start: start, End: time.Now()}
-		if err != nil {
-			op.Err = err.Error()
-		} else {
-			v4, _ := podAddrs(m.n.t, res)
-			op.Addrs = []netip.Addr{v4}
-		}
-		w.record(op)
-		if err == nil {
+		if _, ok := w.add(m, p, chaos.Op{Identity: identity, Window: time.Minute}); ok {
 			time.Sleep(time.Duration(200+rng.IntN(3000)) * time.Millisecond) // the pod's life
 			if time.Now().After(w.deadline()) {
 				return // live at the end: it must still hold its address (released at cleanup)
 			}
 			_ = m.n.check(m.l, p)
 		}
-		// DEL, also after a failed ADD, as a runtime does; retried until it
-		// succeeds (a DEL with the agent down is queued and succeeds).
-		for {
-			ctx, cancel := w.faults.pluginContext("DEL of " + owner + " on " + m.n.name)
-			start := time.Now()
-			err := m.n.delCtx(ctx, m.l, p)
-			cancel()
-			op := chaos.Op{Kind: "del", Owner: owner, Node: m.n.name, Start: start, End: time.Now()}
-			if err != nil {
-				op.Err = err.Error()
-			}
-			w.record(op)
-			if err == nil || w.stopped.Load() {
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+		// DEL, also after a failed ADD, as a runtime does.
+		w.del(m, p)
 		release()
+	}
+}
+
+// add is p's ADD on m, recorded as op (its identity, window and
+// migration set by the caller): the address it answered, and whether it
+// succeeded.
+func (w *chaosWorkload) add(m *chaosNode, p *pod, op chaos.Op) (netip.Addr, bool) {
+	op.Kind, op.Owner, op.Node = "add", p.rt.ContainerID+"/"+p.rt.IfName, m.n.name
+	ctx, cancel := w.faults.pluginContext("ADD of " + op.Owner + " on " + m.n.name)
+	op.Start = time.Now()
+	res, err := m.n.addCtx(ctx, m.l, p)
+	cancel()
+	op.End = time.Now()
+	var v4 netip.Addr
+	if err != nil {
+		op.Err = err.Error()
+	} else {
+		v4, _ = podAddrs(m.n.t, res)
+		op.Addrs = []netip.Addr{v4}
+	}
+	w.record(op)
+	return v4, err == nil
+}
+
+// del is p's DEL on m, as a runtime sends it: retried until it succeeds
+// (a DEL with the agent down is queued and succeeds), each try recorded.
+func (w *chaosWorkload) del(m *chaosNode, p *pod) {
+	owner := p.rt.ContainerID + "/" + p.rt.IfName
+	for {
+		ctx, cancel := w.faults.pluginContext("DEL of " + owner + " on " + m.n.name)
+		start := time.Now()
+		err := m.n.delCtx(ctx, m.l, p)
+		cancel()
+		op := chaos.Op{Kind: "del", Owner: owner, Node: m.n.name, Start: start, End: time.Now()}
+		if err != nil {
+			op.Err = err.Error()
+		}
+		w.record(op)
+		if err == nil || w.stopped.Load() {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
 
@@ -406,21 +403,4 @@ func newEphemeralPod(t *testing.T, name string) (*pod, func(), error) {
 	}
 	t.Cleanup(release)
 	return podIn(name, n), release, nil
-}
-
-// keepHistory writes a failing run's history and the agents' logs beside
-// its seed, for replay.
-func keepHistory(t *testing.T, seed uint64, ops []chaos.Op, changes []chaos.Change, members []*chaosNode) {
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("kvipam-chaos-%d", seed))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return
-	}
-	b, _ := json.MarshalIndent(map[string]any{"seed": seed, "ops": ops, "changes": changes}, "", " ")
-	_ = os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
-	for _, m := range members {
-		if log, err := os.ReadFile(m.n.agentLog); err == nil {
-			_ = os.WriteFile(filepath.Join(dir, m.n.name+"-agent.log"), log, 0o644)
-		}
-	}
-	t.Logf("chaos: history and agent logs kept in %s", dir)
 }

@@ -36,6 +36,13 @@ import (
 // Entry is one queued DEL.
 type Entry struct {
 	Owner api.Owner `json:"owner"`
+	// Sticky and IPClaim are the DEL's (api.ReleaseRequest's): with the
+	// owner's namespace and pod, the sticky identity the release names,
+	// so that a binding naming the owner goes with it even when the
+	// agent has no endpoint of it (an ADD that died before its endpoint
+	// was made: a live migration's target admitted as the alternate).
+	Sticky  string `json:"sticky,omitempty"`
+	IPClaim string `json:"ipClaim,omitempty"`
 	// QueuedAt is when the DEL was queued. An allocation made after it
 	// belongs to a later attachment that reused the same container ID and
 	// interface name, and must not be released by this entry.
@@ -74,13 +81,20 @@ func FileName(o api.Owner) string {
 // Enqueue records a DEL of o in dir, creating dir if needed. The entry is
 // durable when Enqueue returns: the file and the directory are synced.
 func Enqueue(dir string, o api.Owner) error {
+	return EnqueueRelease(dir, api.ReleaseRequest{Owner: o})
+}
+
+// EnqueueRelease records req, a DEL the agent could not be sent, as
+// Enqueue does, with the sticky identity it names (Sticky, IPClaim).
+func EnqueueRelease(dir string, req api.ReleaseRequest) error {
+	o := req.Owner
 	if o.ContainerID == "" || o.IfName == "" {
 		return fmt.Errorf("queue DEL: owner needs a container ID and an interface name")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("queue DEL: create %s: %w", dir, err)
 	}
-	data, err := json.Marshal(Entry{Owner: o, QueuedAt: time.Now().UTC()})
+	data, err := json.Marshal(Entry{Owner: o, Sticky: req.Sticky, IPClaim: req.IPClaim, QueuedAt: time.Now().UTC()})
 	if err != nil {
 		return fmt.Errorf("queue DEL: encode: %w", err)
 	}

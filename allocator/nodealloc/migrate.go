@@ -312,6 +312,48 @@ func (a *Allocator) leaveMigration(ctx context.Context, ps *planner.Pool, r migr
 	return false, err
 }
 
+// keepUnheard keeps for identity id the addresses whose binding and
+// records name o their owner while this node's cache holds nothing of o:
+// a live migration cut over to o (an operator's cut-over, or the source's
+// DEL handing over) while this node was cut off from etcd and did not
+// hear of it, its cache still taking the records for the source's. o's
+// DEL reads them back and keeps them as any sticky owner's DEL does (or
+// hands them to a live alternate: keep). Nothing names o (its records
+// lost, the binding stale, or it is not the owner): nothing kept, and
+// the caller drops a binding left naming it. Called with mu held.
+func (a *Allocator) keepUnheard(ctx context.Context, ps *planner.Pool, id string, o records.Owner) ([]records.Allocation, error) {
+	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.Spec().Name, id)
+	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
+		return nil, err
+	}
+	refs, err := ps.BoundRefs(b)
+	if err != nil {
+		return nil, nil // an address out of the pool now: dropBinding decides
+	}
+	if err := a.reads.readBack(ctx, refs); err != nil {
+		return nil, fmt.Errorf("release %s: read the addresses of sticky identity %s back: %w", o.Key(), id, err)
+	}
+	var sticky []*records.Allocation
+	for _, al := range ps.OfOwner(o.Key()) {
+		if al.Identity == id && al.State == records.StateAllocated {
+			sticky = append(sticky, al)
+		}
+	}
+	if len(sticky) == 0 {
+		return nil, nil
+	}
+	a.log.Info("release of a pod whose addresses a cut-over this node did not hear of made its own: read back and kept",
+		"owner", o.Key(), "identity", id, "ips", b.Addrs)
+	if err := a.keep(ctx, ps, sticky); err != nil {
+		return nil, err
+	}
+	out := make([]records.Allocation, len(sticky))
+	for i, al := range sticky {
+		out[i] = *al
+	}
+	return out, nil
+}
+
 // errMigrationLeft says a migration was left and the binding changed:
 // read it again and go on as for any sticky owner.
 var errMigrationLeft = fmt.Errorf("live migration left, binding changed: %w", retry.ErrConflict)
@@ -347,29 +389,3 @@ func (a *Allocator) allBound(ctx context.Context, ps *planner.Pool, b records.Bi
 	return out, nil
 }
 
-// unlearned reads back the addresses of identity id's binding when it
-// names o, whose DEL found none of them cached: a live migration's
-// cut-over made o their owner on another node's write (the source's
-// DEL handing them over), or on o's own whose answer was lost, and the
-// cache has not learned it yet (Learn). It returns what o holds of them
-// now, to keep; nothing if the binding does not name o.
-func (a *Allocator) unlearned(ctx context.Context, ps *planner.Pool, id string, o records.Owner) ([]*records.Allocation, error) {
-	b, ok, err := a.cfg.Store.GetBinding(ctx, ps.Spec().Name, id)
-	if err != nil || !ok || b.Kept() || b.Owner.Key() != o.Key() {
-		return nil, err
-	}
-	refs, err := ps.BoundRefs(b)
-	if err != nil {
-		return nil, nil // out of the pool now: left to dropBinding and kvipamctl check
-	}
-	if err := a.reads.readBack(ctx, refs); err != nil {
-		return nil, err
-	}
-	var out []*records.Allocation
-	for _, al := range ps.OfOwner(o.Key()) {
-		if al.Identity == id && al.State == records.StateAllocated {
-			out = append(out, al)
-		}
-	}
-	return out, nil
-}

@@ -78,23 +78,18 @@ func (a *Allocator) ReleaseAs(ctx context.Context, o records.Owner, identity str
 		if id, ok := ps.CheckingBinding(o.Key()); ok && len(errs) == failed {
 			// Still cached, its release took the binding (DeleteIP)
 			// or kept it (keep); gone from the cache, the binding is
-			// checked here.
+			// checked here: addresses it names o the owner of are kept
+			// (keepUnheard), a binding left naming o is dropped.
 			if !cached {
-				if als, err := a.unlearned(ctx, ps, id, o); err != nil || len(als) > 0 {
-					if err == nil {
-						err = a.keep(ctx, ps, als)
-					}
-					if err != nil {
-						errs = append(errs, err)
-						continue
-					}
-					for _, al := range als {
-						out = append(out, *al)
-					}
-				} else if err := a.dropBinding(ctx, ps, id, o, nil); err != nil {
+				kept, err := a.keepUnheard(ctx, ps, id, o)
+				if err == nil && len(kept) == 0 {
+					err = a.dropBinding(ctx, ps, id, o, nil)
+				}
+				if err != nil {
 					errs = append(errs, err)
 					continue
 				}
+				out = append(out, kept...)
 			}
 			ps.BindingChecked(o.Key())
 		}

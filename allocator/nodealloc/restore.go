@@ -227,7 +227,8 @@ func (a *Allocator) sweepBindings(ctx context.Context, ps *planner.Pool) {
 // claims was borrowed (allocate.go): it is borrowed again, by the same
 // create-if-absent. An address held by another owner in etcd, or in
 // another node's orphaned block, is a conflict: nothing is written, and
-// the agent reports it. This node's own orphaned block means its lease
+// the agent reports it; an address whose record names the owner as its
+// live migration's alternate (cut over away) is held, and read back. This node's own orphaned block means its lease
 // is gone: Reassert answers ErrLeaseLost, and after Restore has
 // re-claimed the block the next pass writes back. Until Reassert has
 // run, the allocator keeps the endpoints' addresses out of its free
@@ -314,6 +315,11 @@ func (a *Allocator) reassert(ctx context.Context, held []HeldAddr) (restored []r
 		ps.Asserting(addr) // settled below, or marked again
 		if al, ok := cur[addr]; ok {
 			switch c := ps.At(addr); {
+			case al.Alternate != nil && al.Alternate.Owner.Key() == it.h.Owner.Key() && al.Owner.Key() != it.h.Owner.Key():
+				// Cut over away: held as the alternate; the cache learns who forwards.
+				if c == nil || c.Rev != al.Rev {
+					known = append(known, records.IPRef{Pool: ps.Spec().Name, Block: it.block, Addr: addr})
+				}
 			case al.Owner.Key() != it.h.Owner.Key():
 				conflicts = append(conflicts, Conflict{HeldAddr: it.h, Pool: ps.Spec().Name, HeldBy: &al,
 					Reason: fmt.Sprintf("held by %s on node %s", al.Owner.Key(), al.Node)})

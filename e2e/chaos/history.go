@@ -23,13 +23,21 @@ import (
 
 // Op is one call of the workload, as the workload saw it.
 type Op struct {
-	Kind  string // "add" or "del"
+	// Kind is "add" or "del", or "cutover": an operator's cut-over of
+	// Identity's migration (kvipamctl ip migrate --cut-over), which holds
+	// and releases nothing.
+	Kind  string
 	Owner string // containerID/ifName
 	// Identity is the pod's sticky identity (namespace/name), if any,
 	// and Window its window.
 	Identity string
 	Window   time.Duration
-	Node     string
+	// Migration, on an ADD, is the live migration the pod was marked the
+	// target of (kubevirt.io/migrationJobName): the agent admits it as
+	// the identity's alternate, a second owner of the addresses the
+	// identity's live pod holds (migration.go).
+	Migration string
+	Node      string
 	// Addrs are the addresses an ADD answered.
 	Addrs      []netip.Addr
 	Start, End time.Time
@@ -45,6 +53,12 @@ type Change struct {
 	Node    string
 	State   string // reserved, allocated, kept; "" for a delete
 	Deleted bool
+	// Identity is the sticky identity the record follows, if any, and
+	// Alternate (AltNode) its live migration's second, non-forwarding
+	// owner ("" when none).
+	Identity  string
+	Alternate string
+	AltNode   string
 	// Borrowed: the record is a node's in another node's block.
 	Borrowed bool
 	Rev      int64
@@ -53,7 +67,9 @@ type Change struct {
 
 // Finding is one breach, with what names it.
 type Finding struct {
-	Kind    string // "duplicate", "lost", "leak", "sticky"
+	// Kind is "duplicate", "lost", "leak", "sticky", or (migration.go)
+	// "forwarding", "owner".
+	Kind    string
 	Addr    netip.Addr
 	Message string
 }
@@ -110,7 +126,7 @@ func holds(ops []Op, end time.Time) []hold {
 func Check(ops []Op, changes []Change, final map[netip.Addr]string, end time.Time) []Finding {
 	hs := holds(ops, end)
 	var out []Finding
-	out = append(out, duplicates(hs)...)
+	out = append(out, duplicates(hs, changes)...)
 	out = append(out, lost(hs, changes)...)
 	out = append(out, leaks(hs, final)...)
 	out = append(out, stickyMoves(ops)...)
@@ -121,18 +137,20 @@ func Check(ops []Op, changes []Change, final map[netip.Addr]string, end time.Tim
 }
 
 // duplicates: two owners that both believed they held one address at one
-// time. A sticky identity's successor and predecessor are two owners too.
-func duplicates(hs []hold) []Finding {
+// time. A sticky identity's successor and predecessor are two owners too;
+// only a live migration's two pods may share (sharedByMigration).
+func duplicates(hs []hold, changes []Change) []Finding {
 	byAddr := map[netip.Addr][]hold{}
 	for _, h := range hs {
 		byAddr[h.addr] = append(byAddr[h.addr], h)
 	}
+	changesOf := changesByAddr(changes)
 	var out []Finding
 	for addr, list := range byAddr {
 		slices.SortFunc(list, func(a, b hold) int { return a.from.Compare(b.from) })
 		for i := range list {
 			for j := i + 1; j < len(list) && list[j].from.Before(list[i].to); j++ {
-				if list[i].owner == list[j].owner {
+				if list[i].owner == list[j].owner || sharedByMigration(list[i], list[j], changesOf[addr]) {
 					continue
 				}
 				out = append(out, Finding{Kind: "duplicate", Addr: addr, Message: fmt.Sprintf(
@@ -146,26 +164,31 @@ func duplicates(hs []hold) []Finding {
 }
 
 // lost: an owner's allocation gone from etcd (deleted, or another owner's
-// record) while the owner still held it, seen before its DEL began.
+// record) while the owner still held it, seen before its DEL began. A
+// live migration's pods hold the address as its owner or as its
+// alternate: a record naming the pod either way is its; a record kept
+// for the identity while the pod was only the alternate (its DEL not
+// begun) dropped a live pod's address.
 func lost(hs []hold, changes []Change) []Finding {
-	byAddr := map[netip.Addr][]Change{}
-	for _, c := range changes {
-		byAddr[c.Addr] = append(byAddr[c.Addr], c)
-	}
+	byAddr := changesByAddr(changes)
 	var out []Finding
 	for _, h := range hs {
 		cs := byAddr[h.addr]
-		slices.SortFunc(cs, func(a, b Change) int { return cmp.Compare(a.Rev, b.Rev) })
 		// The owner's record must be the key's last state before the hold
 		// began, and nothing may take it away before the hold ends.
-		mine := false
+		mine, asAlt := false, false
 		for _, c := range cs {
 			switch {
-			case !c.Deleted && c.Owner == h.owner:
-				mine = true
-			case mine && c.Seen.Before(h.to) && (c.Deleted || (c.Owner != h.owner && c.State != "kept")):
+			case !c.Deleted && (c.Owner == h.owner || c.Alternate == h.owner):
+				mine, asAlt = true, c.Owner != h.owner
+			case mine && c.Seen.Before(h.to) && (c.Deleted || c.State != "kept" || asAlt):
 				what := "deleted"
-				if !c.Deleted {
+				switch {
+				case asAlt && !c.Deleted && c.State != "kept":
+					what = "dropped as the migration's alternate (" + c.Owner + " on " + c.Node + " its only owner)"
+				case c.State == "kept":
+					what = "kept for its identity while it was the migration's alternate"
+				case !c.Deleted:
 					what = "given to " + c.Owner + " on " + c.Node
 				}
 				out = append(out, Finding{Kind: "lost", Addr: h.addr, Message: fmt.Sprintf(
@@ -176,12 +199,24 @@ func lost(hs []hold, changes []Change) []Finding {
 				mine = false // kept for its identity: its DEL came, and held ends
 			}
 		}
-		if !mine && !h.hasDel && !slices.ContainsFunc(cs, func(c Change) bool { return c.Owner == h.owner }) {
+		if !mine && !h.hasDel && !slices.ContainsFunc(cs, func(c Change) bool { return c.Owner == h.owner || c.Alternate == h.owner }) {
 			out = append(out, Finding{Kind: "lost", Addr: h.addr, Message: fmt.Sprintf(
 				"%s was answered to %s (ADD ended %s) but etcd never held it for that owner", h.addr, h.owner, stamp(h.from))})
 		}
 	}
 	return out
+}
+
+// changesByAddr is changes by address, each address's in revision order.
+func changesByAddr(changes []Change) map[netip.Addr][]Change {
+	byAddr := map[netip.Addr][]Change{}
+	for _, c := range changes {
+		byAddr[c.Addr] = append(byAddr[c.Addr], c)
+	}
+	for _, cs := range byAddr {
+		slices.SortStableFunc(cs, func(a, b Change) int { return cmp.Compare(a.Rev, b.Rev) })
+	}
+	return byAddr
 }
 
 // leaks: an allocation etcd still holds at the end for an owner that holds

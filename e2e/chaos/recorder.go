@@ -19,6 +19,7 @@ type Recorder struct {
 	mu      sync.Mutex
 	changes []Change
 	homes   []HomeChange
+	binds   []BindingChange
 	backing []Backing
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -70,6 +71,15 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 		r.mu.Unlock()
 	}
 	switch {
+	case k.Kind == etcdstore.KeyBinding:
+		b := BindingChange{Identity: k.Identity, Rev: ev.Kv.ModRevision, Seen: seen, Deleted: ev.Type == clientv3.EventTypeDelete}
+		if v, err := kvstore.Decode[records.Binding](ev.Kv); err == nil && !b.Deleted {
+			b = BindingOf(v.Value, b)
+		}
+		r.mu.Lock()
+		r.binds = append(r.binds, b)
+		r.mu.Unlock()
+		return
 	case k.Kind == etcdstore.KeyHome:
 		h := HomeChange{Block: k.Block, Rev: ev.Kv.ModRevision, Deleted: ev.Type == clientv3.EventTypeDelete}
 		if v, err := kvstore.Decode[records.Home](ev.Kv); err == nil {
@@ -89,6 +99,10 @@ func (r *Recorder) add(ev *clientv3.Event, seen time.Time) {
 		c.Node, c.State, c.Borrowed = v.Value.Node, string(v.Value.State), v.Value.Borrowed
 		if v.Value.ContainerID != "" {
 			c.Owner = v.Value.Owner.Key()
+		}
+		c.Identity = v.Value.Identity
+		if alt := v.Value.Alternate; alt != nil {
+			c.Alternate, c.AltNode = alt.Owner.Key(), alt.Node
 		}
 	}
 	r.mu.Lock()
@@ -135,6 +149,37 @@ func backingOf(k etcdstore.Key, ev *clientv3.Event, seen time.Time) (Backing, bo
 		return Backing{}, false
 	}
 	return b, true
+}
+
+// Bindings returns the sticky bindings' changes seen (after Stop).
+func (r *Recorder) Bindings() []BindingChange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.binds
+}
+
+// BindingOf fills b (its place and revision set) from binding v.
+func BindingOf(v records.Binding, b BindingChange) BindingChange {
+	b.Addrs = v.Addrs
+	if !v.Kept() {
+		b.Owner, b.Node = v.Owner.Key(), v.Node
+	}
+	if alt := v.Alternate; alt != nil {
+		b.Alternate, b.AltNode = alt.Owner.Key(), alt.Node
+	}
+	return b
+}
+
+// HolderOf is who record v names.
+func HolderOf(v records.Record) Holder {
+	h := Holder{Node: v.Node, State: string(v.State)}
+	if v.ContainerID != "" {
+		h.Owner = v.Owner.Key()
+	}
+	if v.Alternate != nil {
+		h.Alternate = v.Alternate.Owner.Key()
+	}
+	return h
 }
 
 // Homes returns the block home changes seen (after Stop).

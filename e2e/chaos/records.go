@@ -59,14 +59,26 @@ type Interval struct {
 }
 
 // History checks IP history against the workload: every address an
-// owner held and gave back with a DEL has its interval in the history,
-// begun before its ADD answered and ended no sooner than its DEL began,
-// and every interval in the history is of an owner the workload had.
+// owner held and gave back with a DEL has its intervals in the history,
+// which cover its hold from before its ADD answered to no sooner than its
+// DEL began, and every interval in the history is of an owner the
+// workload had. A live migration's pod has several intervals (as the
+// owner, as the alternate, migrated at the cut-over, alternate-ended);
+// IP history keeps an alternate's time only when it ends as the
+// alternate (its DEL, a failed migration), not when a cut-over makes it
+// the owner, so a pod of a migrated identity is held to its last
+// interval: begun before its DEL, ended no sooner.
 func History(ops []Op, intervals []Interval, end time.Time) []Finding {
 	have := map[string][]Interval{}
 	for _, iv := range intervals {
 		k := iv.Owner + "@" + iv.Addr.String()
 		have[k] = append(have[k], iv)
+	}
+	migrated := map[string]bool{}
+	for _, op := range ops {
+		if op.Kind == "add" && op.Migration != "" && op.Identity != "" {
+			migrated[op.Identity] = true
+		}
 	}
 	var out []Finding
 	for _, h := range holds(ops, end) {
@@ -79,7 +91,11 @@ func History(ops []Op, intervals []Interval, end time.Time) []Finding {
 				"IP history has no interval of %s for %s, which held it from %s and was deleted from %s", h.addr, h.owner, stamp(h.from), stamp(h.to))})
 			continue
 		}
-		if !slices.ContainsFunc(ivs, func(iv Interval) bool { return !iv.Start.After(h.from) && !iv.End.Before(h.to) }) {
+		from := h.from
+		if migrated[h.add.Identity] {
+			from = h.to
+		}
+		if !covered(ivs, from, h.to) {
 			iv := ivs[0]
 			out = append(out, Finding{Kind: "history", Addr: h.addr, Message: fmt.Sprintf(
 				"IP history has %s for %s from %s to %s (%s), which does not cover its hold from %s (ADD answered) to %s (DEL began)",
@@ -99,4 +115,21 @@ func History(ops []Op, intervals []Interval, end time.Time) []Finding {
 		}
 	}
 	return out
+}
+
+// covered reports whether ivs, joined where one begins no later than
+// another ends, cover from to to.
+func covered(ivs []Interval, from, to time.Time) bool {
+	ivs = slices.Clone(ivs)
+	slices.SortFunc(ivs, func(a, b Interval) int { return a.Start.Compare(b.Start) })
+	at, reached := from, false
+	for _, iv := range ivs {
+		if iv.Start.After(at) {
+			break
+		}
+		if !iv.End.Before(at) {
+			at, reached = iv.End, true
+		}
+	}
+	return reached && !at.Before(to)
 }
