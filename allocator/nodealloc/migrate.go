@@ -388,4 +388,3 @@ func (a *Allocator) allBound(ctx context.Context, ps *planner.Pool, b records.Bi
 	}
 	return out, nil
 }
-
