@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -32,8 +33,11 @@ type fastPinger struct {
 	mu      sync.Mutex
 	sent    []time.Time // by sequence
 	replied []time.Time // zero: no reply (yet)
-	refused []bool      // an ICMP error came back for it
+	icmpErr []icmpError // the ICMP error that came back for it, if any
 	sendErr int         // sends that failed (no route in the pod)
+	// errors counts the ICMP errors by kind and sender ("destination
+	// unreachable code 1 from 172.30.0.11").
+	errors map[string]int
 
 	stop chan struct{}
 	done sync.WaitGroup
@@ -76,7 +80,7 @@ func (p *fastPinger) send() {
 		seq := uint64(len(p.sent))
 		p.sent = append(p.sent, time.Now())
 		p.replied = append(p.replied, time.Time{})
-		p.refused = append(p.refused, false)
+		p.icmpErr = append(p.icmpErr, noError)
 		p.mu.Unlock()
 		binary.BigEndian.PutUint64(data, seq)
 		msg := icmp.Message{Type: p.req, Body: &icmp.Echo{ID: p.id, Seq: int(seq & 0xffff), Data: data}}
@@ -103,7 +107,7 @@ func (p *fastPinger) receive() {
 	defer p.done.Done()
 	buf := make([]byte, 1500)
 	for {
-		n, _, err := p.c.ReadFrom(buf)
+		n, from, err := p.c.ReadFrom(buf)
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -125,16 +129,29 @@ func (p *fastPinger) receive() {
 				})
 			}
 		case *icmp.DstUnreach:
-			p.markQuoted(body.Data)
+			p.markQuoted(body.Data, unreachable, fmt.Sprintf("destination unreachable code %d from %s", m.Code, from))
 		case *icmp.TimeExceeded:
-			p.markQuoted(body.Data)
+			p.markQuoted(body.Data, timeExceeded, fmt.Sprintf("time exceeded code %d from %s", m.Code, from))
 		}
 	}
 }
 
-// markQuoted marks refused the echo an ICMP error quotes (its IP header,
-// then at least the echo's 8-byte header and, here, its data).
-func (p *fastPinger) markQuoted(quoted []byte) {
+// icmpError is the kind of ICMP error an echo got instead of its reply.
+type icmpError int
+
+const (
+	noError icmpError = iota
+	// unreachable: a router or host had no way to the address (a route
+	// missing, or an unreachable route): refused.
+	unreachable
+	// timeExceeded: the echo's hop limit ran out, as in a routing loop.
+	timeExceeded
+)
+
+// markQuoted records kind (what, in words) for the echo an ICMP error
+// quotes (its IP header, then at least the echo's 8-byte header and, here,
+// its data).
+func (p *fastPinger) markQuoted(quoted []byte, kind icmpError, what string) {
 	hdr := 20
 	if p.addr.Is6() {
 		hdr = 40
@@ -148,7 +165,13 @@ func (p *fastPinger) markQuoted(quoted []byte) {
 	if int(binary.BigEndian.Uint16(e[4:6])) != p.id {
 		return
 	}
-	p.mark(binary.BigEndian.Uint64(e[8:16]), func(seq uint64) { p.refused[seq] = true })
+	p.mark(binary.BigEndian.Uint64(e[8:16]), func(seq uint64) {
+		p.icmpErr[seq] = kind
+		if p.errors == nil {
+			p.errors = map[string]int{}
+		}
+		p.errors[what]++
+	})
 }
 
 func (p *fastPinger) mark(seq uint64, f func(seq uint64)) {
@@ -188,7 +211,10 @@ func (p *fastPinger) Close(grace time.Duration) {
 
 // pingFigures are what a pinger saw of the echoes sent in [from, to).
 type pingFigures struct {
-	Sent, Lost, Refused int
+	Sent, Lost int
+	// Unreachable and TimeExceeded count the echoes that got that ICMP
+	// error instead of a reply.
+	Unreachable, TimeExceeded int
 	// FirstLost and LastLost are the send times of the first and last
 	// echo lost (zero when none was).
 	FirstLost, LastLost time.Time
@@ -203,8 +229,11 @@ func (p *fastPinger) figures(from, to time.Time) pingFigures {
 			continue
 		}
 		f.Sent++
-		if p.refused[i] {
-			f.Refused++
+		switch p.icmpErr[i] {
+		case unreachable:
+			f.Unreachable++
+		case timeExceeded:
+			f.TimeExceeded++
 		}
 		if p.replied[i].IsZero() {
 			f.Lost++
@@ -215,6 +244,14 @@ func (p *fastPinger) figures(from, to time.Time) pingFigures {
 		}
 	}
 	return f
+}
+
+// icmpErrors counts the ICMP errors about this pinger's echoes, by kind
+// and sender.
+func (p *fastPinger) icmpErrors() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.errors)
 }
 
 // sendErrors counts the sends that failed.
