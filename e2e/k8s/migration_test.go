@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -154,13 +152,6 @@ func awaitAnsweredBy(tb testing.TB, what, want, other string) {
 	}))
 }
 
-// announceAvailable: the agent watches a migration target's veth for the
-// guest's announcement (package agent/announce) in this tree.
-func (c *kcluster) announceAvailable() bool {
-	_, err := os.Stat(filepath.Join(c.repo, "agent", "announce"))
-	return err == nil
-}
-
 // TestK8sLiveMigration: a VM's live migration between the two kubelets,
 // as KubeVirt runs one. The source launcher pod on n1 holds the VM's
 // sticky identity; the target launcher pod on n2 (kubevirt.io/
@@ -173,7 +164,10 @@ func (c *kcluster) announceAvailable() bool {
 // resume from the target, the source pod is deleted, then the target:
 // the addresses stay kept for the identity, and kvipamctl check is
 // clean. The figures (lost pings, time from the trigger to the first
-// answer) are logged; what is asserted holds under load.
+// answer) are logged; what is asserted holds under load: the addresses
+// and owners, that the pings resume from the target, and that no echo is
+// refused (ICMP destination unreachable) or loops between the two nodes
+// (time exceeded).
 func TestK8sLiveMigration(t *testing.T) {
 	c := cluster(t)
 	c.install(t)
@@ -222,27 +216,22 @@ func TestK8sLiveMigration(t *testing.T) {
 	// The cut-over: the guest pauses on the source and resumes on the
 	// target, which announces it.
 	require.NoError(t, stopAnswering(sourceNS))
-	byAnnouncement := c.announceAvailable()
-	var trigger time.Time
-	if byAnnouncement {
-		g, err := newGARPSender(targetNS, "eth0", v4)
-		require.NoError(t, err)
-		defer g.Close()
-		trigger = time.Now()
-		require.NoError(t, g.send())
-		// QEMU's announce_self: five rounds, 50 ms apart, then 100 ms
-		// more each time.
-		go func() {
-			for _, d := range []time.Duration{50, 150, 250, 350} {
-				time.Sleep(d * time.Millisecond)
-				_ = g.send()
-			}
-		}()
-	} else {
-		trigger = time.Now()
-		out, err := c.kvipamctl("ip", "migrate", migrationNS+"/"+migrationVM, "--pool", "default", "--cut-over")
-		require.NoError(t, err, "%s", out)
+	g, err := newGARPSender(targetNS, "eth0", v4)
+	require.NoError(t, err)
+	trigger := time.Now()
+	if err := g.send(); err != nil {
+		_ = g.Close()
+		t.Fatal(err)
 	}
+	// QEMU's announce_self repeats it: five rounds, 50 ms apart, then
+	// 100 ms more each time.
+	go func() {
+		defer g.Close()
+		for _, d := range []time.Duration{50, 150, 250, 350} {
+			time.Sleep(d * time.Millisecond)
+			_ = g.send()
+		}
+	}()
 	answered := map[string]time.Time{}
 	for a, p := range pingers {
 		require.NoError(t, waitFor(2*time.Minute, "the client's pings of "+a+" answered by the target", func() error {
@@ -284,11 +273,7 @@ func TestK8sLiveMigration(t *testing.T) {
 	// unreachable came back (no route somewhere: refused). Looped: an
 	// ICMP time exceeded came back (the two nodes routed the address to
 	// each other for a moment).
-	how := "kvipamctl ip migrate " + migrationNS + "/" + migrationVM + " --cut-over (this tree's agent does not watch for the guest's announcement)"
-	if byAnnouncement {
-		how = "the guest's gratuitous ARP for " + v4.String() + " from the target's namespace (the agent on n2 cut over)"
-	}
-	t.Logf("trigger: %s", how)
+	t.Logf("trigger: the guest's gratuitous ARP for %s from the target's namespace", v4)
 	for _, a := range []string{v4.String(), v6.String()} {
 		p := pingers[a]
 		before, during, after := p.figures(steady, trigger), p.figures(trigger, answered[a]), p.figures(trigger, end)
@@ -304,11 +289,9 @@ func TestK8sLiveMigration(t *testing.T) {
 		f := p.figures(steady, end)
 		require.Zero(t, f.Unreachable, "%s: no echo refused (ICMP destination unreachable): %v", a, p.icmpErrors())
 		require.Zero(t, p.sendErrors(), "%s: no send failed in the client", a)
-		if byAnnouncement {
-			// The target's node makes the cut-over, so it can route the
-			// address to the target before any other node routes it there.
-			require.Zero(t, f.TimeExceeded, "%s: no routing loop between the nodes at the cut-over: %v", a, p.icmpErrors())
-		}
+		// The target's node makes the cut-over, and routes the address to
+		// the target before any other node may route it there.
+		require.Zero(t, f.TimeExceeded, "%s: no routing loop between the nodes at the cut-over: %v", a, p.icmpErrors())
 	}
 	c.requireHistory(t, v4.String(), source, target)
 
