@@ -215,9 +215,12 @@ func TestK8sLiveMigration(t *testing.T) {
 
 	// The cut-over: the guest pauses on the source and resumes on the
 	// target, which announces it.
-	require.NoError(t, stopAnswering(sourceNS))
 	g, err := newGARPSender(targetNS, "eth0", v4)
 	require.NoError(t, err)
+	if err := stopAnswering(sourceNS); err != nil {
+		_ = g.Close()
+		t.Fatal(err)
+	}
 	trigger := time.Now()
 	if err := g.send(); err != nil {
 		_ = g.Close()
