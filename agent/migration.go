@@ -193,12 +193,27 @@ func (m *migrations) announced(ctx context.Context, ifindex int, what string) {
 }
 
 // cutOver makes ep, a migration's second owner on this node, the one
-// that forwards: one transaction in etcd, then its host routes.
+// that forwards: its host routes first, then one transaction in etcd.
+// The routes come first because the moment the transaction commits every
+// other node may route the addresses here: a node that did so before this
+// one routed them to its pod would get them sent back to the block's
+// home, and they would loop between the two until their hop limit ran
+// out. The guest announced itself here, so this node's own traffic to
+// it may go here a moment early. A cut-over that fails takes the routes
+// away again (the source forwards on); one whose answer was lost and
+// that did commit gets them back from the watch of bindings (follow).
 func (m *migrations) cutOver(ctx context.Context, ep api.Endpoint) error {
 	if ep.StickyIdentity == "" || ep.Pool == "" {
 		return fmt.Errorf("endpoint %s names no sticky identity and pool", ep.Owner.Key())
 	}
+	if err := m.routes.add(ep); err != nil {
+		return fmt.Errorf("route the addresses to the target before the cut-over: %w", err)
+	}
 	if err := m.alloc.CutOver(ctx, ep.Pool, ep.StickyIdentity, ep.Owner); err != nil {
+		if derr := m.routes.del(ep); derr != nil {
+			m.log.Error("live migration: the cut-over failed and the routes to the target stay; the source's traffic from this node goes to the target",
+				"owner", ep.Owner.Key(), "identity", ep.StickyIdentity, "error", derr)
+		}
 		return err
 	}
 	m.forward(ep, ep.StickyIdentity)

@@ -93,7 +93,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.StringVar(&a.flags.socket, "socket", client.DefaultSocket, "the local agent's unix socket (agent and endpoint commands)")
 	f.StringVar(&a.flags.progress, "progress", "auto", "progress lines on stderr every 10000 keys scanned: auto (when stderr is a terminal), always or never")
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
-	f.DurationVar(&a.flags.retention, "history-retention", 0, "how long IP history keeps the intervals that release and node remove end; unset: the agents' --history-retention, which they store in etcd ("+etcdstore.DefaultHistoryRetention.String()+" if none has); 0: record none")
+	f.DurationVar(&a.flags.retention, "history-retention", 0, "how long IP history keeps the intervals that release, node remove and ip migrate --cut-over end; unset: the agents' --history-retention, which they store in etcd ("+etcdstore.DefaultHistoryRetention.String()+" if none has); 0: record none")
 	root.AddCommand(a.poolCmd(), a.claimCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
 		a.downgradeCmd(), a.agentCmd(), a.endpointCmd())
 	refuseUnknownSubcommands(root)
