@@ -23,14 +23,14 @@ import (
 // Its raw socket is made in the pod's namespace and stays there, whatever
 // thread later uses it.
 type pinger struct {
-	conn  *icmp.PacketConn
-	dst   netip.Addr
+	conn *icmp.PacketConn
+	dst  netip.Addr
 	// echo and reply are the family's ICMP types; proto its protocol
 	// number, as icmp.ParseMessage wants it.
 	echo, reply icmp.Type
 	proto       int
-	id    int
-	every time.Duration
+	id          int
+	every       time.Duration
 
 	mu   sync.Mutex
 	sent []time.Time // by sequence number
