@@ -68,7 +68,10 @@ func startMoveRig(t testing.TB, routing string) *moveRig {
 		n := newNode(t, fmt.Sprintf("mv%d", i+1))
 		mn := &moveNode{n: n, v4: m.r.attach(t, n, "A", h), v6: m.r.attach6(t, n, "A", h)}
 		o := agentOpts{pools: []string{movePool}, extra: []string{"--routing", routing, "--node-address", mn.v4.String() + "," + mn.v6.String()}}
-		if routing == "bgp" {
+		switch routing {
+		case "vxlan": // the pods' MTU the overlay's: detected
+			o.extra = append(o.extra, "--mtu", "0")
+		case "bgp":
 			o.bgp = map[string]any{"asn": 65001, "peers": []map[string]any{{"address": subnetPrefix("A") + ".1", "asn": 65000, "holdTime": "9s", "keepaliveTime": "3s"}}}
 		}
 		// Node 1 runs the embedded etcd (asked for by name) on its
