@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/agent/announce"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
@@ -62,8 +63,10 @@ type Agent struct {
 	dp        Datapath
 	reaper    *linkReaper
 	endpoints *endpointManager
-	// migrations is the node's side of live migrations (migration.go).
+	// migrations is the node's side of live migrations (migration.go);
+	// guests sees their guests' announcements (nil: none can be seen).
 	migrations *migrations
+	guests     announce.Watcher
 	lease      *leaseKeeper
 	probe      *etcdProbe
 	recorder   *nodeRecorder
@@ -128,7 +131,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) },
 		schemaRaiser{store: a.store, node: a.cfg.Node, version: a.opts.Version, log: a.log.Named("schema")}.run,
-		func(ctx context.Context) { a.migrations.run(ctx, a.store) }}
+		func(ctx context.Context) { a.migrations.run(ctx, a.store) }, a.followGuests}
 	// Masquerade follows the pools whatever the routing: under bgp or
 	// none a pool masquerades only if an operator turned it on, and a
 	// table left from another mode goes.
@@ -265,8 +268,7 @@ func (a *Agent) start(ctx context.Context) error {
 		lost: lostReports{recorder: a.recorder, gauge: a.m.lostEPs, lease: a.lease, log: a.log}, reaper: a.reaper,
 		freed: a.exhausted, delQueueDir: a.cfg.delQueueDir(), log: a.log, reasserted: a.m.reasserted,
 	}
-	a.migrations = &migrations{node: a.cfg.Node, alloc: a.alloc, eps: a.endpoints, routes: hostRoutes{netns: a.cfg.NetNS}, log: a.log.Named("migration")}
-	a.endpoints.migrations = a.migrations
+	a.openMigrations()
 	a.m.reg.MustRegister(poolCollector{
 		usage:  a.alloc,
 		blocks: &blockCounts{pools: servedPools{alloc: a.alloc}, store: a.store, ttl: 15 * time.Second},
@@ -422,6 +424,9 @@ func (a *Agent) shutdown() {
 	}
 	// The BGP speaker is not stopped (a Cease would withdraw the routes):
 	// its sessions end with the process; routers keep them (wirerouting.go).
+	if a.guests != nil {
+		_ = a.guests.Close()
+	}
 	if a.dp != nil {
 		_ = a.dp.Close() // closes handles only: pinned eBPF keeps enforcing
 	}

@@ -52,7 +52,12 @@ type endpointManager struct {
 	}
 	// migrations, if set, is told of every endpoint created: a live
 	// migration's second owner is watched for its guest.
-	migrations  interface{ created(api.Endpoint) }
+	migrations interface {
+		created(api.Endpoint)
+		// leftForwarding takes the host routes from an endpoint found
+		// cut over to another node.
+		leftForwarding(api.Endpoint) error
+	}
 	delQueueDir string
 	log         hclog.Logger
 

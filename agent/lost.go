@@ -46,6 +46,10 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 			continue
 		}
 		held := m.alloc.Lookup(ep.Owner)
+		if len(held) == 0 && ep.StickyIdentity != "" && m.migratedAway(ctx, ep) {
+			keep = append(keep, ep)
+			continue
+		}
 		mine := map[netip.Addr]bool{}
 		for _, al := range held {
 			mine[al.Addr] = true
@@ -84,6 +88,30 @@ func (m *endpointManager) checkEndpoints(ctx context.Context, eps []api.Endpoint
 		m.lost.reportLost(ctx, lost)
 	}
 	return keep
+}
+
+// migratedAway reports whether ep's owner, which holds none of its
+// addresses, is their live migration's second owner: cut over to
+// another node while this agent was down. Its endpoint stays, marked so
+// and without its host routes (migration.go), for its pod's DEL.
+func (m *endpointManager) migratedAway(ctx context.Context, ep api.Endpoint) bool {
+	if m.holders == nil || m.migrations == nil || len(ep.IPs) == 0 {
+		return false
+	}
+	_, al, err := m.holders.holder(ctx, ep.IPs[0].Unmap())
+	if err != nil || al == nil || al.Alternate == nil || al.Alternate.Owner.Key() != ep.Owner.Key() {
+		return false
+	}
+	if err := m.migrations.leftForwarding(ep); err != nil {
+		m.log.Warn("live migration: cannot take the host routes from a pod cut over to another node while the agent was down", "owner", ep.Owner.Key(), "error", err)
+	}
+	ep.Alternate = true
+	if err := m.records.put(ep); err != nil {
+		m.log.Warn("cannot save an endpoint record", "owner", ep.Owner.Key(), "error", err)
+	}
+	m.log.Info("live migration: cut over to another node while the agent was down; this pod forwards no more", "owner", ep.Owner.Key(),
+		"identity", ep.StickyIdentity, "forwarding_node", al.Node)
+	return true
 }
 
 // lostEndpoint describes ep with its lost addresses and, read from etcd,

@@ -12,9 +12,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/vishvananda/netlink"
 
+	"github.com/kvipam/kvipam/agent/announce"
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/bpf"
 	"github.com/kvipam/kvipam/internal/foundation/netlinkns"
 )
 
@@ -231,6 +233,10 @@ func (m *migrations) stopForwarding(ep api.Endpoint, b records.Binding) {
 	}
 }
 
+// leftForwarding takes ep's host routes away (endpointManager's restore:
+// a pod cut over to another node while the agent was down).
+func (m *migrations) leftForwarding(ep api.Endpoint) error { return m.routes.del(ep) }
+
 // hostRoutes are the host's routes to pods through their veths, in the
 // datapath's network namespace (the plugin makes them at ADD).
 type hostRoutes struct{ netns string }
@@ -270,4 +276,51 @@ func (r hostRoutes) each(ep api.Endpoint, do func(*netlink.Handle, *netlink.Rout
 		}
 	}
 	return nil
+}
+
+// openMigrations makes the node's side of live migrations, with the
+// watch of guests' announcements, and tells the endpoints of it.
+func (a *Agent) openMigrations() {
+	a.migrations = &migrations{node: a.cfg.Node, alloc: a.alloc, eps: a.endpoints, routes: hostRoutes{netns: a.cfg.NetNS}, log: a.log.Named("migration")}
+	a.guests = openGuestWatch(a.dp, a.cfg.NetNS, a.migrations.log)
+	if a.guests != nil {
+		a.migrations.guest = a.guests
+	}
+	a.endpoints.migrations = a.migrations
+}
+
+// openGuestWatch opens the watch of guests' announcements for the
+// datapath: its eBPF program's, or a packet socket per veth in routes
+// mode. Without one, cut-overs come only from operators and DELs.
+func openGuestWatch(dp Datapath, netns string, log hclog.Logger) announce.Watcher {
+	var bdp *bpf.Datapath
+	if b, ok := dp.(*bpfDatapath); ok {
+		bdp = b.dp
+	}
+	w, err := announce.ForDatapath(bdp, netns, log)
+	if err != nil {
+		log.Warn("live migration: cannot watch for guests' announcements; cut over with kvipamctl ip migrate --cut-over", "error", err)
+		return nil
+	}
+	return w
+}
+
+// followGuests cuts over on every guest announcement until ctx ends.
+func (a *Agent) followGuests(ctx context.Context) {
+	if a.guests == nil {
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-a.guests.C():
+			if !ok {
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout.Duration)
+			a.migrations.announced(cctx, ev.HostIfIndex, string(ev.Kind))
+			cancel()
+		}
+	}
 }

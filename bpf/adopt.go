@@ -26,7 +26,8 @@ import (
 //   - an endpoint whose interface is gone is removed (link and map entries);
 //   - an endpoint in the maps with no attachment (a crash inside Attach) is
 //     attached now;
-//   - a link or addresses with no endpoint (a crash inside Detach) are removed.
+//   - a link or addresses with no endpoint (a crash inside Detach) are removed;
+//   - an announcement watch of an interface with no endpoint is removed.
 //
 // Like Attach, Adopt must run in the network namespace of the host veths.
 // It carries on past an endpoint it cannot handle and returns the errors
@@ -69,6 +70,9 @@ func (d *Datapath) Adopt() ([]Endpoint, error) {
 		}
 	}
 	if err := d.dropStaleCounters(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.dropStaleWatches(out); err != nil {
 		errs = append(errs, err)
 	}
 	slices.SortFunc(out, func(a, b Endpoint) int { return int(a.ID) - int(b.ID) })

@@ -57,6 +57,9 @@ type Datapath struct {
 	// from then on endpoints are attached with a clsact filter.
 	noTCX  atomic.Bool
 	closed bool
+	// readerState is the open announcement reader (announce.go); Close
+	// closes it.
+	readerState
 }
 
 // Open loads the program and maps, reusing maps already pinned under pinDir
@@ -141,8 +144,12 @@ func (d *Datapath) Close() error {
 		return nil
 	}
 	d.closed = true
-	if err := d.objs.Close(); err != nil {
-		return fmt.Errorf("close ebpf objects: %w", err)
+	var errs []error
+	if err := d.closeReader(); err != nil {
+		errs = append(errs, err)
 	}
-	return nil
+	if err := d.objs.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("close ebpf objects: %w", err))
+	}
+	return errors.Join(errs...)
 }

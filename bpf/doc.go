@@ -13,7 +13,16 @@
 //	kvipam_addrs     hash: address -> {host ifindex, endpoint ID, MAC}
 //	kvipam_ifaces    hash: host ifindex -> {endpoint ID, MAC, host ifname}
 //	kvipam_counters  per-CPU hash: endpoint ID -> packets/bytes passed/dropped
+//	kvipam_watch     hash: host ifindex -> flags, the veths whose announcements are reported
+//	kvipam_announce  ring buffer: {ifindex, kind, family, address, MAC} per announcement
 //	links/<ifindex>  the TCX link attaching the program to one host veth
+//
+// On a watched veth (the target of a live migration) the program also
+// reports the guest's announcements that pass its checks: a gratuitous
+// ARP, an unsolicited neighbor advertisement, a RARP frame (QEMU's
+// announce_self). [Datapath.WatchAnnouncements] and
+// [Datapath.Announcements] are the API; package agent/announce builds on
+// them. Reporting never changes a verdict.
 //
 // Because maps and links are pinned, enforcement continues while the agent is
 // not running, and a restarted agent adopts the endpoints without detaching

@@ -19,3 +19,7 @@ var (
 // ErrInterfaceExists is returned by Forget while the endpoint's interface
 // still exists: detaching then would let its frames through unchecked.
 var ErrInterfaceExists = errors.New("bpf: interface still exists")
+
+// ErrReaderOpen is returned by Announcements while another reader of the
+// announcement ring buffer is open.
+var ErrReaderOpen = errors.New("bpf: announcement reader already open")

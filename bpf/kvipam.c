@@ -21,6 +21,14 @@
  *
  * An interface the program runs on but that has no entry in kvipam_ifaces
  * drops everything: the filter fails closed rather than open.
+ *
+ * Announcements. On an interface listed in kvipam_watch (the target of a
+ * live migration), a guest's announcement that passes the checks above is
+ * also reported in the kvipam_announce ring buffer: a gratuitous ARP (sender
+ * protocol address = target protocol address), an unsolicited neighbor
+ * advertisement (S flag clear) for an address of the interface, and a RARP
+ * request or reply (QEMU's announce_self). Reporting never changes a
+ * verdict.
  */
 
 #include <linux/bpf.h>
@@ -47,6 +55,23 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define ICMPV6_NEIGHBOR_ADVERT 136
 
 #define ARPHRD_ETHER 1
+
+/* RARP (QEMU's announce_self); linux/if_ether.h names it too, kept here so
+ * the program does not depend on which header version declares it. */
+#ifndef ETH_P_RARP
+#define ETH_P_RARP 0x8035
+#endif
+
+#define RARP_OP_REQUEST 3
+#define RARP_OP_REPLY 4
+
+/* announce_event.kind */
+#define ANNOUNCE_GARP 1
+#define ANNOUNCE_NA 2
+#define ANNOUNCE_RARP 3
+
+/* The S (solicited) flag of a neighbor advertisement, in its first flags byte. */
+#define NA_FLAG_SOLICITED 0x40
 
 /* addr_key is an endpoint address. IPv4 uses the first 4 bytes of addr. */
 struct addr_key {
@@ -109,6 +134,51 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } kvipam_counters SEC(".maps");
 
+/* Host ifindexes whose announcements are reported; the value is reserved
+ * for flags (user space writes 1). Written by user space only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);   /* ifindex */
+	__type(value, __u32); /* flags */
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kvipam_watch SEC(".maps");
+
+/* announce_event is one announcement seen on a watched interface. */
+struct announce_event {
+	__u32 ifindex; /* host-side veth */
+	__u8 kind;     /* ANNOUNCE_GARP, ANNOUNCE_NA or ANNOUNCE_RARP */
+	__u8 family;   /* FAMILY_IPV4, FAMILY_IPV6, or 0 for RARP */
+	__u8 pad[2];
+	__u8 addr[16]; /* the announced address; IPv4 in the first 4 bytes */
+	__u8 mac[6];   /* sender hardware address */
+	__u8 pad2[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} kvipam_announce SEC(".maps");
+
+static __always_inline int watched(__u32 ifindex)
+{
+	return bpf_map_lookup_elem(&kvipam_watch, &ifindex) != 0;
+}
+
+/* announce reports an announcement of addr (family 0: none) by mac. A full
+ * ring buffer loses the event; the frame's verdict is the same. */
+static __always_inline void announce(__u32 ifindex, __u8 kind, __u8 family, const __u8 *addr,
+				     const __u8 *mac)
+{
+	struct announce_event ev = {.ifindex = ifindex, .kind = kind, .family = family};
+
+	if (family)
+		__builtin_memcpy(ev.addr, addr, 16);
+	__builtin_memcpy(ev.mac, mac, ETH_ALEN);
+	bpf_ringbuf_output(&kvipam_announce, &ev, sizeof(ev), 0);
+}
+
 static __always_inline int account(struct __sk_buff *skb, __u32 endpoint_id, int verdict)
 {
 	struct counters *c = bpf_map_lookup_elem(&kvipam_counters, &endpoint_id);
@@ -154,6 +224,48 @@ static __always_inline int check_ipv4(struct __sk_buff *skb, __u32 ifindex)
 	return owned(ifindex, &key) ? TC_ACT_UNSPEC : TC_ACT_SHOT;
 }
 
+/* announce_arp reports an ARP request or reply from spa (owned) if it is
+ * gratuitous: its target protocol address is spa too (arping -U and -A). */
+static __always_inline void announce_arp(struct __sk_buff *skb, __u32 ifindex, const __u8 *spa)
+{
+	__u8 sha[ETH_ALEN];
+	__u8 tpa[4];
+	__u8 addr[16] = {};
+
+	/* The target protocol address follows the sender's (hw, ip) and the
+	 * target hardware address. */
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8 + ETH_ALEN + 4 + ETH_ALEN, tpa, 4) < 0)
+		return;
+	if (tpa[0] != spa[0] || tpa[1] != spa[1] || tpa[2] != spa[2] || tpa[3] != spa[3])
+		return;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + 8, sha, ETH_ALEN) < 0)
+		return;
+	__builtin_memcpy(addr, tpa, 4);
+	announce(ifindex, ANNOUNCE_GARP, FAMILY_IPV4, addr, sha);
+}
+
+/* check_rarp never drops: a RARP frame carries no IP address to check. On a
+ * watched interface a RARP request or reply (op 3 or 4) with Ethernet
+ * addresses reports its sender hardware address. */
+static __always_inline int check_rarp(struct __sk_buff *skb, __u32 ifindex)
+{
+	struct {
+		__be16 hrd;
+		__be16 pro;
+		__u8 hln;
+		__u8 pln;
+		__be16 op;
+		__u8 sha[ETH_ALEN];
+	} rarp;
+
+	if (!watched(ifindex) || bpf_skb_load_bytes(skb, ETH_HLEN, &rarp, sizeof(rarp)) < 0)
+		return TC_ACT_UNSPEC;
+	if (rarp.hln == ETH_ALEN &&
+	    (rarp.op == bpf_htons(RARP_OP_REQUEST) || rarp.op == bpf_htons(RARP_OP_REPLY)))
+		announce(ifindex, ANNOUNCE_RARP, 0, 0, rarp.sha);
+	return TC_ACT_UNSPEC;
+}
+
 static __always_inline int check_arp(struct __sk_buff *skb, __u32 ifindex)
 {
 	struct addr_key key = {.family = FAMILY_IPV4};
@@ -176,7 +288,26 @@ static __always_inline int check_arp(struct __sk_buff *skb, __u32 ifindex)
 		return TC_ACT_SHOT;
 	if ((key.addr[0] | key.addr[1] | key.addr[2] | key.addr[3]) == 0)
 		return TC_ACT_UNSPEC;
-	return owned(ifindex, &key) ? TC_ACT_UNSPEC : TC_ACT_SHOT;
+	if (!owned(ifindex, &key))
+		return TC_ACT_SHOT;
+	if (watched(ifindex))
+		announce_arp(skb, ifindex, key.addr);
+	return TC_ACT_UNSPEC;
+}
+
+/* announce_na reports the neighbor advertisement at off for target (owned)
+ * if it is unsolicited. The sender hardware address is the frame's source. */
+static __always_inline void announce_na(struct __sk_buff *skb, __u32 ifindex, __u32 off,
+					const __u8 *target)
+{
+	__u8 flags;
+	__u8 mac[ETH_ALEN];
+
+	if (bpf_skb_load_bytes(skb, off + 4, &flags, 1) < 0 || (flags & NA_FLAG_SOLICITED))
+		return;
+	if (bpf_skb_load_bytes(skb, ETH_ALEN, mac, ETH_ALEN) < 0)
+		return;
+	announce(ifindex, ANNOUNCE_NA, FAMILY_IPV6, target, mac);
 }
 
 static __always_inline int check_ipv6(struct __sk_buff *skb, __u32 ifindex)
@@ -229,7 +360,11 @@ static __always_inline int check_ipv6(struct __sk_buff *skb, __u32 ifindex)
 		return TC_ACT_SHOT;
 	if (ipv6_link_local(key.addr))
 		return TC_ACT_UNSPEC;
-	return owned(ifindex, &key) ? TC_ACT_UNSPEC : TC_ACT_SHOT;
+	if (!owned(ifindex, &key))
+		return TC_ACT_SHOT;
+	if (watched(ifindex))
+		announce_na(skb, ifindex, off, key.addr);
+	return TC_ACT_UNSPEC;
 }
 
 SEC("tc")
@@ -250,6 +385,8 @@ int kvipam_ingress(struct __sk_buff *skb)
 		return account(skb, endpoint_id, check_ipv6(skb, ifindex));
 	case bpf_htons(ETH_P_ARP):
 		return account(skb, endpoint_id, check_arp(skb, ifindex));
+	case bpf_htons(ETH_P_RARP):
+		return account(skb, endpoint_id, check_rarp(skb, ifindex));
 	default:
 		return account(skb, endpoint_id, TC_ACT_UNSPEC);
 	}

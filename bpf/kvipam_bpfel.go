@@ -49,8 +49,10 @@ type kvipamIfaceInfo struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	kvipamMapKvipamAddrs    = "kvipam_addrs"
+	kvipamMapKvipamAnnounce = "kvipam_announce"
 	kvipamMapKvipamCounters = "kvipam_counters"
 	kvipamMapKvipamIfaces   = "kvipam_ifaces"
+	kvipamMapKvipamWatch    = "kvipam_watch"
 	kvipamProgKvipamIngress = "kvipam_ingress"
 )
 
@@ -104,8 +106,10 @@ type kvipamProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type kvipamMapSpecs struct {
 	KvipamAddrs    *ebpf.MapSpec `ebpf:"kvipam_addrs"`
+	KvipamAnnounce *ebpf.MapSpec `ebpf:"kvipam_announce"`
 	KvipamCounters *ebpf.MapSpec `ebpf:"kvipam_counters"`
 	KvipamIfaces   *ebpf.MapSpec `ebpf:"kvipam_ifaces"`
+	KvipamWatch    *ebpf.MapSpec `ebpf:"kvipam_watch"`
 }
 
 // kvipamVariableSpecs contains global variables before they are loaded into the kernel.
@@ -135,15 +139,19 @@ func (o *kvipamObjects) Close() error {
 // It can be passed to loadKvipamObjects or ebpf.CollectionSpec.LoadAndAssign.
 type kvipamMaps struct {
 	KvipamAddrs    *ebpf.Map `ebpf:"kvipam_addrs"`
+	KvipamAnnounce *ebpf.Map `ebpf:"kvipam_announce"`
 	KvipamCounters *ebpf.Map `ebpf:"kvipam_counters"`
 	KvipamIfaces   *ebpf.Map `ebpf:"kvipam_ifaces"`
+	KvipamWatch    *ebpf.Map `ebpf:"kvipam_watch"`
 }
 
 func (m *kvipamMaps) Close() error {
 	return _KvipamClose(
 		m.KvipamAddrs,
+		m.KvipamAnnounce,
 		m.KvipamCounters,
 		m.KvipamIfaces,
+		m.KvipamWatch,
 	)
 }
 

@@ -168,12 +168,18 @@ func containsAddr(list []netip.Addr, a netip.Addr) bool {
 }
 
 // removeEndpoint deletes every map entry of the endpoint on ifindex: its
-// addresses, its ifaces entry and the counters of its ID. callerID, the
-// caller's idea of the ID, matters when the ifaces entry is already gone.
+// addresses, its ifaces entry, its announcement watch and the counters of
+// its ID. callerID, the caller's idea of the ID, matters when the ifaces
+// entry is already gone.
 func (d *Datapath) removeEndpoint(ifindex uint32, callerID uint32) error {
 	var errs []error
 	if err := d.removeAddrs(ifindex, nil); err != nil {
 		errs = append(errs, err)
+	}
+	// A later endpoint given the same ifindex is not a migration target
+	// until the agent says so.
+	if err := deleteIfPresent(d.objs.KvipamWatch, ifindex); err != nil {
+		errs = append(errs, fmt.Errorf("delete announcement watch %d: %w", ifindex, err))
 	}
 	ids := []uint32{callerID}
 	var info kvipamIfaceInfo

@@ -14,6 +14,7 @@ const (
 	etherTypeIPv4 = 0x0800
 	etherTypeARP  = 0x0806
 	etherTypeIPv6 = 0x86dd
+	etherTypeRARP = 0x8035
 
 	protoUDP    = 17
 	protoICMPv6 = 58
@@ -114,11 +115,16 @@ func udpDstOpts(p *pod, from, to netip.Addr, payload string) []byte {
 
 // arpFrame is an ARP request from (sha, spa) asking for tpa.
 func arpFrame(dst, sha net.HardwareAddr, spa, tpa netip.Addr) []byte {
+	return arpOpFrame(dst, sha, 1, spa, tpa)
+}
+
+// arpOpFrame is an ARP message with operation op (1 request, 2 reply).
+func arpOpFrame(dst, sha net.HardwareAddr, op uint16, spa, tpa netip.Addr) []byte {
 	a := make([]byte, 28)
 	binary.BigEndian.PutUint16(a[0:], 1) // Ethernet
 	binary.BigEndian.PutUint16(a[2:], etherTypeIPv4)
 	a[4], a[5] = 6, 4
-	binary.BigEndian.PutUint16(a[6:], 1) // request
+	binary.BigEndian.PutUint16(a[6:], op)
 	copy(a[8:14], sha)
 	s, t := spa.As4(), tpa.As4()
 	copy(a[14:18], s[:])
@@ -126,12 +132,41 @@ func arpFrame(dst, sha net.HardwareAddr, spa, tpa netip.Addr) []byte {
 	return ethernet(dst, sha, etherTypeARP, a)
 }
 
+// rarpFrame is QEMU's announce_self: a RARP request (op 3) with sha and tha
+// the guest's MAC, no addresses, broadcast.
+func rarpFrame(sha net.HardwareAddr) []byte { return rarpOpFrame(sha, 3) }
+
+// rarpOpFrame is a RARP frame with operation op.
+func rarpOpFrame(sha net.HardwareAddr, op uint16) []byte {
+	a := make([]byte, 28)
+	binary.BigEndian.PutUint16(a[0:], 1)
+	binary.BigEndian.PutUint16(a[2:], etherTypeIPv4)
+	a[4], a[5] = 6, 4
+	binary.BigEndian.PutUint16(a[6:], op)
+	copy(a[8:14], sha)
+	copy(a[18:24], sha)
+	return ethernet(broadcast, sha, etherTypeRARP, a)
+}
+
+var broadcast = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+// NA flags, in the first byte after the ICMPv6 header.
+const (
+	naSolicited = 0x40
+	naOverride  = 0x20
+)
+
 // neighborAdvert is an unsolicited, overriding NA for target with our MAC.
 func neighborAdvert(dst, src net.HardwareAddr, from, target netip.Addr, ext []byte) []byte {
+	return naFrame(dst, src, from, target, ext, naOverride)
+}
+
+// naFrame is an NA to all nodes for target with our MAC and the given flags.
+func naFrame(dst, src net.HardwareAddr, from, target netip.Addr, ext []byte, flags byte) []byte {
 	allNodes := netip.MustParseAddr("ff02::1")
 	m := make([]byte, 32)
 	m[0] = 136
-	m[4] = 0x20 // override
+	m[4] = flags
 	t := target.As16()
 	copy(m[8:24], t[:])
 	m[24], m[25] = 2, 1 // target link-layer address option

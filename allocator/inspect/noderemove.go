@@ -62,6 +62,15 @@ func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, er
 	if err := refuseLive(s, force, others...); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: blocks hold addresses of other nodes: %w", action, err)
 	}
+	var mine []*IP
+	for i := range s.IPs {
+		if ip := &s.IPs[i]; ip.Node == node {
+			mine = append(mine, ip)
+		}
+	}
+	if err := refuseLiveAlternates(s, force, mine); err != nil {
+		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
+	}
 	p.Steps = withBindings(s, p.Steps, func(b records.Binding) bool { return b.Node == node }, force, func(ip *IP) Step {
 		return ipStep(ip, "address of sticky identity "+ip.Identity+", whose binding node remove "+node+" releases", etcdstore.EndNodeRemove, force)
 	})

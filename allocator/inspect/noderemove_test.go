@@ -15,6 +15,7 @@ import (
 	"github.com/kvipam/kvipam/allocator/inspect"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/allocator/schema"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 )
 
@@ -405,4 +406,46 @@ func TestNodeRemoveReleasesIdentityWhole(t *testing.T) {
 	require.False(t, v.exists(t, zKey), "the identity's other kept address goes with its binding")
 	require.False(t, v.exists(t, etcdstore.LentKey("small", z)))
 	require.True(t, v.exists(t, etcdstore.IPKey("small", other.Block, other.Addr)), "n2's own pod keeps its address")
+}
+
+// TestNodeRemoveRefusesLiveMigrationTarget: the node of a VM's source pod
+// is gone, its target pod runs on another, live node as the migration's
+// second owner: node remove (and release of the address) would free the
+// address under the running target. Refused, naming it, until the
+// migration is cut over; forced, it goes.
+func TestNodeRemoveRefusesLiveMigrationTarget(t *testing.T) {
+	ctx := t.Context()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	n2 := startAgent(t, v.e, "n2", 0)
+	_, _, err := n2.Store.RaiseSchema(ctx, schema.Highest(), "n2", "test")
+	require.NoError(t, err)
+	vm := func(gen, migration string) nodealloc.Request {
+		o := records.Owner{ContainerID: "launcher-" + gen, IfName: "eth0", Namespace: "ns", Pod: "virt-launcher-vm1-" + gen}
+		return nodealloc.Request{Pool: "small", Owner: o, Sticky: &records.Sticky{Identity: "ns/vm1", Window: time.Hour}, Migration: migration}
+	}
+	res, err := n1.Alloc.Allocate(ctx, vm("src", ""))
+	require.NoError(t, err)
+	x := res.Allocations[0].Addr
+	_, ok, err := n2.Alloc.Admit(ctx, vm("dst", "job"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	n1.Kill(t)
+
+	s := v.snapshot(t)
+	_, err = inspect.PlanNodeRemove(s, "n1", gone("n1"), false)
+	require.ErrorIs(t, err, inspect.ErrNodeAlive)
+	require.ErrorContains(t, err, x.String())
+	require.ErrorContains(t, err, "kvipamctl ip migrate")
+	_, err = inspect.PlanReleaseIP(s, "small", x, gone("n1"), false)
+	require.ErrorIs(t, err, inspect.ErrNodeAlive, "releasing the address alone is refused too")
+
+	// Cut over to the target: the address is n2's now, node remove
+	// leaves it alone.
+	require.NoError(t, n2.Alloc.CutOver(ctx, "small", "ns/vm1", vm("dst", "").Owner))
+	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n1", gone("n1"), false)
+	require.NoError(t, err)
+	for _, st := range p.Steps {
+		require.NotEqual(t, x, st.Addr, "the target's address is not removed: %+v", st)
+	}
 }

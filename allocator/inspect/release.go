@@ -115,6 +115,28 @@ func refuseLive(s *Snapshot, force bool, nodes ...string) error {
 		ErrNodeAlive, strings.Join(live, ", "))
 }
 
+// refuseLiveAlternates refuses, unless forced, the release of an address
+// whose live migration's second owner is on a live node: its pod runs on
+// the address, and would lose it. The migration is cut over to it first.
+func refuseLiveAlternates(s *Snapshot, force bool, ips []*IP) error {
+	if force {
+		return nil
+	}
+	var held []string
+	for _, ip := range ips {
+		if alt := ip.Alternate; alt != nil {
+			if _, live := s.Nodes[alt.Node]; live {
+				held = append(held, fmt.Sprintf("%s (sticky identity %s: its second owner %s runs on node %s)", ip.Addr, ip.Identity, alt.Owner.Key(), alt.Node))
+			}
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: a live migration's target holds %s: cut it over first (kvipamctl ip migrate NAMESPACE/NAME --cut-over), or --force",
+		ErrNodeAlive, strings.Join(held, ", "))
+}
+
 // planIPs plans the release of the allocations matching keep. Their nodes
 // must be gone: a live one (a node record) is refused unless forced, and
 // one that is not live needs ev, the operator's statement that it is gone
@@ -123,13 +145,18 @@ func refuseLive(s *Snapshot, force bool, nodes ...string) error {
 func planIPs(s *Snapshot, action, reason string, ev Evidence, force bool, keep func(*IP) bool, scope func(records.Binding) bool) (Plan, error) {
 	p := Plan{Action: action, Revision: s.Revision, Force: force, Steps: []Step{}}
 	var nodes []string
+	var released []*IP
 	for i := range s.IPs {
 		if ip := &s.IPs[i]; keep(ip) {
 			p.Steps = append(p.Steps, ipStep(ip, reason, etcdstore.EndOperatorRelease, force))
 			nodes = append(nodes, ip.Node)
+			released = append(released, ip)
 		}
 	}
 	if err := refuseLive(s, force, nodes...); err != nil {
+		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
+	}
+	if err := refuseLiveAlternates(s, force, released); err != nil {
 		return Plan{}, fmt.Errorf("plan %s: %w", action, err)
 	}
 	gone, err := requireEvidence(s, ev, nodes)

@@ -223,7 +223,25 @@ func (c claimer) giveBackEmpty(ctx context.Context, ps *planner.Pool) int {
 // reassert wrote them back) the binding still names the owner, who holds
 // none of its addresses: it goes (dropBinding), whether the keep was
 // refused for it or its outcome was settled from etcd.
+//
+// A record still the owner's but rewritten meanwhile by another node (a
+// live migration's second owner admitted or gone: migrate.go) is read
+// back and kept at its new revision: it was not taken over.
 func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.Allocation) error {
+	for attempt := 0; ; attempt++ {
+		err := a.keepOnce(ctx, ps, als)
+		if !errors.Is(err, errRewritten) || attempt == 3 {
+			return err
+		}
+		als = ps.OfOwnerAt(als)
+	}
+}
+
+// errRewritten is a keep refused for records rewritten in place: still
+// the owner's, at a new revision.
+var errRewritten = fmt.Errorf("sticky records rewritten meanwhile, still the owner's: %w", retry.ErrConflict)
+
+func (a *Allocator) keepOnce(ctx context.Context, ps *planner.Pool, als []*records.Allocation) error {
 	identity, owner := als[0].Identity, als[0].Owner
 	takenOver := func() error {
 		if err := a.reads.readBack(ctx, planner.RefsOf(als)); err != nil {
@@ -267,6 +285,9 @@ func (a *Allocator) keep(ctx context.Context, ps *planner.Pool, als []*records.A
 	case errors.Is(err, retry.ErrConflict):
 		if err := takenOver(); err != nil {
 			return err
+		}
+		if fresh := ps.OfOwnerAt(als); len(fresh) == len(als) {
+			return errRewritten
 		}
 		return a.dropBinding(ctx, ps, identity, owner, nil)
 	case planner.OutcomeUnknown(err):

@@ -25,6 +25,9 @@ type historyOpts struct {
 type historyRow struct {
 	etcdstore.HistoryRecord
 	Current bool `json:"current,omitempty"`
+	// Alternate marks a live migration's second, non-forwarding owner
+	// (current: its interval is open).
+	Alternate bool `json:"alternate,omitempty"`
 }
 
 func (a *app) ipHistoryCmd() *cobra.Command {
@@ -109,12 +112,19 @@ func (a *app) ipHistory(ctx context.Context, w io.Writer, ip string, o historyOp
 			continue
 		}
 		rows = append(rows, historyRow{HistoryRecord: r, Current: true})
+		if alt := cur.Alternate; alt != nil {
+			r.Owner, r.Node, r.Start = alt.Owner, alt.Node, alt.Since.UTC()
+			rows = append(rows, historyRow{HistoryRecord: r, Current: true, Alternate: true})
+		}
 	}
 	return a.render(w, rows, func(tw io.Writer) {
 		row(tw, "POOL", "IP", "START", "END", "POD", "CONTAINER", "IFNAME", "NODE", "ENDED BY")
 		for _, r := range rows {
 			end, by := r.End.Format(time.RFC3339Nano), r.Reason
-			if r.Current {
+			switch {
+			case r.Alternate:
+				end, by = "-", "(current, second owner)"
+			case r.Current:
 				end, by = "-", "(current)"
 			}
 			pod := r.Pod

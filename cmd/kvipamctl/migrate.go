@@ -87,7 +87,7 @@ has no migration in progress. kvipamctl claim show lists the alternate.`,
 			if !cutOver {
 				return errors.New("ip migrate does one thing: --cut-over (say it)")
 			}
-			return a.withStore(cmd.Context(), func(s operatorStore) error {
+			return a.withRecordingStore(cmd.Context(), func(s operatorStore) error {
 				b, err := s.CutOverIdentity(cmd.Context(), pool, args[0])
 				if err != nil {
 					return err

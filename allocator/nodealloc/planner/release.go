@@ -51,6 +51,18 @@ func (ps *Pool) StillCached(als []*records.Allocation) *records.Allocation {
 	return nil
 }
 
+// OfOwnerAt is the cache's allocations at als' addresses that are still
+// their owner's, sticky and allocated (at whatever revision).
+func (ps *Pool) OfOwnerAt(als []*records.Allocation) []*records.Allocation {
+	var out []*records.Allocation
+	for _, al := range als {
+		if cur := ps.byAddr[al.Addr]; cur != nil && cur.Owner.Key() == al.Owner.Key() && cur.Identity == al.Identity && cur.State == records.StateAllocated {
+			out = append(out, cur)
+		}
+	}
+	return out
+}
+
 // CheckingBinding returns the sticky identity whose binding the DEL of
 // the owner whose key is key checks (Pool.checkBinding).
 func (ps *Pool) CheckingBinding(key string) (string, bool) {
