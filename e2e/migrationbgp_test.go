@@ -19,8 +19,10 @@ const migrationBound = 250 * time.Millisecond
 // it (the router's namespace) pings the VM's IPv4 and IPv6 addresses
 // every 10 ms. The VM's addresses are in node 1's block, announced as
 // the block. Its migration to node 2 (the target admitted there, the
-// source's interface down as the guest leaves it, an operator's
-// cut-over) makes a /32 and a /128 appear in FRR's table with node 2 as
+// source's interface down as the guest leaves it, the guest's
+// announcement from the target: a gratuitous ARP and an unsolicited
+// neighbour advertisement, on which the target's agent cuts over)
+// makes a /32 and a /128 appear in FRR's table with node 2 as
 // their only next hop, and the router's kernel route them there; the
 // pings resume, answered by the target. The source pod's DEL afterwards
 // changes nothing the client sees: no route, no path, no lost ping. A
@@ -59,9 +61,9 @@ func TestMigrationBGPMovesSlash32(t *testing.T) {
 		t.Helper()
 		source := m.vm
 		target := m.admit(to)
+		moves := m.guestMoves(target)
 		began := time.Now()
-		stopAnswering(t, source)
-		m.cutOver()
+		moves()
 		for _, x := range m.x {
 			nh := to.v4
 			if x.Is6() {

@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 
+	"github.com/kvipam/kvipam/agent/announce"
 	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/internal/testsupport/guestannounce"
 )
 
 // A live migration's move as users feel it, on any of the three ways
@@ -22,7 +24,8 @@ import (
 // on one segment joined by a router (which runs FRR in bgp mode, the
 // nodes then routing every other node's pods through it), the VM's
 // launcher pods moving between nodes 1 and 2, KubeVirt's way: a target
-// pod added on the other node, the cut-over, the old pod's DEL.
+// pod added on the other node, the guest's announcement from it (the
+// cut-over), the old pod's DEL.
 
 // moveRig is the nodes, the router and the VM of a move.
 type moveRig struct {
@@ -124,11 +127,24 @@ func (m *moveRig) ctl(args ...string) ([]byte, error) {
 	return out, err
 }
 
-// cutOver is an operator's cut-over of the VM's migration.
-func (m *moveRig) cutOver() {
+// guestMoves returns the move of the guest from the VM's pod to target:
+// at one instant the source stops answering (its interface down) and the
+// guest, now in target, announces itself as a Linux guest does (a
+// gratuitous ARP for its IPv4 address, an unsolicited neighbour
+// advertisement for its IPv6 one), which the target's agent sees on the
+// target's host veth and cuts over on. The sender is opened beforehand,
+// so the move costs two system calls.
+func (m *moveRig) guestMoves(target *pod) func() {
 	m.t.Helper()
-	out, err := m.ctl("ip", "migrate", "e2e/vm1", "--pool", "vms", "--cut-over")
-	require.NoError(m.t, err, "kvipamctl ip migrate --cut-over: %s", out)
+	s, err := guestannounce.NewSender(target.ns.Path(), "eth0")
+	require.NoError(m.t, err)
+	m.t.Cleanup(func() { _ = s.Close() })
+	source := m.vm
+	return func() {
+		stopAnswering(m.t, source)
+		require.NoError(m.t, s.Send(announce.GratuitousARP, m.x[0], nil))
+		require.NoError(m.t, s.Send(announce.NeighborAdvert, m.x[1], nil))
+	}
 }
 
 // stopAnswering takes p's interface down: the guest has left it.
