@@ -134,7 +134,7 @@ func migrationSpecs() []spec {
 		for _, fam := range []string{"ipv4", "ipv6"} {
 			out = append(out,
 				spec{name: "migration.cutover_ms.p99." + name + "." + fam, file: "migration", bench: bench, value: fam + "-cutover-p99-ms", baseline: "goal-cutover-ms", unit: "ms",
-					baselineLabel: "goal: at most 250 ms; from the cut-over's trigger (kvipamctl ip migrate --cut-over) until every node's kernel (and the router's, from FRR) routes the VM's address to the target"},
+					baselineLabel: "goal: at most 250 ms; from the guest's announcement in the target pod (the source's interface down at the same instant) until every node's kernel (and the router's, from FRR) routes the VM's address to the target"},
 				spec{name: "migration.lost_pings." + name + "." + fam, file: "migration", bench: bench, value: fam + "-lost-pings-max", baseline: "goal-lost-pings", unit: "count",
 					baselineLabel: "goal: at most 25; the most pings (10 ms apart, from a third node) a move lost, its ADD and DEL included"})
 		}

@@ -38,8 +38,8 @@ func migration(set benchreport.SampleSet, series, title, xLabel, caption string)
 // migrations are live migration's plots.
 func migrations(set benchreport.SampleSet) []figure {
 	return []figure{
-		migration(set, "cutover", "Live migration: routes moved to the target", "time from the cut-over's trigger until every node routes the VM's address to the target (ms)",
-			"Over the moves of a VM between two nodes, with a client pinging it from a third: the time from the cut-over's trigger (an operator's kvipamctl ip migrate --cut-over) until every node's kernel, and in bgp mode the router's from FRR, routes the address to the target's node. Goal: 250 ms at p99."),
+		migration(set, "cutover", "Live migration: routes moved to the target", "time from the guest's announcement until every node routes the VM's address to the target (ms)",
+			"Over the moves of a VM between two nodes, with a client pinging it from a third: the time from the guest's announcement in the target pod (a gratuitous ARP and an unsolicited NA; the source's interface down at the same instant) until every node's kernel, and in bgp mode the router's from FRR, routes the address to the target's node. Goal: 250 ms at p99."),
 		migration(set, "unanswered", "Live migration: time without answers", "pings unanswered in a move, times 10 ms (ms)",
 			"Over the same moves: the client's pings (every 10 ms) that went unanswered in a move, from the target pod's ADD to the next move's, as time. Goal: at most 25 pings (250 ms)."),
 	}
