@@ -81,7 +81,7 @@ func TestMigrationBGPMovesSlash32(t *testing.T) {
 		require.Greater(t, inEchos(t, target), 0, "the target answers")
 		for _, x := range m.x {
 			rib, fib := poll.longestOverlap(began, x), w.longestOverlap(began, 0, x)
-			t.Logf("%s to %s: routes moved %s after the cut-over began; two next hops at once in FRR's table for at most %s (%d polls), in the router's kernel for %s; pings lost: IPv4 %d, IPv6 %d",
+			t.Logf("%s to %s: the router and FRR settled on it (as polled) %s after the announcement; two next hops at once in FRR's table for at most %s (%d polls), in the router's kernel for %s; pings lost: IPv4 %d, IPv6 %d",
 				x, to.n.name, settled.Sub(began).Round(time.Millisecond), rib, poll.count(began, x), fib,
 				p4.lostBetween(began, settled), p6.lostBetween(began, settled))
 			require.LessOrEqual(t, rib, migrationBound, "FRR's table never held two next hops for %s longer than the bound", x)
