@@ -74,9 +74,25 @@ func (s *Store) Admit(ctx context.Context, b records.Binding, cur []records.Allo
 	if b.Kept() {
 		return records.Binding{}, fmt.Errorf("%w: admit %s as the alternate of %s: no pod holds the identity (take it over)", records.ErrMigration, alt.Owner.Key(), b.Identity)
 	}
-	if b.Alternate != nil {
-		return records.Binding{}, fmt.Errorf("%w: admit %s as the alternate of %s: %s (node %s) is its alternate already",
-			records.ErrMigration, alt.Owner.Key(), b.Identity, b.Alternate.Owner.Key(), b.Alternate.Node)
+	var ended []HistoryRecord
+	var away clientv3.Cmp
+	if old := b.Alternate; old != nil {
+		// An earlier migration's target on a node with no live record
+		// (gone with its pod, without a DEL) gives way; a live one is a
+		// migration in progress.
+		resp, err := s.kv.Get(ctx, NodeKey(old.Node), clientv3.WithCountOnly())
+		if err != nil {
+			return records.Binding{}, fmt.Errorf("admit %s: read node %s: %w", alt.Owner.Key(), old.Node, kvstore.Unavailable(err))
+		}
+		if resp.Count > 0 {
+			return records.Binding{}, fmt.Errorf("%w: admit %s as the alternate of %s: %s (node %s) is its alternate already",
+				records.ErrMigration, alt.Owner.Key(), b.Identity, old.Owner.Key(), old.Node)
+		}
+		away = kvstore.Absent(NodeKey(old.Node))
+		for _, al := range cur {
+			ended = append(ended, HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), Owner: old.Owner, Node: old.Node,
+				Start: old.Since.UTC(), End: s.now().UTC(), Reason: EndAlternateEnded})
+		}
 	}
 	set, err := s.ReadSchema(ctx)
 	if err != nil {
@@ -96,6 +112,9 @@ func (s *Store) Admit(ctx context.Context, b records.Binding, cur []records.Allo
 	}
 	// The alternate's node is live: its agent watches for the guest.
 	cmps = append(cmps, settingUnchanged(set), kvstore.Exists(NodeKey(alt.Node)))
+	if ended != nil {
+		cmps = append(cmps, away)
+	}
 	var puts []clientv3.Op
 	for _, al := range cur {
 		rec := al.Record
@@ -108,7 +127,7 @@ func (s *Store) Admit(ctx context.Context, b records.Binding, cur []records.Allo
 	}
 	nb := b
 	nb.Alternate = &alt
-	return s.commitMigration(ctx, "admit a live migration's target", nb, cmps, puts, nil)
+	return s.commitMigration(ctx, "admit a live migration's target", nb, cmps, puts, ended)
 }
 
 // CutOver implements records.Migrations.
@@ -239,12 +258,7 @@ func (s *Store) CutOverIdentity(ctx context.Context, pool, identity string) (rec
 		if err != nil {
 			return err
 		}
-		var refs []records.IPRef
-		for _, addr := range b.Addrs {
-			if blk, ok := p.BlockFor(addr); ok {
-				refs = append(refs, records.IPRef{Pool: pool, Block: blk, Addr: addr})
-			}
-		}
+		refs := bindingRefs(p, b)
 		got, err := s.GetIPs(ctx, refs)
 		if err != nil {
 			return err

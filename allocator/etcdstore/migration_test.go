@@ -133,3 +133,36 @@ func TestMigrationCutOverMovesTheRoute(t *testing.T) {
 	}
 	require.Equal(t, []string{"launcher-src:migrated", "launcher-dst:migrated", "launcher-dst:alternate-ended"}, reasons)
 }
+
+// TestMigrationAdmitReplacesAlternateOfGoneNode: an earlier migration's
+// target whose node went (no live record, its pod gone without a DEL)
+// does not block the VM's next migration; a live one does.
+func TestMigrationAdmitReplacesAlternateOfGoneNode(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	pool := allocator.Pool{Name: "vms", CIDRs: []netip.Prefix{netip.MustParsePrefix("10.23.0.0/24")}, BlockSizeV4: 28}
+	agenttest.EnsurePool(t, e, pool)
+	a := agenttest.Start(t, e, "a", agenttest.Options{Pools: []string{pool.Name}})
+	b := agenttest.Start(t, e, "b", agenttest.Options{Pools: []string{pool.Name}})
+	c := agenttest.Start(t, e, "c", agenttest.Options{Pools: []string{pool.Name}})
+	_, _, err := a.Store.RaiseSchema(ctx, schema.Highest(), "a", "test")
+	require.NoError(t, err)
+	_, err = a.Alloc.Allocate(ctx, vm(pool.Name, "src", ""))
+	require.NoError(t, err)
+	_, ok, err := b.Alloc.Admit(ctx, vm(pool.Name, "dst", "job-1"))
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	_, _, err = c.Alloc.Admit(ctx, vm(pool.Name, "dst2", "job-2"))
+	require.ErrorIs(t, err, records.ErrIdentityInUse, "b is live: its migration is in progress")
+	require.ErrorContains(t, err, "a third pod cannot join")
+
+	b.Kill(t) // its node record goes with its lease
+	_, ok, err = c.Alloc.Admit(ctx, vm(pool.Name, "dst2", "job-2"))
+	require.NoError(t, err)
+	require.True(t, ok)
+	bd, _, err := a.Store.GetBinding(ctx, pool.Name, "ns/vm1")
+	require.NoError(t, err)
+	require.Equal(t, "c", bd.Alternate.Node)
+	require.Equal(t, "job-2", bd.Alternate.Migration)
+}

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvipam/kvipam/allocator"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/kvstore"
@@ -206,12 +207,7 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 	}
 	cmps := []clientv3.Cmp{kvstore.Unchanged(BindingKey(pool, identity), b.Rev)}
 	ops := []clientv3.Op{clientv3.OpDelete(BindingKey(pool, identity))}
-	var refs []records.IPRef
-	for _, addr := range b.Addrs {
-		if blk, ok := p.BlockFor(addr); ok {
-			refs = append(refs, records.IPRef{Pool: pool, Block: blk, Addr: addr})
-		}
-	}
+	refs := bindingRefs(p, b)
 	cur, err := s.GetIPs(ctx, refs)
 	if err != nil {
 		return nil, err
@@ -234,6 +230,18 @@ func (s *Store) ReleaseBinding(ctx context.Context, pool, identity string) ([]ne
 		return nil, fmt.Errorf("release sticky identity %s: changed meanwhile (a pod took it?): %w", identity, retry.ErrConflict)
 	}
 	return freed, nil
+}
+
+// bindingRefs names the keys of b's addresses in pool p (an address out
+// of p's cidrs now has none).
+func bindingRefs(p allocator.Pool, b records.Binding) []records.IPRef {
+	var refs []records.IPRef
+	for _, addr := range b.Addrs {
+		if blk, ok := p.BlockFor(addr); ok {
+			refs = append(refs, records.IPRef{Pool: p.Name, Block: blk, Addr: addr})
+		}
+	}
+	return refs
 }
 
 // WatchSticky lists every pool's sticky bindings, then follows the

@@ -131,13 +131,15 @@ func (a *Allocator) Admit(ctx context.Context, req Request) (res Result, ok bool
 			// Admitted already: a retried ADD, or an answer lost.
 			res, ok = migrationResult(ps, r.cur), true
 			return nil
-		case r.b.Alternate != nil:
-			return fmt.Errorf("%w: %s is held by pod %s/%s (node %s) and migrating to %s/%s (node %s, migration %q); a third pod cannot join",
-				records.ErrIdentityInUse, id, r.b.Owner.Namespace, r.b.Owner.Pod, r.b.Node,
-				r.b.Alternate.Owner.Namespace, r.b.Alternate.Owner.Pod, r.b.Alternate.Node, r.b.Alternate.Migration)
 		}
 		alt := records.Alternate{Owner: o, Node: a.cfg.Node, Since: a.cfg.Now().UTC(), Migration: req.Migration}
 		if _, err := a.cfg.Store.Admit(ctx, r.b, r.cur, alt); err != nil {
+			if errors.Is(err, records.ErrMigration) && r.b.Alternate != nil {
+				// Its alternate is on a live node: a migration in progress.
+				return fmt.Errorf("%w: %s is held by pod %s/%s (node %s) and migrating to %s/%s (node %s, migration %q); a third pod cannot join",
+					records.ErrIdentityInUse, id, r.b.Owner.Namespace, r.b.Owner.Pod, r.b.Node,
+					r.b.Alternate.Owner.Namespace, r.b.Alternate.Owner.Pod, r.b.Alternate.Node, r.b.Alternate.Migration)
+			}
 			return err // read again: a lost race, or an answer lost
 		}
 		for i := range r.cur {

@@ -49,7 +49,9 @@ type Migrations interface {
 	// Admit makes alt the alternate of b's addresses: b and the records
 	// of b's owner at them (cur, as read) name alt. It is refused while
 	// the cluster's schema level does not include the migration-owner
-	// feature (a version that does not know alternates would drop them).
+	// feature (a version that does not know alternates would drop them),
+	// and while b has an alternate on a live node (ErrMigration); one on
+	// a node with no live record gives way.
 	Admit(ctx context.Context, b Binding, cur []Allocation, alt Alternate) (Binding, error)
 	// CutOver makes b's alternate the owner of b's addresses, and the
 	// node the address routes to: each record and b name it, and a

@@ -57,7 +57,7 @@ func (s *Store) Admit(_ context.Context, b records.Binding, cur []records.Alloca
 	switch {
 	case b.Kept():
 		return records.Binding{}, fmt.Errorf("%w: admit %s: no pod holds %s", records.ErrMigration, alt.Owner.Key(), b.Identity)
-	case b.Alternate != nil:
+	case b.Alternate != nil && !s.down[b.Alternate.Node]:
 		return records.Binding{}, fmt.Errorf("%w: admit %s: %s has an alternate already", records.ErrMigration, alt.Owner.Key(), b.Identity)
 	}
 	if err := s.migrationOK("admit", b, cur); err != nil {
@@ -71,6 +71,11 @@ func (s *Store) Admit(_ context.Context, b records.Binding, cur []records.Alloca
 		rec := al.Record
 		rec.Alternate = &alt
 		s.ips.put(tx, ik(al.Pool, al.Block, al.Addr), rec, 0)
+		if old := b.Alternate; old != nil {
+			h := al
+			h.Owner, h.Node, h.Since = old.Owner, old.Node, old.Since
+			s.record(tx, s.historyOf(h, s.now, endAlternateEnded))
+		}
 	}
 	nb := b
 	nb.Alternate = &alt
