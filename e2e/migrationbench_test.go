@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,6 +122,14 @@ func benchMoves(b *testing.B, routing string, moves int) {
 		for f := range families {
 			d, byNS := w.converged(trigger, m.x[f], want[f])
 			cutover[f] = append(cutover[f], d)
+			if d > goalCutover { // where its time went
+				var after []string
+				for i, e := range byNS {
+					after = append(after, fmt.Sprintf("%s %s", namespaceRoles[i], (e-commit).Round(time.Millisecond)))
+				}
+				b.Logf("%s move %d, %s: %s, over the goal: the announcement to etcd's commit %s; the commit to each namespace's route: %s (%s is the target's node)",
+					routing, len(commits), families[f], d.Round(time.Millisecond), commit.Round(time.Millisecond), strings.Join(after, ", "), to.n.name)
+			}
 			for i, e := range byNS {
 				each[i][f] = append(each[i][f], max(e-commit, 0))
 			}
