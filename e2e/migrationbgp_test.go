@@ -90,7 +90,7 @@ func TestMigrationBGPMovesSlash32(t *testing.T) {
 
 		// The source pod's DEL changes nothing for the client.
 		before := poll.last()
-		hopsBefore := len(w.hops[0])
+		hopsBefore := w.changes(0)
 		delBegan := time.Now()
 		require.NoError(t, m.vmNode.n.del(m.vmNode.l, source))
 		waitFor(t, 20*time.Second, "the binding to lose its second owner (the source's DEL)", func() bool { return m.binding().Alternate == nil })
@@ -100,7 +100,7 @@ func TestMigrationBGPMovesSlash32(t *testing.T) {
 		require.Zero(t, p4.lostBetween(delBegan, seen), "no IPv4 ping lost to the source's DEL")
 		require.Zero(t, p6.lostBetween(delBegan, seen), "no IPv6 ping lost to the source's DEL")
 		require.Empty(t, poll.differentSince(delBegan, before), "FRR's paths to the VM's addresses stayed those of before the source's DEL")
-		require.Len(t, w.hops[0], hopsBefore, "the router's kernel changed no route to the VM's addresses")
+		require.Equal(t, hopsBefore, w.changes(0), "the router's kernel changed no route to the VM's addresses")
 		_, hasBlock := m.frr.nextHops("ipv4")[block]
 		require.True(t, hasBlock, "node 1 still announces its block")
 		m.vm, m.vmNode = target, to

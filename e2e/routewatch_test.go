@@ -224,6 +224,14 @@ func (w *routeWatch) longestOverlap(from time.Time, i int, a netip.Addr) time.Du
 	return longest
 }
 
+// changes counts the hops namespace i has had (a change of any
+// address's hop adds one).
+func (w *routeWatch) changes(i int) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.hops[i])
+}
+
 // maxPaths is the most next hops namespace i's route to exactly a had
 // since from.
 func (w *routeWatch) maxPaths(from time.Time, i int, a netip.Addr) int {
