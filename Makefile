@@ -61,6 +61,9 @@ STORM10K_NODES ?= 10000
 FILL_NODES ?= 5000
 FILL_ADDRS ?= 30
 LAT_N ?= 200
+# Live migration's moves per routing (host-gw, vxlan, bgp), each moving
+# a dual-stack VM between two nodes (e2e BenchmarkMigration).
+MIGRATION_MOVES ?= 20
 STEADY_SECONDS ?= 10
 SWEEP_SECONDS ?= 3
 bench:
@@ -69,7 +72,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
-	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1
+	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1
 
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
@@ -89,6 +92,7 @@ bench-run: build
 	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ && \
+	run migration KVIPAM_MIGRATION_MOVES=$(MIGRATION_MOVES) $(GO) test -run '^$$' -bench '^BenchmarkMigration$$' -benchtime 1x -timeout 30m ./e2e/ && \
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-bin && \
 	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) KVIPAM_K8S_SINGLES=$(K8S_SINGLES) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8sBurst$$' -benchtime 1x -timeout 90m ."; \
 	else echo 'k8s bench skipped: needs root'; fi

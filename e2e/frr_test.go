@@ -269,7 +269,7 @@ func rackPrefix6(s string) string {
 
 // enable6 gives the router fd00:254:1::1/64 on A and fd00:254:2::1/64
 // on B, and IPv6 forwarding.
-func (r *router) enable6(t *testing.T) {
+func (r *router) enable6(t testing.TB) {
 	t.Helper()
 	for _, s := range []string{"A", "B"} {
 		br, err := r.h.LinkByName("br" + s)
@@ -284,7 +284,7 @@ func (r *router) enable6(t *testing.T) {
 
 // attach6 gives node n (attached to subnet s) its IPv6 address on it and
 // an IPv6 default route via the router; it returns the address.
-func (r *router) attach6(t *testing.T, n *node, s string, host int) netip.Addr {
+func (r *router) attach6(t testing.TB, n *node, s string, host int) netip.Addr {
 	t.Helper()
 	a := netip.MustParseAddr(fmt.Sprintf("%s%d", rackPrefix6(s), host))
 	h := nlHandle(t, n.host)

@@ -31,7 +31,7 @@ const migrationPool = "vms"
 
 // vmPod is launcher pod name of VM e2e/vm1; migration, if set, marks it
 // the target of that migration.
-func vmPod(t *testing.T, name, migration string) *pod {
+func vmPod(t testing.TB, name, migration string) *pod {
 	p := newPod(t, name)
 	ann := map[string]string{"kvipam.io/sticky": "10m", "kvipam.io/ip-claim": "vm1"}
 	if migration != "" {

@@ -13,18 +13,24 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
-// pinger sends an ICMP echo request from a pod to an IPv4 address every
+// pinger sends an ICMP echo request from a pod to an address (IPv4 or
+// IPv6) every
 // interval, for as long as a test runs, and records which were answered,
 // so that the test can count the intervals in which packets were lost.
 // Its raw socket is made in the pod's namespace and stays there, whatever
 // thread later uses it.
 type pinger struct {
-	conn  *icmp.PacketConn
-	dst   netip.Addr
-	id    int
-	every time.Duration
+	conn *icmp.PacketConn
+	dst  netip.Addr
+	// echo and reply are the family's ICMP types; proto its protocol
+	// number, as icmp.ParseMessage wants it.
+	echo, reply icmp.Type
+	proto       int
+	id          int
+	every       time.Duration
 
 	mu   sync.Mutex
 	sent []time.Time // by sequence number
@@ -36,12 +42,17 @@ type pinger struct {
 
 func startPinger(t testing.TB, from ns.NetNS, dst netip.Addr, every time.Duration) *pinger {
 	t.Helper()
-	var c *icmp.PacketConn
+	network, laddr := "ip4:icmp", "0.0.0.0"
+	p := &pinger{dst: dst, id: rand.IntN(0xffff), every: every, got: map[int]bool{}, stop: make(chan struct{}),
+		echo: ipv4.ICMPTypeEcho, reply: ipv4.ICMPTypeEchoReply, proto: 1}
+	if dst.Is6() {
+		network, laddr = "ip6:ipv6-icmp", "::"
+		p.echo, p.reply, p.proto = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply, 58
+	}
 	require.NoError(t, from.Do(func(ns.NetNS) (err error) {
-		c, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		p.conn, err = icmp.ListenPacket(network, laddr)
 		return err
 	}))
-	p := &pinger{conn: c, dst: dst, id: rand.IntN(0xffff), every: every, got: map[int]bool{}, stop: make(chan struct{})}
 	p.wg.Add(2)
 	go p.send()
 	go p.receive()
@@ -54,7 +65,7 @@ func (p *pinger) send() {
 	tick := time.NewTicker(p.every)
 	defer tick.Stop()
 	for seq := 0; seq < 0xffff; seq++ {
-		msg := icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: p.id, Seq: seq, Data: []byte("kvipam-e2e")}}
+		msg := icmp.Message{Type: p.echo, Body: &icmp.Echo{ID: p.id, Seq: seq, Data: []byte("kvipam-e2e")}}
 		b, _ := msg.Marshal(nil)
 		p.mu.Lock()
 		p.sent = append(p.sent, time.Now())
@@ -76,8 +87,8 @@ func (p *pinger) receive() {
 		if err != nil {
 			return // closed
 		}
-		m, err := icmp.ParseMessage(1, buf[:n])
-		if err != nil || m.Type != ipv4.ICMPTypeEchoReply || !peer.(*net.IPAddr).IP.Equal(p.dst.AsSlice()) {
+		m, err := icmp.ParseMessage(p.proto, buf[:n])
+		if err != nil || m.Type != p.reply || !peer.(*net.IPAddr).IP.Equal(p.dst.AsSlice()) {
 			continue
 		}
 		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == p.id {
@@ -148,4 +159,30 @@ func (p *pinger) losses() (runs []lossRun, sent int) {
 		runs = append(runs, lossRun{from: at, to: at, lost: 1})
 	}
 	return runs, len(p.sent)
+}
+
+// lostBetween counts the unanswered requests sent from from to to.
+func (p *pinger) lostBetween(from, to time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for seq, at := range p.sent {
+		if !at.Before(from) && at.Before(to) && !p.got[seq] {
+			n++
+		}
+	}
+	return n
+}
+
+// awaitAnswers waits until n requests sent after since have been
+// answered, or the timeout passes (a test failure).
+func (p *pinger) awaitAnswers(t testing.TB, timeout time.Duration, since time.Time, n int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for p.answeredSince(since) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %d answers from %s since %s", timeout, n, p.dst, since.Format("15:04:05.000"))
+		}
+		time.Sleep(p.every)
+	}
 }

@@ -169,7 +169,7 @@ type router struct {
 	h  *netlink.Handle
 }
 
-func newRouter(t *testing.T) *router {
+func newRouter(t testing.TB) *router {
 	t.Helper()
 	r := &router{ns: newNS(t)}
 	r.h = nlHandle(t, r.ns)
@@ -196,7 +196,7 @@ func subnetPrefix(s string) string {
 
 // attach gives node n a link ul0 on subnet s with address .host and a
 // default route via the router; it returns the address.
-func (r *router) attach(t *testing.T, n *node, s string, host int) netip.Addr {
+func (r *router) attach(t testing.TB, n *node, s string, host int) netip.Addr {
 	t.Helper()
 	peer := "p-" + n.name
 	require.NoError(t, r.h.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "ul0", PeerNamespace: netlink.NsFd(int(n.host.Fd()))}))

@@ -37,6 +37,10 @@ type Holdings interface {
 	Restored() bool
 	Usage() []nodealloc.Usage
 	Allocations() []records.Allocation
+	// HeldChanged is closed when the node learns addresses a
+	// cut-over moved to it or away: the cut-over's lent home may have
+	// come before them, and found them missing.
+	HeldChanged() <-chan struct{}
 }
 
 // BGPSources are what the announcer follows: the block homes in etcd,
@@ -135,6 +139,7 @@ func (a *Announcer) Run(ctx context.Context) {
 	wg.Go(func() { _ = a.src.Homes.WatchHomes(ctx, &a.homes) })
 	wg.Go(func() { a.followLease(ctx) })
 	wg.Go(func() { a.readHoldings(ctx) })
+	wg.Go(func() { a.followHoldings(ctx) })
 	defer wg.Wait()
 	a.loop.Run(ctx, func() (bool, error) {
 		want, known := a.desired()
@@ -174,6 +179,21 @@ func (a *Announcer) followLease(ctx context.Context) {
 		}
 		syncloop.Kick(a.refresh)
 		a.loop.Changed()
+	}
+}
+
+// followHoldings wakes the reader of holdings whenever the node learns
+// addresses a cut-over moved: a live migration's, made by another node
+// or an operator, whose lent home the watch of homes may have brought
+// before the allocator had them.
+func (a *Announcer) followHoldings(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.src.Held.HeldChanged():
+		}
+		syncloop.Kick(a.refresh)
 	}
 }
 

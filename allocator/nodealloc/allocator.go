@@ -115,6 +115,8 @@ type Allocator struct {
 	lapsed lapses
 	// alts are the migration targets this node admitted (migrate.go).
 	alts admitted
+	// held tells the BGP announcer of addresses learned (heldchanged.go).
+	held heldChanges
 }
 
 // New checks cfg. Call Restore before anything else.

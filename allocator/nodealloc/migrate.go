@@ -218,6 +218,9 @@ func (a *Allocator) learn(ctx context.Context, refs []records.IPRef) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	defer a.voice.say()
+	// The cut-over's lent home may have reached the announcer before
+	// the cache had the addresses: it reads them again (heldchanged.go).
+	defer a.held.changed()
 	return a.reads.readBack(ctx, refs)
 }
 

@@ -125,6 +125,25 @@ func TestK8sBurstFigures(t *testing.T) {
 	require.Contains(t, missing, "k8s.burst100.ready_p50.routes_vs_bridge")
 }
 
+// TestMigrationFigures: live migration's figures (e2e
+// BenchmarkMigration, output file migration.txt), per routing and
+// family, each beside the goal.
+func TestMigrationFigures(t *testing.T) {
+	out := "BenchmarkMigration/routing=host-gw-2 \t 1\t 1037529751 ns/op\t 250.0 goal-cutover-ms\t 25.00 goal-lost-pings\t 29.84 ipv4-cutover-p99-ms\t 3.000 ipv4-lost-pings-max\t 31.0 ipv6-cutover-p99-ms\t 2.000 ipv6-lost-pings-max\n" +
+		"BenchmarkMigration/routing=bgp-2 \t 1\t 2583754067 ns/op\t 250.0 goal-cutover-ms\t 25.00 goal-lost-pings\t 262.0 ipv4-cutover-p99-ms\t 24.00 ipv4-lost-pings-max\n"
+	byName, missing := figuresFrom(t, map[string]string{"migration": out})
+	require.InDelta(t, 29.84, byName["migration.cutover_ms.p99.host_gw.ipv4"].Value, 1e-9)
+	require.InDelta(t, 250, byName["migration.cutover_ms.p99.host_gw.ipv4"].Baseline, 1e-9)
+	require.InDelta(t, 0.119, byName["migration.cutover_ms.p99.host_gw.ipv4"].Ratio, 1e-9)
+	require.InDelta(t, 2, byName["migration.lost_pings.host_gw.ipv6"].Value, 1e-9)
+	require.InDelta(t, 1.048, byName["migration.cutover_ms.p99.bgp.ipv4"].Ratio, 1e-9)
+	require.InDelta(t, 0.96, byName["migration.lost_pings.bgp.ipv4"].Ratio, 1e-9)
+	require.Equal(t, "migration.txt: BenchmarkMigration/routing=bgp", byName["migration.lost_pings.bgp.ipv4"].Source)
+	require.Contains(t, BaselineOf("migration.cutover_ms.p99.vxlan.ipv6"), "goal: at most 250 ms")
+	require.Contains(t, missing, "migration.cutover_ms.p99.vxlan.ipv4", "vxlan did not run")
+	require.Contains(t, missing, "migration.cutover_ms.p99.bgp.ipv6", "a metric the line lacks")
+}
+
 func keys(m map[string]any) []string {
 	var out []string
 	for k := range m {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Figure is one named figure of the report, beside its baseline from the
@@ -51,7 +52,7 @@ const (
 
 // specs are the figures the report names (issue 20 and the pools issue's
 // tight-pool figures).
-var specs = []spec{
+var specs = append([]spec{
 	{name: "cni.add.p50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=1", value: "kvipam-add-p50-ms", baseline: "bridge-add-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "cni.del.p50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=1", value: "kvipam-del-p50-ms", baseline: "bridge-del-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
 	{name: "cni.add.p50.c50.default_vs_bridge", file: "adddel", bench: "BenchmarkAddDel/concurrency=50", value: "kvipam-add-p50-ms", baseline: "bridge-add-p50-ms", unit: "ms", baselineLabel: "bridge + host-local"},
@@ -120,6 +121,25 @@ var specs = []spec{
 	{name: "tight1000.recovery.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.recovery.seconds", ratio: "tight1000.recovery.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
 	{name: "tight1000.delete.vs_roomy", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.delete.seconds", ratio: "tight1000.delete.vs-roomy", unit: "s", baselineLabel: "a roomy pool"},
 	{name: "tight1000.failures", file: "tight", bench: "BenchmarkTightPool", value: "tight1000.failures", unit: "count"},
+}, migrationSpecs()...)
+
+// migrationSpecs are live migration's figures (e2e BenchmarkMigration,
+// output file migration.txt), per routing and family: the cut-over time
+// p99 and the most pings a move lost, each beside the issue's goal.
+func migrationSpecs() []spec {
+	var out []spec
+	for _, routing := range []string{"host-gw", "vxlan", "bgp"} {
+		bench := "BenchmarkMigration/routing=" + routing
+		name := strings.ReplaceAll(routing, "-", "_")
+		for _, fam := range []string{"ipv4", "ipv6"} {
+			out = append(out,
+				spec{name: "migration.cutover_ms.p99." + name + "." + fam, file: "migration", bench: bench, value: fam + "-cutover-p99-ms", baseline: "goal-cutover-ms", unit: "ms",
+					baselineLabel: "goal: at most 250 ms; from the guest's announcement in the target pod (the source's interface down at the same instant) until every node's kernel (and the router's, from FRR) routes the VM's address to the target"},
+				spec{name: "migration.lost_pings." + name + "." + fam, file: "migration", bench: bench, value: fam + "-lost-pings-max", baseline: "goal-lost-pings", unit: "count",
+					baselineLabel: "goal: at most 25; the most pings (10 ms apart, from a third node) a move lost, its ADD and DEL included"})
+		}
+	}
+	return out
 }
 
 // NotMeasured are figures the report names but no benchmark measures yet.

@@ -94,6 +94,7 @@ func figures(set benchreport.SampleSet) []figure {
 	figs := []figure{latencyCDF(set, "add", "ADD"), latencyCDF(set, "del", "DEL")}
 	figs = append(figs, bursts(set)...)
 	figs = append(figs, k8sBursts(set)...)
+	figs = append(figs, migrations(set)...)
 	return append(figs, throughput(set), storm(set))
 }
 

@@ -18,7 +18,7 @@ import (
 func TestPlotsFromSamples(t *testing.T) {
 	set, err := benchreport.ReadSamples("testdata/samples")
 	require.NoError(t, err)
-	require.Len(t, set.Samples, 5)
+	require.Len(t, set.Samples, 6)
 	require.Len(t, set.Storms, 2)
 
 	docs := t.TempDir()
@@ -39,7 +39,8 @@ func TestPlotsFromSamples(t *testing.T) {
 		require.True(t, strings.HasSuffix(strings.TrimSpace(string(b)), "</svg>"), p.File)
 	}
 	require.Equal(t, map[string]bool{"plots/add-latency-cdf.svg": true, "plots/del-latency-cdf.svg": true,
-		"plots/burst100-bpf.svg": true, "plots/k8s-burst100.svg": true, "plots/add-throughput.svg": true, "plots/claim-storm.svg": true}, files)
+		"plots/burst100-bpf.svg": true, "plots/k8s-burst100.svg": true, "plots/add-throughput.svg": true, "plots/claim-storm.svg": true,
+		"plots/migration-cutover.svg": true, "plots/migration-unanswered.svg": true}, files)
 	_, err = os.Stat(filepath.Join(dir, "stale.svg"))
 	require.True(t, os.IsNotExist(err), "an earlier run's plots are replaced")
 
@@ -72,6 +73,18 @@ func TestPlotsFromSamples(t *testing.T) {
 	require.InDelta(t, 3.1, kv[len(kv)-1].X, 1e-9)
 	require.True(t, k8s[0].lines[2].dashed && k8s[0].lines[3].dashed && !k8s[0].lines[0].dashed)
 
+	// Live migration: a line per routing and family, IPv6 dashed in its
+	// IPv4 line's colour; the moves' distribution.
+	mig := migrations(set)
+	require.Len(t, mig, 2)
+	require.Len(t, mig[0].lines, 2)
+	require.Equal(t, "bgp, ipv4", mig[0].lines[0].label)
+	require.True(t, mig[0].lines[1].dashed && mig[0].lines[1].color == mig[0].lines[0].color)
+	cut := mig[0].lines[0].xy
+	require.InDelta(t, 262.0, cut[len(cut)-1].X, 1e-9)
+	require.InDelta(t, 1, cut[len(cut)-1].Y, 1e-9)
+	require.Contains(t, mig[0].lines[0].source, "4 moves")
+
 	set.Storms = nil
 	got, err = Write(dir, docs, set)
 	require.NoError(t, err)
@@ -90,7 +103,7 @@ func TestNoSamples(t *testing.T) {
 	require.NoError(t, err)
 	got, err := Write(t.TempDir(), ".", set)
 	require.NoError(t, err)
-	require.Len(t, got, 6)
+	require.Len(t, got, 8)
 	for _, p := range got {
 		require.Empty(t, p.File)
 		require.NotEmpty(t, p.Missing, p.Title)
