@@ -232,7 +232,11 @@ func (r *modelRun) intruder(mg *mMigration, marked bool) {
 			r.fail("a second pod %s of %s, not marked, was given %v while %s holds it", o.Key(), mg.id, addrsOf(res.Allocations), before.Owner.Key())
 		}
 	}
-	if err != nil && refusal(err) && !errors.Is(err, records.ErrIdentityInUse) {
+	// Refused as the identity in use, or (on a node the pool's selector
+	// leaves out) as a node the pool does not serve: either way nothing
+	// changes.
+	unselected := !r.spec.Selects(map[string]string{"node": n.name})
+	if err != nil && refusal(err) && !errors.Is(err, records.ErrIdentityInUse) && !(unselected && errors.Is(err, records.ErrNodeNotSelected)) {
 		r.fail("%s of %s was refused, but not as the identity in use: %v", o.Key(), mg.id, err)
 	}
 	after, _ := r.b.binding(mg.id)
