@@ -264,3 +264,53 @@ func TestMigrationTargetAddRetriedAfterUnlearnedHandOver(t *testing.T) {
 		require.Equal(t, dst.Key(), al.Owner.Key())
 	}
 }
+
+// TestMigrationSourceAddRetriedGetsNoNewFamily: a VM's identity holds
+// one family only (its pod's ADD asked for IPv6; or its IPv4 record was
+// lost and the pool was disabled when its pod took the rest back), a
+// target is admitted as the second owner of that address, and the
+// source's ADD is retried asking for both families. It gets what the
+// binding names and nothing new: a new address would be named by no
+// alternate while the binding, rewritten to name it, would have to drop
+// the alternate the other records still name (found by the model test,
+// TestModelSimulated seed 1796279100188667178 at step 730007).
+func TestMigrationSourceAddRetriedGetsNoNewFamily(t *testing.T) {
+	ctx := context.Background()
+	e := startEtcd(t, dualPool)
+	a := startNode(t, e, "a", []string{"dual"}, nodeOpts{})
+	b := startNode(t, e, "b", []string{"dual"}, nodeOpts{})
+	migrationLive(t, a, b)
+	src := stickyPod("vm-0", 1)
+	req := stickyReq(src, time.Minute)
+	req.Pool = "dual"
+	first := req
+	first.Families = []allocator.Family{allocator.IPv6}
+	res, err := a.alloc.Allocate(ctx, first)
+	require.NoError(t, err)
+	require.Len(t, res.Allocations, 1)
+	x := res.Allocations[0].Addr
+	dst := records.Owner{ContainerID: "target-1", IfName: "eth0", Namespace: "ns", Pod: "virt-launcher-vm-0-b"}
+	_, ok, err := b.alloc.Admit(ctx, nodealloc.Request{Pool: "dual", Owner: dst, Sticky: req.Sticky, Migration: "job-1"})
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	again, err := a.alloc.Allocate(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, []netip.Addr{x}, addrsOfResult(again), "the source's retried ADD during the migration")
+	bd, found, err := a.store.GetBinding(ctx, "dual", "ns/vm-0")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, []netip.Addr{x}, bd.Addrs)
+	require.NotNil(t, bd.Alternate, "the binding dropped the alternate: %+v", bd)
+	ips := storeIPs(t, a.cli, "dual")
+	require.Len(t, ips, 1, "no new record: %+v", ips)
+	require.NotNil(t, ips[0].Alternate)
+}
+
+func addrsOfResult(r nodealloc.Result) []netip.Addr {
+	var out []netip.Addr
+	for _, al := range r.Allocations {
+		out = append(out, al.Addr)
+	}
+	return out
+}

@@ -161,6 +161,15 @@ func (n *Node) Advance(p *Plan) (Need, error) {
 		if err != nil {
 			return Need{}, err
 		}
+		if s := p.sticky; s.ok && s.b.Alternate != nil && s.b.Owner.Key() == p.Req.Owner.Key() {
+			// The owner's ADD retried during a live migration gets the
+			// binding's addresses and no new one: the alternate was
+			// admitted to those, and a new address would make the
+			// binding drop it while the other records name it.
+			fams = slices.DeleteFunc(fams, func(f allocator.Family) bool {
+				return !slices.ContainsFunc(s.b.Addrs, func(a netip.Addr) bool { return allocator.FamilyOf(a) == f })
+			})
+		}
 		p.fams, p.static = fams, static
 	}
 	for p.next < len(p.fams) {
