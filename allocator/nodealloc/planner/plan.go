@@ -400,13 +400,28 @@ func requestFamilies(p allocator.Pool, r Request) ([]allocator.Family, map[alloc
 // address than except (the zero address: any), dropping reservations that
 // have lapsed. A dropped one may still be in the store for a moment; the
 // write that reuses its address then fails and reloads the block.
+//
+// An allocated address comes before a reservation: the owner may hold
+// both in one family for a moment, a reservation of an earlier try of
+// its ADD that this node took for lapsed (its clock) while etcd still
+// held it (its lease ends at the earliest when the node expects), read
+// back on a conflict, next to the address the retry got and confirmed.
+// The confirmed one is the pod's (found by TestModelNodeAllocator seed
+// 1796279202506245316 at step 3171); the other lapses with its lease.
 func (n *Node) live(ps *Pool, o records.Owner, f allocator.Family, except netip.Addr) *records.Allocation {
+	var reserved *records.Allocation
 	for _, al := range ps.ofOwner(o.Key(), f) {
-		if al.Addr != except && !n.dropIfLapsed(ps, al) {
+		if al.Addr == except || n.dropIfLapsed(ps, al) {
+			continue
+		}
+		if al.State != records.StateReserved {
 			return al
 		}
+		if reserved == nil {
+			reserved = al
+		}
 	}
-	return nil
+	return reserved
 }
 
 // Live is live for the driver.

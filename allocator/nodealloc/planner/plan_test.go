@@ -397,3 +397,34 @@ func TestPlannerPendingOwnerWaits(t *testing.T) {
 	_, err = w.n.Start(Request{Pool: "p", Owner: owner("a")}, nil)
 	require.NoError(t, err, "settled as absent, the owner plans again")
 }
+
+// TestPlannerConfirmedBeforeLeftoverReservation: an owner holds a
+// reservation of an earlier try of its ADD, read back after the node took
+// it for lapsed (etcd's lease ends at the earliest when the node
+// expects), and the address its retry got and confirmed, in one family.
+// A further retry gets the confirmed one, whichever the cache lists
+// first.
+func TestPlannerConfirmedBeforeLeftoverReservation(t *testing.T) {
+	for _, reservedFirst := range []bool{true, false} {
+		w := newWorld(t, testPool(), nil)
+		blk := w.own("10.0.0.0/30", 5)
+		o := owner("pod")
+		left := netip.MustParseAddr("10.0.0.1")
+		reserve := func() {
+			w.ps.own[blk].ba.Mark(left)
+			rec := records.Record{Owner: o, Node: "node-a", State: records.StateReserved, Since: t0}
+			w.n.Wrote(w.ps, records.IPWrite{Pool: "p", Block: blk, Addr: left, Record: rec, Reserve: true}, records.WriteResult{Rev: 6, Expires: t0.Add(time.Minute)})
+		}
+		if reservedFirst {
+			reserve()
+			w.hold(o, "10.0.0.2", 7, false)
+		} else {
+			w.hold(o, "10.0.0.2", 7, false)
+			reserve()
+		}
+		p, _, err := run(w, Request{Pool: "p", Owner: o, Families: []allocator.Family{allocator.IPv4}}, nil)
+		require.NoError(t, err)
+		require.Len(t, p.Reused, 1)
+		require.Equal(t, "10.0.0.2", p.Reused[0].Addr.String(), "reserved first: %v", reservedFirst)
+	}
+}
