@@ -142,6 +142,16 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 		StickyIdentity: identity, StickyWindowSeconds: window, Pool: pool, Alternate: alternate,
 	}
 	m.records.assignID(&ep)
+	if old, ok := m.records.get(owner); ok && old.HostIfIndex != 0 {
+		// The ADD again without a DEL between (a live migration's
+		// target retried; the plugin replaced the veth): the old veth's
+		// datapath state goes first, or the new one is refused as
+		// another interface's (bpf's address map names the old
+		// ifindex).
+		if err := m.dp.Teardown(ctx, old); err != nil {
+			return api.Endpoint{}, fmt.Errorf("tear down the endpoint of %s's earlier ADD: %w", owner.Key(), err)
+		}
+	}
 	datapath, record, err := m.program(ctx, &ep)
 	if cerr := <-confirmed; cerr != nil {
 		if err == nil {
