@@ -252,3 +252,18 @@ func (s *Store) WatchImportMarks(ctx context.Context, node string, h Handler[rec
 		fromKey: func(string) (records.ImportMark, bool) { return records.ImportMark{Node: node}, true },
 	})
 }
+
+// BorrowFences reads every node's borrow fence (FenceBorrower), with
+// its revision and the lease it is on.
+func (s *Store) BorrowFences(ctx context.Context) (map[string]records.BorrowFence, error) {
+	prefix := borrowerKey("")
+	resp, err := s.kv.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list borrow fences: %w", kvstore.Unavailable(err))
+	}
+	out := map[string]records.BorrowFence{}
+	for _, kv := range resp.Kvs {
+		out[strings.TrimPrefix(string(kv.Key), prefix)] = records.BorrowFence{Rev: kv.ModRevision, Lease: kv.Lease}
+	}
+	return out, nil
+}
