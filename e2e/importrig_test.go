@@ -240,7 +240,7 @@ type importPlanOut struct {
 		} `json:"new"`
 		Already int `json:"already"`
 	} `json:"blocks"`
-	Written int `json:"written"`
+	Written int  `json:"written"`
 	DryRun  bool `json:"dryRun"`
 }
 
