@@ -208,7 +208,8 @@ func (u LevelInUse) String() string {
 // levelsInUse lists the records that need a level above to, and the
 // revision of the pools read, for a compare that none changed since.
 func (s *Store) levelsInUse(ctx context.Context, to schema.Level) ([]LevelInUse, int64, error) {
-	resp, err := s.kv.Txn(ctx).Then(clientv3.OpGet(PoolsPrefix(), clientv3.WithPrefix()), clientv3.OpGet(allStickyPrefix(), clientv3.WithPrefix())).Commit()
+	resp, err := s.kv.Txn(ctx).Then(clientv3.OpGet(PoolsPrefix(), clientv3.WithPrefix()), clientv3.OpGet(allStickyPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(AllImportMarksPrefix(), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, 0, fmt.Errorf("list pools and sticky bindings: %w", kvstore.Unavailable(err))
 	}
@@ -227,6 +228,16 @@ func (s *Store) levelsInUse(ctx context.Context, to schema.Level) ([]LevelInUse,
 			v, err := kvstore.Decode[records.Binding](kv)
 			if err == nil && v.Value.Alternate != nil {
 				out = append(out, LevelInUse{What: "the live migration of " + v.Value.Identity, Uses: schema.MigrationOwner, Needs: need})
+			}
+		}
+	}
+	if need := schema.ImportNeeds(); need > to {
+		seen := map[string]bool{}
+		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+			v, err := kvstore.Decode[records.ImportMark](kv)
+			if err == nil && !seen[v.Value.Source] {
+				seen[v.Value.Source] = true
+				out = append(out, LevelInUse{What: "the import of " + v.Value.Source + " (not finalized)", Uses: schema.Import, Needs: need})
 			}
 		}
 	}

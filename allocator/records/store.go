@@ -77,6 +77,10 @@ type Record struct {
 	// Alternate is the address's second, non-forwarding owner during a
 	// live migration (migration.go); nil otherwise.
 	Alternate *Alternate `json:"alternate,omitempty"`
+	// Imported names the source an import took the address from
+	// (import.go: "host-local:NODE:NETWORK", "whereabouts:POOL"); empty
+	// for an address kvipam handed out.
+	Imported string `json:"imported,omitempty"`
 	// Unknown keeps the members a newer version wrote that this one
 	// does not know, so that a rewrite keeps them (jsonkeep).
 	jsonkeep.Unknown `json:"-"`

@@ -38,3 +38,6 @@ func RaiseTo(stored Level, downgrade bool, live []Level) (Level, bool) {
 
 // MigrationNeeds is the level a live migration's alternate owner needs.
 func MigrationNeeds() Level { return levelOf(MigrationOwner) }
+
+// ImportNeeds is the level an import (its marks) needs.
+func ImportNeeds() Level { return levelOf(Import) }

@@ -53,10 +53,17 @@ const PoolMaxBlocks = "pool-max-blocks"
 // addresses at the source pod's DEL while the target pod runs on them.
 const MigrationOwner = "migration-owner"
 
+// Import is an import mark (kvipamctl import): what an import wrote for
+// a node, which the node's agent watches to hold the imported blocks and
+// addresses as its own. An agent that does not know it would not learn
+// them: the old pods' DELs would find nothing to free.
+const Import = "import"
+
 // features are every feature this binary understands, by level.
 var features = []Feature{
 	{Name: PoolMaxBlocks, Level: 2, Since: "v0.2.0", What: "pool spec field maxBlocksPerNode (kvipamctl pool set-max-blocks)"},
 	{Name: MigrationOwner, Level: 3, Since: "v0.2.0", What: "a live migration's second owner of a sticky identity's addresses (alternate, in bindings and address records)"},
+	{Name: Import, Level: 4, Since: "v0.2.0", What: "import marks of kvipamctl import, which the node's agent learns imported blocks and addresses from"},
 }
 
 // releases maps each release to the highest level it understands

@@ -95,7 +95,7 @@ Exit codes: 0 success, 1 check found problems, 2 error.`,
 	f.IntVar(&a.flags.pageSize, "page-size", 0, "read each etcd prefix in pages of this many keys (0: one range read per prefix)")
 	f.DurationVar(&a.flags.retention, "history-retention", 0, "how long IP history keeps the intervals that release, node remove and ip migrate --cut-over end; unset: the agents' --history-retention, which they store in etcd ("+etcdstore.DefaultHistoryRetention.String()+" if none has); 0: record none")
 	root.AddCommand(a.poolCmd(), a.claimCmd(), a.blockCmd(), a.ipCmd(), a.nodeCmd(), a.checkCmd(), a.releaseCmd(), a.versionCmd(),
-		a.downgradeCmd(), a.agentCmd(), a.endpointCmd())
+		a.downgradeCmd(), a.agentCmd(), a.endpointCmd(), a.importCmd())
 	refuseUnknownSubcommands(root)
 	root.Version = buildinfo.Read().String()
 	root.SetVersionTemplate("kvipamctl {{.Version}}\n")
