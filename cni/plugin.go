@@ -157,7 +157,7 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
 		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: spec.Addrs,
-		EgressLimited: c.EgressLimited,
+		EgressLimited: c.EgressLimited, PortMappings: c.PortMappings,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
 		return nil, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)
