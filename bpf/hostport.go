@@ -64,7 +64,7 @@ func (e *PortConflictError) Unwrap() error { return ErrPortInUse }
 // checkPorts validates an endpoint's mappings: every pod address is one of
 // ips, no two mappings overlap.
 func checkPorts(ports []PortMapping, ips []netip.Addr) ([]PortMapping, error) {
-	out := make([]PortMapping, 0, len(ports))
+	var out []PortMapping
 	for _, m := range ports {
 		m.PodAddr = m.PodAddr.Unmap().WithZone("")
 		m.HostAddr = m.HostAddr.Unmap().WithZone("")
