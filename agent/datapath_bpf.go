@@ -149,14 +149,7 @@ func (d *bpfDatapath) Setup(_ context.Context, ep *api.Endpoint) error {
 		return err
 	}
 	bep.HostMAC = l.Attrs().HardwareAddr
-	return d.inNetns(func() error {
-		if len(bep.Ports) > 0 {
-			if err := setAcceptLocal(ep.HostIfName); err != nil {
-				return err
-			}
-		}
-		return d.dp.Attach(bep)
-	})
+	return d.inNetns(func() error { return d.dp.Attach(bep) })
 }
 
 func (d *bpfDatapath) Teardown(_ context.Context, ep api.Endpoint) error {

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -132,19 +130,6 @@ func portInUse(err error, eps []api.Endpoint) error {
 		}
 	}
 	return &PortInUseError{Msg: fmt.Sprintf("host port %s is already mapped by %s (%s)", pc.Mapping, holder, pc.Other)}
-}
-
-// setAcceptLocal lets the host veth of a pod with host ports take the
-// replies its program translated back: their source is then one of the
-// node's addresses, which IPv4 otherwise drops as a martian. The program
-// has checked the pod's own source first, so the pod cannot send from the
-// node's address itself. It runs in the host veths' namespace.
-func setAcceptLocal(ifname string) error {
-	key := filepath.Join("/proc/sys/net/ipv4/conf", ifname, "accept_local")
-	if err := os.WriteFile(key, []byte("1"), 0o644); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("set accept_local on %s: %w", ifname, err)
-	}
-	return nil
 }
 
 // hostPortUplinks are the interfaces other hosts' host port traffic

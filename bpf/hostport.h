@@ -20,7 +20,7 @@
  * replies carry it; kvipam_ingress translates those replies back (source:
  * the node's address and host port; destination: the client) before the
  * kernel routes them. Their source is then one of the node's addresses,
- * arriving on the pod's veth: the agent sets accept_local on the host veth
+ * arriving on the pod's veth: the plugin sets accept_local on the host veth
  * of a pod with host ports (IPv4; IPv6 has no such check).
  *
  * TCP and UDP, IPv4 and IPv6 without extension headers; fragments are not

@@ -106,7 +106,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		allocated <- err
 	}()
 	hostIf := HostVethName(o.ContainerID, o.IfName)
-	veth, verr := CreatePodVeth(PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: hostIf, MTU: podMTU(c.MTU)})
+	veth, verr := CreatePodVeth(PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: hostIf, MTU: podMTU(c.MTU), AcceptLocal: len(c.PortMappings) > 0})
 	if err := <-allocated; err != nil {
 		if verr == nil {
 			err = errors.Join(err, veth.Remove())
