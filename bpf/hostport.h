@@ -18,10 +18,12 @@
  *     drops a frame from its own address.
  * Each translation records the flow in kvipam_nat, keyed as the pod's
  * replies carry it; kvipam_ingress translates those replies back (source:
- * the node's address and host port; destination: the client) before the
- * kernel routes them. Their source is then one of the node's addresses,
- * arriving on the pod's veth: the plugin sets accept_local on the host veth
- * of a pod with host ports (IPv4; IPv6 has no such check).
+ * the node's address and host port; destination: the client). A
+ * translated frame leaves by the interface the FIB names (forward), past
+ * netfilter; one to the node itself goes up the stack, with one of the
+ * node's addresses as its source, arriving on the pod's veth: the plugin
+ * sets accept_local on the host veth of a pod with host ports (IPv4; IPv6
+ * has no such check).
  *
  * TCP and UDP, IPv4 and IPv6 without extension headers; fragments are not
  * translated. kvipam_nat is an LRU: a flow's entry lives until the map
@@ -205,26 +207,49 @@ static __always_inline int same_addr(const __u8 *a, const __u8 *b)
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3];
 }
 
-/* local_dst reports whether the kernel would deliver f to the node itself:
- * a FIB lookup as for a frame arriving on the interface the program runs on. */
+/* fib looks f up in the node's FIB as for a frame arriving on the
+ * interface the program runs on. */
+static __always_inline int fib(struct __sk_buff *skb, const struct flow *f, struct bpf_fib_lookup *p)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	p->ifindex = skb->ifindex;
+	p->l4_protocol = f->proto;
+	p->sport = f->sport;
+	p->dport = f->dport;
+	if (f->family == FAMILY_IPV4) {
+		p->family = 2; /* AF_INET */
+		__builtin_memcpy(&p->ipv4_src, f->saddr, 4);
+		__builtin_memcpy(&p->ipv4_dst, f->daddr, 4);
+	} else {
+		p->family = 10; /* AF_INET6 */
+		__builtin_memcpy(p->ipv6_src, f->saddr, 16);
+		__builtin_memcpy(p->ipv6_dst, f->daddr, 16);
+	}
+	return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+/* local_dst reports whether the kernel would deliver f to the node itself. */
 static __always_inline int local_dst(struct __sk_buff *skb, const struct flow *f)
 {
-	struct bpf_fib_lookup p = {};
+	struct bpf_fib_lookup p;
 
-	p.ifindex = skb->ifindex;
-	p.l4_protocol = f->proto;
-	p.sport = f->sport;
-	p.dport = f->dport;
-	if (f->family == FAMILY_IPV4) {
-		p.family = 2; /* AF_INET */
-		__builtin_memcpy(&p.ipv4_src, f->saddr, 4);
-		__builtin_memcpy(&p.ipv4_dst, f->daddr, 4);
-	} else {
-		p.family = 10; /* AF_INET6 */
-		__builtin_memcpy(p.ipv6_src, f->saddr, 16);
-		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
-	}
-	return bpf_fib_lookup(skb, &p, sizeof(p), 0) == BPF_FIB_LKUP_RET_NOT_FWDED;
+	return fib(skb, f, &p) == BPF_FIB_LKUP_RET_NOT_FWDED;
+}
+
+/* forward sends a translated frame on its way: straight out of the
+ * interface the FIB names (bpf_redirect_neigh fills in the Ethernet
+ * header), so that the node's netfilter sees neither direction of a
+ * translated flow (its conntrack would find a reply to a flow it never
+ * saw INVALID, which kube-proxy drops); to the node itself, or anything
+ * the FIB does not forward, through the kernel's stack. */
+static __always_inline int forward(struct __sk_buff *skb, const struct flow *f)
+{
+	struct bpf_fib_lookup p;
+	int rc = fib(skb, f, &p);
+
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return TC_ACT_UNSPEC;
+	return bpf_redirect_neigh(p.ifindex, 0, 0, 0);
 }
 
 static __always_inline int loopback_dst(const struct flow *f)
@@ -316,11 +341,13 @@ static __always_inline int hostport_pod(struct __sk_buff *skb, int verdict)
 		return verdict;
 	rc = hostport_reply(skb, &f);
 	if (rc)
-		return rc < 0 ? TC_ACT_SHOT : verdict;
+		return rc < 0 ? TC_ACT_SHOT : forward(skb, &f);
 	hp = hostport_find(skb, &f, 0);
-	if (hp && hostport_dnat(skb, &f, hp) < 0)
+	if (!hp)
+		return verdict;
+	if (hostport_dnat(skb, &f, hp) < 0)
 		return TC_ACT_SHOT;
-	return verdict;
+	return forward(skb, &f);
 }
 
 /* kvipam_hostport_in runs on the ingress of the node's uplinks: other
@@ -334,9 +361,11 @@ int kvipam_hostport_in(struct __sk_buff *skb)
 	if (parse(skb, &f) < 0)
 		return TC_ACT_UNSPEC;
 	hp = hostport_find(skb, &f, 0);
-	if (hp && hostport_dnat(skb, &f, hp) < 0)
+	if (!hp)
+		return TC_ACT_UNSPEC;
+	if (hostport_dnat(skb, &f, hp) < 0)
 		return TC_ACT_SHOT;
-	return TC_ACT_UNSPEC;
+	return forward(skb, &f);
 }
 
 /* kvipam_hostport_local runs on the egress of lo: the node's own

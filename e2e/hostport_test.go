@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,6 +60,17 @@ func newHostPortRig(t *testing.T) *hostPortRig {
 	const etcd = "http://10.254.0.1:2379"
 	a.startAgent(agentOpts{pools: []string{pool}, datapath: "bpf", extra: []string{"--embedded-etcd-listen", etcd, "--node-address", "10.254.0.1"}})
 	b.startAgent(agentOpts{pools: []string{pool}, datapath: "bpf", etcdURL: etcd, extra: []string{"--node-address", "10.254.0.2"}})
+	// As kube-proxy does (KUBE-FORWARD): a node drops forwarded frames
+	// its conntrack finds INVALID, such as a reply to a flow it never
+	// saw. Translated flows must not depend on netfilter seeing them.
+	require.NoError(t, a.do(func() error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader("table inet kvtest {\n chain kvfwd {\n  type filter hook forward priority 0; policy accept;\n  ct state invalid drop\n }\n}\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft: %w: %s", err, out)
+		}
+		return nil
+	}))
 	caps := `,"capabilities":{"portMappings":true}`
 	return &hostPortRig{a: a, b: b, la: a.kvipamList("kv", "1.0.0", caps), lb: b.kvipamList("kv", "1.0.0", caps)}
 }
