@@ -59,6 +59,12 @@ func TestK8sHostPort(t *testing.T) {
 		require.True(t, strings.HasPrefix(answer, "web "), "from node n1 to %s: answered %q", dst, answer)
 	}
 
+	// kvipam served it: no portmap ran, so the node's nat table has no
+	// CNI-HOSTPORT chain (portmap's).
+	nat, err := run("nsenter", "--net=/run/netns/"+n1.netns, "--", "iptables-save", "-t", "nat")
+	require.NoError(t, err)
+	require.NotContains(t, nat, "CNI-HOSTPORT", "the default conflist chains no portmap")
+
 	c.deletePod(t, ns, "web")
 	_, err = c.kubectl("-n", ns, "exec", "client", "--", "/kt", "tcp-get", net.JoinHostPort(n1.ip, hostPort))
 	require.Error(t, err, "the deleted pod's host port is not served")
