@@ -76,6 +76,10 @@ type Config struct {
 	// ingress qdisc that the bandwidth plugin's egress shaping adds), or
 	// auto (the default): tc, and tcx for pods whose egress is limited.
 	BPFAttach string `json:"bpfAttach"`
+	// HostPortDevices are the interfaces other hosts reach pods' host
+	// ports through (the bpf datapath); default: those of the default
+	// routes and of the node addresses.
+	HostPortDevices []string `json:"hostPortDevices"`
 	// NetNS is the network namespace (a path such as /proc/1/ns/net) whose
 	// pod interfaces the datapath programs; empty is the agent's own. It
 	// lets an agent that is not in the host namespace manage the host's.

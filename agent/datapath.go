@@ -108,6 +108,7 @@ func openDatapath(cfg Config, log hclog.Logger) (Datapath, error) {
 	if mode == DatapathBPF || mode == DatapathAuto {
 		dp, err := newBPFDatapath(cfg.BPFPinDir, cfg.BPFAttach, cfg.NetNS, log)
 		if err == nil {
+			dp.serveHostPorts(cfg, log)
 			return dp, nil
 		}
 		if mode == DatapathBPF {

@@ -39,7 +39,7 @@ var _ Datapath = (*bpfDatapath)(nil)
 
 // newBPFDatapath opens the eBPF datapath, or says why the kernel cannot
 // run it (auto mode then falls back to routes).
-func newBPFDatapath(pinDir, attach, netnsPath string, log hclog.Logger) (Datapath, error) {
+func newBPFDatapath(pinDir, attach, netnsPath string, log hclog.Logger) (*bpfDatapath, error) {
 	if err := bpf.Supported(); err != nil {
 		return nil, fmt.Errorf("kernel cannot run the eBPF datapath: %w", err)
 	}
@@ -64,6 +64,21 @@ func newBPFDatapath(pinDir, attach, netnsPath string, log hclog.Logger) (Datapat
 		return nil, errors.Join(err, d.Close())
 	}
 	return &bpfDatapath{dp: d, nl: nl, netns: netnsPath, auto: attach == BPFAttachAuto, log: log}, nil
+}
+
+// serveHostPorts attaches the host port programs to lo and the uplinks.
+// Without them pods' host ports are still served to the node's pods; the
+// error is logged, not fatal, so that the node keeps running pods.
+func (d *bpfDatapath) serveHostPorts(cfg Config, log hclog.Logger) {
+	uplinks, err := hostPortUplinks(cfg.HostPortDevices, cfg.NodeAddresses, d.netns, log)
+	if err == nil {
+		err = d.inNetns(func() error { return d.dp.AttachHostPorts(uplinks) })
+	}
+	if err != nil {
+		log.Error("host ports are not served to other hosts or the node itself", "error", err)
+		return
+	}
+	log.Info("host ports served", "uplinks", uplinks)
 }
 
 // ensureBPFFS mounts bpffs on /sys/fs/bpf when the pin directory lives
@@ -115,6 +130,11 @@ func (d *bpfDatapath) toBPF(ep api.Endpoint) (bpf.Endpoint, error) {
 		}
 		out.IPs = append(out.IPs, a)
 	}
+	ports, err := bpfPorts(ep.PortMappings, out.IPs)
+	if err != nil {
+		return out, err
+	}
+	out.Ports = ports
 	return out, nil
 }
 
@@ -128,6 +148,7 @@ func (d *bpfDatapath) Setup(_ context.Context, ep *api.Endpoint) error {
 	if err != nil {
 		return err
 	}
+	bep.HostMAC = l.Attrs().HardwareAddr
 	return d.inNetns(func() error { return d.dp.Attach(bep) })
 }
 

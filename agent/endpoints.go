@@ -125,6 +125,10 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 			return api.Endpoint{}, &FieldError{Field: field, Msg: fmt.Sprintf("%s %q is not held by %s (holds %v)", field, p, owner.Key(), ips)}
 		}
 	}
+	ports, err := checkPortMappings(req.PortMappings, m.dp.Name())
+	if err != nil {
+		return api.Endpoint{}, err
+	}
 	start := time.Now()
 	confirmed := make(chan error, 1)
 	var confirmTook time.Duration
@@ -139,7 +143,7 @@ func (m *endpointManager) create(ctx context.Context, req api.EndpointRequest) (
 	ep := api.Endpoint{
 		Owner: req.Owner, HostIfName: req.HostIfName, ContainerIfName: req.ContainerIfName,
 		ContainerMAC: req.ContainerMAC, Netns: req.Netns, IPs: ips, EgressLimited: req.EgressLimited, Datapath: m.dp.Name(), Created: time.Now().UTC(),
-		StickyIdentity: identity, StickyWindowSeconds: window, Pool: pool, Alternate: alternate,
+		StickyIdentity: identity, StickyWindowSeconds: window, Pool: pool, Alternate: alternate, PortMappings: ports,
 	}
 	m.records.assignID(&ep)
 	if old, ok := m.records.get(owner); ok && old.HostIfIndex != 0 {
@@ -181,7 +185,7 @@ func (m *endpointManager) program(ctx context.Context, ep *api.Endpoint) (datapa
 		if errors.As(err, &nf) {
 			return 0, 0, &FieldError{Field: "hostIfName", Msg: err.Error()}
 		}
-		return 0, 0, fmt.Errorf("program datapath: %w", err)
+		return 0, 0, fmt.Errorf("program datapath: %w", portInUse(err, m.records.list()))
 	}
 	datapath = time.Since(start)
 	if err := m.records.put(*ep); err != nil {

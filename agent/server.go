@@ -226,6 +226,8 @@ func apiError(err error) *api.Error {
 		return ae
 	case errors.As(err, &fe):
 		return badField(fe.Field, fe.Msg)
+	case errors.Is(err, ErrPortInUse):
+		return &api.Error{Status: http.StatusConflict, Code: api.CodePortInUse, Message: err.Error()}
 	case errors.Is(err, ErrBadRequest):
 		return badField("", err.Error())
 	case errors.Is(err, ErrNotFound):

@@ -75,6 +75,9 @@ func (d *Datapath) Adopt() ([]Endpoint, error) {
 	if err := d.dropStaleWatches(out); err != nil {
 		errs = append(errs, err)
 	}
+	if err := d.dropStalePorts(out); err != nil {
+		errs = append(errs, err)
+	}
 	slices.SortFunc(out, func(a, b Endpoint) int { return int(a.ID) - int(b.ID) })
 	d.log.Info("adopted endpoints", "count", len(out), "errors", len(errs))
 	return out, errors.Join(errs...)

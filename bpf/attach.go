@@ -55,6 +55,9 @@ func (d *Datapath) Attach(ep Endpoint) error {
 		if err := d.removeAddrs(ifindex, ep.IPs); err != nil {
 			errs = append(errs, err)
 		}
+		if err := d.removePorts(ifindex, ep.Ports, false); err != nil {
+			errs = append(errs, err)
+		}
 		if hadPrev && prev.EndpointId != ep.ID {
 			if err := d.dropUnusedCounters(prev.EndpointId); err != nil {
 				errs = append(errs, err)

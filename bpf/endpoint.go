@@ -26,6 +26,11 @@ type Endpoint struct {
 	MAC net.HardwareAddr
 	// IPs are the addresses the pod may use as a source.
 	IPs []netip.Addr
+	// HostMAC is the host-side veth's address: the source of the frames
+	// the node's own connections to a host port send to the pod.
+	HostMAC net.HardwareAddr
+	// Ports are the host ports the endpoint serves (hostport.go).
+	Ports []PortMapping
 	// Attach is how Attach attaches the program (AttachTCX or AttachTC);
 	// empty: the datapath's mode (SetAttachMode).
 	Attach string
@@ -52,6 +57,8 @@ func (ep Endpoint) normalize() (Endpoint, error) {
 		return ep, fmt.Errorf("%w: host ifname %q longer than %d bytes", ErrInvalidEndpoint, ep.HostIfName, ifNameMax)
 	case len(ep.MAC) != 0 && len(ep.MAC) != 6:
 		return ep, fmt.Errorf("%w: MAC %s is not 6 bytes", ErrInvalidEndpoint, ep.MAC)
+	case len(ep.HostMAC) != 0 && len(ep.HostMAC) != 6:
+		return ep, fmt.Errorf("%w: host MAC %s is not 6 bytes", ErrInvalidEndpoint, ep.HostMAC)
 	case len(ep.IPs) == 0:
 		return ep, fmt.Errorf("%w: no addresses", ErrInvalidEndpoint)
 	}
@@ -71,6 +78,12 @@ func (ep Endpoint) normalize() (Endpoint, error) {
 	slices.SortFunc(ips, netip.Addr.Compare)
 	ep.IPs = slices.Compact(ips)
 	ep.MAC = slices.Clone(ep.MAC)
+	ep.HostMAC = slices.Clone(ep.HostMAC)
+	ports, err := checkPorts(ep.Ports, ep.IPs)
+	if err != nil {
+		return ep, err
+	}
+	ep.Ports = ports
 	return ep, nil
 }
 

@@ -29,6 +29,14 @@
  * advertisement (S flag clear) for an address of the interface, and a RARP
  * request or reply (QEMU's announce_self). Reporting never changes a
  * verdict.
+ *
+ * Host ports (hostport.h). A frame that passes the checks above and belongs
+ * to a flow translated for a host port is translated back (the pod's reply
+ * leaves with the node's address and host port), and a frame to one of the
+ * node's addresses and a mapped host port is translated to the pod that
+ * serves it (hairpin). kvipam_hostport_in (the uplinks' ingress) and
+ * kvipam_hostport_local (lo's egress) translate the other hosts' and the
+ * node's own connections.
  */
 
 #include <linux/bpf.h>
@@ -38,6 +46,8 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
 
 char __license[] SEC("license") = "Dual BSD/GPL";
 
@@ -367,6 +377,8 @@ static __always_inline int check_ipv6(struct __sk_buff *skb, __u32 ifindex)
 	return TC_ACT_UNSPEC;
 }
 
+#include "hostport.h"
+
 SEC("tc")
 int kvipam_ingress(struct __sk_buff *skb)
 {
@@ -380,9 +392,9 @@ int kvipam_ingress(struct __sk_buff *skb)
 
 	switch (skb->protocol) {
 	case bpf_htons(ETH_P_IP):
-		return account(skb, endpoint_id, check_ipv4(skb, ifindex));
+		return account(skb, endpoint_id, hostport_pod(skb, check_ipv4(skb, ifindex)));
 	case bpf_htons(ETH_P_IPV6):
-		return account(skb, endpoint_id, check_ipv6(skb, ifindex));
+		return account(skb, endpoint_id, hostport_pod(skb, check_ipv6(skb, ifindex)));
 	case bpf_htons(ETH_P_ARP):
 		return account(skb, endpoint_id, check_arp(skb, ifindex));
 	case bpf_htons(ETH_P_RARP):

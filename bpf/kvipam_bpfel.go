@@ -36,6 +36,25 @@ type kvipamCounters struct {
 	DroppedBytes   uint64
 }
 
+type kvipamHostportInfo struct {
+	_          structs.HostLayout
+	Addr       [16]uint8
+	Port       uint16
+	PodMac     [6]uint8
+	HostMac    [6]uint8
+	Pad        [2]uint8
+	Ifindex    uint32
+	EndpointId uint32
+}
+
+type kvipamHostportKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Proto  uint8
+	Port   uint16
+	Addr   [16]uint8
+}
+
 type kvipamIfaceInfo struct {
 	_          structs.HostLayout
 	EndpointId uint32
@@ -44,16 +63,40 @@ type kvipamIfaceInfo struct {
 	Name       [16]int8
 }
 
+type kvipamNatInfo struct {
+	_          structs.HostLayout
+	HostAddr   [16]uint8
+	ClientAddr [16]uint8
+	HostPort   uint16
+	ClientPort uint16
+	Ifindex    uint32
+}
+
+type kvipamNatKey struct {
+	_        structs.HostLayout
+	Family   uint8
+	Proto    uint8
+	PodPort  uint16
+	PeerPort uint16
+	Pad      [2]uint8
+	PodAddr  [16]uint8
+	PeerAddr [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	kvipamMapKvipamAddrs    = "kvipam_addrs"
-	kvipamMapKvipamAnnounce = "kvipam_announce"
-	kvipamMapKvipamCounters = "kvipam_counters"
-	kvipamMapKvipamIfaces   = "kvipam_ifaces"
-	kvipamMapKvipamWatch    = "kvipam_watch"
-	kvipamProgKvipamIngress = "kvipam_ingress"
+	kvipamMapKvipamAddrs          = "kvipam_addrs"
+	kvipamMapKvipamAnnounce       = "kvipam_announce"
+	kvipamMapKvipamCounters       = "kvipam_counters"
+	kvipamMapKvipamHostports      = "kvipam_hostports"
+	kvipamMapKvipamIfaces         = "kvipam_ifaces"
+	kvipamMapKvipamNat            = "kvipam_nat"
+	kvipamMapKvipamWatch          = "kvipam_watch"
+	kvipamProgKvipamHostportIn    = "kvipam_hostport_in"
+	kvipamProgKvipamHostportLocal = "kvipam_hostport_local"
+	kvipamProgKvipamIngress       = "kvipam_ingress"
 )
 
 // loadKvipam returns the embedded CollectionSpec for kvipam.
@@ -98,18 +141,22 @@ type kvipamSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type kvipamProgramSpecs struct {
-	KvipamIngress *ebpf.ProgramSpec `ebpf:"kvipam_ingress"`
+	KvipamHostportIn    *ebpf.ProgramSpec `ebpf:"kvipam_hostport_in"`
+	KvipamHostportLocal *ebpf.ProgramSpec `ebpf:"kvipam_hostport_local"`
+	KvipamIngress       *ebpf.ProgramSpec `ebpf:"kvipam_ingress"`
 }
 
 // kvipamMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type kvipamMapSpecs struct {
-	KvipamAddrs    *ebpf.MapSpec `ebpf:"kvipam_addrs"`
-	KvipamAnnounce *ebpf.MapSpec `ebpf:"kvipam_announce"`
-	KvipamCounters *ebpf.MapSpec `ebpf:"kvipam_counters"`
-	KvipamIfaces   *ebpf.MapSpec `ebpf:"kvipam_ifaces"`
-	KvipamWatch    *ebpf.MapSpec `ebpf:"kvipam_watch"`
+	KvipamAddrs     *ebpf.MapSpec `ebpf:"kvipam_addrs"`
+	KvipamAnnounce  *ebpf.MapSpec `ebpf:"kvipam_announce"`
+	KvipamCounters  *ebpf.MapSpec `ebpf:"kvipam_counters"`
+	KvipamHostports *ebpf.MapSpec `ebpf:"kvipam_hostports"`
+	KvipamIfaces    *ebpf.MapSpec `ebpf:"kvipam_ifaces"`
+	KvipamNat       *ebpf.MapSpec `ebpf:"kvipam_nat"`
+	KvipamWatch     *ebpf.MapSpec `ebpf:"kvipam_watch"`
 }
 
 // kvipamVariableSpecs contains global variables before they are loaded into the kernel.
@@ -138,11 +185,13 @@ func (o *kvipamObjects) Close() error {
 //
 // It can be passed to loadKvipamObjects or ebpf.CollectionSpec.LoadAndAssign.
 type kvipamMaps struct {
-	KvipamAddrs    *ebpf.Map `ebpf:"kvipam_addrs"`
-	KvipamAnnounce *ebpf.Map `ebpf:"kvipam_announce"`
-	KvipamCounters *ebpf.Map `ebpf:"kvipam_counters"`
-	KvipamIfaces   *ebpf.Map `ebpf:"kvipam_ifaces"`
-	KvipamWatch    *ebpf.Map `ebpf:"kvipam_watch"`
+	KvipamAddrs     *ebpf.Map `ebpf:"kvipam_addrs"`
+	KvipamAnnounce  *ebpf.Map `ebpf:"kvipam_announce"`
+	KvipamCounters  *ebpf.Map `ebpf:"kvipam_counters"`
+	KvipamHostports *ebpf.Map `ebpf:"kvipam_hostports"`
+	KvipamIfaces    *ebpf.Map `ebpf:"kvipam_ifaces"`
+	KvipamNat       *ebpf.Map `ebpf:"kvipam_nat"`
+	KvipamWatch     *ebpf.Map `ebpf:"kvipam_watch"`
 }
 
 func (m *kvipamMaps) Close() error {
@@ -150,7 +199,9 @@ func (m *kvipamMaps) Close() error {
 		m.KvipamAddrs,
 		m.KvipamAnnounce,
 		m.KvipamCounters,
+		m.KvipamHostports,
 		m.KvipamIfaces,
+		m.KvipamNat,
 		m.KvipamWatch,
 	)
 }
@@ -165,11 +216,15 @@ type kvipamVariables struct {
 //
 // It can be passed to loadKvipamObjects or ebpf.CollectionSpec.LoadAndAssign.
 type kvipamPrograms struct {
-	KvipamIngress *ebpf.Program `ebpf:"kvipam_ingress"`
+	KvipamHostportIn    *ebpf.Program `ebpf:"kvipam_hostport_in"`
+	KvipamHostportLocal *ebpf.Program `ebpf:"kvipam_hostport_local"`
+	KvipamIngress       *ebpf.Program `ebpf:"kvipam_ingress"`
 }
 
 func (p *kvipamPrograms) Close() error {
 	return _KvipamClose(
+		p.KvipamHostportIn,
+		p.KvipamHostportLocal,
 		p.KvipamIngress,
 	)
 }

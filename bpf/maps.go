@@ -60,6 +60,9 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 				ErrAddressInUse, a, owner.EndpointId, owner.Ifindex)
 		}
 	}
+	if err := d.checkPortConflicts(ep); err != nil {
+		return nil, err
+	}
 
 	var undo undoList
 	var prev kvipamIfaceInfo
@@ -91,7 +94,7 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 		}
 		undo = append(undo, restore)
 	}
-	return undo, nil
+	return d.writePorts(ep, undo)
 }
 
 // putRestorable writes key=value and returns a function that puts back what
@@ -174,6 +177,9 @@ func containsAddr(list []netip.Addr, a netip.Addr) bool {
 func (d *Datapath) removeEndpoint(ifindex uint32, callerID uint32) error {
 	var errs []error
 	if err := d.removeAddrs(ifindex, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.removePorts(ifindex, nil, true); err != nil {
 		errs = append(errs, err)
 	}
 	// A later endpoint given the same ifindex is not a migration target

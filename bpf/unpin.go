@@ -11,8 +11,8 @@ import (
 )
 
 // RemovePins removes, for an uninstall, what the agent pinned under
-// pinDir: the TCX link of each host veth (unpinned, a link nobody else
-// holds detaches) and the maps (freed once no program uses them), then
+// pinDir: the TCX link of each host veth and of the host port programs
+// (unpinned, a link nobody else holds detaches) and the maps (freed once no program uses them), then
 // the directory. Only the names the agent pins are removed; a directory
 // that holds anything else is left, with an error naming it. A missing
 // pinDir is nothing to do. It returns the paths it removed.
@@ -38,18 +38,21 @@ func RemovePins(pinDir string) ([]string, error) {
 		removed = append(removed, p)
 		return nil
 	}
-	links := filepath.Join(pinDir, linksDir)
-	entries, err := os.ReadDir(links)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return removed, fmt.Errorf("unpin: %w", err)
-	}
-	for _, e := range entries {
-		if err := remove(filepath.Join(links, e.Name())); err != nil {
+	// The host veths' links, then the host port programs' (uplinks, lo).
+	for _, dir := range []string{linksDir, hostLinksDir} {
+		links := filepath.Join(pinDir, dir)
+		entries, err := os.ReadDir(links)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("unpin: %w", err)
+		}
+		for _, e := range entries {
+			if err := remove(filepath.Join(links, e.Name())); err != nil {
+				return removed, err
+			}
+		}
+		if err := remove(links); err != nil {
 			return removed, err
 		}
-	}
-	if err := remove(links); err != nil {
-		return removed, err
 	}
 	spec, err := loadKvipam()
 	if err != nil {

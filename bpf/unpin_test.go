@@ -22,11 +22,13 @@ func TestRemovePinsDetaches(t *testing.T) {
 	d := openDatapath(t, dir)
 	h.attach(t, d, p.ep)
 	require.NotEmpty(t, h.tcx(t, p.ep.HostIfIndex).links)
+	inNS(t, h.ns, func() error { return d.AttachHostPorts(nil) }) // lo's program
 	require.NoError(t, d.Close())
 
 	removed, err := RemovePins(dir)
 	require.NoError(t, err)
 	require.Contains(t, removed, filepath.Join(dir, "kvipam_addrs"))
+	require.Contains(t, removed, filepath.Join(dir, "hostlinks", "lo"))
 	require.Contains(t, removed, dir)
 	require.NoDirExists(t, dir)
 	// The kernel frees a link whose last reference went in deferred

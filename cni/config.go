@@ -66,6 +66,9 @@ type Config struct {
 	// egress, so a chained bandwidth plugin adds an ingress qdisc on the
 	// host veth (the agent's bpf datapath then attaches with TCX).
 	EgressLimited bool
+	// PortMappings are the pod's host ports (the portMappings
+	// capability), which the agent's bpf datapath serves.
+	PortMappings []api.PortMapping
 	// PrevResult is the parsed prevResult, nil when none was given.
 	PrevResult *current.Result
 	// ValidAttachments is the GC list; nil when the configuration has
@@ -128,6 +131,9 @@ type common struct {
 			EgressRate  uint64 `json:"egressRate"`
 			EgressBurst uint64 `json:"egressBurst"`
 		} `json:"bandwidth"`
+		// PortMappings are the pod's host ports, passed when the conflist
+		// declares the portMappings capability for kvipam (bpf datapath).
+		PortMappings []api.PortMapping `json:"portMappings"`
 	} `json:"runtimeConfig"`
 	ValidAttachments []types.GCAttachment `json:"cni.dev/valid-attachments"`
 	// Attachments is the name an early text of the spec used; libcni
@@ -295,6 +301,7 @@ func parseCommon(raw common) (*Config, error) {
 	if bw := raw.RuntimeConfig.Bandwidth; bw != nil {
 		c.EgressLimited = bw.EgressRate > 0 || bw.EgressBurst > 0
 	}
+	c.PortMappings = raw.RuntimeConfig.PortMappings
 	ips, err := parseStaticIPs(raw.RuntimeConfig.IPs, "runtimeConfig.ips")
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 func TestDeployConflists(t *testing.T) {
 	files, err := filepath.Glob("../deploy/cni/*.conflist")
 	require.NoError(t, err)
-	require.Len(t, files, 3)
+	require.Len(t, files, 4)
 	for _, f := range files {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			l, err := libcni.ConfListFromFile(f)

@@ -27,6 +27,10 @@ const (
 	// itself, so it is not "try again later". The message names both
 	// agents.
 	ErrCodeNodeNameTaken uint = 103
+	// ErrCodePortInUse: a port mapping (same protocol and host port, the
+	// same hostIP or either of them every address) is another pod's on
+	// the node. The message names that pod.
+	ErrCodePortInUse uint = 104
 )
 
 // STATUS codes of CNI 1.1.
@@ -89,6 +93,8 @@ func Code(err error) uint {
 			return ErrCodePoolDisabled
 		case api.CodeNameTaken:
 			return ErrCodeNodeNameTaken
+		case api.CodePortInUse:
+			return ErrCodePortInUse
 		case api.CodeBadRequest:
 			return types.ErrInvalidNetworkConfig
 		}
@@ -115,6 +121,8 @@ func ToCNIError(err error) *types.Error {
 		e.Details = "the message says whether addresses come free by themselves; otherwise add a cidr (kvipamctl pool add-cidr) or free addresses; see kvipamctl pool show"
 	case ErrCodePoolDisabled:
 		e.Details = "an operator disabled the pool (kvipamctl pool enable turns it back on); choose another pool"
+	case ErrCodePortInUse:
+		e.Details = "two pods on the node ask for the same host port: schedule one elsewhere or change its hostPort"
 	case ErrCodeNodeNameTaken:
 		e.Details = "two kvipam agents run under one node name; node names must be unique: give one a name of its own (kvipam-agent --node), then restart this node's agent (docs/operations.md)"
 	}

@@ -106,7 +106,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		allocated <- err
 	}()
 	hostIf := HostVethName(o.ContainerID, o.IfName)
-	veth, verr := CreatePodVeth(PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: hostIf, MTU: podMTU(c.MTU)})
+	veth, verr := CreatePodVeth(PodSpec{Netns: args.Netns, IfName: args.IfName, HostIfName: hostIf, MTU: podMTU(c.MTU), AcceptLocal: len(c.PortMappings) > 0})
 	if err := <-allocated; err != nil {
 		if verr == nil {
 			err = errors.Join(err, veth.Remove())
@@ -157,7 +157,7 @@ func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, ar
 	req := api.EndpointRequest{
 		Owner: o, HostIfName: links.HostIfName, ContainerIfName: links.PodIfName,
 		ContainerMAC: links.PodMAC.String(), Netns: args.Netns, IPs: spec.Addrs,
-		EgressLimited: c.EgressLimited,
+		EgressLimited: c.EgressLimited, PortMappings: c.PortMappings,
 	}
 	if _, err := ag.CreateEndpoint(ctx, req); err != nil {
 		return nil, fmt.Errorf("create endpoint for %s: %w", o.Key(), err)

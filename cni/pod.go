@@ -35,6 +35,11 @@ type PodSpec struct {
 	// the veth (a live migration's target: the agent adds them at the
 	// cut-over).
 	NoHostRoutes bool
+	// AcceptLocal sets accept_local on the host veth: the pod has host
+	// ports, whose replies the agent's bpf datapath translates back to a
+	// source that is one of the node's addresses before the kernel routes
+	// them (IPv4 drops such a frame as a martian otherwise).
+	AcceptLocal bool
 }
 
 // PodLinks are the two ends of a set-up attachment.

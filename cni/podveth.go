@@ -66,6 +66,9 @@ func CreatePodVeth(s PodSpec) (_ *PodVeth, err error) {
 	if v.hostHasV6 {
 		sysctls = append(sysctls, [2]string{"ipv6/conf/" + s.HostIfName + "/accept_dad", "0"})
 	}
+	if s.AcceptLocal {
+		sysctls = append(sysctls, [2]string{"ipv4/conf/" + s.HostIfName + "/accept_local", "1"})
+	}
 	for _, kv := range sysctls {
 		if err = setSysctl(kv[0], kv[1]); err != nil {
 			err = fmt.Errorf("configure host veth: %w", err)

@@ -57,6 +57,9 @@ const (
 	// addresses) holds this node's name; this one serves no new ADDs
 	// until it is restarted. The message names both agents.
 	CodeNameTaken = "node_name_taken"
+	// CodePortInUse (409): a port mapping overlaps another pod's on the
+	// node; the message names that pod.
+	CodePortInUse = "port_in_use"
 )
 
 // Error is the body of every non-2xx answer.
@@ -203,6 +206,19 @@ type EndpointRequest struct {
 	// capability), so a chained bandwidth plugin will add an ingress qdisc
 	// on the host veth; the bpf datapath then attaches with TCX.
 	EgressLimited bool `json:"egressLimited,omitempty"`
+	// PortMappings are the pod's host ports (the runtime's portMappings
+	// capability), served by the bpf datapath.
+	PortMappings []PortMapping `json:"portMappings,omitempty"`
+}
+
+// PortMapping is one host port of a pod, as CNI's portMappings capability
+// gives it: hostPort on hostIP (empty: every address of the node, of each
+// family the pod has) reaches the pod's containerPort.
+type PortMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol,omitempty"` // tcp (default) or udp
+	HostIP        string `json:"hostIP,omitempty"`
 }
 
 // Endpoint is a pod attachment the agent has programmed.
@@ -218,6 +234,9 @@ type Endpoint struct {
 	// agent's endpoint records on disk hold the same text.
 	IPs           []netip.Addr `json:"ips"`
 	EgressLimited bool         `json:"egressLimited,omitempty"`
+	// PortMappings are the host ports the datapath serves for the pod;
+	// kept on disk, so that a restarted agent programs them again.
+	PortMappings []PortMapping `json:"portMappings,omitempty"`
 	// StickyIdentity and StickyWindowSeconds are the sticky identity the
 	// endpoint's addresses follow, if any: kept on disk so that an agent
 	// restarted after etcd lost the records writes them back with it.

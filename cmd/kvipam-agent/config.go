@@ -63,7 +63,8 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	fs.StringVar(&c.BPFPinDir, "bpf-pin-dir", c.BPFPinDir, "bpffs directory for pinned maps and links")
 	fs.StringVar(&c.BPFAttach, "bpf-attach", c.BPFAttach, "how the bpf datapath attaches to a host veth: tcx (a TCX link; composes with other tc users; an RCU grace period per attach and detach), tc (a clsact filter: cheap, but excludes the ingress qdisc of the bandwidth plugin's egress shaping) or auto (tc, and tcx for pods whose egress is limited)")
 	fs.StringVar(&c.NetNS, "netns", c.NetNS, "network namespace path of the pod interfaces (default: the agent's own)")
-	var nodeAddrs string
+	var nodeAddrs, hostPortDevs string
+	fs.StringVar(&hostPortDevs, "hostport-devices", "", "interfaces other hosts reach pods' host ports through, comma-separated (bpf datapath; default: those of the default routes and of the node addresses)")
 	fs.StringVar(&nodeAddrs, "node-address", "", "addresses other nodes route this node's blocks to, comma-separated (default: the global unicast addresses)")
 	fs.StringVar(&c.EmbeddedListen, "embedded-etcd-listen", c.EmbeddedListen, "client URL of the embedded etcd (--etcd-embedded), e.g. http://10.0.0.1:2379 (default: a loopback port)")
 	fs.DurationVar(&c.HistoryRetention.Duration, "history-retention", c.HistoryRetention.Duration, "how long etcd keeps a record of each ended address ownership (kvipamctl ip history); 0 turns it off")
@@ -125,6 +126,9 @@ func loadConfig(args []string, getenv func(string) string) (agent.Config, error)
 	}
 	if nodeAddrs != "" {
 		c.NodeAddresses = strings.Split(nodeAddrs, ",")
+	}
+	if hostPortDevs != "" {
+		c.HostPortDevices = strings.Split(hostPortDevs, ",")
 	}
 	if nonMasq != "" {
 		c.Egress.NonMasqueradeCIDRs = nil

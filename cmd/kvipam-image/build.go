@@ -34,8 +34,9 @@ type options struct {
 
 // binaries are the image's programs: go build targets, in /usr/local/bin.
 // Besides kvipam's own: the reference loopback plugin (containerd's CRI
-// adds a loopback network to every pod) and the plugins the default
-// conflists chain after kvipam, portmap (hostPort) and bandwidth (the
+// adds a loopback network to every pod) and the plugins the example
+// conflists chain after kvipam, portmap (hostPort, on the routes datapath:
+// with eBPF kvipam serves host ports itself) and bandwidth (the
 // kubernetes.io/*-bandwidth annotations), from containernetworking/plugins
 // at the version go.mod pins. install-cni installs every plugin a conflist
 // chains (TestImageInstallsChainedPlugins).

@@ -4,7 +4,8 @@
 // by default, cross-compiled with CGO_ENABLED=0), each with static binaries
 // (kvipam-agent, kvipam, kvipam-ipam, kvipamctl, and the reference
 // loopback, portmap and bandwidth plugins: loopback because containerd's
-// CRI needs it, the other two because the default conflists chain them)
+// CRI needs it, bandwidth because the default conflist chains it, portmap
+// because the routes datapath's conflist does)
 // and the default conflist on an empty base, no shell. It is reproducible:
 // file times, owners and order are fixed and the binaries are built with
 // -trimpath and no build ID, so the same commit gives the same digest.

@@ -55,6 +55,16 @@ func (c *kcluster) editManifest(src, out string) (string, error) {
 		}
 		s = strings.Replace(s, oldDP, "    datapath: "+c.datapath+"\n", 1)
 	}
+	if c.datapath == "routes" {
+		// The routes datapath serves no host ports: portmap after kvipam,
+		// as docs/kubernetes.md says (a release's conflist may have it
+		// already).
+		const bpfCaps = `"capabilities": {"ips": true, "io.kubernetes.cri.pod-annotations": true, "portMappings": true}
+        }`
+		s = strings.Replace(s, bpfCaps, `"capabilities": {"ips": true, "io.kubernetes.cri.pod-annotations": true}
+        },
+        {"type": "portmap", "capabilities": {"portMappings": true}}`, 1)
+	}
 	return out, os.WriteFile(out, []byte(s), 0o644)
 }
 

@@ -7,6 +7,8 @@
 //	kt install-cni SRC BIN CONF copy SRC's plugins into BIN and its *.conflist into CONF, atomically
 //	kt udp-send ADDR            a UDP datagram to ADDR port 9999 every 100 ms, 100 of them
 //	kt udp-source ADDR          listen on ADDR port 9999, print the source address of the first datagram (at most 60 s)
+//	kt serve PORT               a pod's main process: answer each TCP connection to PORT with "HOSTNAME CLIENT" until SIGTERM
+//	kt tcp-get HOST:PORT        connect and print the answer
 package main
 
 import (
@@ -37,13 +39,17 @@ func main() {
 		err = udpSend(os.Args[2])
 	case len(os.Args) == 3 && os.Args[1] == "udp-source":
 		err = udpSource(os.Args[2])
+	case len(os.Args) == 3 && os.Args[1] == "serve":
+		err = serve(os.Args[2])
+	case len(os.Args) == 3 && os.Args[1] == "tcp-get":
+		err = tcpGet(os.Args[2])
 	case len(os.Args) == 5 && os.Args[1] == "install-cni":
 		err = installCNI(os.Args[2], os.Args[3], os.Args[4])
 		if err == nil {
 			fmt.Println("installed")
 		}
 	default:
-		err = errors.New("usage: kt sleep | kt ping ADDR | kt ping-loop ADDR... | kt udp-send ADDR | kt udp-source ADDR | kt install-cni SRC BIN CONF")
+		err = errors.New("usage: kt sleep | kt ping ADDR | kt ping-loop ADDR... | kt udp-send ADDR | kt udp-source ADDR | kt serve PORT | kt tcp-get HOST:PORT | kt install-cni SRC BIN CONF")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kt:", err)
