@@ -139,4 +139,3 @@ func (s *Store) reservationLeaseGone(ctx context.Context, err error, id clientv3
 	s.res.drop(id)
 	return true
 }
-

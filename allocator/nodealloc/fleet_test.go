@@ -103,6 +103,9 @@ type fleet struct {
 	// leaderProfile is a CPU profile of the leading member over d (with
 	// KVIPAM_FILL_PROFILE set); nil when etcd runs in this process.
 	leaderProfile func(ctx context.Context, d time.Duration) ([]byte, error)
+	// steps, if set, times the store calls of the nodes fill starts
+	// (while started).
+	steps *stormSteps
 }
 
 // clusterFlags give the member processes the embedded etcd's compaction
@@ -160,7 +163,13 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 	default:
 		b.Fatalf("no etcd %q", backend)
 	}
-	p := allocator.Pool{Name: pool, CIDRs: []netip.Prefix{netip.MustParsePrefix("10.32.0.0/12")}, BlockSizeV4: 26}
+	// KVIPAM_FLEET_CIDR: another pool (its blocks /26), to run a storm
+	// at a smaller size with as large a share of the blocks taken.
+	cidr, err := netip.ParsePrefix(cmp.Or(os.Getenv("KVIPAM_FLEET_CIDR"), "10.32.0.0/12"))
+	if err != nil {
+		b.Fatalf("KVIPAM_FLEET_CIDR: %v", err)
+	}
+	p := allocator.Pool{Name: pool, CIDRs: []netip.Prefix{cidr}, BlockSizeV4: 26}
 	if _, err := etcdstore.New(f.clis[0], etcdstore.Options{}).EnsurePool(context.Background(), p); err != nil {
 		b.Fatal(err)
 	}
