@@ -152,6 +152,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
 	var resLease clientv3.LeaseID
 	if w := c.First; w != nil {
+		s.hist.Ahead() // its release's history lease, ahead (HistoryRecorder.Ahead)
 		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Borrowed || w.PrevRev != 0 {
 			return res, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
 		}

@@ -73,6 +73,8 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 	if len(writes) == 0 && len(puts) == 0 {
 		return res, nil
 	}
+	// What is written now will be released: its history lease, ahead.
+	s.hist.Ahead()
 	if reserve {
 		lease, expires, err := s.res.get(ctx)
 		if err != nil {

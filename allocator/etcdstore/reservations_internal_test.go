@@ -70,3 +70,48 @@ func TestReservationLeaseGrantedAhead(t *testing.T) {
 	check()
 	require.Equal(t, 2, r.waited)
 }
+
+// countingGranter counts the leases it grants.
+type countingGranter struct {
+	LeaseGranter
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingGranter) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.LeaseGranter.Grant(ctx, ttl)
+}
+
+func (c *countingGranter) grants() int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
+
+// TestHistoryLeaseGrantedAhead: an allocation's write grants, in the
+// background, the IP history lease its release will need, so the release
+// (a DEL) records its history without waiting for a grant; and the grant
+// is made once, whichever comes first.
+func TestHistoryLeaseGrantedAhead(t *testing.T) {
+	e := etcdtest.Start(t)
+	g := &countingGranter{LeaseGranter: etcdtest.Client(t, e)}
+	h := NewHistoryRecorder(g, 24*time.Hour)
+	// In an hour's last tenth Ahead grants the next hour's lease too.
+	now := time.Now()
+	want := 1
+	if now.Truncate(time.Hour) != now.Add(6*time.Minute).Truncate(time.Hour) {
+		want = 2
+	}
+	h.Ahead()
+	h.Ahead() // a second write while the grants are under way grants nothing more
+	_, err := h.lease(context.Background(), now)
+	require.NoError(t, err, "the release's record goes on the lease granted ahead")
+	require.Eventually(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.granting) == 0
+	}, 10*time.Second, time.Millisecond)
+	require.Equal(t, want, g.grants(), "the leases granted ahead, no more: the release waited for its bucket's instead of granting its own")
+	_, err = h.lease(context.Background(), now)
+	require.NoError(t, err)
+	require.Equal(t, want, g.grants())
+}
