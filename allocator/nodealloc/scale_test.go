@@ -55,7 +55,8 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 // node does what the agent's first ADD does instead: a reservation, then
 // its confirm, both under that deadline. The baseline, measured in the
 // same run on the same etcd, is the same number of create-if-absent
-// transactions at once.
+// transactions at once, run before the storm and again after it (on the
+// store the storm left), and is the two's mean.
 // Reported: the storm's seconds and its ratio to the baseline, CAS
 // conflicts (claims lost to another node), own claims found (a claim
 // whose answer was lost, tried again and adopted), try-again answers
@@ -65,7 +66,9 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 // of the etcd members in the storm and in the baseline, this process's
 // heap allocations a node and its GC cycles in each, the store calls
 // by kind (count,
-// calls etcd did not answer in time, p50, p99, the first one's end), and
+// calls etcd did not answer in time, p50, p99, the first one's end),
+// claims-left (claims in etcd no node's answer stands on: one that
+// landed for a call already answered "try again"), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
 // duplicate fails the benchmark. With KVIPAM_FILL_PROFILE set to a
 // directory, CPU profiles of this process and of the leading member are

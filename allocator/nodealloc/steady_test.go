@@ -36,12 +36,19 @@ import (
 //     runs KVIPAM_STEADY_SECONDS (default 10). Reported: alloc-p50-ms,
 //     alloc-p99-ms, raw-p50-ms, raw-p99-ms, x-raw-p99 (the p99s' ratio)
 //     and steady-failures (timeouts: 10 s);
-//   - a sweep of KVIPAM_SWEEP_RATES (default 100,250,500,750,1000,1500,2000; 0
-//     skips it), KVIPAM_SWEEP_SECONDS each kind (default 3), reporting
-//     r<rate>-alloc-p99-ms, r<rate>-raw-p99-ms and r<rate>-failures, and
-//     max-rate-under-50ms: the highest rate of the sweep whose allocation
-//     p99 is under 50 ms with no failure (0 if none; the sweep stops at a
-//     rate whose p99 passes 250 ms);
+//   - a sweep of KVIPAM_SWEEP_RATES (default 100,250,500,750,1000,1500,2000;
+//     0 skips it), KVIPAM_SWEEP_SECONDS each kind (default 3), in four
+//     kinds of slices in turn (loadGen.sweep): allocations, bare creates,
+//     releases of the sweep's oldest live owners, bare deletes guarded by
+//     revision. Reported per rate: r<rate>-<kind>-p99-ms,
+//     r<rate>-alloc-txn-p99-ms and r<rate>-release-txn-p99-ms (the
+//     allocators' own transactions), r<rate>-failures; and the highest
+//     rate each kind holds under 50 ms p99 (max-rate-under-50ms for
+//     allocations, raw-, release-, rawdel-max-rate-under-50ms),
+//     max-rate-vs-raw, and the largest p99 ratios to the baselines where
+//     bare creates hold 50 ms (alloc-, release-p99-vs-raw-max and
+//     p99-vs-raw-max); the sweep stops at a rate whose allocation or
+//     bare p99 passes 250 ms;
 //   - db-size-mb and db-in-use-mb (10^6 bytes) of the leader's database;
 //   - restart-ms (median) and restart-max-ms over KVIPAM_RESTARTS
 //     (default 5) filled nodes, one at a time on the idle store: what an
