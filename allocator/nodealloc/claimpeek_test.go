@@ -20,22 +20,37 @@ import (
 // choices are n2's, and n1 claims its fifth with two claim transactions,
 // not five.
 func TestLostClaimPeeksNextBlocks(t *testing.T) {
-	ctx := context.Background()
-	e := startEtcd(t, small)
-	n1, h := hooked(t, e, "n1", nodeOpts{})
-	n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
+	for _, tc := range []struct {
+		name       string
+		peekFails  bool
+		wantClaims int64
+	}{
+		{"peek", false, 2},
+		// A peek that fails costs only the claims it would have saved.
+		{"peek fails", true, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e := startEtcd(t, small)
+			n1, h := hooked(t, e, "n1", nodeOpts{})
+			n2 := startNode(t, e, "n2", []string{"small"}, nodeOpts{})
 
-	walk := allocator.NewBlockWalk("n1", small, allocator.IPv4)
-	next := walk.Upcoming(5, func(netip.Prefix) bool { return false })
-	require.Len(t, next, 5)
-	for _, b := range next[:4] { // taken after n1's restore: n1 does not know
-		_, err := n2.store.Claim(ctx, "small", b, records.Claim{Node: "n2"}, int64(n2.sess.ID()))
-		require.NoError(t, err)
+			walk := allocator.NewBlockWalk("n1", small, allocator.IPv4)
+			next := walk.Upcoming(5, func(netip.Prefix) bool { return false })
+			require.Len(t, next, 5)
+			for _, b := range next[:4] { // taken after n1's restore: n1 does not know
+				_, err := n2.store.Claim(ctx, "small", b, records.Claim{Node: "n2"}, int64(n2.sess.ID()))
+				require.NoError(t, err)
+			}
+
+			calls := countCalls(h, "Claim")
+			if tc.peekFails {
+				h.Before("PeekBlocks", failTimes(100, errInjected))
+			}
+			r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
+			require.NoError(t, err)
+			require.Equal(t, next[4], r.Allocations[0].Block, "n1's fifth choice")
+			require.Equal(t, tc.wantClaims, calls["Claim"].Load(), "claim transactions")
+		})
 	}
-
-	calls := countCalls(h, "Claim")
-	r, err := n1.alloc.Allocate(ctx, nodealloc.Request{Pool: "small", Owner: owner(1)})
-	require.NoError(t, err)
-	require.Equal(t, next[4], r.Allocations[0].Block, "n1's fifth choice")
-	require.EqualValues(t, 2, calls["Claim"].Load(), "the first claim lost; the peek skipped the three after it")
 }
