@@ -81,7 +81,7 @@ bench-run: build
 	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/planner/ && \
 	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run claimcost KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimCost -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
-	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
+	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) KVIPAM_STORM_REQUEST_TIMEOUT=5s $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
 	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/nodealloc/ && \
 	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \

@@ -92,6 +92,26 @@ func (w *BlockWalk) Next(taken func(netip.Prefix) bool) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
+// Upcoming lists up to k blocks that Next would return from here on, in
+// order, if each one before were taken: the walk's next candidates. It
+// does not move the walk, and looks at no more blocks than Next would.
+func (w *BlockWalk) Upcoming(k int, taken func(netip.Prefix) bool) []netip.Prefix {
+	var out []netip.Prefix
+	pos := w.pos
+	for range min(w.n, walkBudget) {
+		if len(out) >= k {
+			break
+		}
+		if b, ok := w.at(pos); ok && !taken(b) {
+			out = append(out, b)
+		}
+		if pos++; pos == w.n {
+			pos = 0
+		}
+	}
+	return out
+}
+
 // nodeHash is FNV-1a of the node's name and what, finished with
 // splitmix64's mixer: FNV-1a's low bits, which a modulo by a power of two
 // keeps, depend only on the low bits of its state, so names that differ

@@ -33,11 +33,23 @@ func (s *Store) ListBlocks(ctx context.Context, pool string) ([]records.BlockInf
 // read as GetIPs reads allocations (one transaction for up to maxTxnOps
 // keys). It is how a claim whose outcome is unknown is settled.
 func (s *Store) GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	return s.getBlocks(ctx, pool, blocks)
+}
+
+// PeekBlocks implements records.Store: GetBlocks's read, serializable.
+// The member asked answers from what it has applied, without the
+// consensus round (a read index) a linearizable read waits for, which
+// behind an apply backlog is the backlog's length.
+func (s *Store) PeekBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	return s.getBlocks(ctx, pool, blocks, clientv3.WithSerializable())
+}
+
+func (s *Store) getBlocks(ctx context.Context, pool string, blocks []netip.Prefix, opts ...clientv3.OpOption) (map[netip.Prefix]records.BlockInfo, error) {
 	keys := make([]string, 0, 2*len(blocks))
 	for _, b := range blocks {
 		keys = append(keys, ClaimKey(pool, b), HomeKey(pool, b))
 	}
-	got, _, err := s.getKeys(ctx, keys)
+	got, _, err := s.getKeys(ctx, keys, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("read %d blocks of pool %s: %w", len(blocks), pool, err)
 	}
@@ -140,6 +152,7 @@ func (s *Store) Claim(ctx context.Context, pool string, b netip.Prefix, c record
 	puts := []clientv3.Op{clientv3.OpPut(ck, claim, clientv3.WithLease(clientv3.LeaseID(lease))), clientv3.OpPut(hk, home)}
 	var resLease clientv3.LeaseID
 	if w := c.First; w != nil {
+		s.hist.Ahead() // its release's history lease, ahead (HistoryRecorder.Ahead)
 		if w.Block != b || w.Pool != pool || !b.Contains(w.Addr) || w.Borrowed || w.PrevRev != 0 {
 			return res, fmt.Errorf("%w: claim block %s of pool %s: the first allocation %s of pool %s block %s must be a new one of the block", records.ErrBadRequest, b, pool, w.Addr, w.Pool, w.Block)
 		}

@@ -100,6 +100,9 @@ type HistoryRecorder struct {
 	retention time.Duration
 	mu        sync.Mutex
 	byBucket  map[int64]clientv3.LeaseID
+	// granting are the buckets whose lease Ahead is granting: a channel
+	// closed when the grant ends.
+	granting map[int64]chan struct{}
 }
 
 // LeaseGranter grants leases (*clientv3.Client does).
@@ -118,29 +121,108 @@ func NewHistoryRecorder(l LeaseGranter, retention time.Duration) *HistoryRecorde
 
 func (h *HistoryRecorder) bucket() time.Duration { return min(time.Hour, h.retention) }
 
-// lease returns the lease for records ending at end.
+// lease returns the lease for records ending at end: the bucket's, granted
+// now if neither it nor Ahead has been, or once Ahead's grant ends.
 func (h *HistoryRecorder) lease(ctx context.Context, end time.Time) (clientv3.LeaseID, error) {
 	b := end.Truncate(h.bucket()).UnixNano()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if id, ok := h.byBucket[b]; ok {
-		return id, nil
+	for {
+		if id, ok := h.byBucket[b]; ok {
+			return id, nil
+		}
+		ch, busy := h.granting[b]
+		if !busy {
+			break
+		}
+		h.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			h.mu.Lock()
+			return 0, fmt.Errorf("grant history lease: %w", kvstore.Unavailable(ctx.Err()))
+		}
+		h.mu.Lock()
 	}
+	id, err := h.grant(ctx, b)
+	if err != nil {
+		return 0, err
+	}
+	h.keep(b, id)
+	return id, nil
+}
+
+// grant grants bucket b's lease: it lives for the retention past the
+// bucket's end.
+func (h *HistoryRecorder) grant(ctx context.Context, b int64) (clientv3.LeaseID, error) {
 	ttl := time.Until(time.Unix(0, b).Add(h.bucket())) + h.retention
 	resp, err := h.leases.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
 	if err != nil {
 		return 0, fmt.Errorf("grant history lease: %w", kvstore.Unavailable(err))
 	}
+	return resp.ID, nil
+}
+
+// keep remembers id as bucket b's lease, with mu held, and forgets the
+// leases of buckets before the one before b: no record ends there now.
+func (h *HistoryRecorder) keep(b int64, id clientv3.LeaseID) {
 	if h.byBucket == nil {
 		h.byBucket = map[int64]clientv3.LeaseID{}
 	}
-	for old := range h.byBucket { // buckets past are no longer written
-		if old < b {
+	for old := range h.byBucket {
+		if old < b-int64(h.bucket()) {
 			delete(h.byBucket, old)
 		}
 	}
-	h.byBucket[b] = resp.ID
-	return resp.ID, nil
+	h.byBucket[b] = id
+}
+
+// historyAheadTimeout bounds a grant made ahead, which no caller's
+// context bounds.
+const historyAheadTimeout = 10 * time.Second
+
+// Ahead grants, in the background, the lease that records ending now go
+// on if it is not granted yet, and in the last tenth of a bucket the next
+// bucket's: a node that allocates grants the lease its releases will
+// need before they come, so a DEL does not wait for a lease grant (a raft
+// write) on its answer path, once an hour and at each node's first
+// release. A grant that fails leaves it to the first record, as before.
+func (h *HistoryRecorder) Ahead() {
+	if h == nil {
+		return
+	}
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, t := range []time.Time{now, now.Add(h.bucket() / 10)} {
+		b := t.Truncate(h.bucket()).UnixNano()
+		if _, ok := h.byBucket[b]; ok {
+			continue
+		}
+		if _, busy := h.granting[b]; busy {
+			continue
+		}
+		if h.granting == nil {
+			h.granting = map[int64]chan struct{}{}
+		}
+		ch := make(chan struct{})
+		h.granting[b] = ch
+		go h.grantAhead(b, ch)
+	}
+}
+
+// grantAhead grants bucket b's lease for Ahead, and closes ch when done.
+func (h *HistoryRecorder) grantAhead(b int64, ch chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), historyAheadTimeout)
+	defer cancel()
+	id, err := h.grant(ctx, b)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.granting, b)
+	close(ch)
+	if _, ok := h.byBucket[b]; err == nil && !ok {
+		h.keep(b, id)
+	}
 }
 
 // Drop forgets lease id: etcd no longer knows it (a transaction using it

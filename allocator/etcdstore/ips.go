@@ -73,6 +73,8 @@ func (s *Store) writeIPs(ctx context.Context, writes []records.IPWrite, cmps []c
 	if len(writes) == 0 && len(puts) == 0 {
 		return res, nil
 	}
+	// What is written now will be released: its history lease, ahead.
+	s.hist.Ahead()
 	if reserve {
 		lease, expires, err := s.res.get(ctx)
 		if err != nil {
@@ -225,13 +227,13 @@ const maxTxnOps = 128
 // getKeys reads keys in as few transactions as etcd allows (one, for up
 // to maxTxnOps keys), and returns the ones that exist and the revision of
 // the first read.
-func (s *Store) getKeys(ctx context.Context, keys []string) (map[string]*mvccpb.KeyValue, int64, error) {
+func (s *Store) getKeys(ctx context.Context, keys []string, opts ...clientv3.OpOption) (map[string]*mvccpb.KeyValue, int64, error) {
 	out := make(map[string]*mvccpb.KeyValue, len(keys))
 	var rev int64
 	for chunk := range slices.Chunk(keys, maxTxnOps) {
 		ops := make([]clientv3.Op, len(chunk))
 		for i, k := range chunk {
-			ops[i] = clientv3.OpGet(k)
+			ops[i] = clientv3.OpGet(k, opts...)
 		}
 		resp, err := s.kv.Txn(ctx).Then(ops...).Commit()
 		if err != nil {

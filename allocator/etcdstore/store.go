@@ -61,8 +61,12 @@ func New(cli *clientv3.Client, o Options) *Store {
 		o.CallTimeout = kvstore.DefaultCallTimeout
 	}
 	leases := kvstore.LeasesWithCallTimeout(cli, o.CallTimeout)
+	ahead := o.CallTimeout
+	if ahead <= 0 {
+		ahead = o.ReservationTTL / 4
+	}
 	s := &Store{cli: cli, kv: kvstore.WithCallTimeout(cli, o.CallTimeout), claims: kvstore.WithCallTimeout(cli, claimTimeout(o.CallTimeout)), leases: leases,
-		res: reservationLeases{leases: leases, ttl: o.ReservationTTL}, now: time.Now}
+		res: reservationLeases{leases: leases, ttl: o.ReservationTTL, ahead: ahead, now: time.Now}, now: time.Now}
 	if o.HistoryRetention == 0 {
 		o.HistoryRetention = DefaultHistoryRetention
 	}

@@ -149,6 +149,14 @@ func (h *hookStore) GetBlocks(ctx context.Context, pool string, blocks []netip.P
 	return out, h.post(ctx, "GetBlocks", err)
 }
 
+func (h *hookStore) PeekBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	if err := h.pre(ctx, "PeekBlocks"); err != nil {
+		return nil, err
+	}
+	out, err := h.Store.PeekBlocks(ctx, pool, blocks)
+	return out, h.post(ctx, "PeekBlocks", err)
+}
+
 func (h *hookStore) Claim(ctx context.Context, pool string, b netip.Prefix, c records.Claim, lease int64) (records.WriteResult, error) {
 	h.see("Claim", b)
 	if err := h.pre(ctx, "Claim"); err != nil {

@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvipam/kvipam/allocator/etcdstore"
 	"github.com/kvipam/kvipam/allocator/nodealloc"
 	"github.com/kvipam/kvipam/allocator/records"
 	"github.com/kvipam/kvipam/internal/foundation/retry"
 	"github.com/kvipam/kvipam/internal/tools/benchreport"
+	"github.com/kvipam/kvipam/kvstore"
 	"github.com/kvipam/kvipam/kvstore/etcdtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -40,104 +42,6 @@ func (c conflictCounter) Claim(ctx context.Context, pool string, b netip.Prefix,
 	return res, err
 }
 
-// stormSteps times a storm node's store calls by kind (the claim
-// transactions, the allocation writes, the read backs...): each call's
-// duration and when it ended, in ms after the storm's start, and the
-// calls that failed with ErrUnavailable (retried inside the request's
-// deadline).
-type stormSteps struct {
-	mu    sync.Mutex
-	began time.Time
-	steps map[string]*stormStep
-}
-
-type stormStep struct {
-	took, starts, ends []float64
-	unavailable        int
-}
-
-func (s *stormSteps) start() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.began = time.Now()
-	s.steps = map[string]*stormStep{}
-}
-
-// time runs f, the store call op, and records it (once the storm began).
-func (s *stormSteps) time(op string, f func() error) {
-	t := time.Now()
-	err := f()
-	end := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.steps == nil {
-		return
-	}
-	st := s.steps[op]
-	if st == nil {
-		st = &stormStep{}
-		s.steps[op] = st
-	}
-	st.took = append(st.took, ms(end.Sub(t)))
-	st.starts = append(st.starts, ms(t.Sub(s.began)))
-	st.ends = append(st.ends, ms(end.Sub(s.began)))
-	if errors.Is(err, retry.ErrUnavailable) {
-		st.unavailable++
-	}
-}
-
-// report reports, per kind of call, how many there were, how many etcd did
-// not answer in time, their p50 and p99, when the first started and
-// ended, and when half had started.
-func (s *stormSteps) report(b *testing.B) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for op, st := range s.steps {
-		took := make([]time.Duration, len(st.took))
-		for i, v := range st.took {
-			took[i] = time.Duration(v * float64(time.Millisecond))
-		}
-		first := slices.Min(st.ends)
-		starts := make([]time.Duration, len(st.starts))
-		for i, v := range st.starts {
-			starts[i] = time.Duration(v * float64(time.Millisecond))
-		}
-		b.ReportMetric(slices.Min(st.starts), op+"-first-start-ms")
-		b.ReportMetric(ms(quantile(starts, 0.5)), op+"-start-p50-ms")
-		b.ReportMetric(float64(len(st.took)), op+"-calls")
-		b.ReportMetric(float64(st.unavailable), op+"-unavailable")
-		b.ReportMetric(ms(quantile(took, 0.5)), op+"-p50-ms")
-		b.ReportMetric(ms(quantile(took, 0.99)), op+"-p99-ms")
-		b.ReportMetric(first, op+"-first-end-ms")
-	}
-}
-
-// timedStore times every call a storm node makes (stormSteps).
-type timedStore struct {
-	records.Store
-	s *stormSteps
-}
-
-func (t timedStore) Claim(ctx context.Context, pool string, b netip.Prefix, cl records.Claim, lease int64) (res records.WriteResult, err error) {
-	t.s.time("claim", func() error { res, err = t.Store.Claim(ctx, pool, b, cl, lease); return err })
-	return res, err
-}
-
-func (t timedStore) WriteIPs(ctx context.Context, w []records.IPWrite) (res records.WriteResult, err error) {
-	t.s.time("write", func() error { res, err = t.Store.WriteIPs(ctx, w); return err })
-	return res, err
-}
-
-func (t timedStore) GetIPs(ctx context.Context, refs []records.IPRef) (out map[netip.Addr]records.Allocation, err error) {
-	t.s.time("readback", func() error { out, err = t.Store.GetIPs(ctx, refs); return err })
-	return out, err
-}
-
-func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.BlockInfo, err error) {
-	t.s.time("listblocks", func() error { out, err = t.Store.ListBlocks(ctx, pool); return err })
-	return out, err
-}
-
 // BenchmarkClaimStorm: KVIPAM_STORM_NODES node allocators (default
 // 1,000), each with its own lease of KVIPAM_STORM_TTL seconds (default
 // the agent's, 15) and sharing 16 clients, start at once on a /12 pool of
@@ -152,7 +56,8 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // node does what the agent's first ADD does instead: a reservation, then
 // its confirm, both under that deadline. The baseline, measured in the
 // same run on the same etcd, is the same number of create-if-absent
-// transactions at once.
+// transactions at once, run before the storm and again after it (on the
+// store the storm left), and is the two's mean.
 // Reported: the storm's seconds and its ratio to the baseline, CAS
 // conflicts (claims lost to another node), own claims found (a claim
 // whose answer was lost, tried again and adopted), try-again answers
@@ -162,7 +67,9 @@ func (t timedStore) ListBlocks(ctx context.Context, pool string) (out []records.
 // of the etcd members in the storm and in the baseline, this process's
 // heap allocations a node and its GC cycles in each, the store calls
 // by kind (count,
-// calls etcd did not answer in time, p50, p99, the first one's end), and
+// calls etcd did not answer in time, p50, p99, the first one's end),
+// claims-left (claims in etcd no node's answer stands on: one that
+// landed for a call already answered "try again"), and
 // duplicates and missing read back from etcd at the end (fleet.audit); a
 // duplicate fails the benchmark. With KVIPAM_FILL_PROFILE set to a
 // directory, CPU profiles of this process and of the leading member are
@@ -195,18 +102,31 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 		return timedStore{Store: conflictCounter{Store: st, n: &conflicts, own: &own}, s: steps}
 	})
 	clis := f.clis
+	// The baseline runs on both sides of the storm, on the store before
+	// it and on the store it left (its claims, its nodes' leases kept
+	// alive), and is their mean: the store's growth is then in both.
+	baseline := func(side string) (time.Duration, []float64) {
+		return stormTimes(nodes, func(i int) error {
+			_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor-%s/%d", side, i), map[string]string{"owner": "x"})
+			return err
+		})
+	}
 	prof := f.startProfiles(ctx, 2*time.Second)
 	cpu0 := f.sampleCPU()
-	base, baseEnds := stormTimes(nodes, func(i int) error {
-		_, err := etcdtest.CreateJSON(ctx, clis[i%len(clis)], fmt.Sprintf("/storm-floor/%d", i), map[string]string{"owner": "x"})
-		return err
-	})
+	baseBefore, baseEnds := baseline("before")
 	f.stopProfiles(prof, "storm-baseline")
 	got := make([]*answer, nodes)
 	var failed, tryAgain atomic.Int64
 	var firstErr, firstTryAgain sync.Once
 	baseCPU := f.sampleCPU().sub(cpu0)
 	term := f.term(ctx)
+	// A lease lost before the storm (its keepalives starved on a loaded
+	// machine while the nodes started, or during the baseline) would fail
+	// its node's Allocate at once and make the storm look fast: no figure
+	// then.
+	if n := lostSessions(sessions); n > 0 {
+		b.Fatalf("%d of %d node leases lost before the storm: the machine is too loaded to keep them alive; no figure", n, nodes)
+	}
 	steps.start()
 	prof = f.startProfiles(ctx, 3*time.Second)
 	cpu0 = f.sampleCPU()
@@ -241,12 +161,13 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	stormCPU := f.sampleCPU().sub(cpu0)
 	f.stopProfiles(prof, "storm")
 	elections := f.term(ctx) - term
-	lost := 0
-	for _, s := range sessions {
-		if s.Lost() {
-			lost++
-		}
-	}
+	// Settle before the second baseline: a claim still in etcd's queue
+	// when its node's call ended would land in it.
+	time.Sleep(time.Second)
+	left := f.claimsLeft(ctx, got)
+	baseAfter, _ := baseline("after")
+	base := (baseBefore + baseAfter) / 2
+	lost := lostSessions(sessions)
 	var answers []answer
 	for _, a := range got {
 		if a != nil {
@@ -293,6 +214,9 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	b.ReportMetric(slices.Min(baseEnds), "baseline-first-end-ms")
 	b.ReportMetric(took.Seconds(), "s/storm")
 	b.ReportMetric(base.Seconds(), "s/baseline")
+	b.ReportMetric(baseBefore.Seconds(), "s/baseline-before")
+	b.ReportMetric(baseAfter.Seconds(), "s/baseline-after")
+	b.ReportMetric(float64(left), "claims-left")
 	b.ReportMetric(took.Seconds()/base.Seconds(), "x-baseline")
 	b.ReportMetric(float64(conflicts.Load()), "conflicts")
 	b.ReportMetric(float64(own.Load()), "own-claims-found")
@@ -306,6 +230,41 @@ func claimStorm(b *testing.B, backend string, nodes int) {
 	if dups > 0 {
 		b.Fatalf("%d duplicates read back from etcd", dups)
 	}
+}
+
+// lostSessions counts the sessions whose lease is lost.
+func lostSessions(sessions []*kvstore.Session) int {
+	n := 0
+	for _, s := range sessions {
+		if s.Lost() {
+			n++
+		}
+	}
+	return n
+}
+
+// claimsLeft counts the claims in etcd that no node's answer stands on:
+// claims of the pool, less the blocks answered (got[i] is node i's
+// answer, nil if it had none). A claim whose answer was lost, and that
+// its node neither used nor gave back, is one.
+func (f *fleet) claimsLeft(ctx context.Context, got []*answer) int {
+	blocks, err := etcdstore.New(f.clis[0], etcdstore.Options{}).ListBlocks(ctx, f.pool)
+	if err != nil {
+		f.b.Fatalf("claims left: %v", err)
+	}
+	answered := map[netip.Prefix]bool{}
+	for _, a := range got {
+		if a != nil {
+			answered[a.al.Block] = true
+		}
+	}
+	left := 0
+	for _, bi := range blocks {
+		if bi.Claim != nil && !answered[bi.Block] {
+			left++
+		}
+	}
+	return left
 }
 
 // BenchmarkFill fills a /12 pool of /26 blocks from KVIPAM_FILL_NODES node
@@ -432,7 +391,13 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 	for first := 0; first < nodes; first += group {
 		n := min(group, nodes-first)
 		var conflicts, own atomic.Int64
-		als, _ := f.start(ctx, first, n, 60, func(st records.Store) records.Store { return conflictCounter{Store: st, n: &conflicts, own: &own} })
+		als, _ := f.start(ctx, first, n, 60, func(st records.Store) records.Store {
+			st = conflictCounter{Store: st, n: &conflicts, own: &own}
+			if f.steps != nil {
+				st = timedStore{Store: st, s: f.steps}
+			}
+			return st
+		})
 		before := f.sampleCPU()
 		time.Sleep(time.Second)
 		idle := f.sampleCPU().sub(before)

@@ -2,6 +2,7 @@ package nodealloc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -10,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvipam/kvipam/allocator/nodealloc"
+	"github.com/kvipam/kvipam/allocator/records"
+	"github.com/kvipam/kvipam/kvstore/etcdtest"
 )
 
 // BenchmarkSteady is issue 20's steady phase on a filled store, on each
@@ -31,12 +36,19 @@ import (
 //     runs KVIPAM_STEADY_SECONDS (default 10). Reported: alloc-p50-ms,
 //     alloc-p99-ms, raw-p50-ms, raw-p99-ms, x-raw-p99 (the p99s' ratio)
 //     and steady-failures (timeouts: 10 s);
-//   - a sweep of KVIPAM_SWEEP_RATES (default 100,250,500,1000,2000; 0
-//     skips it), KVIPAM_SWEEP_SECONDS each kind (default 3), reporting
-//     r<rate>-alloc-p99-ms, r<rate>-raw-p99-ms and r<rate>-failures, and
-//     max-rate-under-50ms: the highest rate of the sweep whose allocation
-//     p99 is under 50 ms with no failure (0 if none; the sweep stops at a
-//     rate whose p99 passes 250 ms);
+//   - a sweep of KVIPAM_SWEEP_RATES (default 100,250,500,750,1000,1500,2000;
+//     0 skips it), KVIPAM_SWEEP_SECONDS each kind (default 3), in four
+//     kinds of slices in turn (loadGen.sweep): allocations, bare creates,
+//     releases of the sweep's oldest live owners, bare deletes guarded by
+//     revision. Reported per rate: r<rate>-<kind>-p99-ms,
+//     r<rate>-alloc-txn-p99-ms and r<rate>-release-txn-p99-ms (the
+//     allocators' own transactions), r<rate>-failures; and the highest
+//     rate each kind holds under 50 ms p99 (max-rate-under-50ms for
+//     allocations, raw-, release-, rawdel-max-rate-under-50ms),
+//     max-rate-vs-raw, and the largest p99 ratios to the baselines where
+//     bare creates hold 50 ms (alloc-, release-p99-vs-raw-max and
+//     p99-vs-raw-max); the sweep stops at a rate whose allocation or
+//     bare p99 passes 250 ms;
 //   - db-size-mb and db-in-use-mb (10^6 bytes) of the leader's database;
 //   - restart-ms (median) and restart-max-ms over KVIPAM_RESTARTS
 //     (default 5) filled nodes, one at a time on the idle store: what an
@@ -56,7 +68,7 @@ func BenchmarkSteady(b *testing.B) {
 	nodes, addrs := envInt(b, "KVIPAM_FILL_NODES", 5000), envInt(b, "KVIPAM_FILL_ADDRS", 30)
 	rate := envInt(b, "KVIPAM_STEADY_RATE", 500)
 	secs := time.Duration(envInt(b, "KVIPAM_STEADY_SECONDS", 10)) * time.Second
-	rates := envInts(b, "KVIPAM_SWEEP_RATES", "100,250,500,1000,2000")
+	rates := envInts(b, "KVIPAM_SWEEP_RATES", "100,250,500,750,1000,1500,2000")
 	sweepSecs := time.Duration(envInt(b, "KVIPAM_SWEEP_SECONDS", 3)) * time.Second
 	restarts := envInt(b, "KVIPAM_RESTARTS", 5)
 	if rate <= 0 || slices.ContainsFunc(rates, func(r int) bool { return r < 0 }) {
@@ -66,12 +78,14 @@ func BenchmarkSteady(b *testing.B) {
 		b.StopTimer()
 		ctx := context.Background()
 		f := newFleet(b, backend, "steady")
+		f.steps = &stormSteps{}
 		term := f.term(ctx)
 		r := f.fill(ctx, nodes, addrs)
 		r.report(b, "fill-failures")
 
-		g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs)}
-		al, raw := g.run(ctx, rate, secs)
+		g := &loadGen{f: f, als: r.als, next: int64(nodes * addrs), steps: f.steps}
+		lat := g.run(ctx, rate, secs, kindAlloc, kindRaw)
+		al, raw := lat[kindAlloc], lat[kindRaw]
 		b.Logf("%d/s for %v each: allocation p50 %.2f ms p99 %.2f ms (%d); raw p50 %.2f ms p99 %.2f ms (%d)",
 			rate, secs, ms(quantile(al, 0.5)), ms(quantile(al, 0.99)), len(al), ms(quantile(raw, 0.5)), ms(quantile(raw, 0.99)), len(raw))
 		b.ReportMetric(ms(quantile(al, 0.5)), "alloc-p50-ms")
@@ -107,65 +121,83 @@ func BenchmarkSteady(b *testing.B) {
 	})
 }
 
-// loadGen sends a steady, open-loop load of allocations (by the fleet's
-// node allocators) and raw transactions.
+// loadGen sends a steady, open-loop load of allocations and releases
+// (by the fleet's node allocators) and their raw baselines.
 type loadGen struct {
 	f      *fleet
 	als    []*nodealloc.Allocator
 	next   int64 // owner numbers of the load: from the fill's last on
 	seq    atomic.Int64
 	failed atomic.Int64
+	// steps times the allocators' store calls (their transactions) while
+	// a sweep rate runs.
+	steps *stormSteps
 
 	mu      sync.Mutex
-	answers []answer
+	answers []answer // live allocations of the load, oldest first
+	rawKeys []rawKey // live raw keys, oldest first
+	skipped int      // releases with nothing to release
 }
 
-// slice is how long the load runs one kind before the other: short, so
+// rawKey is a raw transaction's key and the revision it was created at.
+type rawKey struct {
+	key string
+	rev int64
+}
+
+// The kinds of request the load sends, each in slices of its own.
+const (
+	kindAlloc   = "alloc"   // Allocate of a new owner, by a random node
+	kindRaw     = "raw"     // a bare create-if-absent, the allocation's baseline
+	kindRelease = "release" // Release of the load's oldest live owner, by its node
+	kindRawDel  = "rawdel"  // a bare delete guarded by the key's revision, the release's baseline
+)
+
+// slice is how long the load runs one kind before the next: short, so
 // that a stall of etcd's (a compaction's batch, a snapshot, a slow fsync)
 // or of this process's (a GC of the fleet's heap) longer than a slice
-// lands on both kinds rather than on whichever ran then.
+// lands on every kind rather than on whichever ran then.
 const slice = 100 * time.Millisecond
 
-// run sends rate requests a second, in alternate slices of allocations
-// and of raw transactions, for d of each kind. It is open loop: each
-// request starts at its scheduled time whether or not earlier ones have
-// answered, and its latency counts from that time, so a backlog shows in
-// the latencies instead of slowing the load down.
-func (g *loadGen) run(ctx context.Context, rate int, d time.Duration) (alloc, raw []time.Duration) {
+// run sends rate requests a second, in turn in slices of each of kinds,
+// for d of each kind. It is open loop: each request starts at its
+// scheduled time whether or not earlier ones have answered, and its
+// latency counts from that time, so a backlog shows in the latencies
+// instead of slowing the load down.
+func (g *loadGen) run(ctx context.Context, rate int, d time.Duration, kinds ...string) map[string][]time.Duration {
 	perSlice := max(1, rate*int(slice/time.Millisecond)/1000)
 	interval := time.Second / time.Duration(rate)
+	out := map[string][]time.Duration{}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	began, k := time.Now(), 0
-	for s := range 2 * max(1, int(d/slice)) {
-		isAlloc := s%2 == 0
+	for s := range len(kinds) * max(1, int(d/slice)) {
+		kind := kinds[s%len(kinds)]
+		op := map[string]func(context.Context) error{kindAlloc: g.allocate, kindRaw: g.raw, kindRelease: g.release, kindRawDel: g.rawDelete}[kind]
 		for range perSlice {
 			at := began.Add(time.Duration(k) * interval)
 			k++
 			time.Sleep(time.Until(at))
 			wg.Go(func() {
-				op := g.raw
-				if isAlloc {
-					op = g.allocate
-				}
-				if err := op(ctx); err != nil {
+				if err := op(ctx); errors.Is(err, errNothingLive) {
+					return
+				} else if err != nil {
 					g.failed.Add(1)
 					return
 				}
 				lat := time.Since(at)
 				mu.Lock()
 				defer mu.Unlock()
-				if isAlloc {
-					alloc = append(alloc, lat)
-				} else {
-					raw = append(raw, lat)
-				}
+				out[kind] = append(out[kind], lat)
 			})
 		}
 	}
 	wg.Wait()
-	return alloc, raw
+	return out
 }
+
+// errNothingLive: a release found no live owner or key of the load.
+var errNothingLive = errors.New("nothing live to release")
 
 // allocate is one allocation of a new owner by a node picked at random.
 func (g *loadGen) allocate(ctx context.Context) error {
@@ -183,37 +215,137 @@ func (g *loadGen) allocate(ctx context.Context) error {
 	return nil
 }
 
+// release releases the load's oldest live owner, by its node.
+func (g *loadGen) release(ctx context.Context) error {
+	g.mu.Lock()
+	if len(g.answers) == 0 {
+		g.skipped++
+		g.mu.Unlock()
+		return errNothingLive
+	}
+	a := g.answers[0]
+	g.answers = g.answers[1:]
+	g.mu.Unlock()
+	var i int
+	if _, err := fmt.Sscanf(a.node, "node-%d", &i); err != nil || i >= len(g.als) {
+		return fmt.Errorf("release: no node %q", a.node)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := g.als[i].Release(ctx, a.owner)
+	return err
+}
+
 // raw is the baseline: one create-if-absent transaction of a new key,
 // whose value is an allocation record's, on a client picked at random.
 func (g *loadGen) raw(ctx context.Context) error {
 	n := g.next + g.seq.Add(1)
-	return g.f.rawCreate(ctx, rand.IntN(len(g.als)), int(n), fmt.Sprintf("/raw-floor/%d", n))
+	key := fmt.Sprintf("/raw-floor/%d", n)
+	i := rand.IntN(len(g.als))
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rec := records.Record{Owner: owner(int(n)), Node: nodeName(i), State: records.StateAllocated, Since: time.Now().UTC()}
+	rev, err := etcdtest.CreateJSON(ctx, g.f.clis[i%len(g.f.clis)], key, rec)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	g.rawKeys = append(g.rawKeys, rawKey{key: key, rev: rev})
+	g.mu.Unlock()
+	return nil
 }
 
-// sweep runs the load at each rate for d of each kind and returns the
-// highest rate whose allocation p99 is under 50 ms, with no failure.
+// rawDelete is the release's baseline: the oldest live raw key deleted
+// in a transaction guarded by its revision, on a client picked at random.
+func (g *loadGen) rawDelete(ctx context.Context) error {
+	g.mu.Lock()
+	if len(g.rawKeys) == 0 {
+		g.skipped++
+		g.mu.Unlock()
+		return errNothingLive
+	}
+	k := g.rawKeys[0]
+	g.rawKeys = g.rawKeys[1:]
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cli := g.f.clis[rand.IntN(len(g.f.clis))]
+	resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.key), "=", k.rev)).Then(clientv3.OpDelete(k.key)).Commit()
+	if err == nil && !resp.Succeeded {
+		err = fmt.Errorf("raw delete %s: changed", k.key)
+	}
+	return err
+}
+
+// sweepRate is what one rate of the sweep measured: each kind's p99,
+// and the p99 of the allocators' transactions (the store calls inside
+// an allocation and a release).
+type sweepRate struct {
+	rate                       int
+	p99                        map[string]time.Duration
+	writeP99, deleteP99        time.Duration
+	failed                     int64
+	allocs, raws, rels, rawdel int
+}
+
+// sweep runs the load at each rate, every kind for d, and reports each
+// rate's p99s, the highest rate whose allocation p99 (and the bare
+// creates', releases', bare deletes') is under 50 ms with no failure,
+// and the largest ratio of kvipam's p99 to its baseline's at the rates
+// where the bare creates' p99 is under 50 ms (the sweep stops at a rate
+// whose allocation or bare p99 passes 250 ms). It returns the
+// allocation's highest rate.
 func (g *loadGen) sweep(ctx context.Context, b *testing.B, rates []int, d time.Duration) int {
-	best := 0
+	best := map[string]int{}
+	worst := map[string]float64{}
 	for _, rate := range rates {
 		if rate == 0 {
 			continue
 		}
-		al, raw := g.run(ctx, rate, d)
-		p99, rawP99 := quantile(al, 0.99), quantile(raw, 0.99)
-		b.Logf("sweep %d/s: allocation p99 %.2f ms (%d), raw p99 %.2f ms (%d)", rate, ms(p99), len(al), ms(rawP99), len(raw))
-		b.ReportMetric(ms(p99), fmt.Sprintf("r%d-alloc-p99-ms", rate))
-		b.ReportMetric(ms(rawP99), fmt.Sprintf("r%d-raw-p99-ms", rate))
+		g.steps.start()
+		lat := g.run(ctx, rate, d, kindAlloc, kindRaw, kindRelease, kindRawDel)
+		write, del := g.steps.p99("write"), g.steps.p99("delete")
+		g.steps.stop()
 		failed := g.failed.Swap(0)
-		b.ReportMetric(float64(failed), fmt.Sprintf("r%d-failures", rate))
-		if len(al) > 0 && failed == 0 && p99 < 50*time.Millisecond {
-			best = max(best, rate)
+		p99 := map[string]time.Duration{}
+		for _, k := range []string{kindAlloc, kindRaw, kindRelease, kindRawDel} {
+			p99[k] = quantile(lat[k], 0.99)
+			b.ReportMetric(ms(p99[k]), fmt.Sprintf("r%d-%s-p99-ms", rate, k))
+			if len(lat[k]) > 0 && failed == 0 && p99[k] < 50*time.Millisecond {
+				best[k] = max(best[k], rate)
+			}
 		}
-		if p99 > 250*time.Millisecond {
+		b.ReportMetric(ms(write), fmt.Sprintf("r%d-alloc-txn-p99-ms", rate))
+		b.ReportMetric(ms(del), fmt.Sprintf("r%d-release-txn-p99-ms", rate))
+		b.ReportMetric(float64(failed), fmt.Sprintf("r%d-failures", rate))
+		b.Logf("sweep %d/s: allocation p99 %.2f ms (%d; its transaction %.2f ms), raw %.2f ms (%d); release p99 %.2f ms (%d; its transaction %.2f ms), raw delete %.2f ms (%d); %d failures",
+			rate, ms(p99[kindAlloc]), len(lat[kindAlloc]), ms(write), ms(p99[kindRaw]), len(lat[kindRaw]),
+			ms(p99[kindRelease]), len(lat[kindRelease]), ms(del), ms(p99[kindRawDel]), len(lat[kindRawDel]), failed)
+		if p99[kindRaw] > 0 && p99[kindRaw] < 50*time.Millisecond {
+			for k, base := range map[string]string{kindAlloc: kindRaw, kindRelease: kindRawDel} {
+				if p99[base] > 0 && p99[k] > 0 {
+					worst[k] = max(worst[k], float64(p99[k])/float64(p99[base]))
+				}
+			}
+		}
+		if p99[kindAlloc] > 250*time.Millisecond || p99[kindRaw] > 250*time.Millisecond {
 			b.Logf("sweep stopped: past saturation")
 			break
 		}
 	}
-	return best
+	b.ReportMetric(float64(best[kindRaw]), "raw-max-rate-under-50ms")
+	b.ReportMetric(float64(best[kindRelease]), "release-max-rate-under-50ms")
+	b.ReportMetric(float64(best[kindRawDel]), "rawdel-max-rate-under-50ms")
+	b.ReportMetric(worst[kindAlloc], "alloc-p99-vs-raw-max")
+	b.ReportMetric(worst[kindRelease], "release-p99-vs-raw-max")
+	b.ReportMetric(max(worst[kindAlloc], worst[kindRelease]), "p99-vs-raw-max")
+	if best[kindRaw] > 0 {
+		b.ReportMetric(float64(best[kindAlloc])/float64(best[kindRaw]), "max-rate-vs-raw")
+	}
+	g.mu.Lock()
+	b.ReportMetric(float64(g.skipped), "sweep-releases-skipped")
+	g.mu.Unlock()
+	return best[kindAlloc]
 }
 
 // restartCost starts n of the nodes of als anew, one at a time (fleet.

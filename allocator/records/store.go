@@ -225,6 +225,12 @@ type Claims interface {
 	// neither is absent from the map. It is how a claim whose outcome is
 	// unknown (a timeout, a lost connection) is resolved.
 	GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]BlockInfo, error)
+	// PeekBlocks reads the claims and homes of blocks as GetBlocks does,
+	// but may answer from a state that lags the store's (etcd: a
+	// serializable read, served by the member asked, with no consensus
+	// round): a hint of which blocks other nodes hold, never proof that
+	// a block is free or that a claim did not land.
+	PeekBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]BlockInfo, error)
 	// Claim takes a block that is unclaimed and empty, on the given lease,
 	// and makes node its home, writing c.First with it if set; the result
 	// has the claim's revision, and when c.First's reservation lapses. A

@@ -31,6 +31,38 @@ func (ps *Pool) ChooseBlock(node string, f allocator.Family) (netip.Prefix, bool
 	})
 }
 
+// Candidates lists the next k blocks ChooseBlock would pick, one after
+// another, if each before were lost: what a node peeks at (the driver's
+// claim loop) to skip blocks other nodes already hold.
+func (ps *Pool) Candidates(node string, f allocator.Family, k int) []netip.Prefix {
+	if _, ok := ps.ChooseBlock(node, f); !ok {
+		return nil
+	}
+	w := ps.walks[f]
+	single := (f == allocator.IPv4 && w.Bits() == 32) || (f == allocator.IPv6 && w.Bits() == 128)
+	return w.Upcoming(k, func(b netip.Prefix) bool {
+		_, mine := ps.own[b]
+		_, other := ps.others[b]
+		return mine || other || (single && len(ps.spec.Excluded(b)) > 0)
+	})
+}
+
+// Peeked notes what a peek at blocks (PeekBlocks, which may lag) says:
+// a block another node claims is skipped, as a lost claim would have
+// taught. What the peek says of the node's own claims, or of blocks
+// nobody claims, is not trusted: only a claim transaction tells.
+func (ps *Pool) Peeked(infos map[netip.Prefix]records.BlockInfo, me string) int {
+	n := 0
+	for b, info := range infos {
+		if _, mine := ps.own[b]; mine || info.Claim == nil || info.Claim.Node == me || ps.claimsUnknown[b] {
+			continue
+		}
+		ps.noteOther(b, info.Claim.Node, false)
+		n++
+	}
+	return n
+}
+
 // AtBlockLimit reports whether the node holds as many blocks of f as the
 // pool's maxBlocksPerNode allows (0: no limit). A requested (static)
 // address in a block nobody claims still claims it: the limit bounds

@@ -63,6 +63,12 @@ func (s *Store) blockInfos(pool string, only map[netip.Prefix]bool) []records.Bl
 	return out
 }
 
+// PeekBlocks implements records.Store: the memory store has one state,
+// so it answers as GetBlocks.
+func (s *Store) PeekBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	return s.GetBlocks(ctx, pool, blocks)
+}
+
 // GetBlocks implements records.Store.
 func (s *Store) GetBlocks(_ context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
 	s.lock()

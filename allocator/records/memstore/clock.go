@@ -165,14 +165,25 @@ func (s *Store) LeaseExpiry(_ context.Context, id int64) (time.Time, error) {
 
 // reservationLease is the shared lease new reservations are put on, as
 // etcdstore's: granted for ttl plus a quarter, and shared for a quarter
-// of ttl, so every reservation lives at least ttl. It returns the lease
-// and when it ends.
+// of ttl, so every reservation lives at least ttl; the first reservation
+// in the second half of a window grants the next window's lease ahead,
+// as etcdstore's does in the background. It returns the lease and when
+// it ends.
 func (s *Store) reservationLease() (int64, time.Time) {
 	window := s.opts.ReservationTTL / 4
-	if s.resID != 0 && s.now.Sub(s.resGranted) < window {
-		return s.resID, s.resExpires
+	usable := func(id int64, granted time.Time) bool { return id != 0 && s.now.Sub(granted) < window }
+	if !usable(s.resID, s.resGranted) && usable(s.resNext, s.resNextGranted) {
+		s.resID, s.resGranted, s.resExpires = s.resNext, s.resNextGranted, s.resNextExpires
+		s.resNext = 0
 	}
 	ttl := s.opts.ReservationTTL + window
+	if usable(s.resID, s.resGranted) {
+		if s.now.Sub(s.resGranted) >= window/2 && s.resNext == 0 {
+			s.resNext = s.grant(ttl)
+			s.resNextGranted, s.resNextExpires = s.now, s.lease[s.resNext].expires
+		}
+		return s.resID, s.resExpires
+	}
 	s.resID = s.grant(ttl)
 	s.resGranted, s.resExpires = s.now, s.lease[s.resID].expires
 	return s.resID, s.resExpires
@@ -183,5 +194,8 @@ func (s *Store) reservationLease() (int64, time.Time) {
 func (s *Store) dropReservationLease(id int64) {
 	if s.resID == id {
 		s.resID = 0
+	}
+	if s.resNext == id {
+		s.resNext = 0
 	}
 }

@@ -116,6 +116,10 @@ func (f *faulty) ListBlocks(ctx context.Context, pool string) ([]records.BlockIn
 	return do(f, "ListBlocks", pool, func() ([]records.BlockInfo, error) { return f.s.ListBlocks(ctx, pool) })
 }
 
+func (f *faulty) PeekBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
+	return do(f, "PeekBlocks", blocks, func() (map[netip.Prefix]records.BlockInfo, error) { return f.s.PeekBlocks(ctx, pool, blocks) })
+}
+
 func (f *faulty) GetBlocks(ctx context.Context, pool string, blocks []netip.Prefix) (map[netip.Prefix]records.BlockInfo, error) {
 	return do(f, "GetBlocks", blocks, func() (map[netip.Prefix]records.BlockInfo, error) { return f.s.GetBlocks(ctx, pool, blocks) })
 }

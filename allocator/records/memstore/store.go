@@ -57,6 +57,9 @@ type Store struct {
 	resID      int64
 	resGranted time.Time
 	resExpires time.Time
+	// The next window's, granted ahead (0: none yet).
+	resNext                        int64
+	resNextGranted, resNextExpires time.Time
 }
 
 var _ records.Store = (*Store)(nil)
