@@ -89,7 +89,7 @@ func TestMigrationBGPMovesSlash32(t *testing.T) {
 		}
 
 		// The source pod's DEL changes nothing for the client.
-		before := poll.last()
+		before := poll.after(t, time.Now(), len(m.x))
 		hopsBefore := w.changes(0)
 		delBegan := time.Now()
 		require.NoError(t, m.vmNode.n.del(m.vmNode.l, source))
@@ -140,8 +140,11 @@ func pollFRRPaths(t testing.TB, f *frr, prefixes ...netip.Prefix) *frrPoll {
 					return
 				default:
 				}
-				hops, err := f.frrPaths(p)
+				// A poll is stamped when it was asked: under load vtysh
+				// answers late, and what it says is FRR's table at some
+				// moment after the question.
 				at := time.Now()
+				hops, err := f.frrPaths(p)
 				if err != nil {
 					continue
 				}
@@ -207,14 +210,23 @@ func (fp *frrPoll) differentSince(from time.Time, want map[netip.Prefix]string) 
 	return out
 }
 
-// last is the last poll's next hops of each prefix.
-func (fp *frrPoll) last() map[netip.Prefix]string {
-	fp.mu.Lock()
-	defer fp.mu.Unlock()
+// after awaits, for each of the n prefixes polled, an answer to a poll
+// asked after from, and returns each prefix's last such answer: FRR's
+// table as it is now, not an answer to a question asked before (a poll
+// asked during a move and answered late under load).
+func (fp *frrPoll) after(t testing.TB, from time.Time, n int) map[netip.Prefix]string {
+	t.Helper()
 	out := map[netip.Prefix]string{}
-	for _, p := range fp.polls {
-		out[p.p] = fmtAddrs(p.hops)
-	}
+	waitFor(t, 30*time.Second, "FRR to be polled again", func() bool {
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		for _, p := range fp.polls {
+			if !p.at.Before(from) {
+				out[p.p] = fmtAddrs(p.hops)
+			}
+		}
+		return len(out) == n
+	})
 	return out
 }
 
