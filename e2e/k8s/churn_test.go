@@ -222,7 +222,7 @@ func rssLastVsFirst(v []float64) float64 {
 }
 
 // churnRates is KVIPAM_K8S_CHURN_SWEEP, the ceiling's rates (pods a
-// second), default 5,10,20.
+// second), default 2,5,10,20.
 func churnRates() []int {
 	var rates []int
 	for _, f := range strings.Split(os.Getenv("KVIPAM_K8S_CHURN_SWEEP"), ",") {
@@ -231,7 +231,7 @@ func churnRates() []int {
 		}
 	}
 	if len(rates) == 0 {
-		rates = []int{5, 10, 20}
+		rates = []int{2, 5, 10, 20}
 	}
 	return rates
 }
