@@ -136,7 +136,7 @@ func k8sNetSpecs() []spec {
 	progs := []struct{ net, name, prog string }{
 		{"kvipam", "plugin", "kvipam"}, {"kvipam", "agent", "kvipam-agent"},
 		{"bridge", "bridge", "bridge"}, {"bridge", "host_local", "host-local"}, {"bridge", "portmap", "portmap"},
-		{"bridge", "iptables", "iptables"}, {"bridge", "ip6tables", "ip6tables"},
+		{"bridge", "iptables", "iptables"},
 	}
 	for _, p := range progs {
 		out = append(out, spec{name: "k8s.burst100.net_cpu_per_pod." + p.net + "." + p.name, file: "k8s", bench: k8sBurst100, value: p.net + "-net-cpu-" + p.prog + "-ms-per-pod", unit: "ms"})
