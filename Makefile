@@ -39,6 +39,14 @@ K8S_BENCHTIME ?= 3x
 K8S_BENCH_BURSTS ?= 30,100
 K8S_ROUNDS ?= 3
 K8S_SINGLES ?= 6
+# The churn on one node (BenchmarkK8sChurn): K8S_CHURN_RATE pods created
+# and as many deleted a second for K8S_CHURN_SECONDS, kvipam and bridge in
+# turn; then the ceiling, each rate of K8S_CHURN_SWEEP for
+# K8S_CHURN_STEP seconds, until ADD p99 passes 1 s.
+K8S_CHURN_RATE ?= 10
+K8S_CHURN_SECONDS ?= 600
+K8S_CHURN_SWEEP ?= 2,5,10,20,40
+K8S_CHURN_STEP ?= 60
 k8s-bin:
 	cd e2e/k8s && $(GO) build -ldflags='-s -w' -o $(K8S_BIN)/ $(addprefix k8s.io/kubernetes/cmd/,kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 # Every test of the module: the cluster's (TestK8s*) and the burst
@@ -72,7 +80,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
-	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1
+	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1 K8S_CHURN_SECONDS=60 K8S_CHURN_SWEEP=2,5,10 K8S_CHURN_STEP=30
 
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
@@ -94,7 +102,7 @@ bench-run: build
 	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ && \
 	run migration KVIPAM_MIGRATION_MOVES=$(MIGRATION_MOVES) $(GO) test -run '^$$' -bench '^BenchmarkMigration$$' -benchtime 1x -timeout 30m ./e2e/ && \
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-bin && \
-	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) KVIPAM_K8S_SINGLES=$(K8S_SINGLES) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8sBurst$$' -benchtime 1x -timeout 90m ."; \
+	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) KVIPAM_K8S_SINGLES=$(K8S_SINGLES) KVIPAM_K8S_CHURN_RATE=$(K8S_CHURN_RATE) KVIPAM_K8S_CHURN_SECONDS=$(K8S_CHURN_SECONDS) KVIPAM_K8S_CHURN_SWEEP=$(K8S_CHURN_SWEEP) KVIPAM_K8S_CHURN_STEP_SECONDS=$(K8S_CHURN_STEP) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8s(Burst|Churn)$$' -benchtime 1x -timeout 180m ."; \
 	else echo 'k8s bench skipped: needs root'; fi
 	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md -svg docs/plots
 	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"

@@ -292,10 +292,23 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, tw *taskWatch, net string
 	if !hostNet {
 		etcd0 = c.agentHistograms(b)
 	}
+	agent := 0
+	if strings.HasPrefix(net, "kvipam") {
+		agent = c.agentPID("n1")
+	}
 	cpu0, cpuErr := takeCPUSnapshot(tw)
 	each, t0 := c.burst(b, bns, n, hostNet)
-	if cpu1, err := takeCPUSnapshot(tw); cpuErr == nil && err == nil {
+	cpu1, err := takeCPUSnapshot(tw)
+	st.load = append(st.load, loadAvg())
+	if cpuErr == nil && err == nil {
 		st.cpu.add(diffCPU(cpu0, cpu1))
+		if !hostNet && tw != nil {
+			ids := map[string]bool{}
+			for _, r := range c.sandboxRuns(bns) {
+				ids[r.id] = true
+			}
+			st.net.add(cpu0, cpu1, chainKeys(w, ids), agent)
+		}
 	} else {
 		b.Logf("no CPU figures for this burst: %v", errors.Join(cpuErr, err))
 	}
@@ -340,7 +353,7 @@ func (c *kcluster) measure(b *testing.B, w *procWatch, tw *taskWatch, net string
 	if d := histDelta(etcd0, etcd1); d != "" {
 		b.Logf("%s: n1's agent during the burst (its metrics): %s", networkLabels[net], d)
 	}
-	_, err := c.kubectl("-n", bns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
+	_, err = c.kubectl("-n", bns, "delete", "pod", "--all", "--wait=true", "--timeout", "10m")
 	require.NoError(b, err)
 	c.deleteNamespace(b, bns)
 }

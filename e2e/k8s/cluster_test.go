@@ -54,6 +54,7 @@ type kcluster struct {
 	bursts       int               // BenchmarkK8sBurst's bursts so far
 	rounds       int               // and its rounds (odd ones backward)
 	datapath     string            // the ConfigMap's datapath ("" is the manifest's: auto)
+	noPortmap    bool              // the ConfigMap's conflist without portmap chained
 }
 
 type knode struct {
@@ -62,6 +63,7 @@ type knode struct {
 	cgroup               string // kubelet's cgroupRoot
 	holder               *exec.Cmd
 	socket               string // containerd's
+	containerd           int    // its process ID
 }
 
 type kproc struct {

@@ -65,6 +65,16 @@ func (c *kcluster) editManifest(src, out string) (string, error) {
         },
         {"type": "portmap", "capabilities": {"portMappings": true}}`, 1)
 	}
+	if c.noPortmap {
+		// The conflist kvipam ships for its eBPF datapath, which serves
+		// hostPort itself: kvipam alone (a manifest without portmap is
+		// left as it is).
+		const chained = "        },\n        {\"type\": \"portmap\", \"capabilities\": {\"portMappings\": true}}\n"
+		s = strings.Replace(s, chained, "        }\n", 1)
+		if strings.Contains(s, `"type": "portmap"`) {
+			return "", fmt.Errorf("%s: the conflist chains portmap otherwise than docs/kubernetes.md shows it", src)
+		}
+	}
 	return out, os.WriteFile(out, []byte(s), 0o644)
 }
 

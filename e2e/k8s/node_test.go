@@ -152,6 +152,7 @@ state = %q
 	if err != nil {
 		return err
 	}
+	n.containerd = ctrd.cmd.Process.Pid // nsenter execs containerd
 	if err := waitFor(time.Minute, "containerd's socket", func() error {
 		if ctrd.exited() {
 			return errors.New("containerd exited: " + c.logTail(n.name+"-containerd"))

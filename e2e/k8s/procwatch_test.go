@@ -23,6 +23,10 @@ import (
 type cniExec struct {
 	plugin, command, container string
 	fork, exec, exit           time.Time
+	// The process as taskstats names its tasks: its ID, its parent's and
+	// its name (comm: an iptables symlink's name, not its target's).
+	pid, ppid uint32
+	comm      string
 }
 
 // took is the process's life: from its fork by the runtime (or by the
@@ -124,7 +128,12 @@ func (w *procWatch) event(ev []byte) {
 		if err != nil {
 			return
 		}
-		e := &cniExec{plugin: filepath.Base(exe), exec: at}
+		e := &cniExec{plugin: filepath.Base(exe), exec: at, pid: pid}
+		if st, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/stat"); err == nil {
+			if p, ok := parseProcStat(st); ok {
+				e.ppid, e.comm = p.ppid, p.comm
+			}
+		}
 		for _, kv := range bytes.Split(env, []byte{0}) {
 			if k, v, ok := strings.Cut(string(kv), "="); ok {
 				switch k {
@@ -166,6 +175,20 @@ func (w *procWatch) execsOf(command string, containers map[string]bool) map[stri
 	out := map[string][]cniExec{}
 	for _, e := range w.done {
 		if e.command == command && containers[e.container] {
+			out[e.container] = append(out[e.container], e)
+		}
+	}
+	return out
+}
+
+// execsSince returns the finished ADD execs that began in [from, to], by
+// container (sandbox ID).
+func (w *procWatch) execsSince(from, to time.Time) map[string][]cniExec {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string][]cniExec{}
+	for _, e := range w.done {
+		if e.command == "ADD" && !e.exec.Before(from) && !e.exec.After(to) {
 			out[e.container] = append(out[e.container], e)
 		}
 	}

@@ -96,7 +96,8 @@ func TestK8sBurstFigures(t *testing.T) {
 		"BenchmarkK8sBurst/burst=100-2  \t       1\t 9000 kvipam-ready-p50-ms\t 9500 bridge-ready-p50-ms\t 17000 kvipam-ready-p99-ms\t 17600 bridge-ready-p99-ms" +
 		"\t 1500 kvipam-above-floor-ms\t 3100 bridge-above-floor-ms\t 1200 kvipam-routes-above-floor-ms\t 320 kvipam-sandbox-p50-ms\t 400 bridge-sandbox-p50-ms" +
 		"\t 90 kvipam-cni-add-p50-ms\t 120 bridge-cni-add-p50-ms\t 250 kvipam-single-sandbox-p50-ms\t 260 bridge-single-sandbox-p50-ms\t 60 kvipam-single-cni-add-p50-ms\t 70 bridge-single-cni-add-p50-ms" +
-		"\t 120 kvipam-cpu-above-floor-ms-per-pod\t 200 bridge-cpu-above-floor-ms-per-pod\t 0 ns/op\n"
+		"\t 120 kvipam-cpu-above-floor-ms-per-pod\t 200 bridge-cpu-above-floor-ms-per-pod" +
+		"\t 6 kvipam-net-cpu-ms-per-pod\t 4 kvipam-net-cpu-kvipam-ms-per-pod\t 2 kvipam-net-cpu-kvipam-agent-ms-per-pod\t 20 bridge-net-cpu-ms-per-pod\t 7 bridge-net-cpu-iptables-ms-per-pod\t 0 ns/op\n"
 	rs, err := Parse(strings.NewReader(out))
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
@@ -116,13 +117,35 @@ func TestK8sBurstFigures(t *testing.T) {
 	require.InDelta(t, 0.387, byName["k8s.burst100.above_floor.routes_vs_bridge"].Ratio, 1e-9)
 	require.InDelta(t, 0.75, byName["k8s.burst100.cni_add_p50_ms"].Ratio, 1e-9)
 	require.InDelta(t, 0.6, byName["k8s.burst100.cpu_above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
-	require.InDelta(t, 0.962, byName["k8s.single.netsetup_ms"].Ratio, 1e-9)
-	require.InDelta(t, 0.857, byName["k8s.single.cni_add_ms"].Ratio, 1e-9)
+	// A single sandbox's network set-up is its CNI ADD, RunPodSandbox's
+	// network part; the whole RunPodSandbox beside it.
+	require.InDelta(t, 60, byName["k8s.single.netsetup_ms"].Value, 1e-9)
+	require.InDelta(t, 0.857, byName["k8s.single.netsetup_ms"].Ratio, 1e-9)
+	require.InDelta(t, 0.962, byName["k8s.single.sandbox_ms"].Ratio, 1e-9)
+	// The network's own CPU a pod, and its split by program.
+	require.InDelta(t, 0.3, byName["k8s.burst100.net_cpu_per_pod.kvipam_vs_bridge"].Ratio, 1e-9)
+	require.Contains(t, BaselineOf("k8s.burst100.net_cpu_per_pod.kvipam_vs_bridge"), "goal: ratio at most 0.4")
+	require.InDelta(t, 2, byName["k8s.burst100.net_cpu_per_pod.kvipam.agent"].Value, 1e-9)
+	require.InDelta(t, 7, byName["k8s.burst100.net_cpu_per_pod.bridge.iptables"].Value, 1e-9)
 	require.InDelta(t, 0.75, byName["k8s.burst30.ready_p50.kvipam_vs_bridge"].Ratio, 1e-9)
 	require.InDelta(t, 0.5, byName["k8s.burst30.above_floor.kvipam_vs_bridge"].Ratio, 1e-9)
 	require.Contains(t, BaselineOf("k8s.burst100.above_floor.kvipam_vs_bridge"), "goal: ratio at most 0.5")
 	// A metric the line lacks is named missing, not guessed.
 	require.Contains(t, missing, "k8s.burst100.ready_p50.routes_vs_bridge")
+}
+
+// TestK8sChurnFigures: the churn's figures (e2e/k8s BenchmarkK8sChurn,
+// output file k8s.txt): ADD p99 at 10 pods a second beside bridge's, and
+// the ceiling of each.
+func TestK8sChurnFigures(t *testing.T) {
+	out := "BenchmarkK8sChurn/rate=10-2 \t 1\t 120 kvipam-add-p99-ms\t 300 bridge-add-p99-ms\t 0 kvipam-failed-sandboxes\t 0 kvipam-leaks\t 1.02 kvipam-rss-last-x-first\t 0 ns/op\n" +
+		"BenchmarkK8sChurn/ceiling-2 \t 1\t 20 kvipam-ceiling-per-s\t 10 bridge-ceiling-per-s\t 0 ns/op\n"
+	byName, _ := figuresFrom(t, map[string]string{"k8s": out})
+	require.InDelta(t, 120, byName["node.churn10.add_p99_ms"].Value, 1e-9)
+	require.InDelta(t, 0.4, byName["node.churn10.add_p99_ms"].Ratio, 1e-9)
+	require.InDelta(t, 2, byName["node.churn.ceiling_per_s"].Ratio, 1e-9)
+	require.InDelta(t, 0, byName["node.churn10.leaks"].Value, 1e-9)
+	require.InDelta(t, 1.02, byName["node.churn10.agent_rss_last_vs_first"].Value, 1e-9)
 }
 
 // TestMigrationFigures: live migration's figures (e2e
