@@ -103,6 +103,11 @@ type ipRecord struct {
 	Pod       string `json:"pod"`
 	PodUID    string `json:"podUID"`
 	Identity  string `json:"identity"`
+	// ContainerID and IfName are the owner's attachment.
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// Imported is the import source the address was taken from.
+	Imported string `json:"imported"`
 }
 
 func (c *kcluster) ipRecords() ([]ipRecord, error) {

@@ -1,0 +1,256 @@
+package k8s
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// hostLocalNet is the old network of TestK8sAdoptFromHostLocal: a range
+// of each family per node, as a node's podCIDR gives host-local.
+func hostLocalNet() *oldNet {
+	o := &oldNet{pool: "adopt-hl", cidrs: []string{"10.247.0.0/16", "fd00:247::/64"},
+		ranges: map[string][]string{"n1": {"10.247.1.0/24", "fd00:247::1:0/112"}, "n2": {"10.247.2.0/24", "fd00:247::2:0/112"}},
+		gws:    map[string][]string{"n1": {"10.247.1.1", "fd00:247::1:1"}, "n2": {"10.247.2.1", "fd00:247::2:1"}}}
+	o.ipam = func(node string) map[string]any {
+		var ranges []any
+		for _, r := range o.ranges[node] {
+			ranges = append(ranges, []any{map[string]string{"subnet": r}})
+		}
+		return map[string]any{"type": "host-local", "ranges": ranges}
+	}
+	return o
+}
+
+// adoption is one run of an adoption test: the old network's pods and
+// pings, the import (by importFn: dry run first, then for real), the
+// switch, new pods, the old pods deleted.
+type adoption struct {
+	ns      string
+	net     *oldNet
+	plugins []string // the old IPAM's plugin binaries
+	// importFn runs kvipamctl import for the cluster's old pods, a dry
+	// run when dry, printing JSON when asJSON; it returns the output.
+	importFn func(tb testing.TB, dry, asJSON bool) string
+	// source is the import source (kvipamctl import status's) of the old
+	// pods of node.
+	source func(node string) string
+	// finalize runs kvipamctl import finalize of every source.
+	finalize func(tb testing.TB)
+	withPod  bool // the source knows each address's pod
+}
+
+// TestK8sAdoptFromHostLocal: two kubelets whose pods run on bridge with
+// the real host-local (a range per node), pings between old pods across
+// the nodes every 20 ms in both families; kvipam's agents installed in an
+// adoption's order (no conflist), kvipamctl import host-local on each node
+// (a dry run first), the conflist switched to kvipam-ipam under bridge,
+// new pods on both nodes that reach the old ones on their own node and
+// the other, the old pods deleted. No old pod restarted, no ping lost,
+// every old address a kvipam record owned by its pod's sandbox, check
+// clean, and no imported record left once the old pods are gone.
+func TestK8sAdoptFromHostLocal(t *testing.T) {
+	c := cluster(t)
+	a := &adoption{ns: "k8s-adopt-hl", net: hostLocalNet(), plugins: []string{"host-local"}}
+	a.importFn = func(tb testing.TB, dry, asJSON bool) string {
+		var all []string
+		for _, n := range c.nodes {
+			args := []string{"import", "host-local", "--node", n.name, "--pool", a.net.pool, "--dir", "/var/lib/cni/networks/" + adoptNet}
+			if dry {
+				args = append(args, "--dry-run")
+			}
+			if asJSON {
+				args = append([]string{"-o", "json"}, args...)
+			}
+			out, err := c.kvipamctlOn(n, args...)
+			require.NoError(tb, err, "kvipamctl %s on %s: %s", strings.Join(args, " "), n.name, out)
+			all = append(all, fmt.Sprintf("%s: kvipamctl %s:\n%s", n.name, strings.Join(args, " "), strings.TrimSpace(out)))
+		}
+		return strings.Join(all, "\n")
+	}
+	a.source = func(node string) string { return "host-local:" + node + ":" + adoptNet }
+	a.finalize = func(tb testing.TB) {
+		for _, n := range c.nodes {
+			out, err := c.kvipamctlOn(n, "import", "finalize", a.source(n.name), "--dir", "/var/lib/cni/networks/"+adoptNet)
+			require.NoError(tb, err, "finalize on %s: %s", n.name, out)
+			tb.Logf("%s: kvipamctl import finalize %s --dir ...:\n%s", n.name, a.source(n.name), strings.TrimSpace(out))
+			files, err := c.inNodeRun(n, "ls", "/var/lib/cni/networks/"+adoptNet)
+			require.NoError(tb, err)
+			tb.Logf("%s: host-local's files after finalize: %s", n.name, strings.Join(strings.Fields(files), " "))
+		}
+	}
+	c.runAdoption(t, a)
+}
+
+func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
+	c.startOldNet(t, a.net, a.plugins...)
+	t.Cleanup(func() { c.deleteNamespace(t, a.ns) })
+	start := time.Now()
+
+	// The old pods, two on each node, and their attachments.
+	on1 := []pod{c.runPod(t, a.ns, "old-a1", "n1", nil), c.runPod(t, a.ns, "old-a2", "n1", nil)}
+	on2 := []pod{c.runPod(t, a.ns, "old-b1", "n2", nil), c.runPod(t, a.ns, "old-b2", "n2", nil)}
+	old := append(append([]pod{}, on1...), on2...)
+	atts := map[string]cniAttachment{}
+	ids := map[string]bool{}
+	oldIPs := map[string]bool{}
+	for _, p := range old {
+		for _, ip := range p.ips() {
+			in := false
+			for _, r := range a.net.ranges[p.Spec.NodeName] {
+				in = in || netip.MustParsePrefix(r).Contains(netip.MustParseAddr(ip))
+			}
+			require.True(t, in, "old pod %s's address %s is in its node's old range %v", p.Metadata.Name, ip, a.net.ranges[p.Spec.NodeName])
+			oldIPs[ip] = true
+		}
+		atts[p.Metadata.Name] = c.attachmentOf(t, p)
+		ids[atts[p.Metadata.Name].ContainerID] = true
+		t.Logf("old pod %s on %s: %v, sandbox %s", p.Metadata.Name, p.Spec.NodeName, p.ips(), atts[p.Metadata.Name].ContainerID)
+	}
+	pings := c.startPings(t, on1, on2)
+	pingsFrom := time.Now()
+
+	// kvipam's agents, the pool, the import: a dry run writes nothing.
+	c.installForAdoption(t)
+	c.ensurePool(t, a.net)
+	importStart := time.Now()
+	t.Logf("the dry run's plan:\n%s", a.importFn(t, true, false))
+	plan := a.importFn(t, true, true)
+	for _, p := range old {
+		for _, ip := range p.ips() {
+			require.Contains(t, plan, fmt.Sprintf(`"ip": %q`, ip), "the plan (-o json) names %s", ip)
+		}
+		require.Contains(t, plan, atts[p.Metadata.Name].ContainerID, "the plan names %s's sandbox", p.Metadata.Name)
+	}
+	require.Empty(t, c.recordsOwnedBy(t, ids), "a dry run writes nothing")
+	out := a.importFn(t, false, false)
+	importTook := time.Since(importStart)
+	t.Logf("the import:\n%s", out)
+	for _, p := range old {
+		c.requireImported(t, a.net.pool, a.source(p.Spec.NodeName), p, atts[p.Metadata.Name], a.withPod)
+	}
+	sources := map[string]int{} // the old addresses of each source
+	for _, p := range old {
+		sources[a.source(p.Spec.NodeName)] += len(p.ips())
+	}
+	for src, want := range sources {
+		imported, held := 0, 0
+		for _, l := range c.importStatus(t, src) {
+			imported, held = imported+l.Imported, held+l.Held
+		}
+		require.Equal(t, want, imported, "import status: %s imported every old address", src)
+		require.Equal(t, want, held, "import status: kvipam holds every address %s imported", src)
+	}
+	status, err := c.kvipamctl("import", "status")
+	require.NoError(t, err)
+	t.Logf("kvipamctl import status:\n%s", strings.TrimSpace(status))
+	out, err = c.kvipamctl("check")
+	require.NoError(t, err, "kvipamctl check after the import: %s", out)
+
+	// The switch, then new pods: kvipam's (the first pod of a node whose
+	// address has no kvipam record was served before containerd read the
+	// new conflist: it is deleted and made again).
+	switchAt := time.Now()
+	for _, n := range c.nodes {
+		c.switchNode(t, a.net, n)
+	}
+	var fresh []pod
+	for _, node := range []string{"n1", "n2"} {
+		name := "new-" + node
+		var p pod
+		require.NoError(t, waitFor(3*time.Minute, node+" serves new pods from kvipam", func() error {
+			p = c.runPod(t, a.ns, name, node, nil)
+			if len(c.recordsOf(t, a.ns, name)) > 0 {
+				return nil
+			}
+			c.deletePod(t, a.ns, name)
+			return fmt.Errorf("%s got %v from the old IPAM", name, p.ips())
+		}))
+		for _, ip := range p.ips() {
+			require.False(t, oldIPs[ip], "new pod %s's address %s is not an old pod's", name, ip)
+			in := false
+			for _, cidr := range a.net.cidrs {
+				in = in || netip.MustParsePrefix(cidr).Contains(netip.MustParseAddr(ip))
+			}
+			require.True(t, in, "new pod %s's address %s is in pool %s", name, ip, a.net.pool)
+		}
+		c.requireRecords(t, p)
+		t.Logf("new pod %s on %s: %v", name, node, p.ips())
+		fresh = append(fresh, p)
+	}
+	// New pods reach the old ones on their own node and on the other, and
+	// back.
+	for _, nw := range fresh {
+		for _, o := range []pod{on1[0], on2[0]} {
+			for _, ip := range o.ips() {
+				c.pingEventually(t, a.ns, nw.Metadata.Name, ip)
+			}
+			for _, ip := range nw.ips() {
+				c.pingEventually(t, a.ns, o.Metadata.Name, ip)
+			}
+		}
+	}
+	switchTook := time.Since(switchAt)
+
+	// The old pods: never restarted, no ping lost.
+	for _, p := range old {
+		c.requireUnrestarted(t, p)
+	}
+	pingsTo := time.Now()
+	for _, pp := range pings {
+		pp.p.Close(time.Second)
+	}
+	sent, lost := 0, 0
+	for _, pp := range pings {
+		f := pp.p.figures(pingsFrom, pingsTo)
+		sent, lost = sent+f.Sent, lost+f.Lost
+		t.Logf("%s -> %s %s: %d pings every %s, %d lost, %d unreachable, %d sends failed %v",
+			pp.from, pp.to, pp.addr, f.Sent, adoptEvery, f.Lost, f.Unreachable, pp.p.sendErrors(), pp.p.icmpErrors())
+	}
+	for _, pp := range pings {
+		f := pp.p.figures(pingsFrom, pingsTo)
+		require.Zero(t, f.Lost, "%s -> %s %s: no ping lost (first lost at %s)", pp.from, pp.to, pp.addr, f.FirstLost.Format(time.TimeOnly))
+		require.Zero(t, pp.p.sendErrors(), "%s -> %s %s: no send failed", pp.from, pp.to, pp.addr)
+	}
+
+	// The old pods deleted: their DELs, now kvipam-ipam's, free exactly
+	// their imported addresses.
+	delAt := time.Now()
+	for _, p := range old {
+		c.deletePod(t, a.ns, p.Metadata.Name)
+	}
+	require.NoError(t, waitFor(3*time.Minute, "no imported record left", func() error {
+		if recs := c.recordsOwnedBy(t, ids); len(recs) > 0 {
+			return fmt.Errorf("records of old pods: %+v", recs)
+		}
+		return nil
+	}))
+	delTook := time.Since(delAt)
+	for _, p := range fresh {
+		c.requireRecords(t, p)
+	}
+	status, err = c.kvipamctl("import", "status")
+	require.NoError(t, err)
+	t.Logf("kvipamctl import status after the old pods' deletion:\n%s", strings.TrimSpace(status))
+	for src := range sources {
+		for _, l := range c.importStatus(t, src) {
+			require.Zero(t, l.Held, "import status: no address of %s held on %s after the old pods' deletion", src, l.Node)
+		}
+	}
+	a.finalize(t)
+	for src := range sources {
+		for _, l := range c.importStatus(t, src) {
+			require.True(t, l.Finalized, "import status: %s finalized: %+v", src, l)
+		}
+	}
+	out, err = c.kvipamctl("check")
+	require.NoError(t, err, "kvipamctl check after the old pods' deletion: %s", out)
+
+	t.Logf("figures: %d old pods (0 restarts), %d new pods; %d pings sent between the old pods across the nodes over %s, %d lost; import (dry run and real) %s, switch to the new pods reaching the old %s, the old pods' deletion to no imported record %s; the whole test %s",
+		len(old), len(fresh), sent, pingsTo.Sub(pingsFrom).Round(time.Millisecond), lost, importTook.Round(time.Millisecond),
+		switchTook.Round(time.Millisecond), delTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
