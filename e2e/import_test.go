@@ -85,7 +85,8 @@ func TestImportHostLocal(t *testing.T) {
 // TestImportedAddressFreedByOldPodsDel: after the import and the switch,
 // an old pod's DEL (through the switched conflist: bridge, then
 // kvipam-ipam) frees exactly its imported address, though the agent has
-// no endpoint of it; once every old pod is gone no imported record is
+// no endpoint of it, and so does one through the network switched to
+// kvipam (bridge's veth is not the plugin's); once every old pod is gone no imported record is
 // left, and the new pods keep theirs. Finalize then drops the marks and,
 // with --dir, host-local's files of the imported addresses.
 func TestImportedAddressFreedByOldPodsDel(t *testing.T) {
@@ -103,11 +104,16 @@ func TestImportedAddressFreedByOldPodsDel(t *testing.T) {
 	require.Len(t, r.n.ipKeys(fresh[0].rt.ContainerID), 1)
 	require.NoError(t, r.n.del(r.kv, old[0].pod), "a second DEL succeeds")
 
-	// CNI GC with the running pods valid keeps the imported addresses of
-	// running containers.
-	for _, p := range old[1:] {
-		require.NoError(t, r.n.del(r.kv, p.pod))
-	}
+	// The network switched to kvipam itself (the datapath changes for new
+	// pods): an old pod's DEL frees its address, though the plugin finds
+	// no veth of its own (the pod's port is the bridge's).
+	kvipamNet := r.n.kvipamList(importNet, "1.1.0", `,"pool":"`+importPool+`"`)
+	require.NoError(t, r.n.del(kvipamNet, old[2].pod))
+	require.NotContains(t, r.imported(), old[2].addr, "freed by the DEL through kvipam")
+	require.Len(t, r.imported(), 1)
+	require.NoError(t, r.n.del(kvipamNet, old[2].pod), "a second DEL succeeds")
+
+	require.NoError(t, r.n.del(r.kv, old[1].pod))
 	require.Empty(t, r.imported(), "no imported record left once every old pod is gone")
 	require.Len(t, r.n.ipKeys(fresh[0].rt.ContainerID), 1, "the new pod keeps its address")
 	// The freed addresses are the pool's again.

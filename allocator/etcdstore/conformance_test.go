@@ -62,6 +62,10 @@ func TestConformance(t *testing.T) {
 				}
 				require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: node, Features: schema.Names()}, 0))
 			},
+			Importer: st,
+			NodeOn: func(node string, lease int64) {
+				require.NoError(t, st.WriteNode(ctx, etcdstore.NodeRecord{Name: node, Features: schema.Names()}, lease))
+			},
 			History: func(pool string, a netip.Addr) []storetest.Interval {
 				hs, err := st.History(ctx, etcdstore.HistoryFilter{Pool: pool, IP: a})
 				require.NoError(t, err)

@@ -49,10 +49,6 @@ type ImportFinalized struct {
 	Addrs  int       `json:"addrs"`
 }
 
-// ErrImportTooBig is a block whose import needs more operations than one
-// etcd transaction takes (--max-txn-ops, 128 by default).
-var ErrImportTooBig = errors.New("import: too many operations for one transaction")
-
 // ImportBlock implements records.Importer. The transaction compares: the
 // cluster's schema level includes the import feature (every live agent
 // learns imports), the claimant's node record is on b.Lease, the pool
@@ -65,7 +61,7 @@ func (s *Store) ImportBlock(ctx context.Context, b records.ImportBlock) (int64, 
 	what := fmt.Sprintf("import block %s of pool %s for node %s", b.Block, b.Pool, b.Claimant)
 	if puts, cmps := b.Ops(); puts > maxTxnOps || cmps > maxTxnOps {
 		return 0, fmt.Errorf("%w: %s: %d puts and %d compares, etcd takes %d of each in one transaction (use a smaller block size)",
-			ErrImportTooBig, what, puts, cmps, maxTxnOps)
+			records.ErrImportTooBig, what, puts, cmps, maxTxnOps)
 	}
 	set, err := s.ReadSchema(ctx)
 	if err != nil {

@@ -117,6 +117,10 @@ type Importer interface {
 	FinalizeImport(ctx context.Context, source string) ([]ImportMark, error)
 }
 
+// ErrImportTooBig is a block whose import needs more operations than one
+// etcd transaction takes (--max-txn-ops, 128 by default).
+var ErrImportTooBig = errors.New("allocator: import: too many operations for one transaction")
+
 // ErrImportConflict marks an address the import would write that kvipam
 // gives to another owner already.
 var ErrImportConflict = errors.New("allocator: import conflicts with an allocation")

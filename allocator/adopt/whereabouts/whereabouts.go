@@ -146,14 +146,6 @@ type Skipped struct {
 // another pod is skipped as inconsistent. A malformed offset or range is
 // an error.
 func (ex Export) Allocations(pools []string) ([]adopt.Allocation, []Skipped, error) {
-	orip := map[netip.Addr]Reservation{}
-	for _, r := range ex.Reservations {
-		if a, err := netip.ParseAddr(strings.ReplaceAll(r.Metadata.Name, "-", ":")); err == nil {
-			orip[a] = r
-		} else if a, err := netip.ParseAddr(r.Metadata.Name); err == nil {
-			orip[a] = r
-		}
-	}
 	var out []adopt.Allocation
 	var skipped []Skipped
 	for _, p := range ex.Pools {
@@ -188,7 +180,7 @@ func (ex Export) Allocations(pools []string) ([]adopt.Allocation, []Skipped, err
 				skip("its pod has ended (" + pd.Status.Phase + ")")
 				continue
 			}
-			if r, ok := orip[addr]; ok && (r.Spec.PodRef != al.PodRef || (r.Spec.ContainerID != "" && r.Spec.ContainerID != al.ContainerID)) {
+			if r, ok := ex.reservation(addr); ok && (r.Spec.PodRef != al.PodRef || (r.Spec.ContainerID != "" && r.Spec.ContainerID != al.ContainerID)) {
 				skip("its OverlappingRangeIPReservation names " + r.Spec.PodRef + " " + r.Spec.ContainerID)
 				continue
 			}
@@ -198,6 +190,24 @@ func (ex Export) Allocations(pools []string) ([]adopt.Allocation, []Skipped, err
 	}
 	slices.SortFunc(out, func(a, b adopt.Allocation) int { return a.Addr.Compare(b.Addr) })
 	return out, skipped, nil
+}
+
+// reservation finds addr's OverlappingRangeIPReservation: named by the
+// address with ':' written '-' (and "::" ending in "--0"), after the
+// network's name and a '-' when the network has one (whereabouts'
+// NormalizeIP).
+func (ex Export) reservation(addr netip.Addr) (Reservation, bool) {
+	s := addr.String()
+	if strings.HasSuffix(s, ":") {
+		s += "0"
+	}
+	norm := strings.ReplaceAll(s, ":", "-")
+	for _, r := range ex.Reservations {
+		if n := r.Metadata.Name; n == norm || strings.HasSuffix(n, "-"+norm) {
+			return r, true
+		}
+	}
+	return Reservation{}, false
 }
 
 // firstAddr is the address an IPPool's offsets count from: the range's

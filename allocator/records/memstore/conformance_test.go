@@ -15,6 +15,7 @@ func TestConformance(t *testing.T) {
 		s := memstore.New(memstore.Options{})
 		return storetest.Harness{Store: s, Grant: s.Grant, Revoke: s.Revoke, Now: s.Now,
 			NodeLive: func(node string, live bool) { s.NodeDown(node, !live) },
+			Importer: s, NodeOn: s.NodeOnLease,
 			History: func(pool string, a netip.Addr) []storetest.Interval {
 				var out []storetest.Interval
 				for _, h := range s.HistoryOf(pool, a) {

@@ -48,6 +48,10 @@ type Store struct {
 	history  map[addrKey][]histRec
 	deleted  map[string]bool // pools an operator deleted (admin.go)
 	down     map[string]bool // nodes with no live record (migration.go)
+	// nodeLease is the lease each node's record is on, and marks are
+	// the import marks (imports.go).
+	nodeLease map[string]int64
+	marks     map[markKey]entry
 
 	// The shared reservation lease, as etcdstore's reservationLeases.
 	resID      int64
@@ -83,7 +87,7 @@ func New(o Options) *Store {
 		now: o.Start, rev: 1, next: 0x1000, opts: o, lease: map[int64]*lease{},
 		pools: map[string]entry{}, claims: map[blockKey]entry{}, homes: map[blockKey]entry{}, ips: ipTable{},
 		lent: map[addrKey]entry{}, fences: map[string]entry{}, bindings: map[bindKey]entry{}, history: map[addrKey][]histRec{},
-		deleted: map[string]bool{},
+		deleted: map[string]bool{}, marks: map[markKey]entry{},
 	}
 }
 

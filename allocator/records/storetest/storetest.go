@@ -38,6 +38,11 @@ type Harness struct {
 	// NodeLive gives node a live record (its agent runs) or takes it
 	// away: a live migration's admit and cut-over to a node need one.
 	NodeLive func(node string, live bool)
+	// Importer is Store's import role (records.Importer).
+	Importer records.Importer
+	// NodeOn gives node a live record on lease, as its agent's start
+	// writes it: an import for node compares it.
+	NodeOn func(node string, lease int64)
 	// History reads the ended intervals of addr in pool (IP history),
 	// oldest end first.
 	History func(pool string, addr netip.Addr) []Interval
@@ -75,6 +80,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Harness) {
 	all = append(all, moreEdgeTests...)
 	all = append(all, raceTests...)
 	all = append(all, zeroTests...)
+	all = append(all, importTests...)
 	for _, tc := range all {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, newFixture(t, newStore(t)))
