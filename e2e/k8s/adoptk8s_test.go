@@ -42,6 +42,9 @@ type adoption struct {
 	// finalize runs kvipamctl import finalize of every source.
 	finalize func(tb testing.TB)
 	withPod  bool // the source knows each address's pod
+	// toKvipam: after the switch to kvipam-ipam, the network too: kvipam's
+	// own conflist (its datapath), with the old pods still on the bridge.
+	toKvipam bool
 }
 
 // TestK8sAdoptFromHostLocal: two kubelets whose pods run on bridge with
@@ -50,12 +53,16 @@ type adoption struct {
 // adoption's order (no conflist), kvipamctl import host-local on each node
 // (a dry run first), the conflist switched to kvipam-ipam under bridge,
 // new pods on both nodes that reach the old ones on their own node and
-// the other, the old pods deleted. No old pod restarted, no ping lost,
+// the other; then the network switched to kvipam's own (the DaemonSet's
+// manifest applied as it is, which restarts the agents and installs
+// 10-kvipam.conflist, and the old conflist removed), whose new pods
+// reach the old ones, still on the bridge, on both nodes; the old pods
+// deleted. No old pod restarted, no ping lost,
 // every old address a kvipam record owned by its pod's sandbox, check
 // clean, and no imported record left once the old pods are gone.
 func TestK8sAdoptFromHostLocal(t *testing.T) {
 	c := cluster(t)
-	a := &adoption{ns: "k8s-adopt-hl", net: hostLocalNet(), plugins: []string{"host-local"}}
+	a := &adoption{ns: "k8s-adopt-hl", net: hostLocalNet(), plugins: []string{"host-local"}, toKvipam: true}
 	a.importFn = func(tb testing.TB, dry, asJSON bool) string {
 		var all []string
 		for _, n := range c.nodes {
@@ -195,6 +202,12 @@ func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
 		}
 	}
 	switchTook := time.Since(switchAt)
+	var netTook time.Duration
+	if a.toKvipam {
+		netAt := time.Now()
+		fresh = append(fresh, c.switchNetwork(t, a, on1[0], on2[0])...)
+		netTook = time.Since(netAt)
+	}
 
 	// The old pods: never restarted, no ping lost.
 	for _, p := range old {
@@ -250,7 +263,52 @@ func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
 	out, err = c.kvipamctl("check")
 	require.NoError(t, err, "kvipamctl check after the old pods' deletion: %s", out)
 
-	t.Logf("figures: %d old pods (0 restarts), %d new pods; %d pings sent between the old pods across the nodes over %s, %d lost; import (dry run and real) %s, switch to the new pods reaching the old %s, the old pods' deletion to no imported record %s; the whole test %s",
+	t.Logf("figures: %d old pods (0 restarts), %d new pods; %d pings sent between the old pods across the nodes over %s, %d lost; import (dry run and real) %s, switch to the new pods reaching the old %s, the network switched to kvipam to its new pods reaching the old %s, the old pods' deletion to no imported record %s; the whole test %s",
 		len(old), len(fresh), sent, pingsTo.Sub(pingsFrom).Round(time.Millisecond), lost, importTook.Round(time.Millisecond),
-		switchTook.Round(time.Millisecond), delTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+		switchTook.Round(time.Millisecond), netTook.Round(time.Millisecond), delTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// switchNetwork is the network's switch to kvipam (docs/kubernetes.md,
+// "Adopting a running cluster", step 7) with old pods a1 (n1) and b1 (n2)
+// still on the bridge: kvipam's manifest applied as it is (the agents
+// restart; the init container installs 10-kvipam.conflist), the switched
+// conflist removed, then a new pod on each node on kvipam's datapath,
+// which reaches the old pods on its node and the other, and they it. The
+// new pods are in the default pool, not the adoption's: an old pod holds
+// its old subnet on-link (host-local's /24), so it would look for a new
+// pod of that subnet on the bridge (ARP, neighbour discovery), where
+// kvipam's veth is not. It returns the new pods.
+func (c *kcluster) switchNetwork(t *testing.T, a *adoption, a1, b1 pod) []pod {
+	c.install(t)
+	for _, n := range c.nodes {
+		_, err := c.inNodeRun(n, "rm", "-f", "/etc/cni/net.d/"+adoptConf)
+		require.NoError(t, err)
+	}
+	var fresh []pod
+	for _, node := range []string{"n1", "n2"} {
+		name := "kv-" + node
+		var p pod
+		require.NoError(t, waitFor(3*time.Minute, node+" serves new pods on kvipam's network", func() error {
+			p = c.runPod(t, a.ns, name, node, nil)
+			recs := c.recordsOf(t, a.ns, name)
+			if len(recs) > 0 && recs[0].Network == "kvipam" {
+				return nil
+			}
+			c.deletePod(t, a.ns, name)
+			return fmt.Errorf("%s got %v on network %+v", name, p.ips(), recs)
+		}))
+		requireIPsIn(t, p, "default")
+		c.requireRecords(t, p)
+		t.Logf("new pod %s on %s, kvipam's network: %v", name, node, p.ips())
+		for _, o := range []pod{a1, b1} {
+			for _, ip := range o.ips() {
+				c.pingEventually(t, a.ns, name, ip)
+			}
+			for _, ip := range p.ips() {
+				c.pingEventually(t, a.ns, o.Metadata.Name, ip)
+			}
+		}
+		fresh = append(fresh, p)
+	}
+	return fresh
 }

@@ -108,6 +108,8 @@ type ipRecord struct {
 	IfName      string `json:"ifName"`
 	// Imported is the import source the address was taken from.
 	Imported string `json:"imported"`
+	// Network is the CNI network of the attachment.
+	Network string `json:"network"`
 }
 
 func (c *kcluster) ipRecords() ([]ipRecord, error) {

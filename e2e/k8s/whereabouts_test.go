@@ -277,7 +277,9 @@ func TestImportWhereabouts(t *testing.T) {
 }
 
 // finalizeWhereabouts runs kvipamctl import finalize of pool's
-// whereabouts import; whereabouts' objects are the operator's to delete.
+// whereabouts import, which leaves whereabouts' objects as they are;
+// then deletes them, as the operator does once every import is
+// finalized.
 func (c *kcluster) finalizeWhereabouts(tb testing.TB, pool string) {
 	tb.Helper()
 	before := c.whereaboutsState(tb)
@@ -285,4 +287,8 @@ func (c *kcluster) finalizeWhereabouts(tb testing.TB, pool string) {
 	require.NoError(tb, err, "kvipamctl import finalize whereabouts:%s: %s", pool, out)
 	tb.Logf("kvipamctl import finalize whereabouts:%s:\n%s", pool, strings.TrimSpace(out))
 	require.Equal(tb, before, c.whereaboutsState(tb), "finalize writes nothing to the Kubernetes API")
+	// Then the operator deletes whereabouts' objects (docs/kubernetes.md,
+	// step 6): they still list the old pods, whose DELs went to kvipam.
+	_, err = c.kubectl("-n", "kube-system", "delete", whereaboutsObjects, "--all")
+	require.NoError(tb, err)
 }
