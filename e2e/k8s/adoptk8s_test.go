@@ -99,8 +99,8 @@ func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
 	start := time.Now()
 
 	// The old pods, two on each node, and their attachments.
-	on1 := []pod{c.runPod(t, a.ns, "old-a1", "n1", nil), c.runPod(t, a.ns, "old-a2", "n1", nil)}
-	on2 := []pod{c.runPod(t, a.ns, "old-b1", "n2", nil), c.runPod(t, a.ns, "old-b2", "n2", nil)}
+	on1 := []pod{c.runOldPod(t, a.net, a.ns, "old-a1", "n1"), c.runOldPod(t, a.net, a.ns, "old-a2", "n1")}
+	on2 := []pod{c.runOldPod(t, a.net, a.ns, "old-b1", "n2"), c.runOldPod(t, a.net, a.ns, "old-b2", "n2")}
 	old := append(append([]pod{}, on1...), on2...)
 	atts := map[string]cniAttachment{}
 	ids := map[string]bool{}

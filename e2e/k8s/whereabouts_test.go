@@ -205,7 +205,7 @@ func TestImportWhereabouts(t *testing.T) {
 	const ns = "k8s-import-wb"
 	c.startOldNet(t, o, "whereabouts")
 	t.Cleanup(func() { c.deleteNamespace(t, ns) })
-	old := []pod{c.runPod(t, ns, "wb-a1", "n1", nil), c.runPod(t, ns, "wb-a2", "n1", nil), c.runPod(t, ns, "wb-b1", "n2", nil)}
+	old := []pod{c.runOldPod(t, o, ns, "wb-a1", "n1"), c.runOldPod(t, o, ns, "wb-a2", "n1"), c.runOldPod(t, o, ns, "wb-b1", "n2")}
 	atts := map[string]cniAttachment{}
 	ids := map[string]bool{}
 	for _, p := range old {
