@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -325,7 +326,38 @@ func (c *kcluster) requireUnrestarted(tb testing.TB, p pod) {
 type pingPair struct {
 	from, to string
 	addr     netip.Addr
+	netns    string // the pinging pod's network namespace
 	p        *fastPinger
+}
+
+// rawDrops sums the drops column of the raw sockets of the network
+// namespace at path (/proc/net/raw and raw6): replies that reached the
+// pod but overflowed a pinger's receive buffer while the test process
+// was not scheduled, which the pinger counts as lost although the
+// network delivered them.
+func rawDrops(path string) (int, error) {
+	n := 0
+	err := inNetns(path, func() error {
+		for _, f := range []string{"/proc/thread-self/net/raw", "/proc/thread-self/net/raw6"} {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				fs := strings.Fields(l)
+				if i == 0 || len(fs) == 0 {
+					continue
+				}
+				d, err := strconv.Atoi(fs[len(fs)-1])
+				if err != nil {
+					return fmt.Errorf("%s: %q: %w", f, l, err)
+				}
+				n += d
+			}
+		}
+		return nil
+	})
+	return n, err
 }
 
 // startPings starts a pinger from each old pod on n1 to each address of
@@ -343,7 +375,7 @@ func (c *kcluster) startPings(tb testing.TB, on1, on2 []pod) []*pingPair {
 				p, err := startFastPinger(ns, a, adoptEvery)
 				require.NoError(tb, err)
 				tb.Cleanup(func() { p.Close(0) })
-				pairs = append(pairs, &pingPair{from: ft[0].Metadata.Name, to: ft[1].Metadata.Name, addr: a, p: p})
+				pairs = append(pairs, &pingPair{from: ft[0].Metadata.Name, to: ft[1].Metadata.Name, addr: a, netns: ns, p: p})
 			}
 		}
 	}

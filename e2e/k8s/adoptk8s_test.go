@@ -214,20 +214,38 @@ func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
 		c.requireUnrestarted(t, p)
 	}
 	pingsTo := time.Now()
+	drops := map[string]int{} // by pinging namespace
+	for _, pp := range pings {
+		if _, ok := drops[pp.netns]; !ok {
+			d, err := rawDrops(pp.netns)
+			require.NoError(t, err)
+			drops[pp.netns] = d
+		}
+	}
 	for _, pp := range pings {
 		pp.p.Close(time.Second)
 	}
-	sent, lost := 0, 0
+	sent, lost, dropped := 0, 0, 0
+	lostIn := map[string]int{}
 	for _, pp := range pings {
 		f := pp.p.figures(pingsFrom, pingsTo)
 		sent, lost = sent+f.Sent, lost+f.Lost
+		lostIn[pp.netns] += f.Lost
 		t.Logf("%s -> %s %s: %d pings every %s, %d lost, %d unreachable, %d sends failed %v",
 			pp.from, pp.to, pp.addr, f.Sent, adoptEvery, f.Lost, f.Unreachable, pp.p.sendErrors(), pp.p.icmpErrors())
 	}
+	for ns, d := range drops {
+		dropped += d
+		if lostIn[ns] > 0 || d > 0 {
+			t.Logf("%s: %d pings counted lost by its pingers, %d replies dropped by their sockets' full receive buffers (the test process not scheduled)", ns, lostIn[ns], d)
+		}
+	}
 	for _, pp := range pings {
-		f := pp.p.figures(pingsFrom, pingsTo)
-		require.Zero(t, f.Lost, "%s -> %s %s: no ping lost (first lost at %s)", pp.from, pp.to, pp.addr, f.FirstLost.Format(time.TimeOnly))
 		require.Zero(t, pp.p.sendErrors(), "%s -> %s %s: no send failed", pp.from, pp.to, pp.addr)
+	}
+	for ns, l := range lostIn {
+		// A reply the pod's socket dropped was delivered by the network.
+		require.LessOrEqual(t, l, drops[ns], "%s: no ping lost in the network (lost %d, dropped by the pingers' own sockets %d)", ns, l, drops[ns])
 	}
 
 	// The old pods deleted: their DELs, now kvipam-ipam's, free exactly
@@ -267,8 +285,8 @@ func (c *kcluster) runAdoption(t *testing.T, a *adoption) {
 	if a.toKvipam {
 		netSwitch = fmt.Sprintf(", the network switched to kvipam to its new pods reaching the old %s", netTook.Round(time.Millisecond))
 	}
-	t.Logf("figures: %d old pods (0 restarts), %d new pods; %d pings sent between the old pods across the nodes over %s, %d lost; import (dry run and real) %s, switch to the new pods reaching the old %s%s, the old pods' deletion to no imported record %s; the whole test %s",
-		len(old), len(fresh), sent, pingsTo.Sub(pingsFrom).Round(time.Millisecond), lost, importTook.Round(time.Millisecond),
+	t.Logf("figures: %d old pods (0 restarts), %d new pods; %d pings sent between the old pods across the nodes over %s, %d lost (%d replies dropped by the pingers' sockets); import (dry run and real) %s, switch to the new pods reaching the old %s%s, the old pods' deletion to no imported record %s; the whole test %s",
+		len(old), len(fresh), sent, pingsTo.Sub(pingsFrom).Round(time.Millisecond), lost, dropped, importTook.Round(time.Millisecond),
 		switchTook.Round(time.Millisecond), netSwitch, delTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
