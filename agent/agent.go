@@ -131,10 +131,7 @@ func (a *Agent) Run(ctx context.Context, ready chan<- struct{}) error {
 		func(ctx context.Context) { a.bindings.run(ctx, a.store) }, func(ctx context.Context) { pools.run(ctx, a.store) },
 		func(ctx context.Context) { lentWatch{alloc: a.alloc}.run(ctx, a.store) }, func(ctx context.Context) { a.name.run(ctx, a.store) },
 		schemaRaiser{store: a.store, node: a.cfg.Node, version: a.opts.Version, log: a.log.Named("schema")}.run,
-		func(ctx context.Context) { a.migrations.run(ctx, a.store) }, a.followGuests,
-		func(ctx context.Context) {
-			newImportWatch(a.alloc, a.log.Named("import")).run(ctx, a.store, a.cfg.Node)
-		}}
+		func(ctx context.Context) { a.migrations.run(ctx, a.store) }, a.followGuests, a.followImports}
 	// Masquerade follows the pools whatever the routing: under bgp or
 	// none a pool masquerades only if an operator turned it on, and a
 	// table left from another mode goes.

@@ -41,6 +41,11 @@ func newImportWatch(alloc interface {
 	return &importWatch{alloc: alloc, log: log, retry: time.Second, pending: map[string]records.ImportMark{}, wake: make(chan struct{}, 1)}
 }
 
+// followImports learns this node's imports until ctx ends.
+func (a *Agent) followImports(ctx context.Context) {
+	newImportWatch(a.alloc, a.log.Named("import")).run(ctx, a.store, a.cfg.Node)
+}
+
 // run watches node's marks and learns them until ctx ends.
 func (w *importWatch) run(ctx context.Context, src importSource, node string) {
 	var wg sync.WaitGroup

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -9,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/stretchr/testify/require"
 )
 
@@ -83,22 +87,41 @@ func TestImportHostLocal(t *testing.T) {
 }
 
 // TestImportedAddressFreedByOldPodsDel: after the import and the switch,
-// an old pod's DEL (through the switched conflist: bridge, then
-// kvipam-ipam) frees exactly its imported address, though the agent has
-// no endpoint of it, and so does one through the network switched to
-// kvipam (bridge's veth is not the plugin's); once every old pod is gone no imported record is
-// left, and the new pods keep theirs. Finalize then drops the marks and,
-// with --dir, host-local's files of the imported addresses.
+// CNI GC keeps the imported address of every container the runtime
+// lists and frees the one of a container it does not; an old pod's DEL
+// (through the switched conflist: bridge, then kvipam-ipam) frees exactly
+// its imported address, though the agent has no endpoint of it, and so
+// does one through the network switched to kvipam (bridge's veth is not
+// the plugin's); once every old pod is gone no imported record is left,
+// and the new pods keep theirs. Finalize then drops the marks and, with
+// --dir, host-local's files of the imported addresses.
 func TestImportedAddressFreedByOldPodsDel(t *testing.T) {
 	r := newImportRig(t, "node-del", 26)
-	old := r.addOld("a", "b", "c")
+	old := r.addOld("a", "b", "c", "z")
 	r.ctlOK(r.importArgs()...)
 	r.awaitLearned(old...)
 	r.switchConflist()
 	fresh := r.addNew("d")
 
-	require.NoError(t, r.n.del(r.kv, old[0].pod))
+	// CNI GC (kvipam-ipam's, as a main plugin that forwards GC calls
+	// it) keeps the imported address of every container the runtime
+	// lists, and frees the one of a container it no longer lists (z's).
+	var valid []types.GCAttachment
+	for _, p := range append(append([]addedPod{}, old[:3]...), fresh...) {
+		valid = append(valid, types.GCAttachment{ContainerID: p.rt.ContainerID, IfName: "eth0"})
+	}
+	gc, err := libcni.InjectConf(r.kv.Plugins[0], map[string]any{"name": importNet, "cniVersion": r.kv.CNIVersion, "cni.dev/valid-attachments": valid})
+	require.NoError(t, err)
+	require.NoError(t, r.n.do(func() error {
+		return invoke.ExecPluginWithoutResult(context.Background(), r.n.bin+"/kvipam-ipam", gc.Bytes, &invoke.Args{Command: "GC", Path: r.n.bin}, nil)
+	}))
 	got := r.imported()
+	require.NotContains(t, got, old[3].addr, "GC freed the address of a container the runtime no longer lists")
+	require.Len(t, got, 3, "and kept every running container's")
+	old = old[:3]
+
+	require.NoError(t, r.n.del(r.kv, old[0].pod))
+	got = r.imported()
 	require.NotContains(t, got, old[0].addr, "the old pod's DEL freed its address")
 	require.Len(t, got, 2, "and only its")
 	require.Len(t, r.n.ipKeys(fresh[0].rt.ContainerID), 1)

@@ -103,8 +103,9 @@ func (b *simBackend) now() time.Time { return b.st.Now() }
 
 func (b *simBackend) nodeStore(*mNode) records.Store { return b.st }
 
-func (b *simBackend) newSession(*mNode) (modelSession, error) {
+func (b *simBackend) newSession(n *mNode) (modelSession, error) {
 	s := &simSession{b: b, id: b.st.Grant(30 * time.Second)}
+	b.st.NodeOnLease(n.name, s.id) // the node record, on the lease (an import compares it)
 	live := b.sessions[:0]
 	for _, o := range b.sessions {
 		if !o.Lost() {

@@ -41,7 +41,8 @@ var (
 // injects into each (the rows and columns of its fault table).
 var (
 	writeKinds = []string{"create", "batch", "confirm", "release", "borrow", "keep", "bind/takeover", "reassert",
-		"lapse-record", "claim", "unclaim", "unbind", "seed", "admit", "cut over", "drop alternate", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete, kindSchema}
+		"lapse-record", "claim", "unclaim", "unbind", "seed", "admit", "cut over", "drop alternate", kindOperator, kindPoolChange, kindPoolCreate, kindPoolDelete, kindSchema,
+		kindImport, kindFinalize}
 	faultKinds = []string{"unknown outcome", "fail before send", "lost race", "lease revoked", "history lease lost", "too many requests", "timed out, landed", "reservation lease lost"}
 )
 
@@ -122,12 +123,17 @@ type mOwner struct {
 	// reservation's revision, then fails, so no pod runs with it; until
 	// the owner is told something else, what it is told is doubted.
 	revoked bool
+	// imported: an attachment of another IPAM that an import made this
+	// node's (model_import_test.go): no kvipam ADD made it, so the agent
+	// has no endpoint of it, and the runtime sends it only its DEL.
+	imported bool
 }
 
 // hasEndpoint reports whether the agent would have mo's endpoint record:
 // not after a DEL that failed (the agent removed the record before the
-// release), nor for an ADD that stalled before its confirm.
-func (mo *mOwner) hasEndpoint() bool { return !mo.delFail && !mo.stalled }
+// release), nor for an ADD that stalled before its confirm, nor for an
+// imported attachment.
+func (mo *mOwner) hasEndpoint() bool { return !mo.delFail && !mo.stalled && !mo.imported }
 
 // keptFor is an address kept for a sticky identity after its pod's DEL,
 // from a time before the Keep was sent: its window runs at least until
@@ -823,6 +829,9 @@ func (r *modelRun) randomStep() {
 		if !skip("pooldelete") {
 			r.opPoolDelete(n)
 		}
+		if !skip("import") {
+			r.opImport(n)
+		}
 	default:
 		r.opMigrate()
 	}
@@ -861,7 +870,7 @@ func (r *modelRun) opRestart(n *mNode) {
 func (r *modelRun) ordinary(n *mNode) *mOwner {
 	var cands []*mOwner
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i {
+		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i && !mo.imported {
 			cands = append(cands, mo)
 		}
 	}
@@ -890,7 +899,7 @@ func (r *modelRun) opBatch(n *mNode) {
 	var reqs []nodealloc.Request
 	var mos []*mOwner
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i && r.rng.IntN(3) > 0 {
+		if mo := r.owners[k]; mo.identity == "" && mo.node == n.i && !mo.imported && r.rng.IntN(3) > 0 {
 			reqs = append(reqs, nodealloc.Request{Pool: r.pool.Name, Owner: mo.o, Reserve: true})
 			mos = append(mos, mo)
 		}
@@ -1287,7 +1296,8 @@ func (r *modelRun) answer(mo *mOwner, res nodealloc.Result, err error) {
 func (r *modelRun) opStoreLoss(n *mNode) {
 	var lost []*mOwner
 	for _, k := range r.order {
-		if mo := r.owners[k]; mo.node == n.i && !mo.unsure && len(mo.told) > 0 && r.migs[mo.identity] == nil && r.rng.IntN(2) == 0 {
+		// An imported attachment has no endpoint to re-assert from.
+		if mo := r.owners[k]; mo.node == n.i && !mo.unsure && !mo.imported && len(mo.told) > 0 && r.migs[mo.identity] == nil && r.rng.IntN(2) == 0 {
 			lost = append(lost, mo)
 		}
 	}

@@ -62,7 +62,8 @@ func (a *app) runImport(ctx context.Context, o importOpts, source string, allocs
 	s := etcdstore.New(cli, etcdstore.Options{HistoryRetention: -1, CallTimeout: -1})
 	res := importResult{DryRun: o.dryRun, Skipped: skipped}
 	sent := 0
-	for range maxPlans {
+	again := true
+	for plans := 0; again && plans < maxPlans; plans++ {
 		st, err := readImportState(ctx, s, o.pool, allocs, a.now())
 		if err != nil {
 			return err
@@ -71,7 +72,9 @@ func (a *app) runImport(ctx context.Context, o importOpts, source string, allocs
 		if o.dryRun {
 			break
 		}
+		again = false
 		if len(res.NeedFences) > 0 {
+			again = true
 			for _, n := range res.NeedFences {
 				node := st.Nodes[n]
 				if _, err := s.FenceBorrower(ctx, records.Claim{Node: n, BootID: node.BootID, ClaimedAt: a.now().UTC()}, node.Lease); err != nil {
@@ -80,7 +83,6 @@ func (a *app) runImport(ctx context.Context, o importOpts, source string, allocs
 			}
 			continue
 		}
-		again := false
 		for _, w := range res.Writes {
 			sent++
 			if stop == "before" && sent == stopAt {
@@ -100,9 +102,9 @@ func (a *app) runImport(ctx context.Context, o importOpts, source string, allocs
 				return fmt.Errorf("import: %w", err)
 			}
 		}
-		if !again {
-			break
-		}
+	}
+	if again && !o.dryRun {
+		return fmt.Errorf("import %s: still losing races after %d plans: run it again", source, maxPlans)
 	}
 	if err := a.render(a.stdout, res, func(tw io.Writer) { importRows(tw, res) }); err != nil {
 		return err

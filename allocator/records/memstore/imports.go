@@ -143,3 +143,15 @@ func (s *Store) FinalizeImport(_ context.Context, source string) ([]records.Impo
 	tx.end()
 	return out, nil
 }
+
+// BorrowFences reads every node's borrow fence, with its revision and
+// lease, as etcdstore's does.
+func (s *Store) BorrowFences(context.Context) (map[string]records.BorrowFence, error) {
+	s.lock()
+	defer s.mu.Unlock()
+	out := map[string]records.BorrowFence{}
+	for n, e := range s.fences {
+		out[n] = records.BorrowFence{Rev: e.rev, Lease: e.lease}
+	}
+	return out, nil
+}
