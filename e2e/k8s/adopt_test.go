@@ -137,13 +137,16 @@ func (c *kcluster) stopOldNet(tb testing.TB, o *oldNet) {
 	}
 }
 
-// switchNode is the switch on node n: the bridge prepared for
-// kvipam-ipam's pods as deploy/cni/README.md says (the link-local
-// gateways on it, the pool's CIDRs routed to it: the node's own blocks
-// are on the bridge, other nodes' blocks have the agent's more specific
-// routes), then the conflist rewritten in place.
+// switchNode is the switch on node n: the conflist rewritten in place,
+// then the bridge prepared for kvipam-ipam's pods as deploy/cni/README.md
+// says (the link-local gateways on it, the pool's CIDRs routed to it: the
+// node's own blocks are on the bridge, other nodes' blocks have the
+// agent's more specific routes); not before, as docs/operations.md says:
+// an ADD under the old conflist (bridge with isGateway) refuses a bridge
+// with another address.
 func (c *kcluster) switchNode(tb testing.TB, o *oldNet, n *knode) {
 	tb.Helper()
+	require.NoError(tb, c.writeNodeFile(n, "/etc/cni/net.d/"+adoptConf, o.conflist(n.name, true), 0o644))
 	for _, a := range [][]string{
 		{"addr", "replace", "169.254.1.1/32", "dev", adoptBridge},
 		{"addr", "replace", "fe80::ecee:eeff:feee:eeee/64", "dev", adoptBridge},
@@ -155,7 +158,6 @@ func (c *kcluster) switchNode(tb testing.TB, o *oldNet, n *knode) {
 		_, err := run("ip", "-n", n.netns, "route", "replace", r, "dev", adoptBridge)
 		require.NoError(tb, err)
 	}
-	require.NoError(tb, c.writeNodeFile(n, "/etc/cni/net.d/"+adoptConf, o.conflist(n.name, true), 0o644))
 }
 
 // installForAdoption installs kvipam's agents in an adoption's order
