@@ -103,6 +103,13 @@ type ipRecord struct {
 	Pod       string `json:"pod"`
 	PodUID    string `json:"podUID"`
 	Identity  string `json:"identity"`
+	// ContainerID and IfName are the owner's attachment.
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// Imported is the import source the address was taken from.
+	Imported string `json:"imported"`
+	// Network is the CNI network of the attachment.
+	Network string `json:"network"`
 }
 
 func (c *kcluster) ipRecords() ([]ipRecord, error) {

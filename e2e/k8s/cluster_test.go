@@ -49,6 +49,8 @@ type kcluster struct {
 	uninstallYML string
 	hostSysctls  map[string]string // the host's, before the cluster started
 	installed    bool              // kvipam's DaemonSet applied
+	adoptInstall bool              // applied without its conflist (installForAdoption)
+	whereabouts  bool              // whereabouts' CRDs, RBAC and kubeconfigs installed
 	etcdAuth     bool              // etcd's users and roles made, authentication on
 	bridgeOn     bool              // the bridge DaemonSet applied
 	bursts       int               // BenchmarkK8sBurst's bursts so far
@@ -220,6 +222,13 @@ func (c *kcluster) build() error {
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	// The whereabouts plugin from its own module (whereabouts/go.mod pins
+	// it; the adoption tests install it on the nodes).
+	cmd = exec.Command("go", "-C", "whereabouts", "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(c.bin, "whereabouts"), whereaboutsPkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build whereabouts: %w: %s", err, out)
 	}
 	cmd = exec.Command("go", "build", "-o", c.bin+"/", "./cmd/kt", "./cmd/etcdauth")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -82,7 +82,7 @@ func (c *kcluster) editManifest(src, out string) (string, error) {
 // ConfigMap and the DaemonSet applied, then the DaemonSet ready.
 func (c *kcluster) install(tb testing.TB) {
 	tb.Helper()
-	if c.installed {
+	if c.installed && !c.adoptInstall {
 		return
 	}
 	c.installFrom(tb, c.agentYAML)
@@ -103,7 +103,7 @@ func (c *kcluster) installFrom(tb testing.TB, src string) {
 	require.NoError(tb, err)
 	_, err = c.kubectl("apply", "-f", manifest)
 	require.NoError(tb, err)
-	c.installed = true
+	c.installed, c.adoptInstall = true, false
 	c.waitDaemonSet(tb, "kvipam-agent")
 	c.waitNodesReady(tb)
 	logf("kvipam installed and ready in %s", time.Since(t0).Round(time.Millisecond))
