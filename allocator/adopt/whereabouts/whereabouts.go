@@ -61,16 +61,48 @@ type Meta struct {
 
 type pod struct {
 	Metadata struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-		UID       string `json:"uid"`
+		Name        string            `json:"name"`
+		Namespace   string            `json:"namespace"`
+		UID         string            `json:"uid"`
+		Annotations map[string]string `json:"annotations"`
 	} `json:"metadata"`
 	Spec struct {
 		NodeName string `json:"nodeName"`
 	} `json:"spec"`
 	Status struct {
-		Phase string `json:"phase"`
+		Phase  string `json:"phase"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
 	} `json:"status"`
+}
+
+// networkStatus is Multus' annotation naming every interface's addresses
+// (a whereabouts network is most often a secondary one, not in podIPs).
+const networkStatus = "k8s.v1.cni.cncf.io/network-status"
+
+// liveAddrs is what the pod says it runs with: its podIPs and, through
+// Multus' network-status annotation, its other interfaces' addresses.
+func (p pod) liveAddrs() map[netip.Addr]bool {
+	out := map[netip.Addr]bool{}
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out[a.Unmap()] = true
+		}
+	}
+	var nets []struct {
+		IPs []string `json:"ips"`
+	}
+	if raw := p.Metadata.Annotations[networkStatus]; raw != "" && json.Unmarshal([]byte(raw), &nets) == nil {
+		for _, n := range nets {
+			for _, ip := range n.IPs {
+				if a, err := netip.ParseAddr(ip); err == nil {
+					out[a.Unmap()] = true
+				}
+			}
+		}
+	}
+	return out
 }
 
 type object struct {
@@ -148,6 +180,16 @@ type Skipped struct {
 func (ex Export) Allocations(pools []string) ([]adopt.Allocation, []Skipped, error) {
 	var out []adopt.Allocation
 	var skipped []Skipped
+	// A pod's interface with more than one allocation: a pod re-created
+	// under its name (a StatefulSet's) or whose earlier sandbox's DEL
+	// never reached whereabouts. Only an address the pod says it runs
+	// with is live.
+	perIface := map[string]int{}
+	for _, p := range ex.Pools {
+		for _, al := range p.Spec.Allocations {
+			perIface[al.PodRef+" "+al.IfName]++
+		}
+	}
 	for _, p := range ex.Pools {
 		if len(pools) > 0 && !slices.Contains(pools, p.Metadata.Name) {
 			continue
@@ -178,6 +220,10 @@ func (ex Export) Allocations(pools []string) ([]adopt.Allocation, []Skipped, err
 				continue
 			case pd.Status.Phase == "Succeeded" || pd.Status.Phase == "Failed":
 				skip("its pod has ended (" + pd.Status.Phase + ")")
+				continue
+			}
+			if perIface[al.PodRef+" "+al.IfName] > 1 && !pd.liveAddrs()[addr] {
+				skip("another allocation names the same pod and interface, and the pod runs with another address (an earlier sandbox's, whose DEL never reached whereabouts)")
 				continue
 			}
 			if r, ok := ex.reservation(addr); ok && (r.Spec.PodRef != al.PodRef || (r.Spec.ContainerID != "" && r.Spec.ContainerID != al.ContainerID)) {
