@@ -305,12 +305,18 @@ func (a *Allocator) leaveMigration(ctx context.Context, ps *planner.Pool, r migr
 			"identity", b.Identity, "from", o.Key(), "to", b.Alternate.Owner.Key(), "to_node", b.Alternate.Node)
 		return true, a.reads.readBack(ctx, r.refs)
 	case errors.Is(err, records.ErrAlternateGone):
-		if _, err := a.cfg.Store.DropAlternate(ctx, b, r.cur); err != nil {
-			return false, err
-		}
-		a.log.Warn("live migration: the forwarding pod left and the alternate's node has no live record; the alternate goes and the addresses are kept for the identity",
+		// No live record is no proof that the alternate's pod is gone:
+		// its node may be cut off from etcd with the pod running there,
+		// the VM's only pod now. Dropping it and keeping the addresses
+		// for the identity gave them to the VM's next pod while it ran
+		// (the chaos run: a duplicate after etcd-cut-mid-migration).
+		// The DEL is refused, to be tried again: the alternate's node
+		// back, the addresses go to it; the alternate's own DEL, or the
+		// operator's node remove with evidence, ends the migration.
+		a.log.Warn("live migration: the forwarding pod left and the alternate's node has no live record; refusing the DEL until the alternate's node is back or the alternate leaves",
 			"identity", b.Identity, "owner", o.Key(), "alternate", b.Alternate.Owner.Key(), "alternate_node", b.Alternate.Node)
-		return false, errMigrationLeft
+		return false, fmt.Errorf("release %s: the addresses of %s go to its live migration's second owner %s, whose node %s has no live record: %w",
+			o.Key(), b.Identity, b.Alternate.Owner.Key(), b.Alternate.Node, retry.ErrUnavailable)
 	}
 	return false, err
 }
