@@ -96,6 +96,9 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 		proc.run(t, c, stepRelease)
 		logf("%s: both nodes at %s in %s", stage, version, time.Since(t0).Round(time.Second))
 	}
+	// HEAD's highest level (kvipamctl is HEAD's): the agents raise the
+	// cluster to it once both nodes run HEAD.
+	head := c.headLevel(t)
 	// Upgraded, the agents raise the level once both understand level 2;
 	// while n2 runs v0.1.0, level 2's feature is refused.
 	roll("upgrade", headRef, headVersion, func(node string) int {
@@ -104,7 +107,7 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 			require.Error(t, err, "pool set-max-blocks is refused while n2 runs v0.1.0")
 			return 1
 		}
-		return 2
+		return head
 	}, false)
 	// Level 2's feature in use: the downgrade is refused, naming the pool,
 	// until the pool is cleared as the procedure says.
@@ -115,7 +118,7 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 		require.Error(t, err, "downgrade %s %s with pool blue's max-blocks set", verb, oldRelease)
 		require.Contains(t, out, "blue", "downgrade %s names what needs level 2", verb)
 	}
-	c.requireLevel(t, "the downgrade refused", 2, false)
+	c.requireLevel(t, "the downgrade refused", head, false)
 	proc.run(t, c, stepClear, "POOL=blue")
 	proc.run(t, c, stepDowngrade, "OLD="+oldRelease)
 	c.requireLevel(t, "the downgrade enabled", 1, true)
@@ -123,7 +126,7 @@ func TestK8sRollingUpgradeAndRollback(t *testing.T) {
 	roll("rollback", oldRef, oldRelease, func(string) int { return 1 }, true)
 	roll("upgrade again", headRef, headVersion, func(string) int { return 1 }, true)
 	proc.run(t, c, stepUnhold)
-	c.requireLevel(t, "the downgrade cancelled", 2, false)
+	c.requireLevel(t, "the downgrade cancelled", head, false)
 	proc.run(t, c, stepCheck)
 	w.finish(t, c)
 
@@ -189,6 +192,19 @@ func (c *kcluster) clusterLevel() (clusterLevel, error) {
 		return clusterLevel{}, fmt.Errorf("kvipamctl version says nothing of the cluster: %s", tail(out, 500))
 	}
 	return *v.Cluster, nil
+}
+
+// headLevel is the highest schema level HEAD's kvipamctl knows.
+func (c *kcluster) headLevel(tb testing.TB) int {
+	tb.Helper()
+	out, err := c.kvipamctl("-o", "json", "version")
+	require.NoError(tb, err, "kvipamctl version: %s", tail(out, 500))
+	var v struct {
+		SchemaLevel int `json:"schemaLevel"`
+	}
+	require.NoError(tb, json.Unmarshal([]byte(out), &v), "kvipamctl version: %s", tail(out, 500))
+	require.GreaterOrEqual(tb, v.SchemaLevel, 2, "HEAD knows level 2 (pool-max-blocks) at least")
+	return v.SchemaLevel
 }
 
 // requireAgentVersions awaits kvipamctl version showing each node's
