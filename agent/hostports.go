@@ -159,17 +159,8 @@ func hostPortUplinks(configured, nodeAddrs []string, netnsPath string, log hclog
 		return out, nil
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := h.RouteList(nil, fam)
-		if err != nil {
-			continue
-		}
-		for _, r := range routes {
-			if r.Dst != nil && !r.Dst.IP.IsUnspecified() {
-				continue
-			}
-			if l, err := h.LinkByIndex(r.LinkIndex); err == nil {
-				add(l)
-			}
+		for _, l := range netlinkns.DefaultRouteLinks(h, fam) {
+			add(l)
 		}
 	}
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)

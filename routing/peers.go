@@ -162,18 +162,7 @@ func NodeAddresses(configured []string, netnsPath string) []string {
 	defer h.Close()
 	var out []string
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := h.RouteList(nil, fam)
-		if err != nil {
-			continue
-		}
-		for _, r := range routes {
-			if r.Dst != nil && !r.Dst.IP.IsUnspecified() {
-				continue
-			}
-			l, err := h.LinkByIndex(r.LinkIndex)
-			if err != nil {
-				continue
-			}
+		for _, l := range netlinkns.DefaultRouteLinks(h, fam) {
 			addrs, err := h.AddrList(l, fam)
 			if err != nil {
 				continue

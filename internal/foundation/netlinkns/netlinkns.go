@@ -31,3 +31,23 @@ func Open(path string) (*netlink.Handle, error) {
 	}
 	return h, nil
 }
+
+// DefaultRouteLinks are the links that carry a default route of family
+// fam (netlink.FAMILY_V4 or FAMILY_V6) on h, in the kernel's route order;
+// none if the routes cannot be listed.
+func DefaultRouteLinks(h *netlink.Handle, fam int) []netlink.Link {
+	routes, err := h.RouteList(nil, fam)
+	if err != nil {
+		return nil
+	}
+	var out []netlink.Link
+	for _, r := range routes {
+		if r.Dst != nil && !r.Dst.IP.IsUnspecified() {
+			continue
+		}
+		if l, err := h.LinkByIndex(r.LinkIndex); err == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
