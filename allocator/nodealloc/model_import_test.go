@@ -202,45 +202,16 @@ func (r *modelRun) importRefused(allocs []adopt.Allocation) {
 	}
 }
 
-// importState reads what the plan decides on, as kvipamctl does.
+// importState reads what the plan decides on, as kvipamctl does; the
+// live nodes are the model's (memstore keeps no node records).
 func (r *modelRun) importState(st modelImporter, allocs []adopt.Allocation) (adopt.State, error) {
-	ctx := r.ctx
-	p, err := st.GetPool(ctx, r.pool.Name)
-	if err != nil {
-		return adopt.State{}, err
-	}
-	s := adopt.State{Pool: p, Blocks: map[netip.Prefix]records.BlockInfo{}, Used: map[netip.Prefix]int{}, Nodes: map[string]adopt.Node{}, Now: r.b.now()}
-	snap, err := st.PoolSnapshot(ctx, p.Name)
-	if err != nil {
-		return adopt.State{}, err
-	}
-	for _, bi := range snap.Blocks {
-		s.Blocks[bi.Block] = bi
-	}
-	for b, u := range snap.Used {
-		s.Used[b] = len(u)
-	}
-	var refs []records.IPRef
-	for _, a := range allocs {
-		if b, ok := p.BlockFor(a.Addr); ok {
-			refs = append(refs, records.IPRef{Pool: p.Name, Block: b, Addr: a.Addr})
-		}
-	}
-	if s.Held, err = st.GetIPs(ctx, refs); err != nil {
-		return adopt.State{}, err
-	}
+	nodes := map[string]adopt.Node{}
 	for _, n := range r.nodes {
 		if n.sess != nil && !n.sess.Lost() && r.b.nodeLive(n.name) {
-			s.Nodes[n.name] = adopt.Node{Lease: n.sess.ID()}
+			nodes[n.name] = adopt.Node{Lease: n.sess.ID()}
 		}
 	}
-	if s.Fences, err = st.BorrowFences(ctx); err != nil {
-		return adopt.State{}, err
-	}
-	if s.Marks, err = st.ListImportMarks(ctx); err != nil {
-		return adopt.State{}, err
-	}
-	return s, nil
+	return adopt.Read(r.ctx, st, r.pool.Name, allocs, nodes, r.b.now())
 }
 
 // learnImport has n's allocator learn source's marks for it, through

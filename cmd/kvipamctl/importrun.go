@@ -128,47 +128,18 @@ func importFault(v string) (string, int, error) {
 	return when, i, nil
 }
 
-// readImportState reads what the plan decides on.
+// readImportState reads what the plan decides on: the live nodes from
+// their records, the rest through adopt.Read.
 func readImportState(ctx context.Context, s importStore, pool string, allocs []adopt.Allocation, now time.Time) (adopt.State, error) {
-	p, err := s.GetPool(ctx, pool)
-	if err != nil {
-		return adopt.State{}, fmt.Errorf("import: pool %s: %w", pool, err)
-	}
-	st := adopt.State{Pool: p, Blocks: map[netip.Prefix]records.BlockInfo{}, Used: map[netip.Prefix]int{}, Nodes: map[string]adopt.Node{}}
-	snap, err := s.PoolSnapshot(ctx, pool)
-	if err != nil {
-		return adopt.State{}, err
-	}
-	for _, bi := range snap.Blocks {
-		st.Blocks[bi.Block] = bi
-	}
-	for b, used := range snap.Used {
-		st.Used[b] = len(used)
-	}
-	var refs []records.IPRef
-	for _, al := range allocs {
-		if b, ok := p.BlockFor(al.Addr); ok {
-			refs = append(refs, records.IPRef{Pool: pool, Block: b, Addr: al.Addr})
-		}
-	}
-	if st.Held, err = s.GetIPs(ctx, refs); err != nil {
-		return adopt.State{}, err
-	}
 	nodes, err := s.ListNodes(ctx)
 	if err != nil {
 		return adopt.State{}, err
 	}
+	live := map[string]adopt.Node{}
 	for _, n := range nodes {
-		st.Nodes[n.Name] = adopt.Node{Lease: n.Lease, BootID: n.BootID}
+		live[n.Name] = adopt.Node{Lease: n.Lease, BootID: n.BootID}
 	}
-	if st.Fences, err = s.BorrowFences(ctx); err != nil {
-		return adopt.State{}, err
-	}
-	if st.Marks, err = s.ListImportMarks(ctx); err != nil {
-		return adopt.State{}, err
-	}
-	st.Now = now
-	return st, nil
+	return adopt.Read(ctx, s, pool, allocs, live, now)
 }
 
 func importRows(tw io.Writer, r importResult) {
