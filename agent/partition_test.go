@@ -138,17 +138,17 @@ func TestQueuedDelAppliedWhenEtcdReturns(t *testing.T) {
 	proxy.heal()
 
 	cli := etcdtest.Client(t, e)
+	// The drain releases first and removes the queued entry after: await both.
 	require.Eventually(t, func() bool {
 		for _, al := range storeIPs(t, cli) {
 			if al.ContainerID == owner(1).ContainerID {
 				return false
 			}
 		}
-		return true
-	}, 15*time.Second, 50*time.Millisecond, "the queued DEL is applied once etcd answers again")
-	queued, err := delqueue.List(cfg.delQueueDir())
-	require.NoError(t, err)
-	require.Empty(t, queued)
+		queued, err := delqueue.List(cfg.delQueueDir())
+		require.NoError(t, err)
+		return len(queued) == 0
+	}, 15*time.Second, 50*time.Millisecond, "the queued DEL is applied, and taken off the queue, once etcd answers again")
 	held := storeIPs(t, cli)
 	require.NotEmpty(t, held)
 	for _, al := range held {
