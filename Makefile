@@ -72,6 +72,8 @@ LAT_N ?= 200
 # Live migration's moves per routing (host-gw, vxlan, bgp), each moving
 # a dual-stack VM between two nodes (e2e BenchmarkMigration).
 MIGRATION_MOVES ?= 20
+# BenchmarkHostPortAdd's pods per configuration (host ports by the datapath, by portmap, none).
+HOSTPORT_N ?= 100
 STEADY_SECONDS ?= 10
 SWEEP_SECONDS ?= 3
 bench:
@@ -80,7 +82,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
 
 bench-quick:
-	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1 K8S_CHURN_SECONDS=60 K8S_CHURN_SWEEP=2,5,10 K8S_CHURN_STEP=30
+	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 HOSTPORT_N=10 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1 K8S_CHURN_SECONDS=60 K8S_CHURN_SWEEP=2,5,10 K8S_CHURN_STEP=30
 
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
@@ -100,6 +102,7 @@ bench-run: build
 	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
 	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ && \
+	run hostport $(GO) test -run '^$$' -bench HostPortAdd -benchtime $(HOSTPORT_N)x ./e2e/ && \
 	run migration KVIPAM_MIGRATION_MOVES=$(MIGRATION_MOVES) $(GO) test -run '^$$' -bench '^BenchmarkMigration$$' -benchtime 1x -timeout 30m ./e2e/ && \
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-bin && \
 	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) KVIPAM_K8S_SINGLES=$(K8S_SINGLES) KVIPAM_K8S_CHURN_RATE=$(K8S_CHURN_RATE) KVIPAM_K8S_CHURN_SECONDS=$(K8S_CHURN_SECONDS) KVIPAM_K8S_CHURN_SWEEP=$(K8S_CHURN_SWEEP) KVIPAM_K8S_CHURN_STEP_SECONDS=$(K8S_CHURN_STEP) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8s(Burst|Churn)$$' -benchtime 1x -timeout 180m ."; \
