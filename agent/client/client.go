@@ -167,8 +167,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return fmt.Errorf("%s %s via %s: %w", method, path, c.socket, err)
 	}
 	if err != nil {
-		if isTimeout(err) && ctx.Err() == nil {
-			err = fmt.Errorf("no answer within %s: %w", wait.Round(time.Millisecond), err)
+		if isTimeout(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			// the connection's deadline, the call's bound, passed
+			err = fmt.Errorf("no answer within %s: %w (%w)", wait.Round(time.Millisecond), context.DeadlineExceeded, err)
 		}
 		return fmt.Errorf("%s %s via %s: %w: %w", method, path, c.socket, ErrUnreachable, err)
 	}
