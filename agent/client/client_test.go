@@ -269,6 +269,38 @@ func TestClientAgentRestarts(t *testing.T) {
 	require.EqualValues(t, 4, s2.conns.Load())
 }
 
+// TestClientAgentDiesMidCallOnAKeptConnection: the agent reads the second
+// call's request on the kept-open connection and goes away without an
+// answer (its socket with it). That is a connection broken mid-call,
+// ErrUnreachable, which a plugin waits out; not ErrNoAgent, which it
+// does not.
+func TestClientAgentDiesMidCallOnAKeptConnection(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf)
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 13\r\n\r\n{\"node\":\"n1\"}")
+		_, _ = c.Read(buf) // the second request
+		_ = ln.Close()     // the agent is gone: its socket file too
+		_ = c.Close()
+	}()
+	c := New(sock, 5*time.Second)
+	st, err := c.Status(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, "n1", st.Node)
+	_, err = c.Allocate(context.Background(), api.AllocateRequest{})
+	require.ErrorIs(t, err, ErrUnreachable)
+	require.NotErrorIs(t, err, ErrNoAgent)
+	require.Contains(t, err.Error(), "read answer")
+}
+
 func TestWaitReady(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "late.sock")
 	c := New(sock, time.Second)

@@ -44,53 +44,62 @@ func (c *conn) Read(p []byte) (int, error) {
 
 // roundTrip sends one request (req: its bytes, appendRequest's) and
 // reads the answer, all before deadline (none when zero) and ctx's end.
-// On a kept-open connection that the agent had closed meanwhile (it
-// restarted, or shut idle connections down), nothing comes back: the
-// request goes once more on a new connection, as net/http does for an
-// idle connection it finds closed. The agent's calls are idempotent.
+// A kept-open connection that fails before any byte of the answer came
+// back had been closed by the agent (it restarted, or shut idle
+// connections down): the request goes once more on a new connection, as
+// net/http does for an idle connection it finds closed; the agent's calls
+// are idempotent. If the request had been sent on it and no agent
+// answers the new dial, the agent went away mid-call: that is the first
+// connection's error (ErrUnreachable, which a plugin waits out), not
+// ErrNoAgent.
 func (t *transport) roundTrip(ctx context.Context, req []byte, deadline time.Time) (*response, error) {
+	var broken error
 	for {
 		c, err := t.get(ctx, deadline)
 		if err != nil {
+			if broken != nil && errors.Is(err, ErrNoAgent) {
+				return nil, broken
+			}
 			return nil, err
 		}
-		resp, err := t.exchange(ctx, c, req, deadline)
+		resp, sent, err := t.exchange(ctx, c, req, deadline)
 		if err == nil {
 			return resp, nil
 		}
 		_ = c.Close()
-		if c.reused && c.read == 0 && ctx.Err() == nil && !isTimeout(err) {
-			continue // closed while idle: a new connection
+		if !c.reused || c.read > 0 || ctx.Err() != nil || isTimeout(err) {
+			return nil, err
 		}
-		return nil, err
+		if sent && broken == nil {
+			broken = err
+		}
 	}
 }
 
-// exchange writes req on c and reads the answer. A connection whose
-// answer leaves it reusable goes back to the idle list.
-func (t *transport) exchange(ctx context.Context, c *conn, req []byte, deadline time.Time) (*response, error) {
+// exchange writes req on c and reads the answer; sent says the request
+// was written whole. A connection whose answer leaves it reusable goes
+// back to the idle list.
+func (t *transport) exchange(ctx context.Context, c *conn, req []byte, deadline time.Time) (resp *response, sent bool, err error) {
 	if err := c.SetDeadline(deadline); err != nil {
-		return nil, fmt.Errorf("set deadline: %w", err)
+		return nil, false, fmt.Errorf("set deadline: %w", err)
 	}
 	// ctx's end interrupts a blocked write or read: an expired deadline.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	if _, err := c.Write(req); err != nil {
 		stop()
-		return nil, fmt.Errorf("send request: %w", ctxErr(ctx, err))
+		return nil, false, fmt.Errorf("send request: %w", ctxErr(ctx, err))
 	}
-	resp, err := readResponse(c.br)
-	if !stop() || err != nil {
-		if err == nil {
-			err = ctx.Err() // cancelled just as the answer came: the connection is spent
-		}
-		return nil, fmt.Errorf("read answer: %w", ctxErr(ctx, err))
+	resp, err = readResponse(c.br)
+	stopped := stop() // false: ctx ended, and c's deadline with it
+	if err != nil {
+		return nil, true, fmt.Errorf("read answer: %w", ctxErr(ctx, err))
 	}
-	if resp.keepAlive && c.br.Buffered() == 0 {
+	if stopped && resp.keepAlive && c.br.Buffered() == 0 {
 		t.put(c)
 	} else {
 		_ = c.Close()
 	}
-	return resp, nil
+	return resp, true, nil
 }
 
 // get returns an idle connection, or dials one. A dial that finds no
