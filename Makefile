@@ -140,6 +140,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL) ./cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseArgs$$' -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL) ./cni/
 	$(GO) test -run '^$$' -fuzz '^FuzzUnknownFields$$' -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL) ./allocator/etcdstore/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadResponse$$' -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL) ./agent/client/
 
 # go build -v names each package as it compiles: on a cold machine the
 # first build takes minutes, and says so rather than stay silent.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
 )
@@ -79,7 +78,7 @@ func owner(args *skel.CmdArgs, network string) (api.Owner, error) {
 // CNI_ARGS carries them (a sticky pod's DEL names its identity with
 // them). CNI_ARGS that do not parse are logged, never a failure: a DEL
 // must tear down whatever its ADD set up, and such an ADD set up nothing.
-func delOwner(args *skel.CmdArgs, network string, log hclog.Logger) api.Owner {
+func delOwner(args *skel.CmdArgs, network string, log logger) api.Owner {
 	o, err := owner(args, network)
 	if err != nil {
 		log.Warn("DEL with CNI_ARGS kvipam cannot parse; released without the pod's names", "error", err)

@@ -3,16 +3,22 @@ package cni
 import (
 	"io"
 	"os"
-
-	"github.com/hashicorp/go-hclog"
 )
+
+// logger is what the plugins log through: a message and key-value
+// pairs, at three levels. newLogger's is JSON lines (jsonLogger).
+type logger interface {
+	Debug(msg string, kv ...any)
+	Info(msg string, kv ...any)
+	Warn(msg string, kv ...any)
+}
 
 // newLogger returns a plugin's logger: silent unless the configuration
 // sets logLevel, then to logFile when set, else to stderr (which runtimes
 // capture). The returned func closes the file.
-func newLogger(name string, c *Config, stderr io.Writer) (hclog.Logger, func()) {
+func newLogger(name string, c *Config, stderr io.Writer) (logger, func()) {
 	if c == nil || c.LogLevel == "" || c.LogLevel == "off" {
-		return hclog.NewNullLogger(), func() {}
+		return &jsonLogger{level: levelOff}, func() {}
 	}
 	out, closeFn := stderr, func() {}
 	if c.LogFile != "" {
@@ -24,5 +30,5 @@ func newLogger(name string, c *Config, stderr io.Writer) (hclog.Logger, func()) 
 	if out == nil {
 		out = io.Discard
 	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.LevelFromString(c.LogLevel), Output: out, JSONFormat: true}), closeFn
+	return newJSONLogger(name, parseLevel(c.LogLevel), out), closeFn
 }

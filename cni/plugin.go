@@ -13,7 +13,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/hashicorp/go-hclog"
 
 	"github.com/kvipam/kvipam/agent/api"
 )
@@ -132,7 +131,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 }
 
 // setUp is ADD after the reservation, on the veth made meanwhile.
-func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, veth *PodVeth, alloc *api.AllocateResponse, log hclog.Logger) (*current.Result, error) {
+func (p *Plugin) setUp(ctx context.Context, ag Agent, c *Config, o api.Owner, args *skel.CmdArgs, veth *PodVeth, alloc *api.AllocateResponse, log logger) (*current.Result, error) {
 	als, err := parseAllocation(alloc)
 	if err != nil {
 		return nil, err

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/client"
 	"github.com/kvipam/kvipam/agent/delqueue"
@@ -25,7 +23,7 @@ import (
 // is back, and that counts as done. When the agent answers but cannot
 // release now (etcd down), the error stands, with code 11, so the runtime
 // retries.
-func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.Logger) (queued bool, err error) {
+func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log logger) (queued bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.AgentTimeout)
 	defer cancel()
 	owner := api.Owner{ContainerID: o.ContainerID, IfName: o.IfName}
@@ -71,7 +69,7 @@ func releaseOrQueue(ag Agent, c *Config, o api.Owner, hostIf string, log hclog.L
 // rollback undoes an ADD after its allocation: it removes the veth (when
 // one was made: removeVeth is not nil) and releases the owner. The CNI
 // code stays that of cause; cleanup failures are joined to its message.
-func rollback(ag Agent, c *Config, o api.Owner, removeVeth func() error, log hclog.Logger, cause error) error {
+func rollback(ag Agent, c *Config, o api.Owner, removeVeth func() error, log logger, cause error) error {
 	var errs []error
 	if removeVeth != nil {
 		if err := removeVeth(); err != nil {

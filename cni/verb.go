@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/hashicorp/go-hclog"
 	"github.com/kvipam/kvipam/agent/api"
 )
 
@@ -18,7 +17,7 @@ const (
 // network configuration, the plugin's logger and the node agent.
 type verb struct {
 	c   *Config
-	log hclog.Logger
+	log logger
 	ag  Agent
 	// ctx bounds a verb's calls to the agent together by the
 	// configuration's agent timeout, from begin: STATUS and GC of both

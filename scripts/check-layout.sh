@@ -116,6 +116,13 @@ for f in "${!excepted[@]}"; do
 		bad "$exceptions: $f has $n lines, no longer over $cap: remove the stale exception"
 	fi
 done
+# The CNI plugins start once a pod: they link neither net/http (and
+# crypto/tls with it) nor hclog and its terminal packages, whose inits
+# and pages were a third of their start-up (docs/cni.md, "Starting the
+# plugin").
+pdeps=$(go list -deps ./cmd/kvipam ./cmd/kvipam-ipam 2>&1) || { echo "$pdeps"; exit 1; }
+heavy=$(grep -E '^(net/http|crypto/tls|github.com/hashicorp/go-hclog|github.com/fatih/color|github.com/mattn/go-isatty|github.com/mattn/go-colorable)$' <<<"$pdeps" || true)
+[ -z "$heavy" ] || bad "the CNI plugins (cmd/kvipam, cmd/kvipam-ipam) link $(echo $heavy)"
 # No build outputs in git.
 while read -r f; do
 	[ -f "$f" ] || continue

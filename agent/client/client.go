@@ -8,13 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/url"
 	"os"
-	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/kvipam/kvipam/agent/api"
@@ -34,10 +29,11 @@ var ErrUnreachable = errors.New("kvipam agent unreachable")
 // runtime retry.
 var ErrNoAgent = fmt.Errorf("no kvipam agent listens there: %w", ErrUnreachable)
 
-// Client talks to one agent socket.
+// Client talks to one agent socket, over HTTP/1.1 (transport).
 type Client struct {
-	socket string
-	http   *http.Client
+	socket  string
+	timeout time.Duration
+	tr      *transport
 }
 
 // New returns a client for the agent at socket. timeout bounds each call.
@@ -45,18 +41,7 @@ func New(socket string, timeout time.Duration) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			conn, err := d.DialContext(ctx, "unix", socket)
-			if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-				return nil, fmt.Errorf("%w: %w", ErrNoAgent, err)
-			}
-			return conn, err
-		},
-		MaxIdleConns: 4,
-	}
-	return &Client{socket: socket, http: &http.Client{Transport: tr, Timeout: timeout}}
+	return &Client{socket: socket, timeout: timeout, tr: &transport{socket: socket}}
 }
 
 // Socket is the path this client dials.
@@ -71,7 +56,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 	for {
 		if _, err := os.Stat(c.socket); err == nil {
 			var out map[string]any
-			if err := c.do(ctx, http.MethodGet, api.PathHealth, nil, &out); err == nil || !errors.Is(err, ErrUnreachable) {
+			if err := c.do(ctx, "GET", api.PathHealth, nil, &out); err == nil || !errors.Is(err, ErrUnreachable) {
 				return nil
 			}
 		}
@@ -86,7 +71,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 // Status returns the agent's status; Ready says whether it can allocate.
 func (c *Client) Status(ctx context.Context) (*api.Status, error) {
 	var st api.Status
-	if err := c.do(ctx, http.MethodGet, api.PathStatus, nil, &st); err != nil {
+	if err := c.do(ctx, "GET", api.PathStatus, nil, &st); err != nil {
 		return nil, err
 	}
 	return &st, nil
@@ -95,13 +80,13 @@ func (c *Client) Status(ctx context.Context) (*api.Status, error) {
 // Config returns what a plugin needs to set a pod up.
 func (c *Client) Config(ctx context.Context) (*api.Config, error) {
 	var out api.Config
-	return &out, c.do(ctx, http.MethodGet, api.PathConfig, nil, &out)
+	return &out, c.do(ctx, "GET", api.PathConfig, nil, &out)
 }
 
 // Allocate reserves (or, with Permanent, allocates) IPs for an owner.
 func (c *Client) Allocate(ctx context.Context, req api.AllocateRequest) (*api.AllocateResponse, error) {
 	var out api.AllocateResponse
-	return &out, c.do(ctx, http.MethodPost, api.PathAllocate, req, &out)
+	return &out, c.do(ctx, "POST", api.PathAllocate, req, &out)
 }
 
 // Release frees an owner's IPs and removes its endpoint; idempotent.
@@ -113,26 +98,26 @@ func (c *Client) Release(ctx context.Context, o api.Owner) (*api.ReleaseResponse
 // agent retires first and deletes in the background (CNI DEL).
 func (c *Client) ReleaseAttachment(ctx context.Context, req api.ReleaseRequest) (*api.ReleaseResponse, error) {
 	var out api.ReleaseResponse
-	return &out, c.do(ctx, http.MethodPost, api.PathRelease, req, &out)
+	return &out, c.do(ctx, "POST", api.PathRelease, req, &out)
 }
 
 // CreateEndpoint confirms the reservation and programs the datapath.
 func (c *Client) CreateEndpoint(ctx context.Context, req api.EndpointRequest) (*api.Endpoint, error) {
 	var out api.Endpoint
-	return &out, c.do(ctx, http.MethodPost, api.PathEndpoints, req, &out)
+	return &out, c.do(ctx, "POST", api.PathEndpoints, req, &out)
 }
 
 // Endpoints lists the endpoints the agent has programmed.
 func (c *Client) Endpoints(ctx context.Context) ([]api.Endpoint, error) {
 	var out api.EndpointList
-	err := c.do(ctx, http.MethodGet, api.PathEndpoints, nil, &out)
+	err := c.do(ctx, "GET", api.PathEndpoints, nil, &out)
 	return out.Endpoints, err
 }
 
 // EndpointStats lists the endpoints with their datapath counters.
 func (c *Client) EndpointStats(ctx context.Context) ([]api.Endpoint, error) {
 	var out api.EndpointList
-	err := c.do(ctx, http.MethodGet, api.PathEndpoints+"?stats=1", nil, &out)
+	err := c.do(ctx, "GET", api.PathEndpoints+"?stats=1", nil, &out)
 	return out.Endpoints, err
 }
 
@@ -140,62 +125,65 @@ func (c *Client) EndpointStats(ctx context.Context) ([]api.Endpoint, error) {
 func (c *Client) Allocations(ctx context.Context, o api.Owner) ([]api.Allocation, error) {
 	q := url.Values{"containerID": {o.ContainerID}, "ifName": {o.IfName}}
 	var out api.AllocationList
-	err := c.do(ctx, http.MethodGet, api.PathAllocations+"?"+q.Encode(), nil, &out)
+	err := c.do(ctx, "GET", api.PathAllocations+"?"+q.Encode(), nil, &out)
 	return out.Allocations, err
 }
 
 // GC releases allocations of this node not in the valid list.
 func (c *Client) GC(ctx context.Context, req api.GCRequest) (*api.GCResponse, error) {
 	var out api.GCResponse
-	return &out, c.do(ctx, http.MethodPost, api.PathGC, req, &out)
+	return &out, c.do(ctx, "POST", api.PathGC, req, &out)
 }
 
+// do sends one call: in, when not nil, as the JSON body; the answer's
+// JSON body into out. An answer of 300 or more is the agent's *api.Error
+// (or one made up from an answer that is not one). The call is bounded
+// by the client's timeout and ctx; the agent hears the bound
+// (api.HeaderTimeout).
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
+	var body []byte
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
 			return fmt.Errorf("encode %s request: %w", path, err)
 		}
-		body = bytes.NewReader(b)
+		body = b
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://kvipam"+path, body)
-	if err != nil {
-		return fmt.Errorf("build %s request: %w", path, err)
+	var deadline time.Time
+	if c.timeout > 0 {
+		deadline = time.Now().Add(c.timeout)
 	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+	if d, ok := ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		deadline = d
 	}
-	wait := c.http.Timeout
-	if d, ok := ctx.Deadline(); ok && (wait <= 0 || time.Until(d) < wait) {
-		wait = time.Until(d)
+	var wait time.Duration
+	if !deadline.IsZero() {
+		if wait = time.Until(deadline); wait <= 0 {
+			return fmt.Errorf("%s %s via %s: %w: %w", method, path, c.socket, ErrUnreachable, context.DeadlineExceeded)
+		}
 	}
-	if wait > 0 {
-		req.Header.Set(api.HeaderTimeout, strconv.FormatInt(wait.Milliseconds(), 10))
-	}
-	resp, err := c.http.Do(req)
+	resp, err := c.tr.roundTrip(ctx, appendRequest(nil, method, path, body, wait), deadline)
 	if errors.Is(err, ErrNoAgent) {
 		return fmt.Errorf("%s %s via %s: %w", method, path, c.socket, err)
 	}
 	if err != nil {
+		if isTimeout(err) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			// the connection's deadline, the call's bound, passed
+			err = fmt.Errorf("no answer within %s: %w (%w)", wait.Round(time.Millisecond), context.DeadlineExceeded, err)
+		}
 		return fmt.Errorf("%s %s via %s: %w: %w", method, path, c.socket, ErrUnreachable, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return fmt.Errorf("read %s answer: %w: %w", path, ErrUnreachable, err)
-	}
-	if resp.StatusCode >= 300 {
-		ae := &api.Error{Status: resp.StatusCode}
-		if json.Unmarshal(data, ae) != nil || ae.Code == "" {
-			ae.Code, ae.Message = api.CodeInternal, fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(data))
+	if resp.status >= 300 {
+		ae := &api.Error{Status: resp.status}
+		if json.Unmarshal(resp.body, ae) != nil || ae.Code == "" {
+			ae.Code, ae.Message = api.CodeInternal, fmt.Sprintf("agent answered %s: %s", resp.statusLine, bytes.TrimSpace(resp.body))
 		}
 		return ae
 	}
-	if out == nil || len(data) == 0 {
+	if out == nil || len(resp.body) == 0 {
 		return nil
 	}
-	if err := json.Unmarshal(data, out); err != nil {
+	if err := json.Unmarshal(resp.body, out); err != nil {
 		return fmt.Errorf("decode %s answer: %w", path, err)
 	}
 	return nil
