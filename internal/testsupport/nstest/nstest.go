@@ -4,6 +4,7 @@ package nstest
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"testing"
@@ -171,25 +172,51 @@ func unsettled(h *netlink.Handle) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("list local routes: %w", err)
 	}
+	links, err := h.LinkList()
+	if err != nil {
+		return "", fmt.Errorf("list links: %w", err)
+	}
+	return pending(links, addrs, local), nil
+}
+
+// pending names what of links, addrs and local (the local table's routes)
+// the kernel is still working on, or is "".
+func pending(links []netlink.Link, addrs []netlink.Addr, local []netlink.Route) string {
 	have := map[string]bool{}
 	for _, r := range local {
 		if r.Dst != nil {
 			have[r.Dst.IP.String()] = true
 		}
 	}
-	links, err := h.LinkList()
-	if err != nil {
-		return "", fmt.Errorf("list links: %w", err)
+	// The namespace runs IPv6 when its loopback has ::1; then addrconf
+	// gives every running Ethernet link a link-local address.
+	v6, linkLocal := false, map[int]bool{}
+	for _, a := range addrs {
+		if a.IP.Equal(net.IPv6loopback) {
+			v6 = true
+		}
+		if a.IP.To4() == nil && a.IP.IsLinkLocalUnicast() {
+			linkLocal[a.LinkIndex] = true
+		}
 	}
 	running := map[int]bool{}
 	for _, l := range links {
-		flags := l.Attrs().RawFlags
+		at := l.Attrs()
+		flags := at.RawFlags
 		if flags&unix.IFF_UP != 0 && flags&unix.IFF_LOWER_UP != 0 && flags&unix.IFF_RUNNING == 0 {
 			// Carrier, but linkwatch has yet to set the operational
 			// state; addrconf starts on the link only then.
-			return l.Attrs().Name + " (operational state pending)", nil
+			return at.Name + " (operational state pending)"
 		}
-		running[l.Attrs().Index] = flags&unix.IFF_RUNNING != 0
+		if flags&unix.IFF_RUNNING != 0 && flags&unix.IFF_LOOPBACK == 0 && at.EncapType == "ether" &&
+			v6 && at.MTU >= 1280 && !linkLocal[at.Index] {
+			// linkwatch sets the operational state first and tells
+			// addrconf after: the link-local address comes a moment
+			// later (seen under load, an address with IFA_F_NODAD
+			// already routed in between).
+			return at.Name + " (link-local address pending)"
+		}
+		running[at.Index] = flags&unix.IFF_RUNNING != 0
 	}
 	for _, a := range addrs {
 		if a.Flags&unix.IFA_F_DADFAILED != 0 {
@@ -197,13 +224,13 @@ func unsettled(h *netlink.Handle) (string, error) {
 		}
 		if a.Flags&unix.IFA_F_TENTATIVE != 0 {
 			if running[a.LinkIndex] {
-				return a.IPNet.String() + " (tentative)", nil
+				return a.IPNet.String() + " (tentative)"
 			}
 			continue
 		}
 		if !have[a.IP.String()] {
-			return a.IPNet.String() + " (no local route)", nil
+			return a.IPNet.String() + " (no local route)"
 		}
 	}
-	return "", nil
+	return ""
 }
