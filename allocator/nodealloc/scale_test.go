@@ -294,6 +294,10 @@ type filled struct {
 	cpu, rawCPU []cpuSample
 	failed      int64
 	answers     []answer
+	// unanswered are the owners whose Allocate failed: its write may
+	// have landed after all (an unknown outcome), so a node restored
+	// from etcd may hold them.
+	unanswered map[records.Owner]bool
 }
 
 // report reports the fill's groups, its raw groups, their CPU and its
@@ -385,7 +389,7 @@ func (f *fleet) rawGroup(ctx context.Context, n, addrs int) (time.Duration, cpuS
 // allocations run with the benchmark's timer on.
 func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 	group := min(1000, max(nodes/5, 1))
-	var r filled
+	r := filled{unanswered: map[records.Owner]bool{}}
 	var failed atomic.Int64
 	var mu sync.Mutex
 	for first := 0; first < nodes; first += group {
@@ -414,6 +418,9 @@ func (f *fleet) fill(ctx context.Context, nodes, addrs int) filled {
 				res, err := als[i].Allocate(ctx, nodealloc.Request{Pool: f.pool, Owner: o})
 				if err != nil {
 					failed.Add(1)
+					mu.Lock()
+					r.unanswered[o] = true
+					mu.Unlock()
 					continue
 				}
 				got = append(got, answer{node: nodeName(first + i), owner: o, al: res.Allocations[0]})
