@@ -151,7 +151,10 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 			f.clis[i] = c.Client(b, "kvipam")
 		}
 		f.status = func(ctx context.Context) (*clientv3.StatusResponse, error) {
-			l, err := c.Leader(ctx)
+			// While the members hold an election there is no leader to
+			// ask: wait for one (a loaded machine delays heartbeats right
+			// after the start).
+			l, err := c.WaitLeader(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -176,25 +179,13 @@ func newFleet(b *testing.B, backend, pool string) *fleet {
 	return f
 }
 
-// term is the leader's raft term: it grows with every election. While
-// the members hold an election there is no leader to ask: it waits for
-// one (a loaded machine delays heartbeats right after the start), and
-// fails only when ctx ends first.
+// term is the leader's raft term: it grows with every election.
 func (f *fleet) term(ctx context.Context) uint64 {
-	for {
-		st, err := f.status(ctx)
-		if err == nil {
-			return st.RaftTerm
-		}
-		if ctx.Err() != nil {
-			f.b.Fatalf("etcd status: %v", err)
-		}
-		f.b.Logf("etcd status: %v (awaiting a leader)", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
+	st, err := f.status(ctx)
+	if err != nil {
+		f.b.Fatalf("etcd status: %v", err)
 	}
+	return st.RaftTerm
 }
 
 // nodeName is simulated node i's name.
