@@ -242,6 +242,7 @@ func (a *Allocator) BoundRefs(b records.Binding) ([]records.IPRef, error) {
 // leave runs leaveMigration from a fresh read of identity's binding, and
 // again after a lost race or an answer lost. Called with mu held.
 func (a *Allocator) leave(ctx context.Context, ps *planner.Pool, identity string, o records.Owner) (handled bool, err error) {
+	var away error
 	err = retry.Do(ctx, migrationRetry(a.cfg.WriteRetry), func(ctx context.Context) error {
 		r, found, err := a.readMigration(ctx, ps, identity)
 		if err != nil || !found {
@@ -249,11 +250,17 @@ func (a *Allocator) leave(ctx context.Context, ps *planner.Pool, identity string
 			return err
 		}
 		handled, err = a.leaveMigration(ctx, ps, r, o)
-		if errors.Is(err, errMigrationLeft) {
-			return nil // the alternate went: the caller keeps as ever
+		if errors.Is(err, errAlternateAway) {
+			// Reading again at once will not bring the node back: the
+			// caller's DEL is tried again later.
+			away = err
+			return nil
 		}
 		return err
 	})
+	if err == nil {
+		err = away
+	}
 	return handled, err
 }
 
@@ -316,7 +323,7 @@ func (a *Allocator) leaveMigration(ctx context.Context, ps *planner.Pool, r migr
 		a.log.Warn("live migration: the forwarding pod left and the alternate's node has no live record; refusing the DEL until the alternate's node is back or the alternate leaves",
 			"identity", b.Identity, "owner", o.Key(), "alternate", b.Alternate.Owner.Key(), "alternate_node", b.Alternate.Node)
 		return false, fmt.Errorf("release %s: the addresses of %s go to its live migration's second owner %s, whose node %s has no live record: %w",
-			o.Key(), b.Identity, b.Alternate.Owner.Key(), b.Alternate.Node, retry.ErrUnavailable)
+			o.Key(), b.Identity, b.Alternate.Owner.Key(), b.Alternate.Node, errAlternateAway)
 	}
 	return false, err
 }
@@ -363,9 +370,9 @@ func (a *Allocator) keepUnheard(ctx context.Context, ps *planner.Pool, id string
 	return out, nil
 }
 
-// errMigrationLeft says a migration was left and the binding changed:
-// read it again and go on as for any sticky owner.
-var errMigrationLeft = fmt.Errorf("live migration left, binding changed: %w", retry.ErrConflict)
+// errAlternateAway refuses the forwarding owner's DEL while its live
+// migration's second owner has no live node record: a DEL to try again.
+var errAlternateAway = fmt.Errorf("the alternate's node is away: %w", retry.ErrUnavailable)
 
 // allBound is als with the owner's records at the rest of b's
 // addresses, read back: the cache may know only some of them (a live
