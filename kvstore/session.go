@@ -2,12 +2,11 @@ package kvstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,11 +71,18 @@ func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*S
 
 func seconds(n int64) time.Duration { return time.Duration(n) * time.Second }
 
-// keepAlive renews the lease until ctx ends or the lease is lost.
+// keepAlive renews the lease until ctx ends or the lease is lost. The
+// keepalives go on one long-lived LeaseKeepAlive stream, opened again
+// after an error, with one keepalive in flight at a time, so an answer is
+// the answer to the keepalive last sent and its send time is known. (A
+// stream a keepalive, as clientv3's KeepAliveOnce opens, cost a
+// three-member cluster its leader with 2,500 sessions in one process.)
 func (s *Session) keepAlive(ctx context.Context) {
 	defer close(s.stopped)
 	every := seconds(s.ttl) / 3
 	wait := every
+	var st *keepaliveStream
+	defer func() { st.close() }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -85,20 +91,73 @@ func (s *Session) keepAlive(ctx context.Context) {
 			return
 		case <-time.After(wait):
 		}
+		if st == nil {
+			st = openKeepalive(ctx, s.cli)
+		}
 		sent := time.Now()
-		actx, cancel := context.WithTimeout(ctx, every)
-		resp, err := s.cli.KeepAliveOnce(actx, s.id)
-		cancel()
+		ttl, err := st.renew(s.id, every)
 		switch {
-		case err == nil:
-			s.extend(sent.Add(seconds(resp.TTL)))
-			wait = every
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case err != nil:
+			st.close() // unanswered: a new stream, soon, until done
+			st = nil
+			wait = keepaliveRetry
+		case ttl <= 0:
 			s.markDone() // etcd expired or revoked it
 			return
 		default:
-			wait = keepaliveRetry // unanswered: try again soon, until done
+			s.extend(sent.Add(seconds(ttl)))
+			wait = every
 		}
+	}
+}
+
+// keepaliveStream is one LeaseKeepAlive stream, on whichever member the
+// client's balancer picks. It requires a leader: a member cut off from
+// its cluster ends the stream rather than holding keepalives it cannot
+// forward, and the next stream may go to another member.
+type keepaliveStream struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream pb.Lease_LeaseKeepAliveClient
+	err    error // the stream could not be opened
+}
+
+func openKeepalive(ctx context.Context, cli *clientv3.Client) *keepaliveStream {
+	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	st := &keepaliveStream{ctx: sctx, cancel: cancel}
+	st.stream, st.err = pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(sctx)
+	return st
+}
+
+// renew sends one keepalive and awaits its answer for at most timeout
+// (the stream is cancelled then, and unusable). A TTL of zero or less is
+// etcd's answer for a lease it does not have.
+func (st *keepaliveStream) renew(id clientv3.LeaseID, timeout time.Duration) (int64, error) {
+	if st.err != nil {
+		return 0, st.err
+	}
+	abandon := time.AfterFunc(timeout, st.cancel)
+	defer abandon.Stop()
+	if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+		return 0, err
+	}
+	resp, err := st.stream.Recv()
+	if err != nil {
+		return 0, err
+	}
+	if st.ctx.Err() != nil {
+		return 0, st.ctx.Err() // answered as the timeout fired: the stream is gone
+	}
+	if resp.ID != int64(id) {
+		return 0, fmt.Errorf("keepalive of lease %x answered for lease %x", id, resp.ID)
+	}
+	return resp.TTL, nil
+}
+
+// close ends the stream; a nil stream is closed already.
+func (st *keepaliveStream) close() {
+	if st != nil {
+		st.cancel()
 	}
 }
 

@@ -3,11 +3,14 @@ package kvstore_test
 import (
 	"context"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/kvipam/kvipam/internal/testsupport/cutproxy"
 	"github.com/kvipam/kvipam/kvstore"
@@ -40,6 +43,41 @@ func TestSessionHeldUntilMoves(t *testing.T) {
 		require.Greater(t, time.Until(next), time.Second, "renewed a third of the TTL in")
 		until, moved = next, m
 	}
+}
+
+// TestSessionKeepalivesOnOneStream: a session sends its keepalives on one
+// long-lived LeaseKeepAlive stream, not a new gRPC stream each (one a
+// keepalive cost the members their leader with 2,500 sessions in one
+// process: docs/scale.md). The client counts the streams it opens.
+func TestSessionKeepalivesOnOneStream(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	var streams atomic.Int64
+	count := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+			streams.Add(1)
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(count)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { cli.Close() })
+
+	s, err := kvstore.NewSession(ctx, cli, 1)
+	require.NoError(t, err)
+	defer s.Close()
+	_, moved := s.HeldUntil()
+	const keepalives = 5
+	for range keepalives {
+		select {
+		case <-moved:
+		case <-s.Done():
+			t.Fatal("session lost while etcd answers")
+		}
+		_, moved = s.HeldUntil()
+	}
+	require.EqualValues(t, 1, streams.Load(), "%d keepalives answered on one stream", keepalives)
 }
 
 // TestSessionLostByHeldUntil cuts a session's client off etcd (packets
