@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -24,8 +23,9 @@ import (
 // session is one the process can no longer prove it holds, and it says so
 // before etcd can give its keys away. etcd's own client keeps a lease
 // alive until the last answer's arrival plus the TTL, later than etcd may
-// expire it, and checks that once a second; the session keeps its own
-// keepalives to know the send times.
+// expire it, and checks that once a second; the sessions of a client send
+// their own keepalives, on one stream whose keeper knows the send times
+// (keeper).
 //
 // A lost session is never revived; the owner grants a new one and
 // re-establishes its keys. Session is safe for concurrent use.
@@ -33,6 +33,7 @@ type Session struct {
 	cli     *clientv3.Client
 	id      clientv3.LeaseID
 	ttl     int64
+	every   time.Duration // between keepalives, and how long one may go unanswered
 	cancel  context.CancelFunc
 	stopped chan struct{} // the keepalive loop ended
 	done    chan struct{}
@@ -62,7 +63,7 @@ func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*S
 		return nil, fmt.Errorf("grant lease: %w", Unavailable(err))
 	}
 	kctx, cancel := context.WithCancel(context.Background())
-	s := &Session{cli: cli, id: resp.ID, ttl: resp.TTL, cancel: cancel, stopped: make(chan struct{}), done: make(chan struct{}),
+	s := &Session{cli: cli, id: resp.ID, ttl: resp.TTL, every: seconds(resp.TTL) / 3, cancel: cancel, stopped: make(chan struct{}), done: make(chan struct{}),
 		until: sent.Add(seconds(resp.TTL)), moved: make(chan struct{})}
 	s.expires = time.AfterFunc(time.Until(s.until), s.markDone)
 	go s.keepAlive(kctx)
@@ -71,18 +72,15 @@ func NewSession(ctx context.Context, cli *clientv3.Client, ttlSeconds int64) (*S
 
 func seconds(n int64) time.Duration { return time.Duration(n) * time.Second }
 
-// keepAlive renews the lease until ctx ends or the lease is lost. The
-// keepalives go on one long-lived LeaseKeepAlive stream, opened again
-// after an error, with one keepalive in flight at a time, so an answer is
-// the answer to the keepalive last sent and its send time is known. (A
-// stream a keepalive, as clientv3's KeepAliveOnce opens, cost a
-// three-member cluster its leader with 2,500 sessions in one process.)
+// keepAlive renews the lease until ctx ends or the lease is lost: a
+// keepalive every third of the TTL on the client's keepalive stream, sent
+// again soon if it is not answered within a third of the TTL. The keeper
+// moves HeldUntil when the answer comes, however late.
 func (s *Session) keepAlive(ctx context.Context) {
 	defer close(s.stopped)
-	every := seconds(s.ttl) / 3
-	wait := every
-	var st *keepaliveStream
-	defer func() { st.close() }()
+	k := keeperOf(s.cli)
+	defer k.release()
+	wait := s.every
 	for {
 		select {
 		case <-ctx.Done():
@@ -91,73 +89,18 @@ func (s *Session) keepAlive(ctx context.Context) {
 			return
 		case <-time.After(wait):
 		}
-		if st == nil {
-			st = openKeepalive(ctx, s.cli)
-		}
-		sent := time.Now()
-		ttl, err := st.renew(s.id, every)
-		switch {
-		case err != nil:
-			st.close() // unanswered: a new stream, soon, until done
-			st = nil
-			wait = keepaliveRetry
-		case ttl <= 0:
-			s.markDone() // etcd expired or revoked it
+		_, moved := s.HeldUntil()
+		if !k.send(ctx, s) {
 			return
-		default:
-			s.extend(sent.Add(seconds(ttl)))
-			wait = every
 		}
-	}
-}
-
-// keepaliveStream is one LeaseKeepAlive stream, on whichever member the
-// client's balancer picks. It requires a leader: a member cut off from
-// its cluster ends the stream rather than holding keepalives it cannot
-// forward, and the next stream may go to another member.
-type keepaliveStream struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	stream pb.Lease_LeaseKeepAliveClient
-	err    error // the stream could not be opened
-}
-
-func openKeepalive(ctx context.Context, cli *clientv3.Client) *keepaliveStream {
-	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	st := &keepaliveStream{ctx: sctx, cancel: cancel}
-	st.stream, st.err = pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(sctx)
-	return st
-}
-
-// renew sends one keepalive and awaits its answer for at most timeout
-// (the stream is cancelled then, and unusable). A TTL of zero or less is
-// etcd's answer for a lease it does not have.
-func (st *keepaliveStream) renew(id clientv3.LeaseID, timeout time.Duration) (int64, error) {
-	if st.err != nil {
-		return 0, st.err
-	}
-	abandon := time.AfterFunc(timeout, st.cancel)
-	defer abandon.Stop()
-	if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
-		return 0, err
-	}
-	resp, err := st.stream.Recv()
-	if err != nil {
-		return 0, err
-	}
-	if st.ctx.Err() != nil {
-		return 0, st.ctx.Err() // answered as the timeout fired: the stream is gone
-	}
-	if resp.ID != int64(id) {
-		return 0, fmt.Errorf("keepalive of lease %x answered for lease %x", id, resp.ID)
-	}
-	return resp.TTL, nil
-}
-
-// close ends the stream; a nil stream is closed already.
-func (st *keepaliveStream) close() {
-	if st != nil {
-		st.cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-moved:
+			wait = s.every
+		case <-time.After(s.every):
+			wait = keepaliveRetry // unanswered: try again soon, until done
+		}
 	}
 }
 
