@@ -48,11 +48,25 @@ func (q *inflights) drop(gen uint64) {
 	*q = kept
 }
 
-// late reports whether a keepalive has gone unanswered for longer than
-// its session's interval at now.
-func (q inflights) late(now time.Time) bool {
+// has reports whether s has a keepalive unanswered on the stream of
+// generation gen: a second would only queue behind it.
+func (q inflights) has(gen uint64, s *Session) bool {
 	for _, f := range q {
-		if now.Sub(f.sent) > f.s.every {
+		if f.gen == gen && f.s == s {
+			return true
+		}
+	}
+	return false
+}
+
+// silent reports whether the stream has gone quiet: a keepalive is
+// unanswered for longer than its session's interval, and nothing was
+// heard on the stream (its opening, an answer) for as long. A stream
+// that answers late but answers is kept: etcd under load answers in
+// order, and each late answer still proves its lease from its send time.
+func (q inflights) silent(now, heard time.Time) bool {
+	for _, f := range q {
+		if now.Sub(f.sent) > f.s.every && now.Sub(heard) > f.s.every {
 			return true
 		}
 	}

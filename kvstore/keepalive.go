@@ -29,6 +29,7 @@ type keeper struct {
 	mu      sync.Mutex
 	refs    int       // sessions using the keeper
 	pending inflights // sent on the stream, not yet answered
+	heard   time.Time // the stream opened or answered last then
 	broken  chan uint64
 }
 
@@ -74,14 +75,16 @@ func (k *keeper) send(ctx context.Context, s *Session) bool {
 	}
 }
 
-// unanswered is how often the keeper looks for a keepalive left
-// unanswered longer than its session's interval; it then ends the stream
-// (a member that no longer answers) and the next keepalive opens another,
-// perhaps to another member.
+// unanswered is how often the keeper looks for a silent stream: a
+// keepalive left unanswered longer than its session's interval, and
+// nothing heard for as long. It then ends the stream (a member that no
+// longer answers) and the next keepalive opens another, perhaps to
+// another member.
 const unanswered = 250 * time.Millisecond
 
 // run owns the stream: it opens it when a keepalive is due, sends, and
-// ends it on an error or a keepalive left unanswered.
+// ends it on an error or when it falls silent. A session's keepalive is
+// not sent while its last one is still unanswered on the stream.
 func (k *keeper) run(ctx context.Context) {
 	var (
 		st     *keepaliveStream
@@ -107,9 +110,9 @@ func (k *keeper) run(ctx context.Context) {
 			}
 		case <-ticker.C:
 			k.mu.Lock()
-			late := k.pending.late(time.Now())
+			silent := k.pending.silent(time.Now(), k.heard)
 			k.mu.Unlock()
-			if st != nil && late {
+			if st != nil && silent {
 				end()
 			}
 		case s := <-k.due:
@@ -120,11 +123,20 @@ func (k *keeper) run(ctx context.Context) {
 					st = nil // the session's keepalive goes unanswered, and is sent again
 					continue
 				}
+				k.mu.Lock()
+				k.heard = time.Now()
+				k.mu.Unlock()
 				go k.recv(ctx, st, gen)
 			}
 			k.mu.Lock()
-			k.pending.add(inflight{gen: gen, s: s, sent: time.Now()})
+			queued := k.pending.has(gen, s)
+			if !queued {
+				k.pending.add(inflight{gen: gen, s: s, sent: time.Now()})
+			}
 			k.mu.Unlock()
+			if queued {
+				continue
+			}
 			if err := st.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(s.id)}); err != nil {
 				end()
 			}
@@ -145,6 +157,9 @@ func (k *keeper) recv(ctx context.Context, st *keepaliveStream, gen uint64) {
 		}
 		k.mu.Lock()
 		f, ok := k.pending.answer(gen, clientv3.LeaseID(resp.ID))
+		if ok {
+			k.heard = time.Now()
+		}
 		k.mu.Unlock()
 		switch {
 		case !ok: // answer to a keepalive dropped with an older stream
