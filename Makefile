@@ -87,28 +87,30 @@ bench-quick:
 bench-run: build
 	rm -rf $(BENCH_OUT) && mkdir -p $(BENCH_OUT)
 	@run() { name=$$1; shift; echo "$$*" >> $(BENCH_OUT)/commands.txt; echo "$$*"; \
-		env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1 || { cat $(BENCH_OUT)/$$name.txt; exit 1; }; grep '^Benchmark' $(BENCH_OUT)/$$name.txt; }; \
-	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/planner/ && \
-	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
-	run claimcost KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimCost -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
-	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) KVIPAM_STORM_REQUEST_TIMEOUT=5s $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
-	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/nodealloc/ && \
-	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/nodealloc/ && \
-	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ && \
-	run attach $(GO) test -run '^$$' -bench AttachDetach -benchtime 50x ./bpf/ && \
-	run datapath $(GO) test -run '^$$' -bench 'AddDatapath$$' -benchtime 100x ./e2e/ && \
-	run datapath-loaded $(GO) test -run '^$$' -bench AddDatapathLoaded -benchtime $(LAT_N)x ./e2e/ && \
-	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ && \
-	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
-	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ && \
-	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ && \
-	run hostport $(GO) test -run '^$$' -bench HostPortAdd -benchtime $(HOSTPORT_N)x ./e2e/ && \
-	run migration KVIPAM_MIGRATION_MOVES=$(MIGRATION_MOVES) $(GO) test -run '^$$' -bench '^BenchmarkMigration$$' -benchtime 1x -timeout 30m ./e2e/ && \
+		if env KVIPAM_BENCH_SAMPLES=$(abspath $(BENCH_OUT)/samples) "$$@" > $(BENCH_OUT)/$$name.txt 2>&1; then grep '^Benchmark' $(BENCH_OUT)/$$name.txt; \
+		else tail -n 30 $(BENCH_OUT)/$$name.txt; echo "bench: $$name FAILED, its figures are left out (all its output: $(BENCH_OUT)/$$name.txt)"; echo $$name >> $(BENCH_OUT)/failed.txt; fi; }; \
+	run choose $(GO) test -run '^$$' -bench ChooseBlock -benchtime 2000x ./allocator/nodealloc/planner/ ; \
+	run storm KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ ; \
+	run claimcost KVIPAM_STORM_NODES=$(STORM_NODES) $(GO) test -run '^$$' -bench ClaimCost -benchtime 1x -timeout 30m ./allocator/nodealloc/ ; \
+	run storm10k KVIPAM_STORM_NODES=$(STORM10K_NODES) KVIPAM_STORM_REQUEST_TIMEOUT=5s $(GO) test -run '^$$' -bench ClaimStorm -benchtime 1x -timeout 30m ./allocator/nodealloc/ ; \
+	run steady KVIPAM_FILL_NODES=$(FILL_NODES) KVIPAM_FILL_ADDRS=$(FILL_ADDRS) KVIPAM_STEADY_SECONDS=$(STEADY_SECONDS) KVIPAM_SWEEP_SECONDS=$(SWEEP_SECONDS) $(GO) test -run '^$$' -bench '^BenchmarkSteady$$' -benchtime 1x -timeout 30m ./allocator/nodealloc/ ; \
+	run tight $(GO) test -run '^$$' -bench TightPool -benchtime 1x ./allocator/nodealloc/ ; \
+	run restart $(GO) test -run '^$$' -bench AgentRestart -benchtime 5x ./agent/ ; \
+	run attach $(GO) test -run '^$$' -bench AttachDetach -benchtime 50x ./bpf/ ; \
+	run datapath $(GO) test -run '^$$' -bench 'AddDatapath$$' -benchtime 100x ./e2e/ ; \
+	run datapath-loaded $(GO) test -run '^$$' -bench AddDatapathLoaded -benchtime $(LAT_N)x ./e2e/ ; \
+	run adddel KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench AddDel -benchtime $(LAT_N)x ./e2e/ ; \
+	run burst KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ ; \
+	run burst-routes $(GO) test -run '^$$' -bench Burst100 -benchtime 3x ./e2e/ ; \
+	run burst-locks KVIPAM_LOCK_TRACE=1 KVIPAM_E2E_DATAPATH=bpf $(GO) test -run '^$$' -bench Burst100 -benchtime 2x ./e2e/ ; \
+	run hostport $(GO) test -run '^$$' -bench HostPortAdd -benchtime $(HOSTPORT_N)x ./e2e/ ; \
+	run migration KVIPAM_MIGRATION_MOVES=$(MIGRATION_MOVES) $(GO) test -run '^$$' -bench '^BenchmarkMigration$$' -benchtime 1x -timeout 30m ./e2e/ ; \
 	if [ "$$(id -u)" = 0 ]; then $(MAKE) k8s-bin && \
 	run k8s sh -c "cd e2e/k8s && KVIPAM_K8S_BIN=$(K8S_BIN) KVIPAM_K8S_BURST=$(K8S_BENCH_BURSTS) KVIPAM_K8S_ROUNDS=$(K8S_ROUNDS) KVIPAM_K8S_SINGLES=$(K8S_SINGLES) KVIPAM_K8S_CHURN_RATE=$(K8S_CHURN_RATE) KVIPAM_K8S_CHURN_SECONDS=$(K8S_CHURN_SECONDS) KVIPAM_K8S_CHURN_SWEEP=$(K8S_CHURN_SWEEP) KVIPAM_K8S_CHURN_STEP_SECONDS=$(K8S_CHURN_STEP) $(GO) test -count=1 -run '^$$' -v -bench '^BenchmarkK8s(Burst|Churn)$$' -benchtime 1x -timeout 180m ."; \
 	else echo 'k8s bench skipped: needs root'; fi
 	$(GO) run ./cmd/kvipam-benchreport -in $(BENCH_OUT) -json docs/benchmarks.json -md docs/BENCHMARKS.md -svg docs/plots
 	@echo "wrote docs/BENCHMARKS.md, docs/benchmarks.json and docs/plots"
+	@if [ -s $(BENCH_OUT)/failed.txt ]; then echo "bench: failed, their figures missing from the report:" $$(cat $(BENCH_OUT)/failed.txt); exit 1; fi
 
 # The chaos workload (root): etcd members and agents as processes, faults
 # at random, a history checker. CHAOS_DURATION (3m), CHAOS_SEED, CHAOS_NODES,

@@ -104,7 +104,7 @@ type Config struct {
 	VXLAN VXLANConfig `json:"vxlan"`
 	// BGP is the speaker of routing bgp: the node's AS, the routers it
 	// peers with, what it adds to its announcements (docs/routing.md).
-	BGP bgp.Config `json:"bgp"`
+	BGP bgp.Config `json:"bgp,omitzero"`
 	// Egress tunes the node's egress masquerade, which each pool turns
 	// on or off in etcd (docs/routing.md, "Egress").
 	Egress EgressConfig `json:"egress"`

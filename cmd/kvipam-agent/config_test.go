@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvipam/kvipam/agent"
 	"github.com/kvipam/kvipam/routing/bgp"
 )
 
@@ -99,6 +101,22 @@ func TestShippedConfigLoads(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "default", c.Pools[0].Name)
 	require.Len(t, c.Etcd.Endpoints, 3)
+}
+
+// TestConfigWrittenLoads: a configuration marshalled from the agent's own
+// type (as tools and benchmarks write it) loads back: a routing without
+// BGP writes no bgp section, whose zero AS the strict reader would refuse.
+func TestConfigWrittenLoads(t *testing.T) {
+	c := agent.DefaultConfig()
+	c.Node = "n1"
+	c.Etcd.Endpoints = []string{"http://127.0.0.1:2379"}
+	data, err := json.Marshal(c)
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "agent.json")
+	require.NoError(t, os.WriteFile(file, data, 0o600))
+	got, err := loadConfig([]string{"--config", file}, env(nil))
+	require.NoError(t, err)
+	require.Equal(t, "n1", got.Node)
 }
 
 // Node labels come from --node-labels, KVIPAM_NODE_LABELS or nodeLabels
