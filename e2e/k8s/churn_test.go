@@ -125,7 +125,11 @@ func (c *kcluster) churn(b *testing.B, w *procWatch, net string, rate, seconds, 
 		}
 		res.adds = append(res.adds, ms(last.Sub(first)))
 	}
-	res.failed = c.sandboxFailures(ns)
+	var why []string
+	res.failed, why = c.sandboxFailures(ns)
+	for _, w := range why {
+		b.Logf("%s: a RunPodSandbox attempt failed: %s", networkLabels[net], w)
+	}
 	res.leaks = c.churnLeaks(b, net, ns)
 	c.deleteNamespace(b, ns)
 	b.Logf("%s, churn of %d pods a second for %d s (each deleted %d s after its creation): %d created (%d requests failed), %d sandboxes' CNI ADD p50 %.0f ms p99 %.0f ms max %.0f ms, %d RunPodSandbox attempts failed, %d addresses left, agent RSS %s MB, load %.1f",
@@ -148,14 +152,24 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // sandboxFailures counts namespace ns's RunPodSandbox attempts on n1 that
-// failed (containerd's log).
-func (c *kcluster) sandboxFailures(ns string) int {
+// failed (containerd's log), with the errors of the first few.
+func (c *kcluster) sandboxFailures(ns string) (int, []string) {
 	b, err := os.ReadFile(filepath.Join(c.dir, "logs", "n1-containerd.log"))
 	if err != nil {
-		return 0
+		return 0, nil
 	}
-	re := regexp.MustCompile(`RunPodSandbox for &PodSandboxMetadata\{Name:[^,]+,Uid:[^,]*,Namespace:` + regexp.QuoteMeta(ns) + `,.*\} failed, error`)
-	return len(re.FindAll(b, -1))
+	return sandboxFailuresIn(b, ns)
+}
+
+// sandboxFailuresIn is sandboxFailures over containerd's log b.
+func sandboxFailuresIn(b []byte, ns string) (int, []string) {
+	re := regexp.MustCompile(`RunPodSandbox for &PodSandboxMetadata\{Name:[^,]+,Uid:[^,]*,Namespace:` + regexp.QuoteMeta(ns) + `,.*\} failed, error" error=("(?:[^"\\]|\\.)*")?`)
+	found := re.FindAllSubmatch(b, -1)
+	var why []string
+	for _, m := range found[:min(len(found), 3)] {
+		why = append(why, string(m[1]))
+	}
+	return len(found), why
 }
 
 // churnLeaks counts what the network holds for namespace ns once its pods
