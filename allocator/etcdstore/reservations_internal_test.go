@@ -95,6 +95,7 @@ func TestHistoryLeaseGrantedAhead(t *testing.T) {
 	e := etcdtest.Start(t)
 	g := &countingGranter{LeaseGranter: etcdtest.Client(t, e)}
 	h := NewHistoryRecorder(g, 24*time.Hour)
+	h.aheadWithin = 0 // at once (TestHistoryLeaseAheadSpread: within a time)
 	// In an hour's last tenth Ahead grants the next hour's lease too.
 	now := time.Now()
 	want := 1
@@ -114,4 +115,34 @@ func TestHistoryLeaseGrantedAhead(t *testing.T) {
 	_, err = h.lease(context.Background(), now)
 	require.NoError(t, err)
 	require.Equal(t, want, g.grants())
+}
+
+// TestHistoryLeaseAheadSpread: Ahead's grant starts at a random time
+// within aheadWithin, so that nodes starting together do not grant
+// together: nothing is granted at once, and a release that comes first
+// grants its bucket's lease itself, at once, and the scheduled grant of
+// that bucket is cancelled (one grant, not two).
+func TestHistoryLeaseAheadSpread(t *testing.T) {
+	e := etcdtest.Start(t)
+	g := &countingGranter{LeaseGranter: etcdtest.Client(t, e)}
+	h := NewHistoryRecorder(g, 24*time.Hour)
+	require.Equal(t, DefaultHistoryAheadWithin, h.aheadWithin)
+	h.aheadWithin = time.Hour // no scheduled grant fires within the test
+	now := time.Now()
+	h.Ahead()
+	require.Zero(t, g.grants(), "nothing granted at once")
+	h.mu.Lock()
+	_, scheduled := h.scheduled[now.Truncate(time.Hour).UnixNano()]
+	h.mu.Unlock()
+	require.True(t, scheduled, "this hour's grant is scheduled")
+
+	_, err := h.lease(context.Background(), now)
+	require.NoError(t, err)
+	require.Equal(t, 1, g.grants(), "the release granted its lease itself")
+	h.mu.Lock()
+	_, scheduled = h.scheduled[now.Truncate(time.Hour).UnixNano()]
+	h.mu.Unlock()
+	require.False(t, scheduled, "the scheduled grant of the release's bucket is cancelled")
+	h.Ahead()
+	require.Equal(t, 1, g.grants(), "a bucket granted is not scheduled again")
 }
