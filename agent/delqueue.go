@@ -4,21 +4,22 @@ import (
 	"context"
 	"time"
 
+	"github.com/kvipam/kvipam/agent/api"
 	"github.com/kvipam/kvipam/agent/delqueue"
+	"github.com/kvipam/kvipam/allocator/records"
 )
 
 // drain applies the DELs plugins queued while the agent was unreachable:
 // a DEL the agent never saw would otherwise leak its IPs until GC. It runs
-// at start and on every reconciler pass. An entry older than the owner's
-// current allocation is dropped without releasing: the runtime reused the
-// container ID and interface for a new attachment.
+// at start and on every reconciler pass. An entry a later ADD of the same
+// owner superseded (queuedDelSuperseded) is dropped without releasing: the
+// runtime reused the container ID and interface for a new attachment.
 func (m *endpointManager) drain(ctx context.Context) error {
 	n, err := delqueue.DrainEntries(ctx, m.delQueueDir, func(ctx context.Context, e delqueue.Entry) error {
-		for _, al := range m.alloc.Lookup(e.Owner) {
-			if !e.QueuedAt.IsZero() && al.Since.After(e.QueuedAt) {
-				m.log.Info("dropping a queued DEL older than the owner's allocation", "owner", e.Owner.Key(), "queued", e.QueuedAt, "allocated", al.Since)
-				return nil
-			}
+		ep, ok := m.records.get(e.Owner)
+		if at, later := queuedDelSuperseded(e, ep, ok, m.alloc.Lookup(e.Owner)); later {
+			m.log.Info("dropping a queued DEL older than the owner's attachment", "owner", e.Owner.Key(), "queued", e.QueuedAt, "attached", at)
+			return nil
 		}
 		// The sticky identity the DEL names, as the release handler reads
 		// it: the allocator drops a binding naming the owner even when
@@ -43,6 +44,31 @@ func (m *endpointManager) drain(ctx context.Context) error {
 		m.log.Info("drained DEL queue", "applied", n)
 	}
 	return err
+}
+
+// queuedDelSuperseded reports whether an ADD of e's owner came after e was
+// queued, and when: the owner's endpoint was created after it, or, with
+// no endpoint yet, the owner holds a reservation made after it (an ADD
+// between its allocation and its endpoint). An allocation's Since is not
+// enough: a live migration's cut-over or hand-over, and a sticky
+// identity's, move it to an owner whose pod made no ADD then, and a DEL
+// queued by that pod before the hand-over must still be applied (a
+// chaos run: a target's DEL queued across an agent restart, then the
+// forwarding owner's DEL handed the addresses to it, and the queued DEL
+// was dropped as stale: a leak).
+func queuedDelSuperseded(e delqueue.Entry, ep api.Endpoint, hasEndpoint bool, held []records.Allocation) (time.Time, bool) {
+	if e.QueuedAt.IsZero() {
+		return time.Time{}, false
+	}
+	if hasEndpoint {
+		return ep.Created, ep.Created.After(e.QueuedAt)
+	}
+	for _, al := range held {
+		if al.State == records.StateReserved && al.Since.After(e.QueuedAt) {
+			return al.Since, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // drainNow applies the queued DELs at once (at start, and when etcd or
