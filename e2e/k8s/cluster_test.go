@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -293,7 +294,7 @@ func (c *kcluster) spawn(name string, args ...string) (*kproc, error) {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := startOnLastingThread(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -301,6 +302,38 @@ func (c *kcluster) spawn(name string, args ...string) (*kproc, error) {
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	c.procs = append(c.procs, p)
 	return p, nil
+}
+
+// spawner starts the cluster's processes from one OS thread that lives as
+// long as the test process: Pdeathsig is sent when the *thread* that
+// started a process ends, not the process, and Go ends a thread whose
+// goroutine exits locked to it. A kubelet started from a test's goroutine
+// died with no word in its log (SIGKILL) a minute after it was restarted,
+// when some locked goroutine's thread ended (CI under two CPU hogs: every
+// later pod on its node stayed Pending). The spawner's goroutine locks its
+// thread once, at package start, before any namespace is entered, and
+// never returns.
+var spawner = func() chan spawnRequest {
+	ch := make(chan spawnRequest)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends only with the process
+		for r := range ch {
+			r.err <- r.cmd.Start()
+		}
+	}()
+	return ch
+}()
+
+type spawnRequest struct {
+	cmd *exec.Cmd
+	err chan error
+}
+
+// startOnLastingThread starts cmd from the spawner's thread.
+func startOnLastingThread(cmd *exec.Cmd) error {
+	r := spawnRequest{cmd: cmd, err: make(chan error, 1)}
+	spawner <- r
+	return <-r.err
 }
 
 func (p *kproc) exited() bool {
