@@ -118,10 +118,9 @@ func (k *keeper) run(ctx context.Context) {
 		case s := <-k.due:
 			if st == nil {
 				gen++
-				st = openKeepalive(ctx, k.cli)
-				if st.err != nil {
-					st = nil // the session's keepalive goes unanswered, and is sent again
-					continue
+				var err error
+				if st, err = openKeepalive(ctx, k.cli); err != nil {
+					continue // the session's keepalive goes unanswered, and is sent again
 				}
 				k.mu.Lock()
 				k.heard = time.Now()
@@ -178,17 +177,17 @@ func (k *keeper) recv(ctx context.Context, st *keepaliveStream, gen uint64) {
 type keepaliveStream struct {
 	cancel context.CancelFunc
 	stream pb.Lease_LeaseKeepAliveClient
-	err    error // the stream could not be opened
 }
 
-func openKeepalive(ctx context.Context, cli *clientv3.Client) *keepaliveStream {
+// openKeepalive opens a stream; nil and the error if it cannot.
+func openKeepalive(ctx context.Context, cli *clientv3.Client) (*keepaliveStream, error) {
 	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	st := &keepaliveStream{cancel: cancel}
-	st.stream, st.err = pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(sctx)
-	if st.err != nil {
+	stream, err := pb.NewLeaseClient(cli.ActiveConnection()).LeaseKeepAlive(sctx)
+	if err != nil {
 		cancel()
+		return nil, err
 	}
-	return st
+	return &keepaliveStream{cancel: cancel, stream: stream}, nil
 }
 
 // close ends the stream; a nil stream is closed already.
