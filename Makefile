@@ -76,10 +76,13 @@ MIGRATION_MOVES ?= 20
 HOSTPORT_N ?= 100
 STEADY_SECONDS ?= 10
 SWEEP_SECONDS ?= 3
+# bench runs the micro-benchmarks also when a bench-run command failed,
+# and fails at the end if anything did.
 bench:
-	$(MAKE) bench-run
-	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|ClaimCost|AgentRestart|^BenchmarkFill$$|^BenchmarkSteady$$' -benchtime 2000x ./allocator/... ./agent/...
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/...
+	status=0; $(MAKE) bench-run || status=1; \
+	$(GO) test -run '^$$' -bench . -skip 'TightPool|ClaimStorm|ClaimCost|AgentRestart|^BenchmarkFill$$|^BenchmarkSteady$$' -benchtime 2000x ./allocator/... ./agent/... || status=1; \
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./bpf/... || status=1; \
+	exit $$status
 
 bench-quick:
 	$(MAKE) bench-run STORM_NODES=1000 STORM10K_NODES=2000 FILL_NODES=1000 FILL_ADDRS=10 LAT_N=50 HOSTPORT_N=10 MIGRATION_MOVES=5 STEADY_SECONDS=3 SWEEP_SECONDS=2 K8S_ROUNDS=1 K8S_CHURN_SECONDS=60 K8S_CHURN_SWEEP=2,5,10 K8S_CHURN_STEP=30
