@@ -91,9 +91,28 @@ func tryDelete(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d Gua
 // guardedTxn deletes d.Key in one transaction comparing its revision and
 // every guard, with the extra operations then.
 func guardedTxn(ctx context.Context, kv clientv3.KV, d GuardedDelete, then []clientv3.Op) (gone bool, err error) {
-	cmps := []clientv3.Cmp{kvstore.Unchanged(d.Key, d.Rev)}
-	reads := []clientv3.Op{clientv3.OpGet(d.Key, clientv3.WithKeysOnly())}
-	for _, g := range d.Guards {
+	cmps, reads := fenced(d.Key, d.Rev, d.Guards)
+	then = append([]clientv3.Op{clientv3.OpDelete(d.Key)}, then...)
+	for _, k := range d.Also {
+		then = append(then, clientv3.OpDelete(k))
+	}
+	resp, err := kv.Txn(ctx).If(cmps...).Then(then...).Else(reads...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("delete %s: %w", d.Key, err)
+	}
+	if resp.Succeeded {
+		return false, nil
+	}
+	return guardFailure("delete "+d.Key, d.Rev, d.Guards, resp)
+}
+
+// fenced are the compares of a write to key fenced by its revision and
+// guards, and the reads, in the same order, that explain a failed one
+// (guardFailure).
+func fenced(key string, rev int64, guards []Guard) ([]clientv3.Cmp, []clientv3.Op) {
+	cmps := []clientv3.Cmp{kvstore.Unchanged(key, rev)}
+	reads := []clientv3.Op{clientv3.OpGet(key, clientv3.WithKeysOnly())}
+	for _, g := range guards {
 		switch {
 		case g.Prefix:
 			cmps = append(cmps, kvstore.PrefixEmpty(g.Key))
@@ -106,40 +125,30 @@ func guardedTxn(ctx context.Context, kv clientv3.KV, d GuardedDelete, then []cli
 			reads = append(reads, clientv3.OpGet(g.Key, clientv3.WithKeysOnly()))
 		}
 	}
-	then = append([]clientv3.Op{clientv3.OpDelete(d.Key)}, then...)
-	for _, k := range d.Also {
-		then = append(then, clientv3.OpDelete(k))
-	}
-	resp, err := kv.Txn(ctx).If(cmps...).Then(then...).Else(reads...).Commit()
-	if err != nil {
-		return false, fmt.Errorf("delete %s: %w", d.Key, err)
-	}
-	if resp.Succeeded {
-		return false, nil
-	}
-	return guardFailure(d, resp)
+	return cmps, reads
 }
 
-// guardFailure explains a guarded delete that did not happen from the Else
-// reads: the key itself, then one read per guard.
-func guardFailure(d GuardedDelete, resp *clientv3.TxnResponse) (gone bool, err error) {
+// guardFailure explains a fenced write (what) that did not happen from
+// the Else reads of fenced: the key itself (gone: it is absent), then one
+// read per guard.
+func guardFailure(what string, rev int64, guards []Guard, resp *clientv3.TxnResponse) (gone bool, err error) {
 	cur := resp.Responses[0].GetResponseRange()
 	if len(cur.Kvs) == 0 {
 		return true, nil
 	}
-	if rev := cur.Kvs[0].ModRevision; rev != d.Rev {
-		return false, fmt.Errorf("delete %s: changed since the plan (revision %d, now %d): %w", d.Key, d.Rev, rev, retry.ErrConflict)
+	if now := cur.Kvs[0].ModRevision; now != rev {
+		return false, fmt.Errorf("%s: changed since the plan (revision %d, now %d): %w", what, rev, now, retry.ErrConflict)
 	}
-	for i, g := range d.Guards {
+	for i, g := range guards {
 		r := resp.Responses[i+1].GetResponseRange()
 		switch {
 		case g.Prefix && r.Count > 0:
-			return false, fmt.Errorf("delete %s: %d keys appeared under %s: %w", d.Key, r.Count, g.Key, retry.ErrConflict)
+			return false, fmt.Errorf("%s: %d keys appeared under %s: %w", what, r.Count, g.Key, retry.ErrConflict)
 		case !g.Prefix && g.Rev == 0 && r.Count > 0:
-			return false, fmt.Errorf("delete %s: %s exists again (node back or block re-claimed): %w", d.Key, g.Key, retry.ErrConflict)
+			return false, fmt.Errorf("%s: %s exists again (node back or block re-claimed): %w", what, g.Key, retry.ErrConflict)
 		case !g.Prefix && g.Rev != 0 && (len(r.Kvs) == 0 || r.Kvs[0].ModRevision != g.Rev):
-			return false, fmt.Errorf("delete %s: %s changed since the plan: %w", d.Key, g.Key, retry.ErrConflict)
+			return false, fmt.Errorf("%s: %s changed since the plan: %w", what, g.Key, retry.ErrConflict)
 		}
 	}
-	return false, fmt.Errorf("delete %s: a guard failed: %w", d.Key, retry.ErrConflict)
+	return false, fmt.Errorf("%s: a guard failed: %w", what, retry.ErrConflict)
 }

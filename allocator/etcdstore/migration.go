@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -213,15 +214,26 @@ func (s *Store) CutOver(ctx context.Context, b records.Binding, cur []records.Al
 
 // DropAlternate implements records.Migrations.
 func (s *Store) DropAlternate(ctx context.Context, b records.Binding, cur []records.Allocation) (records.Binding, error) {
-	alt := b.Alternate
-	if alt == nil {
+	if b.Alternate == nil {
 		return b, nil
 	}
 	cmps, err := migrationGuards(b, cur)
 	if err != nil {
 		return records.Binding{}, err
 	}
-	now := s.now().UTC()
+	nb, puts, ended, err := alternateDropped(b, cur, s.now(), EndAlternateEnded)
+	if err != nil {
+		return records.Binding{}, err
+	}
+	return s.commitMigration(ctx, "drop the alternate", nb, cmps, puts, ended)
+}
+
+// alternateDropped is the write that ends b's alternate: the puts of the
+// records of cur without it (the binding's own put is the caller's), the
+// binding without it, and the second owner's interval on each address,
+// as IP history shows it, ended at now for reason.
+func alternateDropped(b records.Binding, cur []records.Allocation, now time.Time, reason string) (records.Binding, []clientv3.Op, []HistoryRecord, error) {
+	alt := b.Alternate
 	var puts []clientv3.Op
 	var ended []HistoryRecord
 	for _, al := range cur {
@@ -229,16 +241,15 @@ func (s *Store) DropAlternate(ctx context.Context, b records.Binding, cur []reco
 		rec.Alternate = nil
 		op, err := putRecord(al, rec)
 		if err != nil {
-			return records.Binding{}, err
+			return records.Binding{}, nil, nil, err
 		}
 		puts = append(puts, op)
-		// The second owner's interval, as IP history shows it.
 		ended = append(ended, HistoryRecord{Pool: al.Pool, IP: al.Addr.String(), Owner: alt.Owner, Node: alt.Node,
-			Start: alt.Since.UTC(), End: now, Reason: EndAlternateEnded})
+			Start: alt.Since.UTC(), End: now.UTC(), Reason: reason})
 	}
 	nb := b
 	nb.Alternate = nil
-	return s.commitMigration(ctx, "drop the alternate", nb, cmps, puts, ended)
+	return nb, puts, ended, nil
 }
 
 // CutOverIdentity is an operator's cut-over (kvipamctl ip migrate

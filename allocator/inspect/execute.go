@@ -64,7 +64,7 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 			o.Status, o.Error = StatusSkipped, ctx.Err().Error()
 			res.Skipped++
 		default:
-			status, err := in.deleteStep(ctx, st)
+			status, err := in.runStep(ctx, st)
 			o.Status = status
 			if err != nil {
 				o.Error = err.Error()
@@ -88,17 +88,26 @@ func (in *Inspector) Execute(ctx context.Context, p Plan, log hclog.Logger) (Res
 	return res, nil
 }
 
-// deleteStep runs one step through etcdstore.Operator.DeleteGuarded, which also
-// settles a transaction of unknown outcome (the answer lost, a deadline)
-// as every write is: by reading the key back.
-func (in *Inspector) deleteStep(ctx context.Context, st Step) (Status, error) {
-	d := etcdstore.GuardedDelete{Key: st.Key, Rev: st.Rev, Guards: st.Guards, Also: st.Also}
-	if st.History != nil {
-		rec := *st.History
-		rec.End = in.now().UTC()
-		d.History = &rec
+// runStep runs one step through etcdstore.Operator.DeleteGuarded (or,
+// for StepAlternate, DropAlternateGuarded), which also settles a
+// transaction of unknown outcome (the answer lost, a deadline) as every
+// write is: by reading the key back.
+func (in *Inspector) runStep(ctx context.Context, st Step) (Status, error) {
+	var gone bool
+	var err error
+	if st.Kind == StepAlternate {
+		gone, err = in.st.DropAlternateGuarded(ctx, in.opts.History, etcdstore.GuardedAlternateDrop{
+			Pool: st.Pool, Binding: st.Key, Rev: st.Rev, Owner: st.Owner, Node: st.Node,
+			Records: st.Rewrite, Guards: st.Guards, Reason: etcdstore.EndNodeRemove, End: in.now()})
+	} else {
+		d := etcdstore.GuardedDelete{Key: st.Key, Rev: st.Rev, Guards: st.Guards, Also: st.Also}
+		if st.History != nil {
+			rec := *st.History
+			rec.End = in.now().UTC()
+			d.History = &rec
+		}
+		gone, err = in.st.DeleteGuarded(ctx, in.opts.History, d)
 	}
-	gone, err := in.st.DeleteGuarded(ctx, in.opts.History, d)
 	switch {
 	case err != nil:
 		return StatusFailed, err

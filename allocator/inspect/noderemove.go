@@ -31,6 +31,11 @@ import (
 // unchanged" and "those addresses gone", so its next pod gets addresses of
 // its own and none is left kept for it.
 //
+// Last, every live migration whose second owner runs on the node ends
+// (withAlternatesEnded): its binding and records lose the alternate,
+// fenced by the node's record still absent, so the forwarding owner's DEL,
+// refused while the alternate's node is away, goes through.
+//
 // The block is then free for any node to claim. The fences make the plan
 // safe against the node coming back at any point: its re-claim changes the
 // claim or the home, and the remaining deletes of that block fail instead
@@ -74,6 +79,7 @@ func PlanNodeRemove(s *Snapshot, node string, ev Evidence, force bool) (Plan, er
 	p.Steps = withBindings(s, p.Steps, func(b records.Binding) bool { return b.Node == node }, force, func(ip *IP) Step {
 		return ipStep(ip, "address of sticky identity "+ip.Identity+", whose binding node remove "+node+" releases", etcdstore.EndNodeRemove, force)
 	})
+	p.Steps = withAlternatesEnded(s, p.Steps, node, force)
 	return p, nil
 }
 

@@ -25,7 +25,8 @@ var (
 	ErrAmbiguous = errors.New("inspect: ambiguous request")
 )
 
-// StepKind is the kind of record a step deletes.
+// StepKind is the kind of record a step deletes (or, StepAlternate,
+// rewrites).
 type StepKind string
 
 // Kinds of records a plan deletes.
@@ -36,6 +37,10 @@ const (
 	// StepBinding deletes a sticky identity's binding to addresses the
 	// plan releases.
 	StepBinding StepKind = "binding"
+	// StepAlternate ends a live migration whose second owner runs on the
+	// removed node: Key is the binding, which loses its alternate, as do
+	// the address records of Rewrite (alternatesteps.go).
+	StepAlternate StepKind = "alternate"
 )
 
 // Guard is a condition a step's delete is fenced by, checked in the same
@@ -65,6 +70,9 @@ type Step struct {
 	History *etcdstore.HistoryRecord `json:"history,omitempty"`
 	// Also are keys deleted with Key: a borrowed address's home.
 	Also []string `json:"also,omitempty"`
+	// Rewrite, for StepAlternate, are the address records that lose the
+	// alternate with the binding, each only if still at its revision.
+	Rewrite []Guard `json:"rewrite,omitempty"`
 }
 
 // Plan is the list of deletes a repair makes, as seen at Revision.

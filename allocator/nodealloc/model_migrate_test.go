@@ -23,10 +23,13 @@ import (
 // keeps the addresses as ever). Each write meets the model's faults as
 // every other kind does (admit, cut over, drop alternate).
 //
-// Left out: a node stopped by an operator (opOperator) or a store loss
-// (opStoreLoss) in the middle of a migration, and a new container of
-// the identity during one (an earlier one's ADD retried may take the
-// identity over, which ends the migration: migTakenOver).
+// A node stopped by an operator (opOperator) while a migration's second
+// owner runs there: node remove ends the migration (alternateRemoved).
+//
+// Left out: a node stopped by an operator with a migration's forwarding
+// pod, a store loss (opStoreLoss) in the middle of a migration, and a new
+// container of the identity during one (an earlier one's ADD retried may
+// take the identity over, which ends the migration: migTakenOver).
 
 // mMigration is a live migration of a sticky identity the model runs:
 // the pod the VM ran on when it began (src) and its target (dst).
@@ -50,6 +53,56 @@ func (r *modelRun) migratesOn(n *mNode) bool {
 		}
 	}
 	return false
+}
+
+// alternatesOn lists the migrations with a pod on n, and reports whether
+// each such pod is one the model is sure etcd names as the alternate
+// (the second owner, holding nothing of its own), its migration's other
+// pod sure of what it holds: what opOperator can stop n with.
+func (r *modelRun) alternatesOn(n *mNode) ([]*mMigration, bool) {
+	var out []*mMigration
+	for _, id := range slices.Sorted(maps.Keys(r.migs)) {
+		mg := r.migs[id]
+		var mo *mOwner
+		switch {
+		case mg.dst.node == n.i:
+			mo = mg.dst
+		case mg.src.node == n.i:
+			mo = mg.src
+		default:
+			continue
+		}
+		other := mg.other(mo)
+		if mo.gone || len(mo.alt) == 0 || mo.altUnsure || mo.unsure || mo.delFail || mo.reserved || len(mo.told) > 0 ||
+			other.node == n.i || other.unsure || other.altUnsure || len(other.alt) > 0 {
+			return nil, false
+		}
+		out = append(out, mg)
+	}
+	return out, true
+}
+
+// alternateRemoved checks that node remove of n ended migration mg,
+// whose alternate ran on n: the binding and the records of its
+// addresses name no alternate on n. Its pod there is gone.
+func (r *modelRun) alternateRemoved(mg *mMigration, n *mNode) {
+	mo := mg.dst
+	if mo.node != n.i {
+		mo = mg.src
+	}
+	if b, ok := r.b.binding(mg.id); ok && b.Alternate != nil && b.Alternate.Node == n.name {
+		r.fail("node remove %s left %s the alternate of %s: %+v", n.name, b.Alternate.Owner.Key(), mg.id, b)
+		return
+	}
+	for _, a := range mo.alt {
+		if al, ok := r.readIP(a); ok && al.Alternate != nil && al.Alternate.Node == n.name {
+			r.fail("node remove %s left the record of %s naming %s as its alternate", n.name, a, al.Alternate.Owner.Key())
+			return
+		}
+	}
+	r.logf("live migration %s of %s: its second owner %s went with node %s", mg.job, mg.id, mo.o.Key(), n.name)
+	r.tally("migration ended by node remove", nil)
+	mo.alt, mo.altUnsure, mo.gone = nil, false, true
 }
 
 // other is the migration's pod that is not mo.

@@ -173,10 +173,13 @@ const operatorTries = 8
 // its owners (their addresses in other nodes' blocks too), then
 // kvipamctl node remove for its blocks. Each command is planned from a
 // fresh snapshot and run again until it succeeds. The node then starts
-// again, with nothing.
+// again, with nothing. A live migration whose second owner (the
+// alternate) ran on the node ends with node remove: its forwarding pod's
+// DEL, refused while the alternate's node is away, goes through after.
 func (r *modelRun) opOperator(n *mNode) {
-	if r.migratesOn(n) {
-		return // left out: a node stopped in the middle of a live migration
+	ending, ok := r.alternatesOn(n)
+	if !ok {
+		return // left out: a node stopped with a migration's forwarding pod, or an alternate the model is unsure of
 	}
 	r.op = kindOperator
 	if n.sess != nil {
@@ -215,6 +218,9 @@ func (r *modelRun) opOperator(n *mNode) {
 	}
 	if !run("node remove "+n.name, func() error { return r.b.removeNode(n.name, ev) }) {
 		return
+	}
+	for _, mg := range ending {
+		r.alternateRemoved(mg, n)
 	}
 	for _, mo := range mine {
 		for _, a := range mo.told {

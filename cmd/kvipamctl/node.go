@@ -30,7 +30,10 @@ func (a *app) nodeCmd() *cobra.Command {
 allocations in its blocks, then the blocks' homes, so any node can claim
 them again. This is the audited release of orphaned blocks (invariant 3).
 A sticky identity whose addresses go (kept for it, or its pod's) loses its
-binding too, so its next pod gets new addresses.
+binding too, so its next pod gets new addresses. A VM's live migration
+whose target pod (its second owner) ran on the node ends: the binding and
+the address records lose that owner, and the source pod's DEL, refused
+while the target's node is away, goes through.
 
 A missing node record is not proof that the node is gone: a node cut off
 from etcd for longer than its lease TTL loses its node record and claims

@@ -252,7 +252,56 @@ func (s *Store) RemoveNode(node string) {
 		}
 	}
 	s.dropBindings(tx, dropped, node, func(b records.Binding) bool { return b.Node == node })
+	s.endAlternatesOn(tx, node, dropped)
 	tx.end()
+}
+
+// endAlternatesOn ends the live migrations whose second owner runs on
+// node, as inspect's withAlternatesEnded plans them for node remove: the
+// binding and the records naming the alternate lose it, unless a record
+// of the binding went with the node's blocks (dropped).
+func (s *Store) endAlternatesOn(tx *batch, node string, dropped map[ipKey]records.Allocation) {
+	for _, k := range s.bindingKeys() {
+		b := s.binding(k)
+		if b.Alternate == nil || b.Alternate.Node != node {
+			continue
+		}
+		var cur []records.Allocation
+		touched := false
+		for _, a := range b.Addrs {
+			for ik := range dropped {
+				touched = touched || (ik.pool == k.pool && ik.addr == a)
+			}
+			if ik, ok := s.keyOf(k.pool, a); ok {
+				if al := s.allocation(ik); al.Identity == b.Identity && al.Alternate != nil {
+					cur = append(cur, al)
+				}
+			}
+		}
+		if !touched {
+			s.dropAlternate(tx, b, cur, endOperator)
+		}
+	}
+}
+
+// keyOf is the key of a's allocation in pool, if there is one.
+func (s *Store) keyOf(pool string, a netip.Addr) (ipKey, bool) {
+	for bk, m := range s.ips {
+		if _, ok := m[a]; ok && bk.pool == pool {
+			return ipKey{pool, bk.block, a}, true
+		}
+	}
+	return ipKey{}, false
+}
+
+// bindingKeys are the bindings' keys in order.
+func (s *Store) bindingKeys() []bindKey {
+	var keys []bindKey
+	for k := range s.bindings {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b bindKey) int { return strings.Compare(a.pool+"/"+a.identity, b.pool+"/"+b.identity) })
+	return keys
 }
 
 // dropBindings deletes the bindings an operator's release takes with
@@ -262,20 +311,8 @@ func (s *Store) RemoveNode(node string) {
 // node's (a node other than gone); and a binding in scope that is not
 // kept and whose pod holds none of its addresses goes too.
 func (s *Store) dropBindings(tx *batch, dropped map[ipKey]records.Allocation, gone string, scope func(records.Binding) bool) {
-	byAddr := func(pool string, a netip.Addr) (ipKey, bool) {
-		for bk, m := range s.ips {
-			if _, ok := m[a]; ok && bk.pool == pool {
-				return ipKey{pool, bk.block, a}, true
-			}
-		}
-		return ipKey{}, false
-	}
-	var keys []bindKey
-	for k := range s.bindings {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b bindKey) int { return strings.Compare(a.pool+"/"+a.identity, b.pool+"/"+b.identity) })
-	for _, k := range keys {
+	byAddr := s.keyOf
+	for _, k := range s.bindingKeys() {
 		b := s.binding(k)
 		hit := false
 		for ik, al := range dropped {

@@ -144,17 +144,26 @@ func (s *Store) DropAlternate(_ context.Context, b records.Binding, cur []record
 		return records.Binding{}, err
 	}
 	tx := s.begin()
+	nb := s.dropAlternate(tx, b, cur, endAlternateEnded)
+	nb.Rev = tx.end()
+	return nb, nil
+}
+
+// dropAlternate writes b and the records of cur without b's alternate,
+// and the alternate's interval on each address to history, ended for
+// reason; it returns the binding written.
+func (s *Store) dropAlternate(tx *batch, b records.Binding, cur []records.Allocation, reason string) records.Binding {
+	alt := b.Alternate
 	for _, al := range cur {
 		rec := al.Record
 		rec.Alternate = nil
 		s.ips.put(tx, ik(al.Pool, al.Block, al.Addr), rec, 0)
 		h := al
 		h.Owner, h.Node, h.Since = alt.Owner, alt.Node, alt.Since
-		s.record(tx, s.historyOf(h, s.now, endAlternateEnded))
+		s.record(tx, s.historyOf(h, s.now, reason))
 	}
 	nb := b
 	nb.Alternate = nil
 	put(tx, s.bindings, bindKey{b.Pool, b.Identity}, nb, 0)
-	nb.Rev = tx.end()
-	return nb, nil
+	return nb
 }
