@@ -86,13 +86,19 @@ func (s *endpointRecords) assignID(ep *api.Endpoint) {
 	s.nextID++
 }
 
-// put writes ep durably, then indexes it.
+// put writes ep, then indexes it. The record replaces the old one
+// atomically for an agent restarted after a crash, but is not synced: an
+// endpoint does not outlive the boot (its veth, netns and eBPF attachment
+// go with it), so after a power loss no pod of a lost record runs, and
+// the record, if left, is stale as any endpoint whose veth is gone. An
+// fsync here was half of the record's cost and a wait on the journal in
+// every ADD.
 func (s *endpointRecords) put(ep api.Endpoint) error {
 	data, err := json.MarshalIndent(ep, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode endpoint: %w", err)
 	}
-	if err := atomicfile.Write(s.dir, filepath.Base(s.file(ep.Owner)), data, 0o600); err != nil {
+	if err := atomicfile.Replace(s.dir, filepath.Base(s.file(ep.Owner)), data, 0o600); err != nil {
 		return fmt.Errorf("save endpoint record: %w", err)
 	}
 	s.mu.Lock()
