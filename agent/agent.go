@@ -433,6 +433,9 @@ func (a *Agent) shutdown() {
 	if a.reaper != nil {
 		a.reaper.nl.Close()
 	}
+	if a.store != nil {
+		a.store.Close()
+	}
 	if a.cli != nil {
 		a.cli.Close()
 	}

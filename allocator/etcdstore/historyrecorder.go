@@ -39,6 +39,11 @@ type HistoryRecorder struct {
 	// granting are the buckets whose lease Ahead is granting: a channel
 	// closed when the grant ends.
 	granting map[int64]chan struct{}
+	// stop bounds Ahead's grants, which no caller's context does: Close
+	// cancels it, and closed stops Ahead starting more.
+	stop   context.Context
+	cancel context.CancelFunc
+	closed bool
 }
 
 // LeaseGranter grants leases (*clientv3.Client does).
@@ -52,7 +57,25 @@ func NewHistoryRecorder(l LeaseGranter, retention time.Duration) *HistoryRecorde
 	if retention <= 0 {
 		return nil
 	}
-	return &HistoryRecorder{leases: l, retention: retention, aheadWithin: DefaultHistoryAheadWithin}
+	stop, cancel := context.WithCancel(context.Background())
+	return &HistoryRecorder{leases: l, retention: retention, aheadWithin: DefaultHistoryAheadWithin, stop: stop, cancel: cancel}
+}
+
+// Close ends Ahead's background work: the grants scheduled are dropped,
+// the one in flight is cancelled, and Ahead starts none after. Records go
+// on being written, each granting its lease on its own path.
+func (h *HistoryRecorder) Close() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for b, t := range h.scheduled {
+		t.Stop()
+		delete(h.scheduled, b)
+	}
+	h.cancel()
 }
 
 // DefaultHistoryAheadWithin is the time within which Ahead's grant
@@ -146,6 +169,9 @@ func (h *HistoryRecorder) Ahead() {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
 	for _, t := range []time.Time{now, now.Add(h.bucket() / 10)} {
 		b := t.Truncate(h.bucket()).UnixNano()
 		if _, ok := h.byBucket[b]; ok {
@@ -171,7 +197,7 @@ func (h *HistoryRecorder) Ahead() {
 				return // a record granted it first
 			}
 			delete(h.scheduled, b)
-			if _, ok := h.byBucket[b]; !ok {
+			if _, ok := h.byBucket[b]; !ok && !h.closed {
 				h.startAhead(b)
 			}
 		})
@@ -190,7 +216,7 @@ func (h *HistoryRecorder) startAhead(b int64) {
 
 // grantAhead grants bucket b's lease for Ahead, and closes ch when done.
 func (h *HistoryRecorder) grantAhead(b int64, ch chan struct{}) {
-	ctx, cancel := context.WithTimeout(context.Background(), historyAheadTimeout)
+	ctx, cancel := context.WithTimeout(h.stop, historyAheadTimeout)
 	defer cancel()
 	id, err := h.grant(ctx, b)
 	h.mu.Lock()

@@ -146,3 +146,52 @@ func TestHistoryLeaseAheadSpread(t *testing.T) {
 	h.Ahead()
 	require.Equal(t, 1, g.grants(), "a bucket granted is not scheduled again")
 }
+
+// blockingGranter's grants wait for their context, counting those started.
+type blockingGranter struct{ started chan struct{} }
+
+func (g blockingGranter) Grant(ctx context.Context, _ int64) (*clientv3.LeaseGrantResponse, error) {
+	g.started <- struct{}{}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestHistoryRecorderCloseEndsAhead: the grants Ahead runs in the
+// background end with the recorder's owner. Close cancels one in flight
+// (against an etcd that does not answer it would run on for
+// historyAheadTimeout, past the agent's stop), drops the ones scheduled,
+// and Ahead starts none after it.
+func TestHistoryRecorderCloseEndsAhead(t *testing.T) {
+	g := blockingGranter{started: make(chan struct{}, 4)}
+	h := NewHistoryRecorder(g, 24*time.Hour)
+	h.aheadWithin = 0
+	h.Ahead()
+	<-g.started
+	h.mu.Lock()
+	var inFlight []chan struct{}
+	for _, ch := range h.granting {
+		inFlight = append(inFlight, ch)
+	}
+	h.mu.Unlock()
+	require.NotEmpty(t, inFlight)
+
+	h.aheadWithin = time.Hour
+	h.Ahead() // the next bucket's, scheduled (or none: not in its last tenth)
+	h.Close()
+	for _, ch := range inFlight {
+		<-ch // the grant in flight ended: Close cancelled it
+	}
+	h.mu.Lock()
+	require.Empty(t, h.scheduled, "scheduled grants are dropped")
+	h.mu.Unlock()
+	h.aheadWithin = 0
+	h.Ahead()
+	select {
+	case <-g.started:
+		t.Fatal("Ahead started a grant after Close")
+	default:
+	}
+	h.mu.Lock()
+	require.Empty(t, h.granting, "nothing in flight after Close")
+	h.mu.Unlock()
+}

@@ -74,6 +74,11 @@ func New(cli *clientv3.Client, o Options) *Store {
 	return s
 }
 
+// Close ends the store's background work (IP history's leases granted
+// ahead, HistoryRecorder.Close). The client is the caller's to close,
+// after.
+func (s *Store) Close() { s.hist.Close() }
+
 // claimTimeout is the bound of claim requests: five call timeouts, at
 // least 5 s; none when calls have none.
 func claimTimeout(call time.Duration) time.Duration {
