@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -321,4 +323,13 @@ func (g *nameGuard) nudge() {
 	case g.wake <- struct{}{}:
 	default:
 	}
+}
+
+// readBootID is the kernel's boot ID, "" when it cannot be read.
+func readBootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
