@@ -45,6 +45,18 @@ func startMigration(t *testing.T, src, dst *agent) migration {
 	return m
 }
 
+// migrationToGoneNode starts a migration from n1 to n2, then n2 goes (its
+// lease ends, as a node gone for good).
+func migrationToGoneNode(t *testing.T) (*env, *agent, migration) {
+	t.Helper()
+	v := newEnv(t)
+	n1 := startAgent(t, v.e, "n1", 0)
+	n2 := startAgent(t, v.e, "n2", 0)
+	m := startMigration(t, n1, n2)
+	n2.Kill(t)
+	return v, n1, m
+}
+
 // alternateIn is the alternate the binding of ns/vm1 and each record of
 // its addresses name ("" none), failing when they disagree.
 func alternateIn(t *testing.T, v *env, m migration) string {
@@ -79,11 +91,7 @@ func alternateIn(t *testing.T, v *env, m migration) string {
 // DEL then goes through as any sticky DEL.
 func TestNodeRemoveEndsMigrationToIt(t *testing.T) {
 	ctx := t.Context()
-	v := newEnv(t)
-	n1 := startAgent(t, v.e, "n1", 0)
-	n2 := startAgent(t, v.e, "n2", 0)
-	m := startMigration(t, n1, n2)
-	n2.Kill(t)
+	v, n1, m := migrationToGoneNode(t)
 
 	_, err := n1.Alloc.Release(ctx, m.src)
 	require.ErrorIs(t, err, retry.ErrUnavailable, "the source's DEL waits for the alternate's node")
@@ -123,11 +131,7 @@ func TestNodeRemoveEndsMigrationToIt(t *testing.T) {
 // plan and its execution: its target pod may run there, so the step that
 // would end the migration fails on its fence and the alternate stays.
 func TestNodeRemoveKeepsMigrationToReturningNode(t *testing.T) {
-	v := newEnv(t)
-	n1 := startAgent(t, v.e, "n1", 0)
-	n2 := startAgent(t, v.e, "n2", 0)
-	m := startMigration(t, n1, n2)
-	n2.Kill(t)
+	v, _, m := migrationToGoneNode(t)
 
 	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n2", gone("n2"), false)
 	require.NoError(t, err)
@@ -143,11 +147,7 @@ func TestNodeRemoveKeepsMigrationToReturningNode(t *testing.T) {
 // etcd, as every write of unknown outcome: the step is done, not failed,
 // and running the plan again plans nothing more for it.
 func TestOperatorAlternateDropAnswerLostSettled(t *testing.T) {
-	v := newEnv(t)
-	n1 := startAgent(t, v.e, "n1", 0)
-	n2 := startAgent(t, v.e, "n2", 0)
-	m := startMigration(t, n1, n2)
-	n2.Kill(t)
+	v, _, m := migrationToGoneNode(t)
 
 	p, err := inspect.PlanNodeRemove(v.snapshot(t), "n2", gone("n2"), false)
 	require.NoError(t, err)
