@@ -2,9 +2,10 @@
 // and /128 addresses, and a synchronous endpoint create on the node's
 // kvipam agent. See package cni and deploy/cni/README.md.
 //
-// The runtime's cgroup-aware GOMAXPROCS is off: it reads
-// /proc/self/mountinfo at every start, which on a node with a hundred pods
-// holds hundreds of mounts, and a plugin lives for one call.
+// The runtime's container-aware GOMAXPROCS is off: a plugin lives for one
+// call, and the setting cost it at every start, the more the more mounts
+// the node has (hundreds with a hundred pods): a VERSION exec with 422
+// mounts took 1.9 ms of CPU with it off, 2.3-2.5 ms with it on.
 //
 //go:debug containermaxprocs=0
 //go:debug updatemaxprocs=0
