@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvipam/kvipam/allocator/records"
@@ -69,21 +70,35 @@ func readBindingAt(ctx context.Context, kv clientv3.KV, d GuardedAlternateDrop) 
 	if err != nil {
 		return records.Binding{}, false, err
 	}
-	if len(resp.Kvs) == 0 {
+	return decodeBindingAt(resp.Kvs, d)
+}
+
+// decodeBindingAt decodes the binding d ends from a read of its key.
+func decodeBindingAt(kvs []*mvccpb.KeyValue, d GuardedAlternateDrop) (records.Binding, bool, error) {
+	if len(kvs) == 0 {
 		return records.Binding{}, false, nil
 	}
-	v, err := kvstore.Decode[records.Binding](resp.Kvs[0])
+	v, err := kvstore.Decode[records.Binding](kvs[0])
 	if err != nil {
 		return records.Binding{}, false, fmt.Errorf("binding %s: %w", d.Binding, err)
 	}
 	b := v.Value
-	b.Pool, b.Rev = d.Pool, resp.Kvs[0].ModRevision
+	b.Pool, b.Rev = d.Pool, kvs[0].ModRevision
 	return b, true, nil
 }
 
 func tryDropAlternate(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder, d GuardedAlternateDrop) (gone bool, err error) {
 	what := "end the migration of " + d.Binding
-	b, found, err := readBindingAt(ctx, kv, d)
+	// The binding and the records, in one read at one revision.
+	gets := []clientv3.Op{clientv3.OpGet(d.Binding)}
+	for _, g := range d.Records {
+		gets = append(gets, clientv3.OpGet(g.Key))
+	}
+	read, err := kv.Txn(ctx).Then(gets...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("%s: read: %w", what, err)
+	}
+	b, found, err := decodeBindingAt(read.Responses[0].GetResponseRange().Kvs, d)
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("%s: %w", what, err)
@@ -95,15 +110,12 @@ func tryDropAlternate(ctx context.Context, kv clientv3.KV, hist *HistoryRecorder
 		return true, nil
 	}
 	cur := make([]records.Allocation, 0, len(d.Records))
-	for _, g := range d.Records {
-		resp, err := kv.Get(ctx, g.Key)
-		if err != nil {
-			return false, fmt.Errorf("%s: read %s: %w", what, g.Key, err)
-		}
-		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != g.Rev {
+	for i, g := range d.Records {
+		kvs := read.Responses[i+1].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].ModRevision != g.Rev {
 			return false, fmt.Errorf("%s: %s changed since the plan: %w", what, g.Key, retry.ErrConflict)
 		}
-		al, err := DecodeAllocation(d.Pool, resp.Kvs[0])
+		al, err := DecodeAllocation(d.Pool, kvs[0])
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", what, err)
 		}

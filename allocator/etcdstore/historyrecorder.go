@@ -40,10 +40,9 @@ type HistoryRecorder struct {
 	// closed when the grant ends.
 	granting map[int64]chan struct{}
 	// stop bounds Ahead's grants, which no caller's context does: Close
-	// cancels it, and closed stops Ahead starting more.
+	// cancels it, and Ahead starts none once it is done.
 	stop   context.Context
 	cancel context.CancelFunc
-	closed bool
 }
 
 // LeaseGranter grants leases (*clientv3.Client does).
@@ -70,7 +69,6 @@ func (h *HistoryRecorder) Close() {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.closed = true
 	for b, t := range h.scheduled {
 		t.Stop()
 		delete(h.scheduled, b)
@@ -169,8 +167,8 @@ func (h *HistoryRecorder) Ahead() {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.closed {
-		return
+	if h.stop.Err() != nil {
+		return // closed
 	}
 	for _, t := range []time.Time{now, now.Add(h.bucket() / 10)} {
 		b := t.Truncate(h.bucket()).UnixNano()
@@ -197,7 +195,7 @@ func (h *HistoryRecorder) Ahead() {
 				return // a record granted it first
 			}
 			delete(h.scheduled, b)
-			if _, ok := h.byBucket[b]; !ok && !h.closed {
+			if _, ok := h.byBucket[b]; !ok && h.stop.Err() == nil {
 				h.startAhead(b)
 			}
 		})

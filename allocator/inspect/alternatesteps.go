@@ -28,10 +28,7 @@ func withAlternatesEnded(s *Snapshot, steps []Step, node string, force bool) []S
 			touched[k] = true
 		}
 	}
-	byAddr := make(map[LentKey]*IP, len(s.IPs))
-	for i := range s.IPs {
-		byAddr[LentKey{s.IPs[i].Pool, s.IPs[i].Addr.Unmap()}] = &s.IPs[i]
-	}
+	byAddr := s.ipsByAddr()
 	for _, b := range s.Bindings {
 		alt := b.Alternate
 		if alt == nil || alt.Node != node || touched[b.Key] {

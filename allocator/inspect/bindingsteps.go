@@ -35,11 +35,10 @@ import (
 // it. A record of a live node is left alone unless the plan is forced.
 func withBindings(s *Snapshot, steps []Step, scope func(records.Binding) bool, force bool, release func(*IP) Step) []Step {
 	ips := make(map[string]*IP, len(s.IPs))
-	byAddr := map[LentKey]*IP{}
 	for i := range s.IPs {
 		ips[s.IPs[i].Key] = &s.IPs[i]
-		byAddr[LentKey{s.IPs[i].Pool, s.IPs[i].Addr.Unmap()}] = &s.IPs[i]
 	}
+	byAddr := s.ipsByAddr()
 	deleted := map[string]bool{}
 	for _, st := range steps {
 		if st.Kind == StepIP {
@@ -118,4 +117,13 @@ func staleGuards(s *Snapshot, b BindingRec, byAddr map[LentKey]*IP, deleted map[
 		}
 	}
 	return guards
+}
+
+// ipsByAddr indexes the snapshot's allocations by pool and address.
+func (s *Snapshot) ipsByAddr() map[LentKey]*IP {
+	out := make(map[LentKey]*IP, len(s.IPs))
+	for i := range s.IPs {
+		out[LentKey{s.IPs[i].Pool, s.IPs[i].Addr.Unmap()}] = &s.IPs[i]
+	}
+	return out
 }

@@ -3,6 +3,7 @@ package inspect_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,8 +13,9 @@ import (
 	"github.com/kvipam/kvipam/allocator/inspect"
 )
 
-// lostAnswers is an inspect.Client whose transactions commit in etcd and
-// then report an error, n times, as a deadline passing after the commit.
+// lostAnswers is an inspect.Client whose writing transactions commit in
+// etcd and then report an error, n times, as a deadline passing after the
+// commit. A transaction that only reads is answered.
 // The inspector hands it to etcdstore.Operator.DeleteGuarded, which runs each
 // step's transaction on it and reads the key back through it.
 type lostAnswers struct {
@@ -27,15 +29,24 @@ func (l *lostAnswers) Txn(ctx context.Context) clientv3.Txn {
 
 type lostTxn struct {
 	clientv3.Txn
-	l *lostAnswers
+	l      *lostAnswers
+	writes bool
 }
 
-func (t *lostTxn) If(c ...clientv3.Cmp) clientv3.Txn  { t.Txn = t.Txn.If(c...); return t }
-func (t *lostTxn) Then(o ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(o...); return t }
+func (t *lostTxn) If(c ...clientv3.Cmp) clientv3.Txn { t.Txn = t.Txn.If(c...); return t }
+func (t *lostTxn) Then(o ...clientv3.Op) clientv3.Txn {
+	t.Txn, t.writes = t.Txn.Then(o...), t.writes || writes(o)
+	return t
+}
 func (t *lostTxn) Else(o ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(o...); return t }
+
+func writes(ops []clientv3.Op) bool {
+	return slices.ContainsFunc(ops, func(op clientv3.Op) bool { return op.IsPut() || op.IsDelete() })
+}
+
 func (t *lostTxn) Commit() (*clientv3.TxnResponse, error) {
 	resp, err := t.Txn.Commit()
-	if err != nil || t.l.n == 0 {
+	if err != nil || t.l.n == 0 || !t.writes {
 		return resp, err
 	}
 	t.l.n--

@@ -311,7 +311,6 @@ func (s *Store) bindingKeys() []bindKey {
 // node's (a node other than gone); and a binding in scope that is not
 // kept and whose pod holds none of its addresses goes too.
 func (s *Store) dropBindings(tx *batch, dropped map[ipKey]records.Allocation, gone string, scope func(records.Binding) bool) {
-	byAddr := s.keyOf
 	for _, k := range s.bindingKeys() {
 		b := s.binding(k)
 		hit := false
@@ -322,7 +321,7 @@ func (s *Store) dropBindings(tx *batch, dropped map[ipKey]records.Allocation, go
 		}
 		if hit {
 			for _, a := range b.Addrs {
-				ik, ok := byAddr(k.pool, a)
+				ik, ok := s.keyOf(k.pool, a)
 				if !ok {
 					continue
 				}
@@ -340,7 +339,7 @@ func (s *Store) dropBindings(tx *batch, dropped map[ipKey]records.Allocation, go
 		}
 		holds := false
 		for _, a := range b.Addrs {
-			if ik, ok := byAddr(k.pool, a); ok && s.allocation(ik).Owner.Key() == b.Owner.Key() {
+			if ik, ok := s.keyOf(k.pool, a); ok && s.allocation(ik).Owner.Key() == b.Owner.Key() {
 				holds = true
 			}
 		}
