@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -67,6 +68,11 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 	addr := res.IPs[0].Address.Addr()
 	dst := &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(addr.BitLen(), addr.BitLen())}
 	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: dst, Scope: netlink.SCOPE_LINK}))
+	// A route of another family through the veth goes too; a route
+	// through another veth stays (the kernel filters the listing).
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: hostRoute("fd00:99::1"), Scope: netlink.SCOPE_LINK}))
+	neighbour := nstest.AddLink(t, h, "kvret1")
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: neighbour.Attrs().Index, Dst: hostRoute("10.99.0.1"), Scope: netlink.SCOPE_LINK}))
 	_, err = ta.c.CreateEndpoint(ctx, api.EndpointRequest{Owner: o, HostIfName: name})
 	require.NoError(t, err)
 	attached := func() bool {
@@ -112,6 +118,9 @@ func testReleaseRetiresHostVethFirst(t *testing.T, dp string) {
 	require.Len(t, rel.Released, len(res.IPs))
 	require.Contains(t, rel.Released, addr.String())
 	require.Equal(t, api.HostIfRetired, rel.HostIf)
+	kept, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{LinkIndex: neighbour.Attrs().Index}, netlink.RT_FILTER_OIF)
+	require.NoError(t, err)
+	require.Len(t, kept, 1, "the route through another veth went with the retired one's")
 	require.Eventually(t, func() bool { _, err := h.LinkByName(name); return err != nil }, 30*time.Second, 5*time.Millisecond,
 		"the reaper did not delete the retired veth")
 	if dp == "tcx" {
@@ -205,4 +214,10 @@ func namedIdentities(ta *testAgent) *[]string {
 	defer m.mu.Unlock()
 	m.alloc = releaseSpy{endpointAllocator: m.alloc, check: func(_ records.Owner, identity string) { named = append(named, identity) }}
 	return &named
+}
+
+// hostRoute is a as a host route's destination.
+func hostRoute(a string) *net.IPNet {
+	ip := netip.MustParseAddr(a)
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
 }

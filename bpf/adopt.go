@@ -159,11 +159,7 @@ func (d *Datapath) endpoints() (map[uint32]*Endpoint, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("iterate ifaces: %w", err)
 	}
-	addrs, err := d.addrsByIfindex()
-	if err != nil {
-		return nil, err
-	}
-	for ifindex, ips := range addrs {
+	for ifindex, ips := range d.addrsByIfindex() {
 		ep, ok := out[ifindex]
 		if !ok {
 			ep = &Endpoint{HostIfIndex: int(ifindex)}

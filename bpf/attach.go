@@ -55,7 +55,7 @@ func (d *Datapath) Attach(ep Endpoint) error {
 		if err := d.removeAddrs(ifindex, ep.IPs); err != nil {
 			errs = append(errs, err)
 		}
-		if err := d.removePorts(ifindex, ep.Ports, false); err != nil {
+		if err := d.removePorts(ifindex, ep.Ports); err != nil {
 			errs = append(errs, err)
 		}
 		if hadPrev && prev.EndpointId != ep.ID {

@@ -222,16 +222,19 @@ func TestConcurrentAttachDetach(t *testing.T) {
 			even = append(even, p)
 		}
 	}
+	requireOwnersMatch(t, d)
 	each(odd, d.Detach)
 	for _, p := range even {
 		requireEntries(t, dir, p.ep)
 	}
+	requireOwnersMatch(t, d)
 	each(even, d.Detach)
 	s := readPinned(t, dir)
 	require.Empty(t, s.addrs)
 	require.Empty(t, s.ifaces)
 	require.Len(t, s.counters, 1)
 	require.Contains(t, s.counters, uint32(0))
+	requireOwnersMatch(t, d)
 	for _, p := range pods {
 		require.Empty(t, h.tcx(t, p.ep.HostIfIndex).programs)
 		require.False(t, h.tc(t, p.ep.HostIfIndex).clsact)

@@ -45,6 +45,9 @@ type Datapath struct {
 	ifLocks keylock.Map[int]
 	// mapsMu serializes the map sections of calls holding mu shared.
 	mapsMu sync.Mutex
+	// owners mirrors the addrs and ifaces maps (owners.go); read and
+	// written like them.
+	owners owners
 
 	objs    kvipamObjects
 	progID  ebpf.ProgramID
@@ -112,6 +115,9 @@ func (d *Datapath) init() error {
 	}
 	slices.Sort(maps)
 	d.progID, d.progTag, d.mapIDs = id, info.Tag, maps
+	if err := d.loadOwners(); err != nil {
+		return err
+	}
 	// Counter 0 collects frames seen on an interface with no endpoint.
 	if _, err := d.ensureCounters(0); err != nil {
 		return err

@@ -480,6 +480,7 @@ func TestAttachRejects(t *testing.T) {
 				require.ErrorIs(t, err, c.err)
 			}
 			require.Equal(t, snapshot, readPinned(t, dir), "maps changed by a failed attach")
+			requireOwnersMatch(t, d)
 		})
 	}
 }

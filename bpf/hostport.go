@@ -168,7 +168,7 @@ func (d *Datapath) checkPortConflicts(ep Endpoint) error {
 // writePorts writes ep's mappings, returning how to undo the writes.
 func (d *Datapath) writePorts(ep Endpoint, undo undoList) (undoList, error) {
 	for _, m := range ep.Ports {
-		restore, err := putRestorable(d.objs.KvipamHostports, m.key(), ep.hostportInfo(m))
+		restore, err := putRestorable(d.objs.KvipamHostports, m.key(), ep.hostportInfo(m), nil)
 		if err != nil {
 			return undo, fmt.Errorf("write host port %s: %w", m, err)
 		}
@@ -177,14 +177,23 @@ func (d *Datapath) writePorts(ep Endpoint, undo undoList) (undoList, error) {
 	return undo, nil
 }
 
-// removePorts deletes the mappings of ifindex not in keep and, with
-// flows, the flows translated to it.
-func (d *Datapath) removePorts(ifindex uint32, keep []PortMapping, flows bool) error {
+// removePorts deletes the mappings of ifindex not in keep, then the
+// translated flows no remaining mapping of ifindex serves. A flow is of
+// use only while its mapping stands (the frames to the pod are translated
+// by the mapping), and it is keyed by the pod's address, which may be
+// handed out again once the endpoint goes. So an interface that had no
+// mapping removed has no flow to drop, and its removal does not walk the
+// flows map: a walk of that map, sized for every node-wide flow, was most
+// of an endpoint's removal.
+func (d *Datapath) removePorts(ifindex uint32, keep []PortMapping) error {
 	all, err := d.hostportEntries()
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var (
+		errs    []error
+		removed bool
+	)
 	for _, e := range all {
 		if e.info.Ifindex != ifindex {
 			continue
@@ -194,18 +203,28 @@ func (d *Datapath) removePorts(ifindex uint32, keep []PortMapping, flows bool) e
 		if slices.ContainsFunc(keep, func(m PortMapping) bool { return m.key() == e.key }) {
 			continue
 		}
+		removed = true
 		if err := deleteIfPresent(d.objs.KvipamHostports, e.key); err != nil {
 			errs = append(errs, fmt.Errorf("delete host port %s: %w", mappingOf(e.key, e.info), err))
 		}
 	}
-	if flows {
-		errs = append(errs, d.removeFlows(func(v kvipamNatInfo) bool { return v.Ifindex == ifindex }))
+	if removed {
+		errs = append(errs, d.removeFlows(func(k kvipamNatKey, v kvipamNatInfo) bool {
+			return v.Ifindex == ifindex && !slices.ContainsFunc(keep, func(m PortMapping) bool { return m.serves(k, v) })
+		}))
 	}
 	return errors.Join(errs...)
 }
 
+// serves reports whether the flow k, v was translated by m.
+func (m PortMapping) serves(k kvipamNatKey, v kvipamNatInfo) bool {
+	pod := addrKeyOf(m.PodAddr)
+	return k.Proto == m.Protocol && k.Family == pod.Family && k.PodAddr == pod.Addr && ntohs(k.PodPort) == m.PodPort &&
+		ntohs(v.HostPort) == m.HostPort && (!m.HostAddr.IsValid() || v.HostAddr == addrKeyOf(m.HostAddr).Addr)
+}
+
 // removeFlows deletes the translated flows drop selects.
-func (d *Datapath) removeFlows(drop func(kvipamNatInfo) bool) error {
+func (d *Datapath) removeFlows(drop func(kvipamNatKey, kvipamNatInfo) bool) error {
 	var (
 		k    kvipamNatKey
 		v    kvipamNatInfo
@@ -213,7 +232,7 @@ func (d *Datapath) removeFlows(drop func(kvipamNatInfo) bool) error {
 	)
 	it := d.objs.KvipamNat.Iterate()
 	for it.Next(&k, &v) {
-		if drop(v) {
+		if drop(k, v) {
 			keys = append(keys, k)
 		}
 	}
@@ -229,7 +248,9 @@ func (d *Datapath) removeFlows(drop func(kvipamNatInfo) bool) error {
 	return errors.Join(errs...)
 }
 
-// dropStalePorts deletes mappings and flows of interfaces with no endpoint.
+// dropStalePorts deletes the mappings of interfaces with no endpoint, and
+// the flows no remaining mapping serves (an agent up to v0.1.0 kept the
+// flows of a mapping a re-attach dropped).
 func (d *Datapath) dropStalePorts(kept []Endpoint) error {
 	live := make(map[uint32]bool, len(kept))
 	for _, ep := range kept {
@@ -240,13 +261,18 @@ func (d *Datapath) dropStalePorts(kept []Endpoint) error {
 		return err
 	}
 	var errs []error
+	serving := map[uint32][]PortMapping{}
 	for _, e := range all {
 		if !live[e.info.Ifindex] {
 			d.log.Info("removing a host port without an endpoint", "mapping", mappingOf(e.key, e.info).String(), "ifindex", e.info.Ifindex)
 			errs = append(errs, deleteIfPresent(d.objs.KvipamHostports, e.key))
+			continue
 		}
+		serving[e.info.Ifindex] = append(serving[e.info.Ifindex], mappingOf(e.key, e.info))
 	}
-	errs = append(errs, d.removeFlows(func(v kvipamNatInfo) bool { return !live[v.Ifindex] }))
+	errs = append(errs, d.removeFlows(func(k kvipamNatKey, v kvipamNatInfo) bool {
+		return !slices.ContainsFunc(serving[v.Ifindex], func(m PortMapping) bool { return m.serves(k, v) })
+	}))
 	return errors.Join(errs...)
 }
 

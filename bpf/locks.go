@@ -23,6 +23,8 @@ import "fmt"
 //     another, so dropUnusedCounters never deletes the counters of an
 //     endpoint that is being attached. Walks see no concurrent delete from
 //     this process, and the program never inserts or deletes entries.
+//     The mirror of the addrs and ifaces maps (owners.go) is read and
+//     written under the same locks as the maps, by the same sections.
 //   - Between sections, the entries that name an ifindex (its ifaces
 //     entry, addresses whose entry has its ifindex, its link pin) are
 //     changed only by the holder of that ifindex's lock, so an Attach's

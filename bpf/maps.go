@@ -81,14 +81,14 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 		undo = append(undo, func() error { return d.dropUnusedCounters(ep.ID) })
 	}
 
-	restore, err := putRestorable(d.objs.KvipamIfaces, ifindex, ep.ifaceInfo())
+	restore, err := putRestorable(d.objs.KvipamIfaces, ifindex, ep.ifaceInfo(), d.noteIface)
 	if err != nil {
 		return undo, fmt.Errorf("write iface %d: %w", ifindex, err)
 	}
 	undo = append(undo, restore)
 
 	for _, a := range ep.IPs {
-		restore, err := putRestorable(d.objs.KvipamAddrs, addrKeyOf(a), ep.addrInfo())
+		restore, err := putRestorable(d.objs.KvipamAddrs, addrKeyOf(a), ep.addrInfo(), d.noteAddr)
 		if err != nil {
 			return undo, fmt.Errorf("write address %s: %w", a, err)
 		}
@@ -98,8 +98,12 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 }
 
 // putRestorable writes key=value and returns a function that puts back what
-// was there before.
-func putRestorable[K comparable, V any](m *ebpf.Map, key K, value V) (func() error, error) {
+// was there before. note, unless nil, hears of each write that succeeded:
+// the entry's value after it, nil when deleted.
+func putRestorable[K comparable, V any](m *ebpf.Map, key K, value V, note func(K, *V)) (func() error, error) {
+	if note == nil {
+		note = func(K, *V) {}
+	}
 	var prev V
 	err := m.Lookup(key, &prev)
 	existed := err == nil
@@ -109,11 +113,20 @@ func putRestorable[K comparable, V any](m *ebpf.Map, key K, value V) (func() err
 	if err := m.Put(key, value); err != nil {
 		return nil, err
 	}
+	note(key, &value)
 	return func() error {
 		if existed {
-			return m.Put(key, prev)
+			if err := m.Put(key, prev); err != nil {
+				return err
+			}
+			note(key, &prev)
+			return nil
 		}
-		return deleteIfPresent(m, key)
+		if err := deleteIfPresent(m, key); err != nil {
+			return err
+		}
+		note(key, nil)
+		return nil
 	}, nil
 }
 
@@ -124,39 +137,19 @@ func deleteIfPresent(m *ebpf.Map, key any) error {
 	return nil
 }
 
-// addrsByIfindex lists the addrs map grouped by owning interface.
-func (d *Datapath) addrsByIfindex() (map[uint32][]netip.Addr, error) {
-	out := make(map[uint32][]netip.Addr)
-	var (
-		key  kvipamAddrKey
-		info kvipamAddrInfo
-	)
-	it := d.objs.KvipamAddrs.Iterate()
-	for it.Next(&key, &info) {
-		if a, ok := key.addr(); ok {
-			out[info.Ifindex] = append(out[info.Ifindex], a)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("iterate addresses: %w", err)
-	}
-	return out, nil
-}
-
 // removeAddrs deletes the addresses of ifindex that are not in keep.
 func (d *Datapath) removeAddrs(ifindex uint32, keep []netip.Addr) error {
-	all, err := d.addrsByIfindex()
-	if err != nil {
-		return err
-	}
 	var errs []error
-	for _, a := range all[ifindex] {
+	for _, a := range d.addrsOf(ifindex) {
 		if containsAddr(keep, a) {
 			continue
 		}
-		if err := deleteIfPresent(d.objs.KvipamAddrs, addrKeyOf(a)); err != nil {
+		key := addrKeyOf(a)
+		if err := deleteIfPresent(d.objs.KvipamAddrs, key); err != nil {
 			errs = append(errs, fmt.Errorf("delete address %s: %w", a, err))
+			continue
 		}
+		d.noteAddr(key, nil)
 	}
 	return errors.Join(errs...)
 }
@@ -179,7 +172,7 @@ func (d *Datapath) removeEndpoint(ifindex uint32, callerID uint32) error {
 	if err := d.removeAddrs(ifindex, nil); err != nil {
 		errs = append(errs, err)
 	}
-	if err := d.removePorts(ifindex, nil, true); err != nil {
+	if err := d.removePorts(ifindex, nil); err != nil {
 		errs = append(errs, err)
 	}
 	// A later endpoint given the same ifindex is not a migration target
@@ -194,6 +187,8 @@ func (d *Datapath) removeEndpoint(ifindex uint32, callerID uint32) error {
 		ids = append(ids, info.EndpointId)
 		if err := deleteIfPresent(d.objs.KvipamIfaces, ifindex); err != nil {
 			errs = append(errs, fmt.Errorf("delete iface %d: %w", ifindex, err))
+		} else {
+			d.noteIface(ifindex, nil)
 		}
 	case !errors.Is(err, ebpf.ErrKeyNotExist):
 		errs = append(errs, fmt.Errorf("look up iface %d: %w", ifindex, err))
@@ -207,21 +202,9 @@ func (d *Datapath) removeEndpoint(ifindex uint32, callerID uint32) error {
 // dropUnusedCounters deletes the counters of the given endpoint IDs that no
 // ifaces entry refers to any more. ID 0 is kept.
 func (d *Datapath) dropUnusedCounters(ids ...uint32) error {
-	inUse := make(map[uint32]bool)
-	var (
-		ifindex uint32
-		info    kvipamIfaceInfo
-	)
-	it := d.objs.KvipamIfaces.Iterate()
-	for it.Next(&ifindex, &info) {
-		inUse[info.EndpointId] = true
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("iterate ifaces: %w", err)
-	}
 	var errs []error
 	for _, id := range ids {
-		if id == 0 || inUse[id] {
+		if id == 0 || d.idInUse(id) {
 			continue
 		}
 		if err := deleteIfPresent(d.objs.KvipamCounters, id); err != nil {
