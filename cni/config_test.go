@@ -121,6 +121,28 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
+// TestDelConfigSkipsPrevResult: DEL does not read the prevResult, so one
+// that ADD or CHECK would refuse does not stop a teardown.
+func TestDelConfigSkipsPrevResult(t *testing.T) {
+	for _, prev := range []string{
+		`{"ips":[null]}`,
+		`{"ips":[{"address":"10.1.0.5/32","interface":3}]}`,
+		`{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/32"}]}`,
+	} {
+		conf := []byte(`{"cniVersion":"1.0.0","name":"n","prevResult":` + prev + `}`)
+		c, err := ParseDelConfig(conf)
+		require.NoError(t, err, prev)
+		require.Nil(t, c.PrevResult)
+		ipam := []byte(`{"cniVersion":"1.0.0","name":"n","ipam":{"type":"kvipam-ipam"},"prevResult":` + prev + `}`)
+		c, err = ParseIPAMDelConfig(ipam)
+		require.NoError(t, err, prev)
+		require.Nil(t, c.PrevResult)
+	}
+	c, err := ParseConfig([]byte(`{"cniVersion":"1.0.0","name":"n","prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.1.0.5/32"}]}}`))
+	require.NoError(t, err)
+	require.NotNil(t, c.PrevResult, "ADD and CHECK still read it")
+}
+
 func TestParseIPAMConfig(t *testing.T) {
 	tests := []struct {
 		name     string
