@@ -69,8 +69,7 @@ type Config struct {
 	// PortMappings are the pod's host ports (the portMappings
 	// capability), which the agent's bpf datapath serves.
 	PortMappings []api.PortMapping
-	// PrevResult is the parsed prevResult, nil when none was given and
-	// for DEL, which does not read it.
+	// PrevResult is the parsed prevResult, nil when none (or DEL).
 	PrevResult *current.Result
 	// ValidAttachments is the GC list; nil when the configuration has
 	// neither cni.dev/valid-attachments nor cni.dev/attachments.
@@ -167,14 +166,6 @@ type ipamConf struct {
 // (invalid), and name the key at fault.
 func ParseConfig(data []byte) (*Config, error) { return parseConfig(data, true) }
 
-// ParseDelConfig is ParseConfig for DEL, which takes an unknown key
-// (Config.UnknownKey says which) rather than refuse it: a pod set up
-// before kvipam refused unknown keys must still be torn down. It does not
-// read the prevResult (Config.PrevResult stays nil): a DEL tears down by
-// the attachment's owner, and converting the result cost a DEL's plugin
-// exec a fifth of its parse.
-func ParseDelConfig(data []byte) (*Config, error) { return parseConfig(data, false) }
-
 func parseConfig(data []byte, strictKeys bool) (*Config, error) {
 	var raw pluginConf
 	if err := json.Unmarshal(data, &raw); err != nil {
@@ -205,11 +196,6 @@ func parseConfig(data []byte, strictKeys bool) (*Config, error) {
 // hands to kvipam-ipam: the kvipam keys are under "ipam". Errors are coded
 // as for ParseConfig.
 func ParseIPAMConfig(data []byte) (*Config, error) { return parseIPAMConfig(data, true) }
-
-// ParseIPAMDelConfig is ParseIPAMConfig for DEL: an unknown key under
-// "ipam" is taken, as ParseDelConfig takes one, and the prevResult is not
-// read.
-func ParseIPAMDelConfig(data []byte) (*Config, error) { return parseIPAMConfig(data, false) }
 
 func parseIPAMConfig(data []byte, strictKeys bool) (*Config, error) {
 	var raw ipamConf
@@ -272,9 +258,8 @@ func parseIPAMConfig(data []byte, strictKeys bool) (*Config, error) {
 
 // parseKnown is what the plugin's and the IPAM plugin's parsers share:
 // obj's keys checked against known (an unknown one refused when strict,
-// else kept in UnknownKey), the common keys (the prevResult only when
-// strict: not for DEL), and kvipam's settings, which sit in section (""
-// at the top, "ipam").
+// else kept in UnknownKey), the common keys, and kvipam's settings, which
+// sit in section ("" at the top, "ipam").
 func parseKnown(obj map[string]json.RawMessage, known []string, section string, strict bool, raw common, s settings) (*Config, error) {
 	keysWhere, settingsWhere := "", ""
 	if section != "" {
@@ -285,7 +270,7 @@ func parseKnown(obj map[string]json.RawMessage, known []string, section string, 
 		return nil, keyErr
 	}
 	if !strict {
-		raw.RawPrevResult = nil
+		raw.RawPrevResult = nil // DEL does not read it
 	}
 	c, err := parseCommon(raw)
 	if err != nil {
