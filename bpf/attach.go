@@ -31,12 +31,12 @@ func (d *Datapath) Attach(ep Endpoint) error {
 
 	ifindex := uint32(ep.HostIfIndex)
 	var (
-		prev    kvipamIfaceInfo
+		prevID  uint32
 		hadPrev bool
 		undo    undoList
 	)
 	if err := d.withMaps(func() error {
-		hadPrev = d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil
+		prevID, hadPrev = d.owners.ids[ifindex]
 		var err error
 		undo, err = d.writeEndpoint(ep)
 		if err != nil {
@@ -58,8 +58,8 @@ func (d *Datapath) Attach(ep Endpoint) error {
 		if err := d.removePorts(ifindex, ep.Ports); err != nil {
 			errs = append(errs, err)
 		}
-		if hadPrev && prev.EndpointId != ep.ID {
-			if err := d.dropUnusedCounters(prev.EndpointId); err != nil {
+		if hadPrev && prevID != ep.ID {
+			if err := d.dropUnusedCounters(prevID); err != nil {
 				errs = append(errs, err)
 			}
 		}

@@ -65,11 +65,10 @@ func (d *Datapath) writeEndpoint(ep Endpoint) (undoList, error) {
 	}
 
 	var undo undoList
-	var prev kvipamIfaceInfo
-	if d.objs.KvipamIfaces.Lookup(ifindex, &prev) == nil && prev.EndpointId != ep.ID {
+	if prevID, ok := d.owners.ids[ifindex]; ok && prevID != ep.ID {
 		// Run last: the restored ifaces entry needs its counters, which
 		// another interface's removal may have dropped since.
-		undo = append(undo, func() error { _, err := d.ensureCounters(prev.EndpointId); return err })
+		undo = append(undo, func() error { _, err := d.ensureCounters(prevID); return err })
 	}
 	created, err := d.ensureCounters(ep.ID)
 	if err != nil {
