@@ -412,6 +412,8 @@ func (a *Agent) serveMetrics() (*http.Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /livez", probeHandler(a.cfg.Socket, true))
+	mux.Handle("GET /readyz", probeHandler(a.cfg.Socket, false))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	return srv, nil

@@ -44,6 +44,10 @@ func New(socket string, timeout time.Duration) *Client {
 	return &Client{socket: socket, timeout: timeout, tr: &transport{socket: socket}}
 }
 
+// CloseIdleConnections closes the connections the client keeps open
+// between calls; a later call dials again.
+func (c *Client) CloseIdleConnections() { c.tr.closeIdle() }
+
 // Socket is the path this client dials.
 func (c *Client) Socket() string { return c.socket }
 

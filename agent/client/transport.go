@@ -156,3 +156,14 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// closeIdle closes the connections kept for later calls.
+func (t *transport) closeIdle() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	t.mu.Unlock()
+	for _, c := range idle {
+		_ = c.Close()
+	}
+}

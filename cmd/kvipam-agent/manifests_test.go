@@ -106,10 +106,26 @@ func TestManifestsDecodeStrict(t *testing.T) {
 		require.Equal(t, sec.Name, v.Secret.SecretName)
 		require.Contains(t, sec.StringData, path.Base(f), "the Secret has %s", path.Base(f))
 	}
-	for _, p := range []*corev1.Probe{agentC.ReadinessProbe, agentC.LivenessProbe} {
+	// The probes are HTTP, on the metrics listener (the node's address,
+	// as the kubelet probes a host-network pod), at its port.
+	var metricsPort int32
+	for _, p := range agentC.Ports {
+		if p.Name == "metrics" {
+			metricsPort = p.ContainerPort
+		}
+	}
+	var metricsAddr string
+	for _, e := range agentC.Env {
+		if e.Name == "KVIPAM_METRICS_ADDR" {
+			metricsAddr = e.Value
+		}
+	}
+	require.Equal(t, "$(NODE_IP):"+strconv.Itoa(int(metricsPort)), metricsAddr)
+	for p, path := range map[*corev1.Probe]string{agentC.ReadinessProbe: "/readyz", agentC.LivenessProbe: "/livez"} {
 		require.NotNil(t, p)
-		require.Equal(t, cfg.Socket, flagOf(p.Exec.Command, "--socket"))
-		require.Equal(t, "health", p.Exec.Command[1])
+		require.NotNil(t, p.HTTPGet, "an HTTP probe, not an exec")
+		require.Equal(t, path, p.HTTPGet.Path)
+		require.Equal(t, "metrics", p.HTTPGet.Port.StrVal)
 	}
 
 	// The installer: the host CNI directories, and the conflist from the

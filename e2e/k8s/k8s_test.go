@@ -64,6 +64,12 @@ func TestK8sDaemonSetInstall(t *testing.T) {
 		require.Equal(t, "Completed", init.State.Terminated.Reason)
 	}
 	require.Equal(t, map[string]bool{"n1": true, "n2": true}, nodes, "an agent on each node")
+	// Ready through the kubelet's HTTP probes, on the agent's metrics
+	// listener (the node's address), not exec probes.
+	probes, err := c.kubectl("-n", "kube-system", "get", "ds", "kvipam-agent", "-o",
+		`jsonpath={.spec.template.spec.containers[0].readinessProbe.httpGet.path} {.spec.template.spec.containers[0].livenessProbe.httpGet.path}`)
+	require.NoError(t, err)
+	require.Equal(t, "/readyz /livez", strings.TrimSpace(probes))
 	for _, p := range pods {
 		logs, err := c.kubectl("-n", "kube-system", "logs", p.Metadata.Name, "-c", "agent")
 		require.NoError(t, err)
