@@ -95,16 +95,13 @@ func waitDeleted(t testing.TB, cli *clientv3.Client, key string) {
 	t.Fatalf("%s was not deleted: %v", key, ctx.Err())
 }
 
-// TestRestoreFailureServesNotReady plants a claim by another node over a
-// block whose home is this node and which holds a pod's address. The agent
-// cannot re-claim it, so it must not serve allocations: status says
-// ready=false and names the block; allocate and release answer try-again.
-// Once the bad claim is gone, the agent restores by itself and knows the
-// pod's address.
-func TestRestoreFailureServesNotReady(t *testing.T) {
+// plantForeignClaim makes testPool and, in it, a block whose home is
+// node-1 and which holds a pod's address (ctr-0007's, returned), claimed
+// by another node ("intruder"): node-1's agent cannot restore it until
+// that claim is deleted.
+func plantForeignClaim(t *testing.T, cli *clientv3.Client) (netip.Prefix, netip.Addr) {
+	t.Helper()
 	ctx := context.Background()
-	e := etcdtest.Start(t)
-	cli := etcdtest.Client(t, e)
 	_, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, testPool)
 	require.NoError(t, err)
 	block := netip.MustParsePrefix("10.77.0.32/27")
@@ -117,6 +114,20 @@ func TestRestoreFailureServesNotReady(t *testing.T) {
 		_, err := cli.Put(ctx, k, v)
 		require.NoError(t, err)
 	}
+	return block, pod
+}
+
+// TestRestoreFailureServesNotReady plants a claim by another node over a
+// block whose home is this node and which holds a pod's address. The agent
+// cannot re-claim it, so it must not serve allocations: status says
+// ready=false and names the block; allocate and release answer try-again.
+// Once the bad claim is gone, the agent restores by itself and knows the
+// pod's address.
+func TestRestoreFailureServesNotReady(t *testing.T) {
+	ctx := context.Background()
+	e := etcdtest.Start(t)
+	cli := etcdtest.Client(t, e)
+	block, pod := plantForeignClaim(t, cli)
 	ta := startAgent(t, testConfig(t, e), Options{})
 	st, err := ta.c.Status(ctx)
 	require.NoError(t, err)

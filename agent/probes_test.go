@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -36,17 +35,7 @@ func TestProbesOnMetricsListener(t *testing.T) {
 	ctx := context.Background()
 	e := etcdtest.Start(t)
 	cli := etcdtest.Client(t, e)
-	_, err := etcdstore.New(cli, etcdstore.Options{}).EnsurePool(ctx, testPool)
-	require.NoError(t, err)
-	block := netip.MustParsePrefix("10.77.0.32/27")
-	for k, v := range map[string]string{
-		etcdstore.HomeKey(testPool.Name, block):                                  `{"node":"node-1"}`,
-		etcdstore.ClaimKey(testPool.Name, block):                                 `{"node":"intruder"}`,
-		etcdstore.IPKey(testPool.Name, block, netip.MustParseAddr("10.77.0.33")): `{"containerID":"ctr-0007","ifName":"eth0","node":"node-1","state":"allocated"}`,
-	} {
-		_, err := cli.Put(ctx, k, v)
-		require.NoError(t, err)
-	}
+	block, _ := plantForeignClaim(t, cli)
 	cfg := testConfig(t, e)
 	cfg.MetricsAddr = freeAddr(t)
 	ta := startAgent(t, cfg, Options{})
@@ -59,7 +48,7 @@ func TestProbesOnMetricsListener(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, res.Error)
 	require.Equal(t, "node-1", res.Node)
 
-	_, err = cli.Delete(ctx, etcdstore.ClaimKey(testPool.Name, block))
+	_, err := cli.Delete(ctx, etcdstore.ClaimKey(testPool.Name, block))
 	require.NoError(t, err)
 	require.NoError(t, waitReady(ta.c, time.Minute), "the agent restores once it can re-claim its block")
 	code, res = getProbe(t, cfg.MetricsAddr, "/readyz")
