@@ -43,6 +43,8 @@ type HistoryRecorder struct {
 	// cancels it, and Ahead starts none once it is done.
 	stop   context.Context
 	cancel context.CancelFunc
+	// running counts Ahead's grants in flight, which Close waits for.
+	running sync.WaitGroup
 }
 
 // LeaseGranter grants leases (*clientv3.Client does).
@@ -61,19 +63,21 @@ func NewHistoryRecorder(l LeaseGranter, retention time.Duration) *HistoryRecorde
 }
 
 // Close ends Ahead's background work: the grants scheduled are dropped,
-// the one in flight is cancelled, and Ahead starts none after. Records go
+// the ones in flight are cancelled and have returned when Close does, and
+// Ahead starts none after. Records go
 // on being written, each granting its lease on its own path.
 func (h *HistoryRecorder) Close() {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	for b, t := range h.scheduled {
 		t.Stop()
 		delete(h.scheduled, b)
 	}
-	h.cancel()
+	h.cancel() // under mu: no grant starts after it (startAhead's callers check stop)
+	h.mu.Unlock()
+	h.running.Wait()
 }
 
 // DefaultHistoryAheadWithin is the time within which Ahead's grant
@@ -209,11 +213,13 @@ func (h *HistoryRecorder) startAhead(b int64) {
 	}
 	ch := make(chan struct{})
 	h.granting[b] = ch
+	h.running.Add(1)
 	go h.grantAhead(b, ch)
 }
 
 // grantAhead grants bucket b's lease for Ahead, and closes ch when done.
 func (h *HistoryRecorder) grantAhead(b int64, ch chan struct{}) {
+	defer h.running.Done()
 	ctx, cancel := context.WithTimeout(h.stop, historyAheadTimeout)
 	defer cancel()
 	id, err := h.grant(ctx, b)

@@ -157,10 +157,12 @@ func (g blockingGranter) Grant(ctx context.Context, _ int64) (*clientv3.LeaseGra
 }
 
 // TestHistoryRecorderCloseEndsAhead: the grants Ahead runs in the
-// background end with the recorder's owner. Close cancels one in flight
-// (against an etcd that does not answer it would run on for
-// historyAheadTimeout, past the agent's stop), drops the ones scheduled,
-// and Ahead starts none after it.
+// background end with the recorder's owner. Close cancels the ones in
+// flight (against an etcd that does not answer they would run on for
+// historyAheadTimeout, past the agent's stop) and returns once they have
+// returned, drops the ones scheduled, and Ahead starts none after it.
+// Ahead may start two grants (the next bucket's too, in a bucket's last
+// tenth): Close waits for both, however late the second one starts.
 func TestHistoryRecorderCloseEndsAhead(t *testing.T) {
 	g := blockingGranter{started: make(chan struct{}, 4)}
 	h := NewHistoryRecorder(g, 24*time.Hour)
@@ -168,22 +170,19 @@ func TestHistoryRecorderCloseEndsAhead(t *testing.T) {
 	h.Ahead()
 	<-g.started
 	h.mu.Lock()
-	var inFlight []chan struct{}
-	for _, ch := range h.granting {
-		inFlight = append(inFlight, ch)
-	}
+	require.NotEmpty(t, h.granting)
 	h.mu.Unlock()
-	require.NotEmpty(t, inFlight)
 
 	h.aheadWithin = time.Hour
 	h.Ahead() // the next bucket's, scheduled (or none: not in its last tenth)
 	h.Close()
-	for _, ch := range inFlight {
-		<-ch // the grant in flight ended: Close cancelled it
-	}
 	h.mu.Lock()
+	require.Empty(t, h.granting, "Close returns once the grants in flight have")
 	require.Empty(t, h.scheduled, "scheduled grants are dropped")
 	h.mu.Unlock()
+	for len(g.started) > 0 {
+		<-g.started // grants that began before Close returned
+	}
 	h.aheadWithin = 0
 	h.Ahead()
 	select {
